@@ -1,0 +1,155 @@
+package pluginmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Plugin is what a plugin said about itself in GetInfo, and where it was found.
+type Plugin struct {
+	// Type selects the handler: "CSIPlugin", "DRAPlugin", "DevicePlugin" or a custom type.
+	Type string `json:"type"`
+	// Name identifies the plugin to its handler, e.g. a CSI driver name.
+	Name string `json:"name"`
+	// Endpoint is where the plugin serves its own API. It is never empty once the
+	// plugin has answered: a plugin that sends none is served on its registration socket.
+	Endpoint string `json:"endpoint"`
+	// Versions are the versions of its type's API the plugin supports, in its order.
+	Versions []string `json:"versions"`
+	// Socket is the path of the registration socket in the registry directory.
+	Socket string `json:"socket"`
+}
+
+// Handler accepts plugins of one type. The manager calls it for one socket at a
+// time, but for different sockets concurrently, so a Handler must be safe for
+// concurrent use.
+//
+// Every call carries a deadline (Options.HandlerTimeout). A call that outlives it
+// is abandoned: its result is ignored, the attempt counts as failed, and the
+// handler is not called again for that socket until the abandoned call returns.
+// A panic is recovered and counted as a failure of that call.
+type Handler interface {
+	// Validate decides whether the plugin may register. An error rejects the
+	// plugin for good (until its socket changes); wrap it with TerminalError or
+	// not, it makes no difference here.
+	Validate(ctx context.Context, p Plugin) error
+	// Register takes the plugin into use. An error is reported to the plugin and
+	// retried with backoff, unless it is a TerminalError, which rejects the plugin.
+	Register(ctx context.Context, p Plugin) error
+	// Deregister lets the plugin go: its socket disappeared or was replaced.
+	Deregister(ctx context.Context, p Plugin)
+}
+
+// HandlerFuncs is a Handler built from functions, like http.HandlerFunc. A nil
+// ValidateFunc or RegisterFunc accepts every plugin; a nil DeregisterFunc does nothing.
+type HandlerFuncs struct {
+	ValidateFunc   func(ctx context.Context, p Plugin) error
+	RegisterFunc   func(ctx context.Context, p Plugin) error
+	DeregisterFunc func(ctx context.Context, p Plugin)
+}
+
+// Validate calls f.ValidateFunc if it is set.
+func (f HandlerFuncs) Validate(ctx context.Context, p Plugin) error {
+	if f.ValidateFunc == nil {
+		return nil
+	}
+	return f.ValidateFunc(ctx, p)
+}
+
+// Register calls f.RegisterFunc if it is set.
+func (f HandlerFuncs) Register(ctx context.Context, p Plugin) error {
+	if f.RegisterFunc == nil {
+		return nil
+	}
+	return f.RegisterFunc(ctx, p)
+}
+
+// Deregister calls f.DeregisterFunc if it is set.
+func (f HandlerFuncs) Deregister(ctx context.Context, p Plugin) {
+	if f.DeregisterFunc != nil {
+		f.DeregisterFunc(ctx, p)
+	}
+}
+
+// KubeletPluginHandler is the shape of a handler written for the kubelet's plugin
+// manager. Wrap one with KubeletHandler to use it unchanged.
+type KubeletPluginHandler interface {
+	ValidatePlugin(ctx context.Context, pluginName, endpoint string, versions []string) error
+	RegisterPlugin(ctx context.Context, pluginName, endpoint string, versions []string, pluginClientTimeout *time.Duration) error
+	DeRegisterPlugin(ctx context.Context, pluginName, endpoint string)
+}
+
+// KubeletHandler adapts a kubelet-style handler to Handler. RegisterPlugin is
+// given the time left before the call's deadline as its client timeout.
+func KubeletHandler(h KubeletPluginHandler) Handler {
+	return kubeletHandler{h}
+}
+
+type kubeletHandler struct{ h KubeletPluginHandler }
+
+func (k kubeletHandler) Validate(ctx context.Context, p Plugin) error {
+	return k.h.ValidatePlugin(ctx, p.Name, p.Endpoint, p.Versions)
+}
+
+func (k kubeletHandler) Register(ctx context.Context, p Plugin) error {
+	var timeout *time.Duration
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		timeout = &left
+	}
+	return k.h.RegisterPlugin(ctx, p.Name, p.Endpoint, p.Versions, timeout)
+}
+
+func (k kubeletHandler) Deregister(ctx context.Context, p Plugin) {
+	k.h.DeRegisterPlugin(ctx, p.Name, p.Endpoint)
+}
+
+// TerminalError marks err as not worth retrying: a Register that returns it
+// parks the plugin as Rejected until its socket changes. It returns nil for nil.
+func TerminalError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &terminalError{err}
+}
+
+type terminalError struct{ err error }
+
+func (e *terminalError) Error() string { return e.err.Error() }
+func (e *terminalError) Unwrap() error { return e.err }
+
+func isTerminal(err error) bool {
+	var t *terminalError
+	return errors.As(err, &t)
+}
+
+// Errors a Plugin's status or an Event can carry; branch on them with errors.Is
+// on the error returned by PluginStatus.Err.
+var (
+	// ErrNoHandler: no handler was added for the plugin's type.
+	ErrNoHandler = errors.New("no handler for plugin type")
+	// ErrInvalidInfo: the plugin's GetInfo answer broke a rule (empty, too long, bad characters).
+	ErrInvalidInfo = errors.New("invalid plugin info")
+)
+
+// Reason says at which step a registration attempt failed. It is a small fixed
+// set, so it is safe as a metric label.
+type Reason string
+
+// The reasons an attempt can fail.
+const (
+	ReasonDial        Reason = "dial"         // the registration socket did not accept a connection
+	ReasonGetInfo     Reason = "get_info"     // GetInfo failed or timed out
+	ReasonInvalidInfo Reason = "invalid_info" // GetInfo's answer broke a rule
+	ReasonNoHandler   Reason = "no_handler"   // no handler for the type
+	ReasonValidate    Reason = "validate"     // the handler's Validate refused or failed
+	ReasonRegister    Reason = "register"     // the handler's Register failed
+	ReasonNotify      Reason = "notify"       // the plugin could not be told it was registered
+)
+
+// handlerPanic is the error a recovered panic turns into.
+func handlerPanic(op string, v any) error {
+	return fmt.Errorf("handler %s panicked: %v", op, v)
+}

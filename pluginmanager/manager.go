@@ -1,0 +1,651 @@
+package pluginmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+)
+
+// Manager discovers plugins' registration sockets in a directory, registers each
+// with the handler for its type, and lets it go when its socket disappears.
+// Create one with New, add handlers with AddHandler, and start it with Run.
+type Manager struct {
+	opts    Options
+	log     *slog.Logger
+	queue   *queue
+	events  *broker
+	metrics *metrics
+	started atomic.Bool
+
+	// calls counts handler calls still running, including abandoned ones.
+	calls sync.WaitGroup
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	entries  map[string]*entry // by socket path: what is on disk, and what is registered
+}
+
+// entry is one socket path: the file found there (desired state), the
+// registration the handler holds for it (actual state), and what the manager
+// reports. Only the worker holding the path in the queue changes id and reg;
+// everything is read and written under Manager.mu.
+type entry struct {
+	id     fileID
+	reg    *registration // nil unless the handler holds this socket's plugin
+	status PluginStatus
+	retry  *time.Timer // pending retry of a Failed socket
+	busy   bool        // an abandoned handler call for this socket is still running
+}
+
+// registration is what was handed to a handler, kept to take it back.
+type registration struct {
+	id      fileID
+	plugin  Plugin
+	handler Handler
+}
+
+// New returns a Manager for opts, or an error naming the option that is wrong.
+// Nothing runs until Run.
+func New(opts Options) (*Manager, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Dir, err = filepath.Abs(o.Dir); err != nil {
+		return nil, fmt.Errorf("pluginmanager: Options.Dir: %w", err)
+	}
+	m := &Manager{
+		opts:     o,
+		log:      o.Logger,
+		queue:    newQueue(),
+		events:   newBroker(o.EventBuffer),
+		metrics:  newMetrics(),
+		handlers: make(map[string]Handler),
+		entries:  make(map[string]*entry),
+	}
+	if o.Registerer != nil {
+		if err := m.registerMetrics(o.Registerer); err != nil {
+			return nil, fmt.Errorf("pluginmanager: registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// AddHandler makes h the handler for plugins of type typ. It may be called
+// before or while Run runs, from any goroutine; plugins of that type that were
+// rejected for want of a handler are tried again at once. It panics if typ is
+// empty, h is nil, or typ already has a handler, as http.ServeMux.Handle does.
+func (m *Manager) AddHandler(typ string, h Handler) {
+	if typ == "" {
+		panic("pluginmanager: AddHandler with an empty plugin type")
+	}
+	if h == nil {
+		panic("pluginmanager: AddHandler with a nil handler for type " + typ)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.handlers[typ]; dup {
+		panic("pluginmanager: AddHandler called twice for type " + typ)
+	}
+	m.handlers[typ] = h
+	for path, e := range m.entries {
+		if e.status.State == StateRejected && e.status.Reason == ReasonNoHandler && e.status.Type == typ {
+			m.queue.add(path)
+		}
+	}
+}
+
+// Plugins returns a snapshot of every socket the manager knows, sorted by
+// socket path. It is safe to call at any time from any goroutine.
+func (m *Manager) Plugins() []PluginStatus {
+	m.mu.Lock()
+	out := make([]PluginStatus, 0, len(m.entries))
+	for _, e := range m.entries {
+		s := e.status
+		s.Versions = slices.Clone(s.Versions)
+		out = append(out, s)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b PluginStatus) int { return strings.Compare(a.Socket, b.Socket) })
+
+	// Mark the newest registered socket of each (type, name).
+	type key struct{ typ, name string }
+	newest := make(map[key]int)
+	for i, s := range out {
+		if s.State != StateRegistered {
+			continue
+		}
+		k := key{s.Type, s.Name}
+		if j, ok := newest[k]; !ok || s.RegisteredSince.After(out[j].RegisteredSince) {
+			newest[k] = i
+		}
+	}
+	for _, i := range newest {
+		out[i].Newest = true
+	}
+	return out
+}
+
+// Subscribe starts a stream of events. Events are never held back for a slow
+// subscriber: one that falls more than Options.EventBuffer behind loses events
+// and then receives an EventLost saying how many. Close the subscription when
+// done; its channel is also closed when Run returns.
+func (m *Manager) Subscribe() *Subscription {
+	return m.events.subscribe()
+}
+
+// Run watches the directory and registers plugins until ctx is done. It
+// returns nil then, after every goroutine it started has exited, or an error
+// if the directory cannot be created or watched. It may be called once.
+func (m *Manager) Run(ctx context.Context) error {
+	if !m.started.CompareAndSwap(false, true) {
+		return errors.New("pluginmanager: Run may be called only once per Manager")
+	}
+	defer m.events.shutdown()
+
+	dir := m.opts.Dir
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("pluginmanager: creating the registry directory: %w", err)
+	}
+	// The buffer absorbs bursts of sockets while the watch loop is busy.
+	w, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		return fmt.Errorf("pluginmanager: starting the filesystem watch: %w", err)
+	}
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		return fmt.Errorf("pluginmanager: watching %s: %w", dir, err)
+	}
+
+	var wg sync.WaitGroup
+	for range m.opts.Workers {
+		wg.Go(func() { m.work(ctx) })
+	}
+	wg.Go(func() { m.watch(ctx, w) })
+	m.log.Info("plugin manager started", "dir", dir, "workers", m.opts.Workers)
+
+	<-ctx.Done()
+	m.queue.close()
+	w.Close()
+	wg.Wait()
+	m.shutdown(ctx)
+	m.log.Info("plugin manager stopped")
+	return nil
+}
+
+// shutdown runs after the workers have stopped: no retry fires any more,
+// handler calls are given a bounded time to return, and registrations are
+// dropped only if asked to.
+func (m *Manager) shutdown(ctx context.Context) {
+	m.mu.Lock()
+	for _, e := range m.entries {
+		if e.retry != nil {
+			e.retry.Stop()
+		}
+	}
+	m.mu.Unlock()
+
+	m.waitCalls()
+
+	if !m.opts.DeregisterOnShutdown {
+		return
+	}
+	// ctx is done; the deregistrations still need a live context of their own.
+	ctx = context.WithoutCancel(ctx)
+	m.mu.Lock()
+	var held []*entry
+	for _, e := range m.entries {
+		if e.reg != nil && !e.busy {
+			held = append(held, e)
+		}
+	}
+	m.mu.Unlock()
+	for _, e := range held {
+		m.mu.Lock()
+		reg := e.reg
+		e.reg = nil
+		m.mu.Unlock()
+		m.deregister(ctx, e, reg)
+	}
+	m.waitCalls()
+}
+
+// waitCalls waits for running handler calls, but not forever: a handler that
+// ignores its context must not keep the process from stopping.
+func (m *Manager) waitCalls() {
+	done := make(chan struct{})
+	go func() {
+		m.calls.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(m.opts.HandlerTimeout):
+		m.log.Error("handler calls still running after shutdown; returning without them", "waited", m.opts.HandlerTimeout)
+	}
+}
+
+func (m *Manager) work(ctx context.Context) {
+	for {
+		path, ok := m.queue.get()
+		if !ok {
+			return
+		}
+		m.reconcile(ctx, path)
+		m.queue.done(path)
+	}
+}
+
+// watch turns filesystem events, watch errors and the resync timer into work.
+func (m *Manager) watch(ctx context.Context, w *fsnotify.Watcher) {
+	m.resync(w)
+	var tick <-chan time.Time
+	if m.opts.ResyncInterval > 0 {
+		t := time.NewTicker(m.opts.ResyncInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			m.handleFSEvent(w, ev)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				m.log.Warn("filesystem events were lost; rescanning the registry directory", "err", err)
+			} else {
+				m.log.Error("filesystem watch error; rescanning the registry directory", "err", err)
+			}
+			m.resync(w)
+		case <-tick:
+			m.resync(w)
+		}
+	}
+}
+
+// resync walks the directory and queues every socket that is new, replaced or
+// gone compared with what the manager knows. It is the safety net under the
+// watch, so it costs one walk and no RPC.
+func (m *Manager) resync(w *fsnotify.Watcher) {
+	found := make(map[string]fileID)
+	if err := watchTree(w, m.opts.Dir, func(path string, id fileID) { found[path] = id }); err != nil {
+		m.log.Warn("scanning the registry directory", "dir", m.opts.Dir, "err", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for path, id := range found {
+		if e, ok := m.entries[path]; !ok || e.id != id {
+			m.queue.add(path)
+		}
+	}
+	for path := range m.entries {
+		if _, ok := found[path]; !ok {
+			m.queue.add(path)
+		}
+	}
+}
+
+// enqueueUnder queues every known socket below dir, which was removed or renamed.
+func (m *Manager) enqueueUnder(dir string) {
+	prefix := dir + string(filepath.Separator)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for path := range m.entries {
+		if strings.HasPrefix(path, prefix) {
+			m.queue.add(path)
+		}
+	}
+}
+
+// reconcile brings one socket path's registration in line with the file there
+// now: it deregisters what is gone or replaced before it registers the
+// successor. Only one worker runs it for a path at a time.
+func (m *Manager) reconcile(ctx context.Context, path string) {
+	id, present := statSocket(path)
+
+	m.mu.Lock()
+	e := m.entries[path]
+	if e == nil && !present {
+		m.mu.Unlock()
+		return
+	}
+	if e != nil && e.busy {
+		m.mu.Unlock() // the abandoned call queues the path again when it returns
+		return
+	}
+	if e != nil && e.reg != nil && (!present || e.reg.id != id) {
+		reg := e.reg
+		e.reg = nil
+		m.mu.Unlock()
+		if !m.deregister(ctx, e, reg) {
+			return
+		}
+		m.mu.Lock()
+	}
+	if !present {
+		m.forgetLocked(path, e)
+		m.mu.Unlock()
+		return
+	}
+	if e == nil || e.id != id {
+		e = m.discoverLocked(path, id, e)
+	}
+	if !m.dueLocked(e) {
+		m.mu.Unlock()
+		return
+	}
+	e.status.State = StateRegistering
+	e.status.Attempts++
+	e.status.NextRetry = time.Time{}
+	m.mu.Unlock()
+
+	m.metrics.attempts.Inc()
+	m.register(ctx, path, e)
+}
+
+// discoverLocked starts afresh for a new socket file at path: no attempts, no
+// backoff, no verdict carried over from a file that was there before.
+func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
+	if e == nil {
+		e = &entry{}
+		m.entries[path] = e
+	}
+	if e.retry != nil {
+		e.retry.Stop()
+		e.retry = nil
+	}
+	e.id = id
+	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now()}
+	m.publishLocked(EventDiscovered, e)
+	m.log.Debug("socket discovered", "socket", path)
+	return e
+}
+
+func (m *Manager) forgetLocked(path string, e *entry) {
+	if e.retry != nil {
+		e.retry.Stop()
+	}
+	delete(m.entries, path)
+	m.publishLocked(EventRemoved, e)
+	m.log.Debug("socket removed", "socket", path)
+}
+
+// dueLocked reports whether e should be tried now.
+func (m *Manager) dueLocked(e *entry) bool {
+	switch e.status.State {
+	case StatePending:
+		return true
+	case StateFailed:
+		return !time.Now().Before(e.status.NextRetry)
+	case StateRejected:
+		_, ok := m.handlers[e.status.Type]
+		return e.status.Reason == ReasonNoHandler && ok
+	}
+	return false
+}
+
+// register runs the handshake with the plugin and its handler.
+func (m *Manager) register(ctx context.Context, path string, e *entry) {
+	p := Plugin{Socket: path}
+
+	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
+		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
+	conn, err := connect(dialCtx, path)
+	cancel()
+	if err != nil {
+		m.fail(ctx, e, p, ReasonDial, err, false)
+		return
+	}
+	defer conn.Close()
+
+	infoCtx, cancel := context.WithTimeoutCause(ctx, m.opts.GetInfoTimeout,
+		fmt.Errorf("no answer within %s", m.opts.GetInfoTimeout))
+	info, err := getInfo(infoCtx, conn)
+	cancel()
+	if err != nil {
+		// A plugin that does not serve Registration at all will not start to by retrying.
+		m.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err))
+		return
+	}
+	if p, err = pluginFromInfo(info, path); err != nil {
+		m.refuse(ctx, conn, e, p, ReasonInvalidInfo, err, true)
+		return
+	}
+
+	m.mu.Lock()
+	e.status.Plugin = p
+	h := m.handlers[p.Type]
+	m.mu.Unlock()
+	if h == nil {
+		m.refuse(ctx, conn, e, p, ReasonNoHandler, fmt.Errorf("%w %q: the manager has none for it", ErrNoHandler, p.Type), true)
+		return
+	}
+
+	if err := m.callHandler(ctx, e, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
+		// A refusal is final; a handler that timed out or panicked may do better next time.
+		m.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err))
+		return
+	}
+
+	m.mu.Lock()
+	e.reg = &registration{id: e.id, plugin: p, handler: h}
+	m.mu.Unlock()
+	if err := m.callHandler(ctx, e, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+		if !isFault(err) {
+			// The handler said no. One that timed out may still take the plugin,
+			// so that registration is kept, to be taken back if the socket goes.
+			m.mu.Lock()
+			e.reg = nil
+			m.mu.Unlock()
+		}
+		m.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err))
+		return
+	}
+
+	notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
+		fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
+	notifyErr := notify(notifyCtx, conn, path, true, "")
+	cancel()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	e.status.State = StateRegistered
+	e.status.RegisteredSince = now
+	e.status.Reason, e.status.LastError = "", ""
+	label := m.typeLabelLocked(p.Type)
+	if notifyErr != nil {
+		// The handler holds the plugin; failing the registration now would only
+		// make the handler flap. The plugin learns of it from its next GetInfo.
+		e.status.Reason, e.status.LastError = ReasonNotify, notifyErr.Error()
+		m.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
+		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", notifyErr)
+	}
+	m.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
+	m.publishLocked(EventRegistered, e)
+	m.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", e.status.Attempts)
+}
+
+// refuse tells the plugin it was not registered, then records the failure.
+func (m *Manager) refuse(ctx context.Context, conn *grpc.ClientConn, e *entry, p Plugin, reason Reason, err error, terminal bool) {
+	if ctx.Err() == nil {
+		notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
+			fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
+		if nerr := notify(notifyCtx, conn, p.Socket, false, err.Error()); nerr != nil {
+			m.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", nerr)
+		}
+		cancel()
+	}
+	m.fail(ctx, e, p, reason, err, terminal)
+}
+
+// fail records a failed attempt: Rejected if terminal, else Failed with a retry
+// after backoff.
+func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ctx.Err() != nil {
+		// Shutting down: the attempt was cut short, not failed.
+		e.status.State = StatePending
+		return
+	}
+	e.status.Plugin = p
+	e.status.Reason, e.status.LastError = reason, err.Error()
+	m.metrics.failures.WithLabelValues(m.typeLabelLocked(p.Type), string(reason)).Inc()
+	if terminal {
+		e.status.State = StateRejected
+		m.publishLocked(EventRejected, e)
+		m.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", err)
+		return
+	}
+	delay := m.backoff(e, reason)
+	e.status.State = StateFailed
+	e.status.NextRetry = time.Now().Add(delay)
+	path := p.Socket
+	e.retry = time.AfterFunc(delay, func() { m.queue.add(path) })
+	m.publishLocked(EventFailed, e)
+	m.log.Warn("plugin registration failed", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", err, "attempt", e.status.Attempts, "retryIn", delay)
+}
+
+// backoff is the delay before the next attempt: BackoffInitial doubled for
+// each failure since the socket appeared, capped at BackoffMax, with up to
+// ±20% jitter so that plugins that failed together do not retry together.
+func (m *Manager) backoff(e *entry, reason Reason) time.Duration {
+	// A socket that refuses connections just after it appeared is most likely
+	// bound but not yet listening: look again very soon.
+	if reason == ReasonDial && e.status.Attempts == 1 && time.Since(e.status.Discovered) < time.Second {
+		return min(10*time.Millisecond, m.opts.BackoffInitial)
+	}
+	d := m.opts.BackoffInitial
+	for i := 1; i < e.status.Attempts && d < m.opts.BackoffMax; i++ {
+		d *= 2
+	}
+	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return min(d, m.opts.BackoffMax)
+}
+
+// deregister takes reg back from its handler. It reports false if the handler
+// call was abandoned at its deadline; the path is queued again when it returns.
+func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) bool {
+	err := m.callHandler(ctx, e, "Deregister", func(ctx context.Context) error {
+		reg.handler.Deregister(ctx, reg.plugin)
+		return nil
+	})
+	p := reg.plugin
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e.status.State == StateRegistered {
+		e.status.State = StatePending
+	}
+	e.status.RegisteredSince = time.Time{}
+	m.metrics.deregistrations.WithLabelValues(m.typeLabelLocked(p.Type)).Inc()
+	ev := m.eventLocked(EventDeregistered, e)
+	ev.Plugin = p
+	if err != nil {
+		ev.Error = err.Error()
+		m.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", err)
+	} else {
+		m.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
+	}
+	m.events.publish(ev)
+	return !e.busy
+}
+
+func (m *Manager) eventLocked(typ EventType, e *entry) Event {
+	s := e.status
+	return Event{
+		Time:      time.Now(),
+		Type:      typ,
+		Plugin:    s.Plugin,
+		State:     s.State,
+		Reason:    s.Reason,
+		Error:     s.LastError,
+		Attempt:   s.Attempts,
+		NextRetry: s.NextRetry,
+	}
+}
+
+// publishLocked publishes while m.mu is held, so that events are in the order
+// of the changes they report.
+func (m *Manager) publishLocked(typ EventType, e *entry) {
+	m.events.publish(m.eventLocked(typ, e))
+}
+
+// handlerFault is a handler call that timed out or panicked: the handler's
+// trouble, not a verdict on the plugin, so it is retried.
+type handlerFault struct{ err error }
+
+func (f *handlerFault) Error() string { return f.err.Error() }
+func (f *handlerFault) Unwrap() error { return f.err }
+
+func isFault(err error) bool {
+	var f *handlerFault
+	return errors.As(err, &f)
+}
+
+// callHandler calls a handler method with a deadline, recovering a panic. If
+// the deadline passes first, the call is abandoned: callHandler returns, and e
+// stays busy until the call does return, then its path is queued again.
+func (m *Manager) callHandler(ctx context.Context, e *entry, op string, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.HandlerTimeout,
+		fmt.Errorf("handler %s did not return within %s", op, m.opts.HandlerTimeout))
+	defer cancel()
+	done := make(chan error, 1)
+	abandoned := false // guarded by m.mu
+	m.calls.Add(1)
+	go func() {
+		defer m.calls.Done()
+		err := safeCall(ctx, op, call)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if abandoned {
+			e.busy = false
+			m.queue.add(e.status.Socket)
+			return
+		}
+		done <- err // buffered, and read only while m.mu is not held by the reader
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case err := <-done: // returned just in time
+		return err
+	default:
+	}
+	abandoned = true
+	e.busy = true
+	return &handlerFault{context.Cause(ctx)}
+}
+
+func safeCall(ctx context.Context, op string, call func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &handlerFault{handlerPanic(op, v)}
+		}
+	}()
+	return call(ctx)
+}

@@ -1,0 +1,89 @@
+package pluginmanager
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the manager's Prometheus series. Type labels only take the types
+// a handler was added for, and "other": a plugin chooses its type string, and
+// must not be able to create series at will.
+type metrics struct {
+	attempts        prometheus.Counter
+	failures        *prometheus.CounterVec
+	latency         *prometheus.HistogramVec
+	deregistrations *prometheus.CounterVec
+	plugins         *prometheus.Desc
+}
+
+const otherType = "other"
+
+func newMetrics() *metrics {
+	return &metrics{
+		attempts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "plugd_registration_attempts_total",
+			Help: "Registration attempts started.",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plugd_registration_failures_total",
+			Help: "Registration attempts that failed, by plugin type and the step that failed.",
+		}, []string{"type", "reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "plugd_registration_latency_seconds",
+			Help:    "Time from a socket being discovered to its plugin being registered and told so.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"type"}),
+		deregistrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plugd_deregistrations_total",
+			Help: "Plugins deregistered from their handler.",
+		}, []string{"type"}),
+		plugins: prometheus.NewDesc("plugd_plugins",
+			"Registration sockets known to the manager, by plugin type and state.",
+			[]string{"type", "state"}, nil),
+	}
+}
+
+// register puts the collectors on reg; the plugins gauge is read from the
+// manager's state at scrape time, so the hot path never touches it.
+func (m *Manager) registerMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, pluginsCollector{m}} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type pluginsCollector struct{ m *Manager }
+
+func (c pluginsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.metrics.plugins }
+
+func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
+	type key struct {
+		typ   string
+		state State
+	}
+	counts := make(map[key]int)
+	m := c.m
+	m.mu.Lock()
+	// Every handled type reports every state, so that series do not vanish at zero.
+	for typ := range m.handlers {
+		for _, s := range []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateUnhealthy} {
+			counts[key{typ, s}] = 0
+		}
+	}
+	for _, e := range m.entries {
+		counts[key{m.typeLabelLocked(e.status.Type), e.status.State}]++
+	}
+	m.mu.Unlock()
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(m.metrics.plugins, prometheus.GaugeValue, float64(n), k.typ, string(k.state))
+	}
+}
+
+// typeLabelLocked is the metric label for a plugin type. m.mu must be held.
+func (m *Manager) typeLabelLocked(typ string) string {
+	if _, ok := m.handlers[typ]; ok {
+		return typ
+	}
+	return otherType
+}

@@ -1,0 +1,112 @@
+package pluginmanager
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configure a Manager. Only Dir is required; the zero value of every
+// other field means the default written beside it.
+type Options struct {
+	// Dir is the registry directory plugins put their sockets in, watched
+	// recursively. It is created (0750) if missing. The kubelet's is
+	// /var/lib/kubelet/plugins_registry.
+	Dir string
+
+	// Logger receives the manager's logs. Nil discards them.
+	Logger *slog.Logger
+
+	// Registerer, if set, receives the manager's Prometheus metrics. The manager
+	// never uses the global registry.
+	Registerer prometheus.Registerer
+
+	// Workers bounds how many sockets are worked on at once. Zero means 16.
+	Workers int
+
+	// ResyncInterval is how often the directory is walked again to repair
+	// missed or overflowed watch events. Zero means 30s; negative disables it.
+	ResyncInterval time.Duration
+
+	// BackoffInitial is the delay before the first retry of a failed
+	// registration; each further failure doubles it, with jitter, up to
+	// BackoffMax. Zero means 500ms and 2m.
+	BackoffInitial time.Duration
+	BackoffMax     time.Duration
+
+	// DialTimeout bounds connecting to a registration socket. A refused
+	// connection fails at once. Zero means 5s.
+	DialTimeout time.Duration
+	// GetInfoTimeout bounds the GetInfo call. Zero means 5s.
+	GetInfoTimeout time.Duration
+	// NotifyTimeout bounds each NotifyRegistrationStatus call. Zero means 5s.
+	NotifyTimeout time.Duration
+	// HandlerTimeout bounds each call of a Handler method. Zero means 30s.
+	HandlerTimeout time.Duration
+
+	// EventBuffer is how many events each subscriber may fall behind before it
+	// is told it lost some. Zero means 1024.
+	EventBuffer int
+
+	// DeregisterOnShutdown makes Run deregister every registered plugin before
+	// it returns. Off by default, so that restarting the manager does not make
+	// the plugins' handlers flap.
+	DeregisterOnShutdown bool
+}
+
+// withDefaults returns a copy of o with zero fields set to their defaults, or
+// an error naming the first field that is out of range.
+func (o Options) withDefaults() (Options, error) {
+	if o.Dir == "" {
+		return o, fmt.Errorf("pluginmanager: Options.Dir is required: set it to the registry directory plugins put their sockets in")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ints := []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"Workers", &o.Workers, 16},
+		{"EventBuffer", &o.EventBuffer, 1024},
+	}
+	for _, f := range ints {
+		if *f.v < 0 {
+			return o, fmt.Errorf("pluginmanager: Options.%s is %d: it must be zero (default %d) or positive", f.name, *f.v, f.def)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"BackoffInitial", &o.BackoffInitial, 500 * time.Millisecond},
+		{"BackoffMax", &o.BackoffMax, 2 * time.Minute},
+		{"DialTimeout", &o.DialTimeout, 5 * time.Second},
+		{"GetInfoTimeout", &o.GetInfoTimeout, 5 * time.Second},
+		{"NotifyTimeout", &o.NotifyTimeout, 5 * time.Second},
+		{"HandlerTimeout", &o.HandlerTimeout, 30 * time.Second},
+	}
+	for _, f := range durations {
+		if *f.v < 0 {
+			return o, fmt.Errorf("pluginmanager: Options.%s is %s: it must be zero (default %s) or positive", f.name, *f.v, f.def)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if o.BackoffMax < o.BackoffInitial {
+		return o, fmt.Errorf("pluginmanager: Options.BackoffMax (%s) is less than Options.BackoffInitial (%s)", o.BackoffMax, o.BackoffInitial)
+	}
+	if o.ResyncInterval == 0 {
+		o.ResyncInterval = 30 * time.Second
+	}
+	return o, nil
+}

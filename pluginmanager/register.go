@@ -1,0 +1,180 @@
+package pluginmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"unicode"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// Bounds on what a plugin may send. GetInfo's answer is small; anything larger
+// is a broken or hostile plugin, refused before it costs memory.
+const (
+	maxInfoBytes    = 64 << 10
+	maxTypeLen      = 128
+	maxNameLen      = 256
+	maxEndpointLen  = 4096
+	maxVersions     = 32
+	maxVersionLen   = 64
+	maxErrorMessage = 1024 // the reason sent back to a plugin
+)
+
+// connect opens a gRPC connection to the unix socket at path and waits, until
+// ctx is done, for it to be ready. A refused connection fails at once with the
+// dialer's error.
+func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
+	var (
+		mu      sync.Mutex
+		dialErr error
+	)
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", path)
+		if err != nil {
+			mu.Lock()
+			dialErr = err
+			mu.Unlock()
+		}
+		return c, err
+	}
+	conn, err := grpc.NewClient("passthrough:///"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority("localhost"),
+		grpc.WithContextDialer(dialer),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxInfoBytes)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", path, err)
+	}
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		switch s {
+		case connectivity.Ready:
+			return conn, nil
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			conn.Close()
+			mu.Lock()
+			err := dialErr
+			mu.Unlock()
+			if err == nil {
+				err = errors.New("connection failed")
+			}
+			return nil, fmt.Errorf("connect %s: %w", path, err)
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			conn.Close()
+			return nil, fmt.Errorf("connect %s: %w", path, context.Cause(ctx))
+		}
+	}
+}
+
+// getInfo asks the plugin who it is.
+func getInfo(ctx context.Context, conn *grpc.ClientConn) (*registerapi.PluginInfo, error) {
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
+	return info, wrapRPC(ctx, "GetInfo", err)
+}
+
+// unimplemented reports whether the plugin does not serve the Registration
+// service at all: no retry will change that.
+func unimplemented(err error) bool {
+	return status.Code(err) == codes.Unimplemented
+}
+
+// pluginFromInfo checks a GetInfo answer against the bounds and turns it into a
+// Plugin. An empty endpoint means the registration socket itself.
+func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error) {
+	p := Plugin{
+		Type:     info.GetType(),
+		Name:     info.GetName(),
+		Endpoint: info.GetEndpoint(),
+		Versions: info.GetSupportedVersions(),
+		Socket:   socket,
+	}
+	if err := checkField("type", p.Type, maxTypeLen, true); err != nil {
+		return p, err
+	}
+	if err := checkField("name", p.Name, maxNameLen, true); err != nil {
+		return p, err
+	}
+	if err := checkField("endpoint", p.Endpoint, maxEndpointLen, false); err != nil {
+		return p, err
+	}
+	if len(p.Versions) > maxVersions {
+		return p, fmt.Errorf("%w: %d supported versions, at most %d are allowed", ErrInvalidInfo, len(p.Versions), maxVersions)
+	}
+	for i, v := range p.Versions {
+		if err := checkField(fmt.Sprintf("supported_versions[%d]", i), v, maxVersionLen, true); err != nil {
+			return p, err
+		}
+	}
+	if p.Endpoint == "" {
+		p.Endpoint = socket
+	}
+	return p, nil
+}
+
+// checkField enforces a length limit and printable characters without spaces.
+func checkField(name, v string, max int, required bool) error {
+	if v == "" {
+		if required {
+			return fmt.Errorf("%w: %s is empty", ErrInvalidInfo, name)
+		}
+		return nil
+	}
+	if len(v) > max {
+		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", ErrInvalidInfo, name, len(v), max)
+	}
+	for _, r := range v {
+		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%w: %s %.64q has a character that is not printable or is a space", ErrInvalidInfo, name, v)
+		}
+	}
+	return nil
+}
+
+// notify tells the plugin whether it was registered. It uses the connection
+// GetInfo went over while that is still ready; if a slow handler let it die,
+// it dials again rather than fail.
+func notify(ctx context.Context, conn *grpc.ClientConn, path string, registered bool, reason string) error {
+	if len(reason) > maxErrorMessage {
+		reason = reason[:maxErrorMessage]
+	}
+	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
+	var err error
+	if conn.GetState() == connectivity.Ready {
+		_, err = registerapi.NewRegistrationClient(conn).NotifyRegistrationStatus(ctx, req)
+		if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return wrapRPC(ctx, "NotifyRegistrationStatus", err)
+		}
+		// The connection broke under us, which a ready state could not yet show.
+	}
+	fresh, err := connect(ctx, path)
+	if err != nil {
+		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
+	}
+	defer fresh.Close()
+	_, err = registerapi.NewRegistrationClient(fresh).NotifyRegistrationStatus(ctx, req)
+	return wrapRPC(ctx, "NotifyRegistrationStatus", err)
+}
+
+// wrapRPC names the failed call, and prefers the deadline's cause, which says
+// how long was waited, to gRPC's generic DeadlineExceeded.
+func wrapRPC(ctx context.Context, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		err = context.Cause(ctx)
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}

@@ -1,0 +1,42 @@
+package pluginmanager
+
+import (
+	"time"
+)
+
+// State is where a registration socket stands.
+type State string
+
+// The states of a socket. Pending -> Registering -> Registered is the happy
+// path; Failed is retried with backoff; Rejected waits for the socket to change
+// (or, for a missing handler, for AddHandler).
+const (
+	StatePending     State = "Pending"     // discovered, not yet tried
+	StateRegistering State = "Registering" // an attempt is under way
+	StateRegistered  State = "Registered"  // the handler accepted it and the plugin was told
+	StateFailed      State = "Failed"      // the last attempt failed; retried at NextRetry
+	StateRejected    State = "Rejected"    // refused for a reason retrying cannot fix
+	StateUnhealthy   State = "Unhealthy"   // registered, but not answering (reserved for liveness checks)
+)
+
+// PluginStatus is what the manager knows of one registration socket.
+type PluginStatus struct {
+	// Plugin is what the plugin said in GetInfo; until it has answered, only
+	// Socket is set.
+	Plugin
+	State State `json:"state"`
+	// Reason and LastError describe the last failure; empty after a success.
+	Reason    Reason `json:"reason,omitempty"`
+	LastError string `json:"lastError,omitempty"`
+	// Attempts counts registration attempts since this socket file appeared.
+	Attempts int `json:"attempts"`
+	// NextRetry is when a Failed socket is tried again.
+	NextRetry time.Time `json:"nextRetry,omitzero"`
+	// Discovered is when this socket file was first seen.
+	Discovered time.Time `json:"discovered"`
+	// RegisteredSince is when the current registration succeeded.
+	RegisteredSince time.Time `json:"registeredSince,omitzero"`
+	// Newest is set on the most recently registered of several sockets that
+	// registered the same (type, name): during a rolling update, the new instance.
+	Newest bool `json:"newest,omitempty"`
+}
