@@ -1,0 +1,239 @@
+package pluginmanager_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+func TestOptionsErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		opts pluginmanager.Options
+		want string
+	}{
+		{pluginmanager.Options{}, "Options.Dir is required"},
+		{pluginmanager.Options{Dir: "x", Workers: -1}, "Options.Workers is -1"},
+		{pluginmanager.Options{Dir: "x", DialTimeout: -time.Second}, "Options.DialTimeout is -1s"},
+		{pluginmanager.Options{Dir: "x", BackoffInitial: time.Minute, BackoffMax: time.Second}, "Options.BackoffMax (1s) is less than Options.BackoffInitial (1m0s)"},
+	} {
+		_, err := pluginmanager.New(tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error saying %q", tc.opts, err, tc.want)
+		}
+	}
+}
+
+func TestRunOnlyOnce(t *testing.T) {
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.Run(ctx); err != nil {
+		t.Fatalf("first Run = %v", err)
+	}
+	if err := m.Run(ctx); err == nil || !strings.Contains(err.Error(), "only once") {
+		t.Errorf("second Run = %v, want an error", err)
+	}
+}
+
+func TestAddHandlerPanicsOnMisuse(t *testing.T) {
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler("CSIPlugin", pluginmanager.HandlerFuncs{})
+	for name, f := range map[string]func(){
+		"empty type": func() { m.AddHandler("", pluginmanager.HandlerFuncs{}) },
+		"nil":        func() { m.AddHandler("X", nil) },
+		"twice":      func() { m.AddHandler("CSIPlugin", pluginmanager.HandlerFuncs{}) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: AddHandler did not panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}
+
+// kubeletStyle is a handler written against the kubelet's interface.
+type kubeletStyle struct {
+	mu    sync.Mutex
+	calls []string
+	tmo   *time.Duration
+}
+
+func (k *kubeletStyle) ValidatePlugin(_ context.Context, name, endpoint string, versions []string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "validate "+name+" "+strings.Join(versions, ","))
+	if name == "refused" {
+		return errors.New("not on the list")
+	}
+	return nil
+}
+
+func (k *kubeletStyle) RegisterPlugin(_ context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "register "+name)
+	k.tmo = timeout
+	return nil
+}
+
+func (k *kubeletStyle) DeRegisterPlugin(_ context.Context, name, endpoint string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "deregister "+name)
+}
+
+func TestKubeletHandlerAdapter(t *testing.T) {
+	k := &kubeletStyle{}
+	h := start(t, pluginmanager.Options{HandlerTimeout: 7 * time.Second}, map[string]pluginmanager.Handler{"DevicePlugin": pluginmanager.KubeletHandler(k)})
+	p := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	h.status(p.Path(), pluginmanager.StateRegistered)
+	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
+	if s := h.status(refused.Path(), pluginmanager.StateRejected); s.LastError != "not on the list" {
+		t.Errorf("refusal = %q", s.LastError)
+	}
+	p.Close()
+	h.gone(p.Path())
+
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	want := []string{"validate example.com/gpu v1beta1", "register example.com/gpu", "validate refused ", "deregister example.com/gpu"}
+	if !slices.Equal(k.calls, want) {
+		t.Errorf("calls = %q, want %q", k.calls, want)
+	}
+	if k.tmo == nil || *k.tmo <= 0 || *k.tmo > 7*time.Second {
+		t.Errorf("RegisterPlugin timeout = %v, want what is left of the 7s handler deadline", k.tmo)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	h := start(t, pluginmanager.Options{Registerer: reg}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "ok"})
+	h.status(ok.Path(), pluginmanager.StateRegistered)
+	// A type with no handler is counted under "other", whatever the plugin calls it.
+	odd := startPlugin(t, plugin.Config{Dir: h.dir, Type: "made-up-type-1234", Name: "odd"})
+	h.status(odd.Path(), pluginmanager.StateRejected)
+
+	expected := `
+# HELP plugd_plugins Registration sockets known to the manager, by plugin type and state.
+# TYPE plugd_plugins gauge
+plugd_plugins{state="Failed",type="CSIPlugin"} 0
+plugd_plugins{state="Pending",type="CSIPlugin"} 0
+plugd_plugins{state="Registered",type="CSIPlugin"} 1
+plugd_plugins{state="Registering",type="CSIPlugin"} 0
+plugd_plugins{state="Rejected",type="CSIPlugin"} 0
+plugd_plugins{state="Rejected",type="other"} 1
+plugd_plugins{state="Unhealthy",type="CSIPlugin"} 0
+# HELP plugd_registration_attempts_total Registration attempts started.
+# TYPE plugd_registration_attempts_total counter
+plugd_registration_attempts_total 2
+# HELP plugd_registration_failures_total Registration attempts that failed, by plugin type and the step that failed.
+# TYPE plugd_registration_failures_total counter
+plugd_registration_failures_total{reason="no_handler",type="other"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"plugd_plugins", "plugd_registration_attempts_total", "plugd_registration_failures_total"); err != nil {
+		t.Error(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "plugd_registration_latency_seconds"); err != nil || n != 1 {
+		t.Errorf("latency series = %d, %v; want one, for CSIPlugin", n, err)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("metric lint: %v %+v", err, problems)
+	}
+
+	// Registering twice on one registry is refused, naming the problem.
+	if _, err := pluginmanager.New(pluginmanager.Options{Dir: h.dir, Registerer: reg}); err == nil || !strings.Contains(err.Error(), "registering metrics") {
+		t.Errorf("second manager on one registry: %v", err)
+	}
+}
+
+func TestSlowSubscriberIsToldItLostEvents(t *testing.T) {
+	h := start(t, pluginmanager.Options{EventBuffer: 2}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	slow := h.m.Subscribe() // never read until the end
+	defer slow.Close()
+	for _, name := range []string{"a", "b", "c"} {
+		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
+		h.status(p.Path(), pluginmanager.StateRegistered)
+	}
+	// Registration went on regardless. One more event gives the subscriber,
+	// now with room after reading, its notice of loss.
+	first := <-slow.Events()
+	second := <-slow.Events()
+	if first.Type != pluginmanager.EventDiscovered || second.Seq != first.Seq+1 {
+		t.Fatalf("first events = %+v, %+v", first, second)
+	}
+	startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "d"})
+	ev := <-slow.Events()
+	if ev.Type != pluginmanager.EventLost || ev.Missed < 4 || ev.Seq <= second.Seq {
+		t.Errorf("after falling behind got %+v, want a Lost event counting at least 4", ev)
+	}
+	if next := <-slow.Events(); next.Seq != ev.Seq+1 {
+		t.Errorf("event after Lost has seq %d, want %d", next.Seq, ev.Seq+1)
+	}
+}
+
+func TestSubscriptionClosedWhenRunReturns(t *testing.T) {
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := m.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, open := <-sub.Events(); open {
+		t.Error("subscription still open after Run returned")
+	}
+	if _, open := <-m.Subscribe().Events(); open {
+		t.Error("subscription made after Run returned is open")
+	}
+	sub.Close() // closing again is harmless
+}
+
+func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
+	for _, deregister := range []bool{false, true} {
+		rec := newRecorder()
+		dir := shortDir(t)
+		p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "x"})
+		m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, DeregisterOnShutdown: deregister})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.AddHandler("CSIPlugin", rec)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- m.Run(ctx) }()
+		if err := p.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.count("deregister x"); got != map[bool]int{false: 0, true: 1}[deregister] {
+			t.Errorf("DeregisterOnShutdown=%v: %d deregistrations", deregister, got)
+		}
+	}
+}

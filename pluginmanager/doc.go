@@ -1,0 +1,57 @@
+// Package pluginmanager registers node plugins the way the kubelet does, without
+// the kubelet.
+//
+// A plugin (a CSI driver, a DRA driver, a device plugin, or anything of a type
+// of your own) serves the kubelet's plugin registration gRPC service,
+// k8s.io/kubelet/pkg/apis/pluginregistration/v1, on a unix socket it creates in
+// a registry directory. A Manager watches that directory. For each socket it
+// finds it calls GetInfo, hands the plugin to the Handler added for its type
+// (Validate, then Register), and tells the plugin whether it was accepted with
+// NotifyRegistrationStatus. When the socket disappears, or is replaced by a new
+// one at the same path, the handler's Deregister lets the old plugin go.
+//
+//	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, Logger: logger, Registerer: reg})
+//	m.AddHandler("CSIPlugin", csiHandler)
+//	err = m.Run(ctx) // until ctx is done
+//
+// # How it differs from the kubelet's manager
+//
+// Registration is event-driven: a socket is registered within milliseconds of
+// appearing, not on the next pass of a one-second loop; a periodic walk of the
+// directory (Options.ResyncInterval) only repairs missed watch events.
+//
+// A socket's identity is the file itself: re-created at the same path, it is a
+// new registration whose retries start afresh.
+//
+// Failures are either terminal or transient. A plugin whose type has no
+// handler, whose handler's Validate refuses it, that does not serve the
+// Registration service, or whose GetInfo answer is malformed, is Rejected and
+// left alone until its socket changes (or, for a missing handler, until
+// AddHandler adds one). Anything else (a refused connection, a timeout, a
+// Register error) is retried with exponential backoff and jitter.
+//
+// Every RPC and every handler call has a deadline, and everything a plugin
+// sends is bounded in size.
+//
+// Several sockets may register the same (type, name), as the old and new
+// instances of a driver do during a rolling update; each is its own
+// registration, and PluginStatus.Newest marks the most recent.
+//
+// # Seeing what happens
+//
+// Plugins returns a snapshot of every socket, with its state, last error,
+// attempts and next retry. Subscribe streams events in order; a slow
+// subscriber loses events (and is told so) rather than slowing registration.
+// With Options.Registerer set, the manager exports Prometheus metrics:
+//
+//	plugd_plugins{type,state}                           sockets known, by state
+//	plugd_registration_attempts_total                   attempts started
+//	plugd_registration_failures_total{type,reason}      failed attempts, by step
+//	plugd_registration_latency_seconds{type}            socket discovered -> registered
+//	plugd_deregistrations_total{type}                   plugins let go
+//
+// A type label is the plugin's type when a handler exists for it and "other"
+// otherwise, so that plugins cannot create series at will.
+//
+// The plugin side of the protocol is in package github.com/plugd/plugd/plugin.
+package pluginmanager
