@@ -173,7 +173,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	for range m.opts.Workers {
 		wg.Go(func() { m.work(ctx) })
 	}
-	wg.Go(func() { m.watch(ctx, w) })
+	wg.Go(func() { m.watch(ctx, newWatcher(w)) })
 	m.log.Info("plugin manager started", "dir", dir, "workers", m.opts.Workers)
 
 	<-ctx.Done()
@@ -249,7 +249,7 @@ func (m *Manager) work(ctx context.Context) {
 }
 
 // watch turns filesystem events, watch errors and the resync timer into work.
-func (m *Manager) watch(ctx context.Context, w *fsnotify.Watcher) {
+func (m *Manager) watch(ctx context.Context, w *watcher) {
 	m.resync(w)
 	var tick <-chan time.Time
 	if m.opts.ResyncInterval > 0 {
@@ -261,12 +261,12 @@ func (m *Manager) watch(ctx context.Context, w *fsnotify.Watcher) {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-w.Events:
+		case ev, ok := <-w.fs.Events:
 			if !ok {
 				return
 			}
 			m.handleFSEvent(w, ev)
-		case err, ok := <-w.Errors:
+		case err, ok := <-w.fs.Errors:
 			if !ok {
 				return
 			}
@@ -285,9 +285,9 @@ func (m *Manager) watch(ctx context.Context, w *fsnotify.Watcher) {
 // resync walks the directory and queues every socket that is new, replaced or
 // gone compared with what the manager knows. It is the safety net under the
 // watch, so it costs one walk and no RPC.
-func (m *Manager) resync(w *fsnotify.Watcher) {
+func (m *Manager) resync(w *watcher) {
 	found := make(map[string]fileID)
-	if err := watchTree(w, m.opts.Dir, func(path string, id fileID) { found[path] = id }); err != nil {
+	if err := w.watchTree(m.opts.Dir, func(path string, id fileID) { found[path] = id }); err != nil {
 		m.log.Warn("scanning the registry directory", "dir", m.opts.Dir, "err", err)
 	}
 	m.mu.Lock()

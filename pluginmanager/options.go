@@ -2,7 +2,6 @@ package pluginmanager
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
@@ -64,7 +63,7 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("pluginmanager: Options.Dir is required: set it to the registry directory plugins put their sockets in")
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	ints := []struct {
 		name string

@@ -23,11 +23,12 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := fsnotify.NewWatcher()
+	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
+	defer fw.Close()
+	w := newWatcher(fw)
 
 	socket := func(name string) (string, fileID) {
 		t.Helper()
@@ -66,7 +67,7 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("queued %q, want %q", got, want)
 	}
-	if !slices.Contains(w.WatchList(), filepath.Join(dir, "sub")) {
-		t.Errorf("watches = %q, want the subdirectory watched", w.WatchList())
+	if !slices.Contains(fw.WatchList(), filepath.Join(dir, "sub")) || !w.dirs[filepath.Join(dir, "sub")] {
+		t.Errorf("watches = %q, want the subdirectory watched", fw.WatchList())
 	}
 }

@@ -45,10 +45,21 @@ func statSocket(path string) (id fileID, ok bool) {
 // plugins use for sockets that are not listening yet.
 func hidden(name string) bool { return strings.HasPrefix(name, ".") }
 
+// watcher is the filesystem side of the manager: an fsnotify watch on every
+// directory of the tree. It belongs to the goroutine running Manager.watch.
+type watcher struct {
+	fs   *fsnotify.Watcher
+	dirs map[string]bool // directories watched, to tell a removed directory from a removed socket
+}
+
+func newWatcher(fs *fsnotify.Watcher) *watcher {
+	return &watcher{fs: fs, dirs: make(map[string]bool)}
+}
+
 // watchTree adds an fsnotify watch on root and every directory below it that is
 // not hidden and not a symlink, and calls found for every socket in them. It
 // goes on past errors and returns the first.
-func watchTree(w *fsnotify.Watcher, root string, found func(path string, id fileID)) error {
+func (w *watcher) watchTree(root string, found func(path string, id fileID)) error {
 	var first error
 	keep := func(err error) {
 		if first == nil && err != nil {
@@ -74,7 +85,11 @@ func watchTree(w *fsnotify.Watcher, root string, found func(path string, id file
 		}
 		switch {
 		case d.IsDir(): // WalkDir never follows a symlink, so this is a real directory
-			keep(w.Add(path))
+			if err := w.fs.Add(path); err != nil {
+				keep(err)
+			} else {
+				w.dirs[path] = true
+			}
 		case d.Type()&fs.ModeSocket != 0:
 			if id, ok := statSocket(path); ok {
 				found(path, id)
@@ -88,7 +103,7 @@ func watchTree(w *fsnotify.Watcher, root string, found func(path string, id file
 
 // handleFSEvent turns one fsnotify event into work. Events are only hints: the
 // worker reads the file as it is now and decides.
-func (m *Manager) handleFSEvent(w *fsnotify.Watcher, ev fsnotify.Event) {
+func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 	if hidden(filepath.Base(ev.Name)) {
 		return
 	}
@@ -101,7 +116,7 @@ func (m *Manager) handleFSEvent(w *fsnotify.Watcher, ev fsnotify.Event) {
 		}
 		if fi.IsDir() {
 			// Sockets may have appeared in it before the watch was in place.
-			if err := watchTree(w, ev.Name, func(path string, _ fileID) { m.queue.add(path) }); err != nil {
+			if err := w.watchTree(ev.Name, func(path string, _ fileID) { m.queue.add(path) }); err != nil {
 				m.log.Warn("watching new directory", "dir", ev.Name, "err", err)
 			}
 			return
@@ -110,13 +125,26 @@ func (m *Manager) handleFSEvent(w *fsnotify.Watcher, ev fsnotify.Event) {
 			m.queue.add(ev.Name)
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
-		if ev.Has(fsnotify.Rename) {
-			// A directory moved out of the tree keeps its inotify watch; drop it.
-			// (An error only means it was not a watched directory.)
-			_ = w.Remove(ev.Name)
-		}
-		// It may have been a socket or a whole directory of them.
 		m.queue.add(ev.Name)
-		m.enqueueUnder(ev.Name)
+		if w.dirs[ev.Name] {
+			// A whole directory of sockets went. Only then is every known
+			// socket looked at, so removing N sockets costs O(N), not O(N²).
+			w.forget(ev.Name)
+			m.enqueueUnder(ev.Name)
+		}
+	}
+}
+
+// forget drops the watch of dir and every directory below it, which were
+// removed or moved away. A directory moved out of the tree would otherwise
+// keep its inotify watch; for a removed one, the error is only that the
+// kernel dropped the watch already.
+func (w *watcher) forget(dir string) {
+	prefix := dir + string(filepath.Separator)
+	for d := range w.dirs {
+		if d == dir || strings.HasPrefix(d, prefix) {
+			_ = w.fs.Remove(d)
+			delete(w.dirs, d)
+		}
 	}
 }

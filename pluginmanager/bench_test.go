@@ -1,0 +1,183 @@
+package pluginmanager_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// benchManager runs a manager that accepts every CSIPlugin until the benchmark ends.
+func benchManager(b *testing.B) (*pluginmanager.Manager, string) {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "bm")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.AddHandler("CSIPlugin", pluginmanager.HandlerFuncs{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	})
+	return m, dir
+}
+
+// BenchmarkRegistrationLatency measures, one plugin at a time, the time from
+// a plugin starting to listen on its socket to the plugin being told it is
+// registered. It reports the median and 99th percentile.
+func BenchmarkRegistrationLatency(b *testing.B) {
+	_, dir := benchManager(b)
+	lat := make([]time.Duration, 0, b.N)
+	for i := 0; b.Loop(); i++ {
+		told := make(chan struct{}, 1)
+		begin := time.Now()
+		p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i),
+			OnStatus: func(st plugin.Status) {
+				if st.Registered {
+					told <- struct{}{}
+				}
+			}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-told:
+		case <-time.After(wait):
+			b.Fatal("plugin not registered")
+		}
+		lat = append(lat, time.Since(begin))
+		p.Close()
+	}
+	reportPercentiles(b, lat)
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	at := func(q float64) float64 {
+		return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.5), "p50-ms")
+	b.ReportMetric(at(0.99), "p99-ms")
+}
+
+// BenchmarkBurst measures how long N plugins that appear at once take until
+// every one of them has been told it is registered. The plugins are started
+// beforehand in another directory and moved in, so that only the manager's
+// work is timed.
+func BenchmarkBurst(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			_, dir := benchManager(b)
+			for b.Loop() {
+				b.StopTimer()
+				staging, err := os.MkdirTemp("", "bs")
+				if err != nil {
+					b.Fatal(err)
+				}
+				var registered atomic.Int64
+				all := make(chan struct{})
+				servers := make([]*plugin.Server, n)
+				for i := range n {
+					servers[i], err = plugin.Start(plugin.Config{Dir: staging, Type: "CSIPlugin", Name: fmt.Sprint("p", i),
+						OnStatus: func(st plugin.Status) {
+							if st.Registered && registered.Add(1) == int64(n) {
+								close(all)
+							}
+						}})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				for _, s := range servers {
+					if err := os.Rename(s.Path(), filepath.Join(dir, filepath.Base(s.Path()))); err != nil {
+						b.Fatal(err)
+					}
+				}
+				select {
+				case <-all:
+				case <-time.After(time.Minute):
+					b.Fatalf("%d of %d registered after a minute", registered.Load(), n)
+				}
+				b.StopTimer()
+				for _, s := range servers {
+					os.Remove(filepath.Join(dir, filepath.Base(s.Path())))
+					s.Close()
+				}
+				os.RemoveAll(staging)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkIdle measures the CPU the process uses while N plugins are
+// registered and nothing changes: the manager should cost nothing then.
+// Each iteration is a 100ms window; cpu-% is of one core.
+func BenchmarkIdle(b *testing.B) {
+	for _, n := range []int{1000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			m, dir := benchManager(b)
+			for i := range n {
+				p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { p.Close() })
+			}
+			sub := m.Subscribe()
+			defer sub.Close()
+			deadline := time.After(time.Minute)
+			// Events may be lost while the plugins start; each one that
+			// arrives is only a cue to count again.
+			for {
+				registered := 0
+				for _, s := range m.Plugins() {
+					if s.State == pluginmanager.StateRegistered {
+						registered++
+					}
+				}
+				if registered == n {
+					break
+				}
+				select {
+				case <-sub.Events():
+				case <-deadline:
+					b.Fatalf("only %d of %d registered", registered, n)
+				}
+			}
+			before, wallBefore := cpuTime(b), time.Now()
+			for b.Loop() {
+				time.Sleep(100 * time.Millisecond) // the idle window being measured, not a wait for anything
+			}
+			cpu, wall := cpuTime(b)-before, time.Since(wallBefore)
+			b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
+		})
+	}
+}
+
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
