@@ -237,3 +237,31 @@ func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 		}
 	}
 }
+
+func TestSubscribeWithReplay(t *testing.T) {
+	h := start(t, pluginmanager.Options{EventHistory: 3}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	<-h.m.Synced()
+	var last pluginmanager.Event
+	for _, name := range []string{"a", "b"} {
+		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
+		h.status(p.Path(), pluginmanager.StateRegistered)
+	}
+	all := h.m.SubscribeWithReplay(100)
+	defer all.Close()
+	// Only the last three of the four events were kept.
+	for i, want := range []pluginmanager.EventType{pluginmanager.EventRegistered, pluginmanager.EventDiscovered, pluginmanager.EventRegistered} {
+		ev := <-all.Events()
+		if ev.Type != want || (i > 0 && ev.Seq != last.Seq+1) {
+			t.Fatalf("replayed event %d = %+v, want %s following seq %d", i, ev, want, last.Seq)
+		}
+		last = ev
+	}
+	if last.Plugin.Name != "b" || last.Seq != 4 {
+		t.Errorf("last replayed = %+v", last)
+	}
+	// Live events follow without a gap.
+	startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "c"})
+	if ev := <-all.Events(); ev.Seq != last.Seq+1 || ev.Type != pluginmanager.EventDiscovered {
+		t.Errorf("first live event = %+v, want seq %d", ev, last.Seq+1)
+	}
+}

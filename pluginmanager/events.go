@@ -60,22 +60,33 @@ func (s *Subscription) Close() {
 // broker fans events out to subscribers without ever waiting for one: a
 // subscriber whose buffer is full loses the event and is told how many it lost
 // as soon as it has room again.
+//
+// It also keeps the most recent events, so that a new subscriber can start
+// with what just happened, with nothing missing or doubled between the replay
+// and the live events.
 type broker struct {
-	mu     sync.Mutex
-	seq    uint64
-	subs   map[*Subscription]struct{}
-	buffer int
-	done   bool // Run has returned: new subscriptions start closed
+	mu      sync.Mutex
+	seq     uint64
+	subs    map[*Subscription]struct{}
+	buffer  int
+	history []Event // ring of the last len(history) events; history[seq%len] is event seq
+	done    bool    // Run has returned: new subscriptions start closed
 }
 
-func newBroker(buffer int) *broker {
-	return &broker{subs: make(map[*Subscription]struct{}), buffer: buffer}
+func newBroker(buffer, history int) *broker {
+	return &broker{subs: make(map[*Subscription]struct{}), buffer: buffer, history: make([]Event, history)}
 }
 
-func (b *broker) subscribe() *Subscription {
+// subscribe starts a subscription whose channel first holds up to replay of
+// the most recent events.
+func (b *broker) subscribe(replay int) *Subscription {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := &Subscription{c: make(chan Event, b.buffer), b: b}
+	replay = min(replay, len(b.history), int(b.seq))
+	s := &Subscription{c: make(chan Event, b.buffer+replay), b: b}
+	for seq := b.seq - uint64(replay) + 1; seq <= b.seq; seq++ {
+		s.c <- b.history[seq%uint64(len(b.history))]
+	}
 	if b.done {
 		s.closed = true
 		close(s.c)
@@ -90,6 +101,9 @@ func (b *broker) publish(ev Event) {
 	defer b.mu.Unlock()
 	b.seq++
 	ev.Seq = b.seq
+	if len(b.history) > 0 {
+		b.history[b.seq%uint64(len(b.history))] = ev
+	}
 	for s := range b.subs {
 		if s.missed > 0 {
 			select {

@@ -28,6 +28,7 @@ type Manager struct {
 	events  *broker
 	metrics *metrics
 	started atomic.Bool
+	synced  chan struct{} // closed after the first walk of the directory
 
 	// calls counts handler calls still running, including abandoned ones.
 	calls sync.WaitGroup
@@ -70,7 +71,8 @@ func New(opts Options) (*Manager, error) {
 		opts:     o,
 		log:      o.Logger,
 		queue:    newQueue(),
-		events:   newBroker(o.EventBuffer),
+		events:   newBroker(o.EventBuffer, o.EventHistory),
+		synced:   make(chan struct{}),
 		metrics:  newMetrics(),
 		handlers: make(map[string]Handler),
 		entries:  make(map[string]*entry),
@@ -138,12 +140,27 @@ func (m *Manager) Plugins() []PluginStatus {
 	return out
 }
 
-// Subscribe starts a stream of events. Events are never held back for a slow
-// subscriber: one that falls more than Options.EventBuffer behind loses events
-// and then receives an EventLost saying how many. Close the subscription when
-// done; its channel is also closed when Run returns.
+// Subscribe starts a stream of the events from now on. Events are never held
+// back for a slow subscriber: one that falls more than Options.EventBuffer
+// behind loses events and then receives an EventLost saying how many. Close
+// the subscription when done; its channel is also closed when Run returns.
+// It is safe to call from any goroutine, before, during or after Run.
 func (m *Manager) Subscribe() *Subscription {
-	return m.events.subscribe()
+	return m.events.subscribe(0)
+}
+
+// SubscribeWithReplay is Subscribe, with the stream starting with up to n of
+// the most recent events (at most Options.EventHistory are kept), in order and
+// without a gap before the live ones.
+func (m *Manager) SubscribeWithReplay(n int) *Subscription {
+	return m.events.subscribe(max(n, 0))
+}
+
+// Synced is closed once the manager has walked the registry directory for the
+// first time after Run started: every socket present then is known (though
+// not necessarily registered yet). A readiness probe waits for it.
+func (m *Manager) Synced() <-chan struct{} {
+	return m.synced
 }
 
 // Run watches the directory and registers plugins until ctx is done. It
@@ -251,6 +268,7 @@ func (m *Manager) work(ctx context.Context) {
 // watch turns filesystem events, watch errors and the resync timer into work.
 func (m *Manager) watch(ctx context.Context, w *watcher) {
 	m.resync(w)
+	close(m.synced)
 	var tick <-chan time.Time
 	if m.opts.ResyncInterval > 0 {
 		t := time.NewTicker(m.opts.ResyncInterval)

@@ -386,7 +386,10 @@ func TestMalformedInfoRejected(t *testing.T) {
 			var s pluginmanager.PluginStatus
 			h.until("a verdict", func(ps []pluginmanager.PluginStatus) bool {
 				for _, p := range ps {
-					if p.Socket == path && (p.State == pluginmanager.StateRejected || p.State == pluginmanager.StateFailed) {
+					// A dial refused between the bind and the listen of the raw
+					// server is retried at once; wait for the verdict on the answer.
+					if p.Socket == path && p.Reason != pluginmanager.ReasonDial &&
+						(p.State == pluginmanager.StateRejected || p.State == pluginmanager.StateFailed) {
 						s = p
 						return true
 					}

@@ -50,6 +50,10 @@ type Options struct {
 	// is told it lost some. Zero means 1024.
 	EventBuffer int
 
+	// EventHistory is how many recent events are kept for
+	// SubscribeWithReplay. Zero means 1024.
+	EventHistory int
+
 	// DeregisterOnShutdown makes Run deregister every registered plugin before
 	// it returns. Off by default, so that restarting the manager does not make
 	// the plugins' handlers flap.
@@ -72,6 +76,7 @@ func (o Options) withDefaults() (Options, error) {
 	}{
 		{"Workers", &o.Workers, 16},
 		{"EventBuffer", &o.EventBuffer, 1024},
+		{"EventHistory", &o.EventHistory, 1024},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {

@@ -1,0 +1,202 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Client talks to plugd's status API. Its zero value talks to the daemon on
+// DefaultSocket. It is safe for concurrent use.
+type Client struct {
+	// Socket is the unix socket of the status API. Zero means DefaultSocket(),
+	// unless Address is set.
+	Socket string
+	// Address is the base URL of a status API served over TCP, such as
+	// "http://127.0.0.1:9090". It takes precedence over Socket.
+	Address string
+	// HTTPClient, if set, is used for every request (and its transport must
+	// know how to reach the daemon).
+	HTTPClient *http.Client
+}
+
+// ErrNotFound is returned, wrapped, for a plugin that plugd does not know.
+var ErrNotFound = errors.New("not found")
+
+// Filter selects plugins; an empty field matches every plugin.
+type Filter struct {
+	Type, Name, State string
+}
+
+// Plugins lists the plugins that match f.
+func (c *Client) Plugins(ctx context.Context, f Filter) ([]Plugin, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"type": f.Type, "name": f.Name, "state": f.State} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	var list PluginList
+	if err := c.get(ctx, "/v1/plugins?"+q.Encode(), &list); err != nil {
+		return nil, err
+	}
+	return list.Plugins, nil
+}
+
+// Plugin returns the plugin with the given ID (its socket path inside the
+// registry directory).
+func (c *Client) Plugin(ctx context.Context, id string) (Plugin, error) {
+	var p Plugin
+	err := c.get(ctx, "/v1/plugins/"+escapePath(id), &p)
+	return p, err
+}
+
+// Version asks the daemon what it is.
+func (c *Client) Version(ctx context.Context) (Version, error) {
+	var v Version
+	err := c.get(ctx, "/v1/version", &v)
+	return v, err
+}
+
+// Ready reports nil once the daemon has scanned its registry directory.
+func (c *Client) Ready(ctx context.Context) error {
+	return c.get(ctx, "/readyz", nil)
+}
+
+// EventStream is a stream of events from Client.Events.
+type EventStream struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+}
+
+// Next blocks until the next event arrives. It returns io.EOF when the
+// daemon ends the stream, and an error when the stream's context is done.
+func (s *EventStream) Next() (Event, error) {
+	var ev Event
+	if err := s.dec.Decode(&ev); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = io.EOF
+		}
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+// Close ends the stream.
+func (s *EventStream) Close() error { return s.body.Close() }
+
+// Events opens the event stream, starting with up to replay recent events.
+// The stream lasts until ctx is done or Close is called.
+func (c *Client) Events(ctx context.Context, replay int) (*EventStream, error) {
+	resp, err := c.do(ctx, fmt.Sprintf("/v1/events?replay=%d", replay))
+	if err != nil {
+		return nil, err
+	}
+	return &EventStream{body: resp.Body, dec: json.NewDecoder(bufio.NewReader(resp.Body))}, nil
+}
+
+func (c *Client) get(ctx context.Context, path string, into any) error {
+	resp, err := c.do(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if into == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+		return fmt.Errorf("plugd sent an answer to %s that is not valid JSON: %w", path, err)
+	}
+	return nil
+}
+
+// do sends a GET and turns every failure into an error that says what to do.
+func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
+	base, hc := c.transport()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("cannot reach plugd at %s: %w; is plugd running? Start it with 'plugd', or point --socket (or --address) at the status API it serves", c.where(), unwrapURLError(err))
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	var e Error
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(body, &e) != nil || e.Message == "" {
+		e.Message = strings.TrimSpace(string(body))
+	}
+	err = fmt.Errorf("plugd: %s (HTTP %d)", e.Message, resp.StatusCode)
+	if resp.StatusCode == http.StatusNotFound {
+		err = fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	return nil, err
+}
+
+func (c *Client) where() string {
+	if c.Address != "" {
+		return c.Address
+	}
+	return c.socket()
+}
+
+func (c *Client) socket() string {
+	if c.Socket != "" {
+		return c.Socket
+	}
+	return DefaultSocket()
+}
+
+// transport returns the base URL and the HTTP client to reach the daemon.
+// Connections are not kept alive: the daemon is local, a connection costs
+// little, and a Client then holds no goroutine or socket between calls.
+func (c *Client) transport() (string, *http.Client) {
+	base := strings.TrimSuffix(c.Address, "/")
+	if c.HTTPClient != nil {
+		if base == "" {
+			base = "http://plugd"
+		}
+		return base, c.HTTPClient
+	}
+	tr := &http.Transport{DisableKeepAlives: true}
+	if base == "" {
+		socket := c.socket()
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}
+		base = "http://plugd"
+	}
+	return base, &http.Client{Transport: tr}
+}
+
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// escapePath escapes each segment of an ID, keeping its slashes.
+func escapePath(id string) string {
+	parts := strings.Split(id, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/")
+}

@@ -1,0 +1,180 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Command is plugd's command line. Extra subcommands (the demo) are added by
+// the caller.
+func Command() *cobra.Command {
+	var (
+		configPath string
+		fl         Config // values of the flags; only those set override the file
+		handlers   []string
+	)
+	cmd := &cobra.Command{
+		Use:   "plugd",
+		Short: "plugd registers node plugins (CSI, DRA, device plugins, your own) the way the kubelet does",
+		Long: `plugd watches a registry directory for plugins' registration sockets, registers each
+plugin with the handler for its type, and serves what it knows on a status API
+(see plugctl). Configuration comes from --config (YAML) and flags; a flag wins
+over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			load := func() (Config, error) { return loadWithFlags(configPath, cmd.Flags(), fl, handlers) }
+			cfg, err := load()
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, load)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configPath, "config", "", "YAML configuration file; flags override its fields")
+	f.StringVar(&fl.RegistryDir, "registry-dir", "", "directory plugins put their registration sockets in (default "+defaultNote("registry")+")")
+	f.StringArrayVar(&handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER (accept); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
+	f.StringVar(&fl.Status.Socket, "status-socket", "", "unix socket of the status API, or none (default "+defaultNote("socket")+")")
+	f.StringVar(&fl.Status.TCP, "status-tcp", "", "also serve the status API on this TCP address, e.g. 127.0.0.1:9090")
+	f.BoolVar(&fl.Status.AllowNonLoopback, "status-allow-non-loopback", false, "allow --status-tcp on an address that is not loopback (the API has no authentication)")
+	f.IntVar(&fl.Workers, "workers", 0, "sockets worked on at once (default 16)")
+	f.DurationVar((*time.Duration)(&fl.ResyncInterval), "resync-interval", 0, "walk the registry directory this often to repair missed events; negative disables (default 30s)")
+	f.DurationVar((*time.Duration)(&fl.Backoff.Initial), "backoff-initial", 0, "first retry delay after a transient failure (default 500ms)")
+	f.DurationVar((*time.Duration)(&fl.Backoff.Max), "backoff-max", 0, "longest retry delay (default 2m)")
+	f.DurationVar((*time.Duration)(&fl.Timeouts.Dial), "dial-timeout", 0, "deadline for connecting to a plugin (default 5s)")
+	f.DurationVar((*time.Duration)(&fl.Timeouts.GetInfo), "get-info-timeout", 0, "deadline for a plugin's GetInfo (default 5s)")
+	f.DurationVar((*time.Duration)(&fl.Timeouts.Notify), "notify-timeout", 0, "deadline for telling a plugin its status (default 5s)")
+	f.DurationVar((*time.Duration)(&fl.Timeouts.Handler), "handler-timeout", 0, "deadline for each handler call (default 30s)")
+	f.BoolVar(&fl.DeregisterOnShutdown, "deregister-on-shutdown", false, "deregister every plugin when plugd stops")
+	f.DurationVar((*time.Duration)(&fl.ShutdownTimeout), "shutdown-timeout", 0, "bound on a clean shutdown (default 10s)")
+	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")
+	f.StringVar(&fl.Log.Level, "log-level", "", "debug, info, warn or error (default info)")
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print plugd's version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "plugd %s (%s)\n", Version, runtime.Version())
+		},
+	})
+	return cmd
+}
+
+func defaultNote(what string) string {
+	if what == "socket" {
+		return "$XDG_RUNTIME_DIR/plugd/plugd.sock, or /run/plugd/plugd.sock as root"
+	}
+	return "$XDG_RUNTIME_DIR/plugd/plugins, or /run/plugd/plugins as root"
+}
+
+// flagFields copies each flag's value into the configuration, if the flag was set.
+var flagFields = map[string]func(dst *Config, src Config){
+	"registry-dir":              func(d *Config, s Config) { d.RegistryDir = s.RegistryDir },
+	"status-socket":             func(d *Config, s Config) { d.Status.Socket = s.Status.Socket },
+	"status-tcp":                func(d *Config, s Config) { d.Status.TCP = s.Status.TCP },
+	"status-allow-non-loopback": func(d *Config, s Config) { d.Status.AllowNonLoopback = s.Status.AllowNonLoopback },
+	"workers":                   func(d *Config, s Config) { d.Workers = s.Workers },
+	"resync-interval":           func(d *Config, s Config) { d.ResyncInterval = s.ResyncInterval },
+	"backoff-initial":           func(d *Config, s Config) { d.Backoff.Initial = s.Backoff.Initial },
+	"backoff-max":               func(d *Config, s Config) { d.Backoff.Max = s.Backoff.Max },
+	"dial-timeout":              func(d *Config, s Config) { d.Timeouts.Dial = s.Timeouts.Dial },
+	"get-info-timeout":          func(d *Config, s Config) { d.Timeouts.GetInfo = s.Timeouts.GetInfo },
+	"notify-timeout":            func(d *Config, s Config) { d.Timeouts.Notify = s.Timeouts.Notify },
+	"handler-timeout":           func(d *Config, s Config) { d.Timeouts.Handler = s.Timeouts.Handler },
+	"deregister-on-shutdown":    func(d *Config, s Config) { d.DeregisterOnShutdown = s.DeregisterOnShutdown },
+	"shutdown-timeout":          func(d *Config, s Config) { d.ShutdownTimeout = s.ShutdownTimeout },
+	"log-format":                func(d *Config, s Config) { d.Log.Format = s.Log.Format },
+	"log-level":                 func(d *Config, s Config) { d.Log.Level = s.Log.Level },
+}
+
+// loadWithFlags reads the file (if any) and lays the flags that were set over it.
+func loadWithFlags(path string, flags *pflag.FlagSet, fl Config, handlers []string) (Config, error) {
+	var cfg Config
+	if path != "" {
+		var err error
+		if cfg, err = LoadConfig(path); err != nil {
+			return cfg, err
+		}
+	}
+	flags.Visit(func(f *pflag.Flag) {
+		if set, ok := flagFields[f.Name]; ok {
+			set(&cfg, fl)
+		}
+	})
+	if len(handlers) > 0 {
+		cfg.Handlers = nil
+		for _, h := range handlers {
+			typ, name, ok := strings.Cut(h, "=")
+			if !ok {
+				return cfg, fmt.Errorf("--handler %q: write it as TYPE=HANDLER, such as CSIPlugin=accept", h)
+			}
+			cfg.Handlers = append(cfg.Handlers, HandlerConfig{Type: typ, Handler: name})
+		}
+	}
+	return cfg.WithDefaults()
+}
+
+// serve runs the daemon until SIGTERM or SIGINT, reloading on SIGHUP.
+func serve(ctx context.Context, cfg Config, load func() (Config, error)) error {
+	d, err := New(cfg, os.Stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				stop() // a second signal now kills plugd the default way
+				return
+			case <-hup:
+				d.reloadFrom(load)
+			}
+		}
+	}()
+	return d.Run(ctx)
+}
+
+// reloadFrom re-reads the configuration and logs what was and was not applied.
+func (d *Daemon) reloadFrom(load func() (Config, error)) {
+	next, err := load()
+	if err != nil {
+		d.log.Error("reload refused; the running configuration is unchanged", "err", err)
+		return
+	}
+	applied, needsRestart, err := d.Reload(next)
+	if err != nil {
+		d.log.Error("reload refused; the running configuration is unchanged", "err", err)
+		return
+	}
+	if len(applied) == 0 && len(needsRestart) == 0 {
+		d.log.Info("reload: nothing changed")
+	}
+	for _, a := range applied {
+		d.log.Info("reload applied", "change", a)
+	}
+	for _, n := range needsRestart {
+		d.log.Warn("reload cannot apply this change while running; restart plugd to apply it", "change", n)
+	}
+}

@@ -1,0 +1,276 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/yaml"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// Config is plugd's configuration: a YAML file (--config), each field of which
+// a flag can also set. The zero value of a field means its default.
+type Config struct {
+	// RegistryDir is the directory plugins put their registration sockets in.
+	// Default: $XDG_RUNTIME_DIR/plugd/plugins (or /run/plugd/plugins for root,
+	// or plugd-<uid>/plugins in the temporary directory). Set it to
+	// /var/lib/kubelet/plugins_registry to serve the kubelet's plugins in
+	// place of the kubelet's own manager.
+	RegistryDir string `json:"registryDir,omitempty"`
+
+	// Handlers say which plugin types are accepted, and by which handler.
+	// Default: the built-in types CSIPlugin, DRAPlugin and DevicePlugin, each
+	// with the "accept" handler. Plugins of any other type are rejected with
+	// "no handler" until a handler is configured for it.
+	Handlers []HandlerConfig `json:"handlers,omitempty"`
+
+	Status StatusConfig `json:"status,omitempty"`
+
+	// Workers is how many sockets are worked on at once. Default 16.
+	Workers int `json:"workers,omitempty"`
+	// ResyncInterval is how often the registry directory is walked again to
+	// repair missed filesystem events. Default 30s; negative disables it.
+	ResyncInterval Duration `json:"resyncInterval,omitempty"`
+
+	Backoff  BackoffConfig  `json:"backoff,omitempty"`
+	Timeouts TimeoutsConfig `json:"timeouts,omitempty"`
+
+	// DeregisterOnShutdown deregisters every plugin when plugd stops.
+	// Default false, so that a restart does not make plugins flap.
+	DeregisterOnShutdown bool `json:"deregisterOnShutdown,omitempty"`
+	// ShutdownTimeout bounds a clean shutdown on SIGTERM or SIGINT. Default 10s.
+	ShutdownTimeout Duration `json:"shutdownTimeout,omitempty"`
+
+	Log LogConfig `json:"log,omitempty"`
+}
+
+// HandlerConfig names the handler for one plugin type.
+type HandlerConfig struct {
+	// Type is the plugin type, as plugins send it in GetInfo: CSIPlugin,
+	// DRAPlugin, DevicePlugin, or a type of your own such as example.com/Greeter.
+	Type string `json:"type"`
+	// Handler is the name of a built-in handler: "accept" (checks the
+	// plugin's fields and records it).
+	Handler string `json:"handler"`
+}
+
+// StatusConfig says where the status API (and /metrics) is served.
+type StatusConfig struct {
+	// Socket is the unix socket of the status API, created with mode 0660.
+	// Default: plugd.sock beside the default registry directory's parent
+	// ($XDG_RUNTIME_DIR/plugd/plugd.sock, or /run/plugd/plugd.sock for root).
+	// "none" serves no unix socket.
+	Socket string `json:"socket,omitempty"`
+	// TCP is an address to also serve the status API on, such as
+	// 127.0.0.1:9090. Default: none.
+	TCP string `json:"tcp,omitempty"`
+	// AllowNonLoopback permits a TCP address that is not loopback. The status
+	// API has no authentication: only expose it on a network you trust.
+	AllowNonLoopback bool `json:"allowNonLoopback,omitempty"`
+}
+
+// BackoffConfig is the retry schedule of transient failures.
+type BackoffConfig struct {
+	// Initial is the first retry delay. Default 500ms.
+	Initial Duration `json:"initial,omitempty"`
+	// Max caps the delay, which doubles on each failure. Default 2m.
+	Max Duration `json:"max,omitempty"`
+}
+
+// TimeoutsConfig bounds each step of a registration.
+type TimeoutsConfig struct {
+	Dial    Duration `json:"dial,omitempty"`    // connecting to a plugin's socket. Default 5s.
+	GetInfo Duration `json:"getInfo,omitempty"` // the GetInfo call. Default 5s.
+	Notify  Duration `json:"notify,omitempty"`  // each NotifyRegistrationStatus call. Default 5s.
+	Handler Duration `json:"handler,omitempty"` // each call of a handler. Default 30s.
+}
+
+// LogConfig shapes plugd's logs, written to standard error.
+type LogConfig struct {
+	// Format is "text" (default) or "json".
+	Format string `json:"format,omitempty"`
+	// Level is "debug", "info" (default), "warn" or "error".
+	Level string `json:"level,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string, like "30s".
+type Duration time.Duration
+
+// UnmarshalJSON reads "1m30s" (or a number of nanoseconds).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if json.Unmarshal(b, &n) != nil {
+			return fmt.Errorf("a duration must be a string like \"30s\" or \"1m30s\", not %s", b)
+		}
+		*d = Duration(n)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("a duration must be like \"30s\" or \"1m30s\": %w", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration as a string, like "30s".
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// String is the duration as Go prints it.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// The built-in handlers, by name.
+var builtinHandlers = []string{"accept"}
+
+// DefaultHandlers are the handlers of a configuration that names none.
+func DefaultHandlers() []HandlerConfig {
+	return []HandlerConfig{
+		{Type: "CSIPlugin", Handler: "accept"},
+		{Type: "DRAPlugin", Handler: "accept"},
+		{Type: "DevicePlugin", Handler: "accept"},
+	}
+}
+
+// LoadConfig reads a YAML configuration file. Unknown fields are errors, and
+// every error names the file and the field.
+func LoadConfig(path string) (Config, error) {
+	var c Config
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("reading config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults, or an error naming the first field whose value is not allowed.
+func (c Config) WithDefaults() (Config, error) {
+	if c.RegistryDir == "" {
+		c.RegistryDir = api.DefaultRegistryDir()
+	}
+	if abs, err := filepath.Abs(c.RegistryDir); err == nil {
+		c.RegistryDir = abs
+	}
+	if len(c.Handlers) == 0 {
+		c.Handlers = DefaultHandlers()
+	}
+	seen := map[string]bool{}
+	for i, h := range c.Handlers {
+		field := fmt.Sprintf("handlers[%d]", i)
+		if h.Type == "" {
+			return c, fmt.Errorf("%s.type is empty: name the plugin type, such as CSIPlugin or example.com/Greeter", field)
+		}
+		if seen[h.Type] {
+			return c, fmt.Errorf("%s.type: %q has a handler already; give each type one handler", field, h.Type)
+		}
+		seen[h.Type] = true
+		if !slices.Contains(builtinHandlers, h.Handler) {
+			return c, fmt.Errorf("%s.handler is %q: it must be one of %s", field, h.Handler, strings.Join(builtinHandlers, ", "))
+		}
+	}
+	if c.Status.Socket == "" {
+		c.Status.Socket = api.DefaultSocket()
+	}
+	if c.Status.TCP != "" {
+		host, _, err := net.SplitHostPort(c.Status.TCP)
+		if err != nil {
+			return c, fmt.Errorf("status.tcp is %q: it must be host:port, such as 127.0.0.1:9090", c.Status.TCP)
+		}
+		if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && !c.Status.AllowNonLoopback {
+			return c, fmt.Errorf("status.tcp is %q, which is not a loopback address: the status API has no authentication; use 127.0.0.1, or set status.allowNonLoopback to expose it", c.Status.TCP)
+		}
+	}
+	if c.Workers < 0 {
+		return c, fmt.Errorf("workers is %d: it must be positive (default 16)", c.Workers)
+	}
+	if c.ShutdownTimeout < 0 {
+		return c, fmt.Errorf("shutdownTimeout is %s: it must be positive (default 10s)", c.ShutdownTimeout)
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = Duration(10 * time.Second)
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{
+		{"backoff.initial", c.Backoff.Initial}, {"backoff.max", c.Backoff.Max},
+		{"timeouts.dial", c.Timeouts.Dial}, {"timeouts.getInfo", c.Timeouts.GetInfo},
+		{"timeouts.notify", c.Timeouts.Notify}, {"timeouts.handler", c.Timeouts.Handler},
+	} {
+		if d.v < 0 {
+			return c, fmt.Errorf("%s is %s: it must be positive, or left out for the default", d.name, d.v)
+		}
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = "text"
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		return c, fmt.Errorf("log.format is %q: it must be text or json", c.Log.Format)
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		return c, err
+	}
+	// The manager checks the rest of its options the same way; let it, so the
+	// rules live in one place, and translate its option names to ours.
+	if _, err := pluginmanager.New(c.managerOptions(nil, nil)); err != nil {
+		return c, errors.New(configFieldNames.Replace(err.Error()))
+	}
+	return c, nil
+}
+
+// configFieldNames turns the manager's option names into this file's field names.
+var configFieldNames = strings.NewReplacer(
+	"pluginmanager: ", "",
+	"Options.BackoffInitial", "backoff.initial",
+	"Options.BackoffMax", "backoff.max",
+	"Options.Workers", "workers",
+	"Options.Dir", "registryDir",
+)
+
+// managerOptions is the manager's share of the configuration.
+func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) pluginmanager.Options {
+	o := pluginmanager.Options{
+		Dir:                  c.RegistryDir,
+		Logger:               logger,
+		Workers:              c.Workers,
+		ResyncInterval:       time.Duration(c.ResyncInterval),
+		BackoffInitial:       time.Duration(c.Backoff.Initial),
+		BackoffMax:           time.Duration(c.Backoff.Max),
+		DialTimeout:          time.Duration(c.Timeouts.Dial),
+		GetInfoTimeout:       time.Duration(c.Timeouts.GetInfo),
+		NotifyTimeout:        time.Duration(c.Timeouts.Notify),
+		HandlerTimeout:       time.Duration(c.Timeouts.Handler),
+		DeregisterOnShutdown: c.DeregisterOnShutdown,
+		Registerer:           reg,
+	}
+	return o
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("log.level is %q: it must be debug, info, warn or error", s)
+	}
+	return l, nil
+}

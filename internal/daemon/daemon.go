@@ -1,0 +1,261 @@
+// Package daemon is plugd, the service: the plugin manager run from a
+// configuration, with a status API, metrics, logs and signal handling.
+// cmd/plugd is a thin main around Command.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// Version is plugd's version, set at build time with
+// -ldflags "-X github.com/plugd/plugd/internal/daemon.Version=v1.2.3".
+var Version = "devel"
+
+// Daemon is one plugd: a plugin manager and the status API in front of it.
+type Daemon struct {
+	log     *slog.Logger
+	level   *slog.LevelVar
+	metrics *prometheus.Registry
+	m       *pluginmanager.Manager
+
+	mu  sync.Mutex
+	cfg Config // as applied; guarded by mu
+}
+
+// New checks cfg and builds a daemon that logs to logOut. Nothing runs until Run.
+func New(cfg Config, logOut io.Writer) (*Daemon, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	level := new(slog.LevelVar)
+	l, _ := parseLevel(cfg.Log.Level) // checked by WithDefaults
+	level.Set(l)
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(logOut, hopts)
+	if cfg.Log.Format == "json" {
+		h = slog.NewJSONHandler(logOut, hopts)
+	}
+	d := &Daemon{
+		log:     slog.New(h),
+		level:   level,
+		metrics: prometheus.NewRegistry(),
+		cfg:     cfg,
+	}
+	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
+		return nil, err
+	}
+	for _, hc := range cfg.Handlers {
+		d.m.AddHandler(hc.Type, newHandler(hc.Handler))
+	}
+	return d, nil
+}
+
+// Config returns the configuration in force, defaults filled in.
+func (d *Daemon) Config() Config {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cfg
+}
+
+// Run serves until ctx is done, then shuts down within the configured
+// shutdown timeout and returns nil; or returns an error at once if the status
+// API or the registry directory cannot be set up.
+func (d *Daemon) Run(ctx context.Context) error {
+	cfg := d.Config()
+	listeners, err := d.listen(cfg)
+	if err != nil {
+		return err
+	}
+	// Streams (GET /v1/events) end when serveCtx does, so that shutdown does
+	// not wait on them.
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	srv := &http.Server{
+		Handler:           d.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return serveCtx },
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(listeners)+1)
+	for _, l := range listeners {
+		wg.Go(func() {
+			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				errs <- fmt.Errorf("serving the status API on %s: %w", l.Addr(), err)
+				stop()
+			}
+		})
+	}
+	wg.Go(func() {
+		if err := d.m.Run(runCtx); err != nil {
+			errs <- err
+		}
+		stop() // the manager is the daemon: if it stops, everything does
+	})
+	d.log.Info("plugd started", "version", Version, "registryDir", cfg.RegistryDir,
+		"statusSocket", cfg.Status.Socket, "statusTCP", cfg.Status.TCP, "handlers", cfg.Handlers)
+
+	<-runCtx.Done()
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(cfg.ShutdownTimeout))
+	defer cancel()
+	stopServing()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		d.log.Warn("status API did not shut down in time; closing its connections", "err", err)
+		srv.Close()
+	}
+	wg.Wait()
+	if cfg.Status.Socket != "none" {
+		os.Remove(cfg.Status.Socket)
+	}
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	if err := errors.Join(all...); err != nil {
+		return err
+	}
+	d.log.Info("plugd stopped")
+	return nil
+}
+
+// listen opens the status API's listeners: the unix socket (0660) and, if
+// configured, TCP.
+func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
+	var ls []net.Listener
+	closeAll := func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}
+	if cfg.Status.Socket != "none" {
+		l, err := listenUnix(cfg.Status.Socket)
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	if cfg.Status.TCP != "" {
+		l, err := net.Listen("tcp", cfg.Status.TCP)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("status.tcp: %w", err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// listenUnix listens on path, replacing a stale socket left by a plugd that
+// died, but never one that a running plugd still serves.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("status.socket: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("status.socket %s exists and is not a socket; remove it or choose another path", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("status.socket %s is in use: another plugd is running; stop it or choose another path", path)
+		}
+		os.Remove(path)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("status.socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("status.socket: %w", err)
+	}
+	return l, nil
+}
+
+// Reload applies what can change while running, and says what needs a
+// restart: the log level, and handlers for types that had none. Everything
+// else is reported, not applied.
+func (d *Daemon) Reload(next Config) (applied, needsRestart []string, err error) {
+	next, err = next.WithDefaults()
+	if err != nil {
+		return nil, nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur := d.cfg
+
+	if next.Log.Level != cur.Log.Level {
+		l, _ := parseLevel(next.Log.Level)
+		d.level.Set(l)
+		applied = append(applied, fmt.Sprintf("log.level: %s -> %s", cur.Log.Level, next.Log.Level))
+		cur.Log.Level = next.Log.Level
+	}
+	// The manager can gain a handler, but not lose or swap one while plugins
+	// may be registered with it.
+	old := map[string]string{}
+	for _, h := range cur.Handlers {
+		old[h.Type] = h.Handler
+	}
+	for _, h := range next.Handlers {
+		switch was, ok := old[h.Type]; {
+		case !ok:
+			d.m.AddHandler(h.Type, newHandler(h.Handler))
+			cur.Handlers = append(cur.Handlers, h)
+			applied = append(applied, fmt.Sprintf("handlers: added %s for %s", h.Handler, h.Type))
+		case was != h.Handler:
+			needsRestart = append(needsRestart, fmt.Sprintf("handlers: %s changes from %s to %s", h.Type, was, h.Handler))
+		}
+		delete(old, h.Type)
+	}
+	for typ := range old {
+		needsRestart = append(needsRestart, fmt.Sprintf("handlers: %s removed", typ))
+	}
+	// Everything else is compared as a whole, field by field.
+	for _, f := range configFields {
+		if f.get(cur) != f.get(next) {
+			needsRestart = append(needsRestart, fmt.Sprintf("%s: %v -> %v", f.name, f.get(cur), f.get(next)))
+		}
+	}
+	slices.Sort(needsRestart)
+	d.cfg = cur
+	return applied, needsRestart, nil
+}
+
+// configFields are the settings only a restart applies.
+var configFields = []struct {
+	name string
+	get  func(Config) any
+}{
+	{"registryDir", func(c Config) any { return c.RegistryDir }},
+	{"status", func(c Config) any { return c.Status }},
+	{"workers", func(c Config) any { return c.Workers }},
+	{"resyncInterval", func(c Config) any { return c.ResyncInterval }},
+	{"backoff", func(c Config) any { return c.Backoff }},
+	{"timeouts", func(c Config) any { return c.Timeouts }},
+	{"deregisterOnShutdown", func(c Config) any { return c.DeregisterOnShutdown }},
+	{"shutdownTimeout", func(c Config) any { return c.ShutdownTimeout }},
+	{"log.format", func(c Config) any { return c.Log.Format }},
+}

@@ -1,0 +1,153 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// maxReplay bounds ?replay= on the event stream.
+const maxReplay = 10000
+
+var states = []string{
+	string(pluginmanager.StatePending), string(pluginmanager.StateRegistering), string(pluginmanager.StateRegistered),
+	string(pluginmanager.StateFailed), string(pluginmanager.StateRejected), string(pluginmanager.StateUnhealthy),
+}
+
+// Handler is the status API (see package api for the endpoints).
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/plugins", d.listPlugins)
+	mux.HandleFunc("GET /v1/plugins/{id...}", d.getPlugin)
+	mux.HandleFunc("GET /v1/events", d.streamEvents)
+	mux.HandleFunc("GET /v1/version", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, api.Version{Version: Version, GoVersion: runtime.Version(), RegistryDir: d.Config().RegistryDir})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-d.m.Synced():
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		default:
+			writeError(w, http.StatusServiceUnavailable, "not ready: the registry directory has not been scanned yet")
+		}
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s; see /v1/plugins, /v1/events, /v1/version, /metrics, /healthz, /readyz", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	typ, name, state := q.Get("type"), q.Get("name"), q.Get("state")
+	if state != "" && !slices.Contains(states, state) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q is not one of %v", state, states))
+		return
+	}
+	dir := d.Config().RegistryDir
+	list := api.PluginList{Plugins: []api.Plugin{}}
+	for _, s := range d.m.Plugins() {
+		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
+			list.Plugins = append(list.Plugins, toAPI(dir, s))
+		}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	dir := d.Config().RegistryDir
+	for _, s := range d.m.Plugins() {
+		if p := toAPI(dir, s); p.ID == id {
+			writeJSON(w, http.StatusOK, p)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, fmt.Sprintf("no plugin %q: an ID is a socket's path inside %s, as GET /v1/plugins lists them", id, dir))
+}
+
+// streamEvents writes events as JSON lines until the client goes away or
+// plugd stops. ?replay=N starts with up to N recent events.
+func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
+	replay := 0
+	if v := r.URL.Query().Get("replay"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxReplay {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("replay %q must be a number from 0 to %d", v, maxReplay))
+			return
+		}
+		replay = n
+	}
+	sub := d.m.SubscribeWithReplay(replay)
+	defer sub.Close()
+	dir := d.Config().RegistryDir
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-sub.Events():
+			if !ok {
+				return // the manager stopped
+			}
+			out := api.Event{Seq: ev.Seq, Time: ev.Time, Type: string(ev.Type), Missed: ev.Missed}
+			if ev.Type != pluginmanager.EventLost {
+				out.Plugin = toAPI(dir, pluginmanager.PluginStatus{Plugin: ev.Plugin, State: ev.State, Reason: ev.Reason,
+					LastError: ev.Error, Attempts: ev.Attempt, NextRetry: ev.NextRetry})
+			}
+			if enc.Encode(out) != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// toAPI is a socket's status as the API shows it.
+func toAPI(dir string, s pluginmanager.PluginStatus) api.Plugin {
+	id, err := filepath.Rel(dir, s.Socket)
+	if err != nil {
+		id = s.Socket
+	}
+	return api.Plugin{
+		ID: id, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint, Versions: s.Versions, Socket: s.Socket,
+		State: string(s.State), Reason: string(s.Reason), LastError: s.LastError, Attempts: s.Attempts,
+		NextRetry: s.NextRetry, Discovered: s.Discovered, RegisteredSince: s.RegisteredSince, Newest: s.Newest,
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// writeError is every error answer: a JSON api.Error with the status code.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, api.Error{Message: msg})
+}
+
+// slogPrinter lets promhttp report errors through the daemon's logger.
+type slogPrinter struct{ d *Daemon }
+
+func (p slogPrinter) Println(v ...any) { p.d.log.Warn("serving metrics", "err", fmt.Sprint(v...)) }
