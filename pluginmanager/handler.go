@@ -31,9 +31,9 @@ type Plugin struct {
 // handler is not called again for that socket until the abandoned call returns.
 // A panic is recovered and counted as a failure of that call.
 type Handler interface {
-	// Validate decides whether the plugin may register. An error rejects the
-	// plugin for good (until its socket changes); wrap it with TerminalError or
-	// not, it makes no difference here.
+	// Validate decides whether the plugin may register. An error it returns
+	// rejects the plugin until its socket changes (TerminalError or not); a
+	// Validate that times out or panics is retried instead.
 	Validate(ctx context.Context, p Plugin) error
 	// Register takes the plugin into use. An error is reported to the plugin and
 	// retried with backoff, unless it is a TerminalError, which rejects the plugin.
@@ -125,13 +125,11 @@ func isTerminal(err error) bool {
 	return errors.As(err, &t)
 }
 
-// Errors a Plugin's status or an Event can carry; branch on them with errors.Is
-// on the error returned by PluginStatus.Err.
+// The errors behind two of the reasons; callers branch on Reason, which the
+// status and events carry, so these stay unexported.
 var (
-	// ErrNoHandler: no handler was added for the plugin's type.
-	ErrNoHandler = errors.New("no handler for plugin type")
-	// ErrInvalidInfo: the plugin's GetInfo answer broke a rule (empty, too long, bad characters).
-	ErrInvalidInfo = errors.New("invalid plugin info")
+	errNoHandler   = errors.New("no handler for plugin type")
+	errInvalidInfo = errors.New("invalid plugin info")
 )
 
 // Reason says at which step a registration attempt failed. It is a small fixed

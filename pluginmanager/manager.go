@@ -43,11 +43,12 @@ type Manager struct {
 // reports. Only the worker holding the path in the queue changes id and reg;
 // everything is read and written under Manager.mu.
 type entry struct {
-	id     fileID
-	reg    *registration // nil unless the handler holds this socket's plugin
-	status PluginStatus
-	retry  *time.Timer // pending retry of a Failed socket
-	busy   bool        // an abandoned handler call for this socket is still running
+	id       fileID
+	reg      *registration // nil unless the handler holds this socket's plugin
+	status   PluginStatus
+	retry    *time.Timer // pending retry of a Failed socket
+	backoffs int         // retries scheduled with backoff since the socket appeared
+	busy     bool        // an abandoned handler call for this socket is still running
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -157,8 +158,9 @@ func (m *Manager) SubscribeWithReplay(n int) *Subscription {
 }
 
 // Synced is closed once the manager has walked the registry directory for the
-// first time after Run started: every socket present then is known (though
-// not necessarily registered yet). A readiness probe waits for it.
+// first time after Run started: every socket present then is in Plugins
+// (though not necessarily registered yet). A readiness probe waits for it. It
+// is never closed if Run fails before that walk.
 func (m *Manager) Synced() <-chan struct{} {
 	return m.synced
 }
@@ -166,6 +168,9 @@ func (m *Manager) Synced() <-chan struct{} {
 // Run watches the directory and registers plugins until ctx is done. It
 // returns nil then, after every goroutine it started has exited, or an error
 // if the directory cannot be created or watched. It may be called once.
+//
+// The one exception is a handler call that ignores its context: Run waits for
+// it for Options.HandlerTimeout, then returns without it (and logs so).
 func (m *Manager) Run(ctx context.Context) error {
 	if !m.started.CompareAndSwap(false, true) {
 		return errors.New("pluginmanager: Run may be called only once per Manager")
@@ -214,13 +219,17 @@ func (m *Manager) shutdown(ctx context.Context) {
 	}
 	m.mu.Unlock()
 
-	m.waitCalls()
+	m.waitCalls(m.opts.HandlerTimeout)
 
 	if !m.opts.DeregisterOnShutdown {
 		return
 	}
-	// ctx is done; the deregistrations still need a live context of their own.
-	ctx = context.WithoutCancel(ctx)
+	// ctx is done; the deregistrations need a live context of their own, and
+	// share one deadline, so that shutdown takes one HandlerTimeout at most
+	// however many plugins there are.
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), m.opts.HandlerTimeout,
+		fmt.Errorf("shutdown: deregistration did not finish within %s", m.opts.HandlerTimeout))
+	defer cancel()
 	m.mu.Lock()
 	var held []*entry
 	for _, e := range m.entries {
@@ -229,28 +238,38 @@ func (m *Manager) shutdown(ctx context.Context) {
 		}
 	}
 	m.mu.Unlock()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, m.opts.Workers)
 	for _, e := range held {
-		m.mu.Lock()
-		reg := e.reg
-		e.reg = nil
-		m.mu.Unlock()
-		m.deregister(ctx, e, reg)
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			m.mu.Lock()
+			reg := e.reg
+			e.reg = nil
+			m.mu.Unlock()
+			m.deregister(ctx, e, reg)
+		})
 	}
-	m.waitCalls()
+	wg.Wait()
+	m.waitCalls(m.opts.HandlerTimeout)
 }
 
 // waitCalls waits for running handler calls, but not forever: a handler that
-// ignores its context must not keep the process from stopping.
-func (m *Manager) waitCalls() {
+// ignores its context must not keep the process from stopping. If one is
+// still running after d, it is left behind, with the goroutine waiting for it.
+func (m *Manager) waitCalls(d time.Duration) {
 	done := make(chan struct{})
 	go func() {
 		m.calls.Wait()
 		close(done)
 	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-done:
-	case <-time.After(m.opts.HandlerTimeout):
-		m.log.Error("handler calls still running after shutdown; returning without them", "waited", m.opts.HandlerTimeout)
+	case <-t.C:
+		m.log.Error("handler calls still running after shutdown; returning without them", "waited", d)
 	}
 }
 
@@ -311,7 +330,12 @@ func (m *Manager) resync(w *watcher) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for path, id := range found {
-		if e, ok := m.entries[path]; !ok || e.id != id {
+		e, ok := m.entries[path]
+		if !ok {
+			// Known from now on (Synced promises it); the worker registers it.
+			m.discoverLocked(path, id, nil)
+		}
+		if !ok || e.id != id {
 			m.queue.add(path)
 		}
 	}
@@ -350,7 +374,9 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 		m.mu.Unlock() // the abandoned call queues the path again when it returns
 		return
 	}
-	if e != nil && e.reg != nil && (!present || e.reg.id != id) {
+	// Take back what is gone or replaced, and what a timed-out Register may
+	// have left with the handler before it is registered again.
+	if e != nil && e.reg != nil && (!present || e.reg.id != id || e.status.State != StateRegistered) {
 		reg := e.reg
 		e.reg = nil
 		m.mu.Unlock()
@@ -392,6 +418,7 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 		e.retry = nil
 	}
 	e.id = id
+	e.backoffs = 0
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now()}
 	m.publishLocked(EventDiscovered, e)
 	m.log.Debug("socket discovered", "socket", path)
@@ -445,7 +472,8 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		return
 	}
 	if p, err = pluginFromInfo(info, path); err != nil {
-		m.refuse(ctx, conn, e, p, ReasonInvalidInfo, err, true)
+		// Keep none of what it said: the error says what was wrong, bounded.
+		m.refuse(ctx, conn, e, Plugin{Socket: path}, ReasonInvalidInfo, err, true)
 		return
 	}
 
@@ -454,7 +482,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 	h := m.handlers[p.Type]
 	m.mu.Unlock()
 	if h == nil {
-		m.refuse(ctx, conn, e, p, ReasonNoHandler, fmt.Errorf("%w %q: the manager has none for it", ErrNoHandler, p.Type), true)
+		m.refuse(ctx, conn, e, p, ReasonNoHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type), true)
 		return
 	}
 
@@ -531,6 +559,11 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 	m.metrics.failures.WithLabelValues(m.typeLabelLocked(p.Type), string(reason)).Inc()
 	if terminal {
 		e.status.State = StateRejected
+		if _, ok := m.handlers[p.Type]; ok && reason == ReasonNoHandler {
+			// AddHandler ran while this attempt was refusing the plugin, and
+			// saw it Registering, not Rejected: it is up to us to retry.
+			m.queue.add(p.Socket)
+		}
 		m.publishLocked(EventRejected, e)
 		m.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", err)
 		return
@@ -553,8 +586,9 @@ func (m *Manager) backoff(e *entry, reason Reason) time.Duration {
 	if reason == ReasonDial && e.status.Attempts == 1 && time.Since(e.status.Discovered) < time.Second {
 		return min(10*time.Millisecond, m.opts.BackoffInitial)
 	}
+	e.backoffs++
 	d := m.opts.BackoffInitial
-	for i := 1; i < e.status.Attempts && d < m.opts.BackoffMax; i++ {
+	for i := 1; i < e.backoffs && d < m.opts.BackoffMax; i++ {
 		d *= 2
 	}
 	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))

@@ -40,7 +40,10 @@ func TestRegister(t *testing.T) {
 	if got := rec.Calls(); !slices.Equal(got, []string{"validate csi.example.com", "register csi.example.com"}) {
 		t.Errorf("handler calls = %q", got)
 	}
-	if rp := rec.registered[p.Path()]; !equalPlugin(rp, want) {
+	rec.mu.Lock() // the plugin hearing of it over a socket is no happens-before the race detector sees
+	rp := rec.registered[p.Path()]
+	rec.mu.Unlock()
+	if !equalPlugin(rp, want) {
 		t.Errorf("handler was given %+v, want %+v", rp, want)
 	}
 	if n := p.Notifications(); n != 1 {
@@ -102,7 +105,7 @@ func TestReregisterWhenRecreated(t *testing.T) {
 func TestSubdirectoryCreatedAfterStart(t *testing.T) {
 	rec := newRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
-	h.until("the first scan", func([]pluginmanager.PluginStatus) bool { return true })
+	<-h.m.Synced() // so the subdirectory is found by its watch event, not the first walk
 	sub := filepath.Join(h.dir, "sub", "deeper")
 	if err := os.MkdirAll(sub, 0o750); err != nil {
 		t.Fatal(err)
@@ -167,25 +170,27 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 	path := filepath.Join(h.dir, "crashed.sock")
 	staleSocket(t, path)
 
-	// Retried with growing delays while nobody listens.
-	var retries []pluginmanager.PluginStatus
-	h.until("three failed attempts", func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path && p.State == pluginmanager.StateFailed {
-				if n := len(retries); n == 0 || retries[n-1].Attempts != p.Attempts {
-					retries = append(retries, p)
-				}
+	// Retried with growing delays while nobody listens. The first retry comes
+	// at once (a socket that refuses just after it appeared is likely not
+	// listening yet); after that the delays double, up to the cap.
+	var delays []time.Duration
+	deadline := time.After(wait)
+	for len(delays) < 4 {
+		select {
+		case ev := <-h.sub.Events():
+			if ev.Plugin.Socket != path || ev.Type != pluginmanager.EventFailed {
+				continue
 			}
+			if ev.Reason != pluginmanager.ReasonDial || !strings.Contains(ev.Error, "connection refused") {
+				t.Errorf("failure = %s %q, want a refused dial", ev.Reason, ev.Error)
+			}
+			delays = append(delays, ev.NextRetry.Sub(ev.Time))
+		case <-deadline:
+			t.Fatalf("timed out; retry delays so far %v", delays)
 		}
-		return len(retries) >= 3
-	})
-	for _, r := range retries {
-		if r.Reason != pluginmanager.ReasonDial || !strings.Contains(r.LastError, "connection refused") {
-			t.Errorf("failure = %s %q, want a refused dial", r.Reason, r.LastError)
-		}
-		if r.NextRetry.IsZero() {
-			t.Errorf("failed status has no next retry time: %+v", r)
-		}
+	}
+	if !(delays[0] <= 10*time.Millisecond && delays[1] < delays[2] && delays[2] < delays[3] && delays[3] <= 80*time.Millisecond) {
+		t.Errorf("retry delays %v, want a quick one, then growing up to the 80ms cap", delays)
 	}
 
 	// The plugin comes back: it replaces the stale socket and is registered at once.

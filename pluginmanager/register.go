@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"unicode"
 
@@ -110,7 +111,7 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 		return p, err
 	}
 	if len(p.Versions) > maxVersions {
-		return p, fmt.Errorf("%w: %d supported versions, at most %d are allowed", ErrInvalidInfo, len(p.Versions), maxVersions)
+		return p, fmt.Errorf("%w: %d supported versions, at most %d are allowed", errInvalidInfo, len(p.Versions), maxVersions)
 	}
 	for i, v := range p.Versions {
 		if err := checkField(fmt.Sprintf("supported_versions[%d]", i), v, maxVersionLen, true); err != nil {
@@ -127,16 +128,16 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 func checkField(name, v string, max int, required bool) error {
 	if v == "" {
 		if required {
-			return fmt.Errorf("%w: %s is empty", ErrInvalidInfo, name)
+			return fmt.Errorf("%w: %s is empty", errInvalidInfo, name)
 		}
 		return nil
 	}
 	if len(v) > max {
-		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", ErrInvalidInfo, name, len(v), max)
+		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", errInvalidInfo, name, len(v), max)
 	}
 	for _, r := range v {
 		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("%w: %s %.64q has a character that is not printable or is a space", ErrInvalidInfo, name, v)
+			return fmt.Errorf("%w: %s %.64q has a character that is not printable or is a space", errInvalidInfo, name, v)
 		}
 	}
 	return nil
@@ -149,6 +150,9 @@ func notify(ctx context.Context, conn *grpc.ClientConn, path string, registered 
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
+	// Protobuf strings must be UTF-8, or the message cannot be sent at all;
+	// the cut above, or a handler's error, may have broken that.
+	reason = strings.ToValidUTF8(reason, "")
 	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
 	var err error
 	if conn.GetState() == connectivity.Ready {

@@ -66,7 +66,17 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 			first = err
 		}
 	}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	// The registry directory itself may be a symlink (a moved /var/lib, say):
+	// that one is the operator's choice, and is followed. WalkDir would not
+	// descend into it, unless asked for what is inside it with a trailing slash.
+	walkRoot := root
+	if fi, err := os.Lstat(root); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		walkRoot = root + string(filepath.Separator)
+	}
+	err := filepath.WalkDir(walkRoot, func(path string, d fs.DirEntry, err error) error {
+		if path == walkRoot {
+			path = root
+		}
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) && path != root {
 				return nil // removed while we walked: its Remove event follows
