@@ -119,6 +119,7 @@ func Start(cfg Config) (*Server, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
+	removeLeftoverTemps(dir, socketName)
 
 	log := cfg.Logger
 	if log == nil {
@@ -415,6 +416,24 @@ func removeStaleSocket(path string) error {
 		return fmt.Errorf("plugin: removing stale socket: %w", err)
 	}
 	return nil
+}
+
+// removeLeftoverTemps removes the temporary sockets an earlier run of this
+// plugin left when it died between listening and renaming. The manager
+// ignores them, but nothing else would ever clean them up. One that still
+// accepts connections belongs to a Start in progress elsewhere and is kept.
+func removeLeftoverTemps(dir, socketName string) {
+	matches, _ := filepath.Glob(filepath.Join(dir, "."+socketName+".*.tmp"))
+	for _, m := range matches {
+		if fi, err := os.Lstat(m); err != nil || fi.Mode().Type() != fs.ModeSocket {
+			continue
+		}
+		if c, err := net.DialTimeout("unix", m, time.Second); err == nil {
+			c.Close()
+			continue
+		}
+		os.Remove(m)
+	}
 }
 
 // listenUnix listens on path and returns the listener with the identity of

@@ -591,3 +591,31 @@ func TestConfigValidation(t *testing.T) {
 	mustNotExist(t, valid.Dir)
 	mustNotExist(t, "/tmp/"+strings.Repeat("d", 100))
 }
+
+func TestStartRemovesLeftoverTemporarySockets(t *testing.T) {
+	dir := shortDir(t)
+	// A run that died between listen and rename left this behind.
+	left := filepath.Join(dir, ".p.sock.0badc0de.tmp")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: left, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	other := filepath.Join(dir, ".other.sock.0badc0de.tmp") // not ours: kept
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := plugin.Start(plugin.Config{Dir: dir, Socket: "p.sock", Type: "T", Name: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Lstat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("leftover temporary socket still there: %v", err)
+	}
+	if _, err := os.Lstat(other); err != nil {
+		t.Errorf("another plugin's file was touched: %v", err)
+	}
+}
