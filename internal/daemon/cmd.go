@@ -17,11 +17,7 @@ import (
 // Command is plugd's command line. Extra subcommands (the demo) are added by
 // the caller.
 func Command() *cobra.Command {
-	var (
-		configPath string
-		fl         Config // values of the flags; only those set override the file
-		handlers   []string
-	)
+	var o options
 	cmd := &cobra.Command{
 		Use:   "plugd",
 		Short: "plugd registers node plugins (CSI, DRA, device plugins, your own) the way the kubelet does",
@@ -33,7 +29,7 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			load := func() (Config, error) { return loadWithFlags(configPath, cmd.Flags(), fl, handlers) }
+			load := func() (Config, error) { return o.load(cmd.Flags()) }
 			cfg, err := load()
 			if err != nil {
 				return err
@@ -41,10 +37,31 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 			return serve(cmd.Context(), cfg, load)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&configPath, "config", "", "YAML configuration file; flags override its fields")
+	o.bind(cmd.Flags())
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print plugd's version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "plugd %s (%s)\n", Version, runtime.Version())
+		},
+	})
+	return cmd
+}
+
+// options are plugd's flags: the configuration file, and values that override it.
+type options struct {
+	configPath string
+	fl         Config // values of the flags; only those set override the file
+	handlers   []string
+}
+
+func (o *options) bind(f *pflag.FlagSet) {
+	fl := &o.fl
+	f.StringVar(&o.configPath, "config", "", "YAML configuration file; flags override its fields")
 	f.StringVar(&fl.RegistryDir, "registry-dir", "", "directory plugins put their registration sockets in (default "+defaultNote("registry")+")")
-	f.StringArrayVar(&handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER (accept); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
+	f.StringArrayVar(&o.handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER (accept); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
 	f.StringVar(&fl.Status.Socket, "status-socket", "", "unix socket of the status API, or none (default "+defaultNote("socket")+")")
 	f.StringVar(&fl.Status.TCP, "status-tcp", "", "also serve the status API on this TCP address, e.g. 127.0.0.1:9090")
 	f.BoolVar(&fl.Status.AllowNonLoopback, "status-allow-non-loopback", false, "allow --status-tcp on an address that is not loopback (the API has no authentication)")
@@ -60,16 +77,6 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 	f.DurationVar((*time.Duration)(&fl.ShutdownTimeout), "shutdown-timeout", 0, "bound on a clean shutdown (default 10s)")
 	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")
 	f.StringVar(&fl.Log.Level, "log-level", "", "debug, info, warn or error (default info)")
-
-	cmd.AddCommand(&cobra.Command{
-		Use:   "version",
-		Short: "Print plugd's version",
-		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "plugd %s (%s)\n", Version, runtime.Version())
-		},
-	})
-	return cmd
 }
 
 func defaultNote(what string) string {
@@ -99,23 +106,24 @@ var flagFields = map[string]func(dst *Config, src Config){
 	"log-level":                 func(d *Config, s Config) { d.Log.Level = s.Log.Level },
 }
 
-// loadWithFlags reads the file (if any) and lays the flags that were set over it.
-func loadWithFlags(path string, flags *pflag.FlagSet, fl Config, handlers []string) (Config, error) {
+// load reads the file (if any), lays the flags that were set over it, and
+// applies the defaults. It is called again on SIGHUP.
+func (o *options) load(flags *pflag.FlagSet) (Config, error) {
 	var cfg Config
-	if path != "" {
+	if o.configPath != "" {
 		var err error
-		if cfg, err = LoadConfig(path); err != nil {
+		if cfg, err = LoadConfig(o.configPath); err != nil {
 			return cfg, err
 		}
 	}
 	flags.Visit(func(f *pflag.Flag) {
 		if set, ok := flagFields[f.Name]; ok {
-			set(&cfg, fl)
+			set(&cfg, o.fl)
 		}
 	})
-	if len(handlers) > 0 {
+	if len(o.handlers) > 0 {
 		cfg.Handlers = nil
-		for _, h := range handlers {
+		for _, h := range o.handlers {
 			typ, name, ok := strings.Cut(h, "=")
 			if !ok {
 				return cfg, fmt.Errorf("--handler %q: write it as TYPE=HANDLER, such as CSIPlugin=accept", h)

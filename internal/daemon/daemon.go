@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -235,13 +236,21 @@ func (d *Daemon) Reload(next Config) (applied, needsRestart []string, err error)
 	}
 	// Everything else is compared as a whole, field by field.
 	for _, f := range configFields {
-		if f.get(cur) != f.get(next) {
-			needsRestart = append(needsRestart, fmt.Sprintf("%s: %v -> %v", f.name, f.get(cur), f.get(next)))
+		if was, now := f.get(cur), f.get(next); was != now {
+			needsRestart = append(needsRestart, fmt.Sprintf("%s: %s -> %s", f.name, showValue(was), showValue(now)))
 		}
 	}
 	slices.Sort(needsRestart)
 	d.cfg = cur
 	return applied, needsRestart, nil
+}
+
+// showValue prints a setting for a person: a zero value is the default.
+func showValue(v any) string {
+	if reflect.ValueOf(v).IsZero() {
+		return "default"
+	}
+	return fmt.Sprintf("%v", v)
 }
 
 // configFields are the settings only a restart applies.

@@ -1,0 +1,386 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/plugin"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const wait = 20 * time.Second
+
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// syncBuffer is a log sink tests can read while the daemon writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type running struct {
+	d      *Daemon
+	dir    string
+	client *api.Client
+	logs   *syncBuffer
+}
+
+// runDaemon starts a daemon on a fresh directory and waits until it is ready.
+func runDaemon(t *testing.T, cfg Config) *running {
+	t.Helper()
+	base := shortDir(t)
+	if cfg.RegistryDir == "" {
+		cfg.RegistryDir = filepath.Join(base, "reg")
+	}
+	if cfg.Status.Socket == "" {
+		cfg.Status.Socket = filepath.Join(base, "plugd.sock")
+	}
+	logs := &syncBuffer{}
+	d, err := New(cfg, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(wait):
+			t.Error("Run did not return after cancel")
+		}
+		if _, err := os.Lstat(cfg.Status.Socket); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("status socket left behind: %v", err)
+		}
+	})
+	r := &running{d: d, dir: cfg.RegistryDir, client: &api.Client{Socket: cfg.Status.Socket}, logs: logs}
+	select {
+	case <-d.m.Synced():
+	case <-time.After(wait):
+		t.Fatal("daemon never scanned its directory")
+	}
+	return r
+}
+
+// waitFor waits for the plugin with id to reach state, watching the event stream.
+func (r *running) waitFor(t *testing.T, id, state string) api.Plugin {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream, err := r.client.Events(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	for {
+		if p, err := r.client.Plugin(ctx, id); err == nil && p.State == state {
+			return p
+		}
+		if _, err := stream.Next(); err != nil {
+			p, _ := r.client.Plugin(context.Background(), id)
+			t.Fatalf("waiting for %s to be %s: %v; it is %+v", id, state, err, p)
+		}
+	}
+}
+
+func startPlugin(t *testing.T, cfg plugin.Config) *plugin.Server {
+	t.Helper()
+	s, err := plugin.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestStatusAPI(t *testing.T) {
+	r := runDaemon(t, Config{})
+	ctx := context.Background()
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	if err := os.Mkdir(filepath.Join(r.dir, "vendor"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	startPlugin(t, plugin.Config{Dir: filepath.Join(r.dir, "vendor"), Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "odd.sock", Type: "example.com/Odd", Name: "odd", Versions: []string{"v1"}})
+
+	csi := r.waitFor(t, "csi.sock", "Registered")
+	if csi.Type != "CSIPlugin" || csi.Name != "csi.example.com" || csi.Endpoint != filepath.Join(r.dir, "csi.sock") || !csi.Newest || csi.RegisteredSince.IsZero() {
+		t.Errorf("csi plugin = %+v", csi)
+	}
+	r.waitFor(t, "vendor/gpu.sock", "Registered")
+	odd := r.waitFor(t, "odd.sock", "Rejected")
+	if odd.Reason != "no_handler" || !strings.Contains(odd.LastError, "example.com/Odd") {
+		t.Errorf("odd plugin = %+v", odd)
+	}
+
+	all, err := r.client.Plugins(ctx, api.Filter{})
+	if err != nil || len(all) != 3 || all[0].ID != "csi.sock" || all[1].ID != "odd.sock" || all[2].ID != "vendor/gpu.sock" {
+		t.Errorf("list = %+v, %v; want three, sorted by ID", all, err)
+	}
+	for _, tc := range []struct {
+		f    api.Filter
+		want int
+	}{
+		{api.Filter{Type: "DevicePlugin"}, 1},
+		{api.Filter{State: "Registered"}, 2},
+		{api.Filter{Name: "odd", State: "Rejected"}, 1},
+		{api.Filter{Name: "nobody"}, 0},
+	} {
+		if got, err := r.client.Plugins(ctx, tc.f); err != nil || len(got) != tc.want {
+			t.Errorf("filter %+v: %d plugins, %v; want %d", tc.f, len(got), err, tc.want)
+		}
+	}
+	if _, err := r.client.Plugins(ctx, api.Filter{State: "Happy"}); err == nil || !strings.Contains(err.Error(), `state "Happy" is not one of`) || !strings.Contains(err.Error(), "HTTP 400") {
+		t.Errorf("bad state filter: %v", err)
+	}
+	if _, err := r.client.Plugin(ctx, "nope.sock"); !errors.Is(err, api.ErrNotFound) || !strings.Contains(err.Error(), "GET /v1/plugins") {
+		t.Errorf("unknown plugin: %v", err)
+	}
+
+	// The event stream replays what happened, in order, with no gaps.
+	ectx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	stream, err := r.client.Events(ectx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	var seq uint64
+	registered := map[string]bool{}
+	for len(registered) < 2 {
+		ev, err := stream.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seq != 0 && ev.Seq != seq+1 {
+			t.Errorf("event seq %d after %d", ev.Seq, seq)
+		}
+		seq = ev.Seq
+		if ev.Type == "Registered" {
+			registered[ev.Plugin.ID] = true
+		}
+	}
+
+	v, err := r.client.Version(ctx)
+	if err != nil || v.Version != Version || v.RegistryDir != r.dir {
+		t.Errorf("version = %+v, %v", v, err)
+	}
+	if err := r.client.Ready(ctx); err != nil {
+		t.Errorf("ready: %v", err)
+	}
+
+	body := get(t, r.client, "/metrics", http.StatusOK)
+	for _, want := range []string{
+		`plugd_plugins{state="Registered",type="CSIPlugin"} 1`,
+		`plugd_plugins{state="Rejected",type="other"} 1`,
+		`plugd_registration_failures_total{reason="no_handler",type="other"} 1`,
+		"go_goroutines",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	get(t, r.client, "/healthz", http.StatusOK)
+	if body := get(t, r.client, "/v2/nothing", http.StatusNotFound); !strings.Contains(body, `"error": "no such endpoint: GET /v2/nothing`) {
+		t.Errorf("unknown endpoint answered %s", body)
+	}
+	if body := get(t, r.client, "/v1/events?replay=-3", http.StatusBadRequest); !strings.Contains(body, "replay") {
+		t.Errorf("bad replay answered %s", body)
+	}
+}
+
+// get fetches path over the client's socket and checks the status code.
+func get(t *testing.T, c *api.Client, path string, status int) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", c.Socket)
+		},
+	}}
+	resp, err := hc.Get("http://plugd" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Errorf("GET %s = %d %s, want %d", path, resp.StatusCode, b, status)
+	}
+	if ct := resp.Header.Get("Content-Type"); path != "/metrics" && ct != "application/json" {
+		t.Errorf("GET %s Content-Type = %q", path, ct)
+	}
+	return string(b)
+}
+
+func TestReadyzBeforeTheFirstScan(t *testing.T) {
+	d, err := New(Config{RegistryDir: shortDir(t), Status: StatusConfig{Socket: "none"}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	d.Handler().ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+	var e api.Error
+	if w.Code != http.StatusServiceUnavailable || json.Unmarshal(w.Body.Bytes(), &e) != nil || !strings.Contains(e.Message, "not been scanned") {
+		t.Errorf("/readyz before Run = %d %s", w.Code, w.Body)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	dir := shortDir(t)
+	for _, tc := range []struct {
+		yaml, want string
+	}{
+		{"registryDir: /x\nworkrs: 3\n", `unknown field "workrs"`},
+		{"handlers:\n- type: CSIPlugin\n  handler: magic\n", `handlers[0].handler is "magic": it must be one of accept`},
+		{"handlers:\n- handler: accept\n", "handlers[0].type is empty"},
+		{"handlers:\n- {type: A, handler: accept}\n- {type: A, handler: accept}\n", `handlers[1].type: "A" has a handler already`},
+		{"resyncInterval: soon\n", `a duration must be like "30s"`},
+		{"backoff: {initial: 1m, max: 1s}\n", "backoff.max (1s) is less than backoff.initial (1m0s)"},
+		{"timeouts: {dial: -1s}\n", "timeouts.dial is -1s"},
+		{"workers: -2\n", "workers is -2"},
+		{"status: {tcp: 0.0.0.0:9090}\n", "not a loopback address"},
+		{"status: {tcp: nine}\n", "status.tcp is \"nine\": it must be host:port"},
+		{"log: {format: xml}\n", `log.format is "xml": it must be text or json`},
+		{"log: {level: loud}\n", `log.level is "loud"`},
+	} {
+		path := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := LoadConfig(path)
+		if err == nil {
+			_, err = cfg.WithDefaults()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to say %q", tc.yaml, err, tc.want)
+		}
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestFlagsOverrideTheFile(t *testing.T) {
+	dir := shortDir(t)
+	path := filepath.Join(dir, "c.yaml")
+	os.WriteFile(path, []byte("registryDir: /from/file\nworkers: 3\nlog: {level: warn}\nhandlers: [{type: X, handler: accept}]\n"), 0o600)
+	var o options
+	flags := pflag.NewFlagSet("plugd", pflag.ContinueOnError)
+	o.bind(flags)
+	if err := flags.Parse([]string{"--config", path, "--workers", "7", "--handler", "CSIPlugin=accept", "--handler", "Y=accept"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.load(flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RegistryDir != "/from/file" || cfg.Workers != 7 || cfg.Log.Level != "warn" ||
+		len(cfg.Handlers) != 2 || cfg.Handlers[0].Type != "CSIPlugin" || cfg.Handlers[1].Type != "Y" {
+		t.Errorf("config = %+v", cfg)
+	}
+	if cfg.ResyncInterval != 0 || cfg.ShutdownTimeout != Duration(10*time.Second) {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+}
+
+func TestReload(t *testing.T) {
+	r := runDaemon(t, Config{})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
+	r.waitFor(t, "g.sock", "Rejected")
+
+	next := r.d.Config()
+	next.Log.Level = "debug"
+	next.Handlers = append(next.Handlers, HandlerConfig{Type: "example.com/Greeter", Handler: "accept"})
+	next.Workers = 3
+	next.Handlers = next.Handlers[1:] // CSIPlugin dropped: cannot be applied
+	applied, restart, err := r.d.Reload(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(applied, "; ") != "log.level: info -> debug; handlers: added accept for example.com/Greeter" {
+		t.Errorf("applied %q", applied)
+	}
+	if strings.Join(restart, "; ") != "handlers: CSIPlugin removed; workers: default -> 3" {
+		t.Errorf("needs restart %q", restart)
+	}
+	// The new handler takes the plugin that was waiting for one.
+	r.waitFor(t, "g.sock", "Registered")
+	if !r.d.log.Enabled(context.Background(), -4) {
+		t.Error("log level not lowered to debug")
+	}
+
+	bad := r.d.Config()
+	bad.Log.Format = "xml"
+	if _, _, err := r.d.Reload(bad); err == nil {
+		t.Error("a bad configuration was accepted on reload")
+	}
+}
+
+func TestStatusSocketInUseOrStale(t *testing.T) {
+	r := runDaemon(t, Config{})
+	// A second daemon on the same socket is refused, naming the problem.
+	d2, err := New(Config{RegistryDir: r.dir, Status: StatusConfig{Socket: r.client.Socket}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "another plugd is running") {
+		t.Errorf("second daemon: %v", err)
+	}
+
+	// A socket left by a plugd that died is replaced.
+	stale := filepath.Join(shortDir(t), "stale.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	runDaemon(t, Config{Status: StatusConfig{Socket: stale}})
+	fi, err := os.Stat(stale)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("status socket: %v, mode %v; want 0660", err, fi.Mode().Perm())
+	}
+}
