@@ -27,8 +27,13 @@ type Client struct {
 	HTTPClient *http.Client
 }
 
-// ErrNotFound is returned, wrapped, for a plugin that plugd does not know.
-var ErrNotFound = errors.New("not found")
+var (
+	// ErrNotFound is returned, wrapped, for a plugin that plugd does not know.
+	ErrNotFound = errors.New("not found")
+	// ErrNotReady is returned, wrapped, by Ready while plugd has not yet
+	// scanned its registry directory.
+	ErrNotReady = errors.New("not ready")
+)
 
 // Filter selects plugins; an empty field matches every plugin.
 type Filter struct {
@@ -141,8 +146,11 @@ func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
 		e.Message = strings.TrimSpace(string(body))
 	}
 	err = fmt.Errorf("plugd: %s (HTTP %d)", e.Message, resp.StatusCode)
-	if resp.StatusCode == http.StatusNotFound {
+	switch resp.StatusCode {
+	case http.StatusNotFound:
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
+	case http.StatusServiceUnavailable:
+		err = fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	return nil, err
 }

@@ -1,0 +1,12 @@
+// Command plugctl is the command line of plugd's status API. See internal/cli.
+package main
+
+import (
+	"os"
+
+	"github.com/plugd/plugd/internal/cli"
+)
+
+func main() {
+	os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+}

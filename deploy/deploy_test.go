@@ -1,0 +1,611 @@
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/plugd/plugd/internal/daemon"
+)
+
+const (
+	manifestPath = "kubernetes/daemonset.yaml"
+	unitPath     = "systemd/plugd.service"
+	configPath   = "systemd/config.yaml"
+)
+
+// splitDocuments splits a multi-document YAML file on the lines that are
+// exactly "---", dropping documents that hold only comments and blank lines
+// (the manifest's header comment is one).
+func splitDocuments(b []byte) [][]byte {
+	var docs [][]byte
+	var cur bytes.Buffer
+	flush := func() {
+		for line := range strings.Lines(cur.String()) {
+			if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+				docs = append(docs, bytes.Clone(cur.Bytes()))
+				break
+			}
+		}
+		cur.Reset()
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.TrimRight(line, "\r\n") == "---" {
+			flush()
+			continue
+		}
+		cur.WriteString(line)
+	}
+	flush()
+	return docs
+}
+
+// manifests is what daemonset.yaml holds, each object decoded strictly into
+// its Kubernetes type.
+type manifests struct {
+	namespaces      []corev1.Namespace
+	serviceAccounts []corev1.ServiceAccount
+	daemonSets      []appsv1.DaemonSet
+}
+
+// loadManifests decodes every document of the manifest by its apiVersion and
+// kind. A field the type does not have (a typo, a field at the wrong level), a
+// duplicate key or a kind this test does not know fails the test: the API
+// server would reject or silently drop them.
+func loadManifests(t *testing.T) manifests {
+	t.Helper()
+	b, err := os.ReadFile(manifestPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m manifests
+	for i, doc := range splitDocuments(b) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s: document %d: %v", manifestPath, i+1, err)
+		}
+		var obj any
+		switch tm.APIVersion + " " + tm.Kind {
+		case "v1 Namespace":
+			m.namespaces = append(m.namespaces, corev1.Namespace{})
+			obj = &m.namespaces[len(m.namespaces)-1]
+		case "v1 ServiceAccount":
+			m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
+			obj = &m.serviceAccounts[len(m.serviceAccounts)-1]
+		case "apps/v1 DaemonSet":
+			m.daemonSets = append(m.daemonSets, appsv1.DaemonSet{})
+			obj = &m.daemonSets[len(m.daemonSets)-1]
+		default:
+			t.Fatalf("%s: document %d: unknown kind %q of apiVersion %q", manifestPath, i+1, tm.Kind, tm.APIVersion)
+		}
+		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+			t.Fatalf("%s: document %d (%s): %v", manifestPath, i+1, tm.Kind, err)
+		}
+		// UnmarshalStrict converts scalars to the Go field's type (9090 to
+		// "9090" for an annotation); kubectl does not, and the API server
+		// rejects a number where a string belongs. Decode the JSON that
+		// kubectl would send, too.
+		j, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			t.Fatalf("%s: document %d (%s): %v", manifestPath, i+1, tm.Kind, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(j))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(reflect.New(reflect.TypeOf(obj).Elem()).Interface()); err != nil {
+			t.Fatalf("%s: document %d (%s), as kubectl sends it: %v", manifestPath, i+1, tm.Kind, err)
+		}
+	}
+	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.daemonSets) != 1 {
+		t.Fatalf("%s: want one Namespace, one ServiceAccount and one DaemonSet; have %d, %d and %d",
+			manifestPath, len(m.namespaces), len(m.serviceAccounts), len(m.daemonSets))
+	}
+	return m
+}
+
+// plugdArgs parses the container's args with plugd's own flags, so that a
+// misspelt or removed flag fails here rather than in a crash-looping pod, and
+// returns the configuration they make.
+func plugdArgs(t *testing.T, args []string) daemon.Config {
+	t.Helper()
+	f := daemon.Command().Flags()
+	if err := f.Parse(args); err != nil {
+		t.Fatalf("container args %q: %v", args, err)
+	}
+	if f.NArg() != 0 {
+		t.Fatalf("container args: plugd takes no arguments, only flags; have %q", f.Args())
+	}
+	str := func(name string) string {
+		v, err := f.GetString(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	allow, err := f.GetBool("status-allow-non-loopback")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shutdown, err := f.GetDuration("shutdown-timeout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if str("config") != "" {
+		t.Fatalf("container args: --config is set, but the manifest mounts no configuration file")
+	}
+	cfg := daemon.Config{
+		RegistryDir: str("registry-dir"),
+		Status: daemon.StatusConfig{
+			Socket:           str("status-socket"),
+			TCP:              str("status-tcp"),
+			AllowNonLoopback: allow,
+		},
+		ShutdownTimeout: daemon.Duration(shutdown),
+		Log:             daemon.LogConfig{Format: str("log-format"), Level: str("log-level")},
+	}
+	cfg, err = cfg.WithDefaults()
+	if err != nil {
+		t.Fatalf("container args %q: plugd would refuse them: %v", args, err)
+	}
+	return cfg
+}
+
+// within reports whether path is dir or inside it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+func TestDaemonSet(t *testing.T) {
+	m := loadManifests(t)
+	ns, sa, ds := m.namespaces[0], m.serviceAccounts[0], m.daemonSets[0]
+
+	if ds.Name != "plugd" || ds.Namespace != ns.Name || sa.Namespace != ns.Name {
+		t.Errorf("DaemonSet %s/%s and ServiceAccount %s/%s must both be in Namespace %s",
+			ds.Namespace, ds.Name, sa.Namespace, sa.Name, ns.Name)
+	}
+	pod := ds.Spec.Template.Spec
+	if pod.ServiceAccountName != sa.Name {
+		t.Errorf("the pod runs as ServiceAccount %q, the manifest defines %q", pod.ServiceAccountName, sa.Name)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		t.Fatalf("spec.selector: %v", err)
+	}
+	if sel.Empty() || !sel.Matches(labels.Set(ds.Spec.Template.Labels)) {
+		t.Errorf("spec.selector %s does not select the pod template's labels %v", sel, ds.Spec.Template.Labels)
+	}
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru != nil && ru.MaxSurge != nil && ru.MaxSurge.String() != "0" && ru.MaxSurge.String() != "0%" {
+		t.Errorf("rollingUpdate.maxSurge is %s: two plugd on one node would both manage the registry directory", ru.MaxSurge)
+	}
+
+	if len(pod.Containers) != 1 {
+		t.Fatalf("want one container, have %d", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if len(c.Command) != 0 {
+		t.Fatalf("the container sets command %q: the image's entrypoint is plugd, and the args are its flags", c.Command)
+	}
+	cfg := plugdArgs(t, c.Args)
+
+	// Volumes by name, and the mount that holds a path.
+	hostPaths := map[string]string{}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	hostMount := func(what, path string) {
+		t.Helper()
+		for _, vm := range c.VolumeMounts {
+			if !within(path, vm.MountPath) {
+				continue
+			}
+			hp, ok := hostPaths[vm.Name]
+			switch {
+			case !ok:
+				t.Errorf("%s %s is on volume %q, which is not a hostPath", what, path, vm.Name)
+			case vm.ReadOnly:
+				t.Errorf("%s %s is on a read-only mount", what, path)
+			case hp != vm.MountPath:
+				t.Errorf("%s: hostPath %s is mounted at %s; mount it at the same path, so that the paths plugd reports are valid on the node", what, hp, vm.MountPath)
+			}
+			return
+		}
+		t.Errorf("%s %s is on no volume mount: it would be in the container's (read-only) filesystem, invisible to the node", what, path)
+	}
+	if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--registry-dir") }) {
+		t.Errorf("container args set no --registry-dir; the default is not on a hostPath")
+	}
+	hostMount("--registry-dir", cfg.RegistryDir)
+	hostMount("--status-socket", cfg.Status.Socket)
+
+	// The status API's TCP port: declared, probed, scraped.
+	if cfg.Status.TCP == "" {
+		t.Fatal("container args set no --status-tcp: the probes and Prometheus need the status API on TCP")
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Status.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		t.Errorf("--status-tcp=%s is loopback: the kubelet's probes come from outside the pod", cfg.Status.TCP)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		t.Fatalf("--status-tcp=%s: port: %v", cfg.Status.TCP, err)
+	}
+	var portName string
+	declared := false
+	for _, p := range c.Ports {
+		if int(p.ContainerPort) == port && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
+			declared, portName = true, p.Name
+		}
+	}
+	if !declared {
+		t.Errorf("the status port %d (--status-tcp) is not among the container's ports", port)
+	}
+	resolve := func(p intstr.IntOrString) int {
+		if p.Type == intstr.Int {
+			return p.IntValue()
+		}
+		for _, cp := range c.Ports {
+			if cp.Name == p.StrVal {
+				return int(cp.ContainerPort)
+			}
+		}
+		return -1
+	}
+	for _, pr := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{
+		{"readinessProbe", "/readyz", c.ReadinessProbe},
+		{"livenessProbe", "/healthz", c.LivenessProbe},
+	} {
+		switch {
+		case pr.probe == nil:
+			t.Errorf("%s is missing", pr.name)
+		case pr.probe.HTTPGet == nil:
+			t.Errorf("%s is not an httpGet", pr.name)
+		case pr.probe.HTTPGet.Path != pr.path:
+			t.Errorf("%s gets %s, want %s", pr.name, pr.probe.HTTPGet.Path, pr.path)
+		case resolve(pr.probe.HTTPGet.Port) != port:
+			t.Errorf("%s is on port %s, but plugd serves port %d (%s)", pr.name, pr.probe.HTTPGet.Port.String(), port, portName)
+		}
+	}
+	ann := ds.Spec.Template.Annotations
+	if ann["prometheus.io/scrape"] == "true" && ann["prometheus.io/port"] != portStr {
+		t.Errorf("prometheus.io/port is %q, but plugd serves /metrics on port %s", ann["prometheus.io/port"], portStr)
+	}
+
+	// Root, to reach root-owned sockets, and nothing more.
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Fatal("the container has no securityContext")
+	}
+	if sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("securityContext.runAsUser must be 0: plugins' sockets are root-owned")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("securityContext.readOnlyRootFilesystem must be true")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("securityContext.allowPrivilegeEscalation must be false")
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("securityContext.privileged must not be set")
+	}
+	if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("securityContext.capabilities must drop ALL")
+	}
+
+	// On every node, tainted or not.
+	if !slices.ContainsFunc(pod.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
+	}) {
+		t.Errorf("no toleration {operator: Exists} without key and effect: plugd would not run on tainted nodes")
+	}
+
+	// Room for plugd's own shutdown before the kubelet kills it.
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= time.Duration(cfg.ShutdownTimeout) {
+		t.Errorf("terminationGracePeriodSeconds must exceed plugd's shutdown timeout %s", cfg.ShutdownTimeout)
+	}
+}
+
+// loadConfig decodes the example configuration strictly, as plugd does.
+func loadConfig(t *testing.T) daemon.Config {
+	t.Helper()
+	b, err := os.ReadFile(configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg daemon.Config
+	if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
+		t.Fatalf("%s: %v", configPath, err)
+	}
+	return cfg
+}
+
+func TestExampleConfig(t *testing.T) {
+	cfg := loadConfig(t)
+	full, err := cfg.WithDefaults()
+	if err != nil {
+		t.Fatalf("%s: plugd would refuse it: %v", configPath, err)
+	}
+
+	// Every field is written out: the example is the reference.
+	b, err := os.ReadFile(configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if err := yaml.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range jsonFields(reflect.TypeFor[daemon.Config](), "") {
+		if !hasPath(raw, field) {
+			t.Errorf("%s does not show field %s", configPath, field)
+		}
+	}
+
+	// And every value is the default, so that the file means the same as no
+	// file. The paths are the defaults for root, which plugd.service runs as.
+	def, err := daemon.Config{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RegistryDir != "/run/plugd/plugins" || cfg.Status.Socket != "/run/plugd/plugd.sock" {
+		t.Errorf("registryDir %s and status.socket %s are not root's defaults, /run/plugd/plugins and /run/plugd/plugd.sock", cfg.RegistryDir, cfg.Status.Socket)
+	}
+	def.RegistryDir, def.Status.Socket = full.RegistryDir, full.Status.Socket
+	// The manager's defaults are not exported; plugd's flags document them.
+	for field, flag := range map[string]string{
+		"workers": "workers", "resyncInterval": "resync-interval",
+		"backoff.initial": "backoff-initial", "backoff.max": "backoff-max",
+		"timeouts.dial": "dial-timeout", "timeouts.getInfo": "get-info-timeout",
+		"timeouts.notify": "notify-timeout", "timeouts.handler": "handler-timeout",
+	} {
+		want := flagDefault(t, flag)
+		if got := fmt.Sprint(getPath(raw, field)); !sameValue(got, want) {
+			t.Errorf("%s: %s is %s, but its default (plugd --%s) is %s", configPath, field, got, flag, want)
+		}
+	}
+	def.Workers, def.ResyncInterval, def.Backoff, def.Timeouts = full.Workers, full.ResyncInterval, full.Backoff, full.Timeouts
+	if !reflect.DeepEqual(full, def) {
+		t.Errorf("%s differs from the defaults:\n file:     %+v\n defaults: %+v", configPath, full, def)
+	}
+}
+
+// jsonFields lists the dotted JSON names of every leaf field of a struct type.
+func jsonFields(typ reflect.Type, prefix string) []string {
+	var out []string
+	for f := range typ.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		if f.Type.Kind() == reflect.Struct {
+			out = append(out, jsonFields(f.Type, prefix+name+".")...)
+			continue
+		}
+		out = append(out, prefix+name)
+	}
+	return out
+}
+
+func getPath(m map[string]any, dotted string) any {
+	var v any = m
+	for k := range strings.SplitSeq(dotted, ".") {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		if v, ok = mm[k]; !ok {
+			return nil
+		}
+	}
+	return v
+}
+
+func hasPath(m map[string]any, dotted string) bool {
+	parent, leaf := "", dotted
+	if i := strings.LastIndex(dotted, "."); i >= 0 {
+		parent, leaf = dotted[:i], dotted[i+1:]
+	}
+	pm := m
+	if parent != "" {
+		var ok bool
+		if pm, ok = getPath(m, parent).(map[string]any); !ok {
+			return false
+		}
+	}
+	_, ok := pm[leaf]
+	return ok
+}
+
+// flagDefault is the "(default X)" of a plugd flag's help.
+func flagDefault(t *testing.T, name string) string {
+	t.Helper()
+	f := daemon.Command().Flags().Lookup(name)
+	if f == nil {
+		t.Fatalf("plugd has no flag --%s", name)
+	}
+	m := regexp.MustCompile(`\(default ([^)\s]+)\)`).FindStringSubmatch(f.Usage)
+	if m == nil {
+		t.Fatalf("plugd --%s does not document its default: %q", name, f.Usage)
+	}
+	return m[1]
+}
+
+// sameValue compares two numbers or two durations written differently
+// ("2m" and "2m0s").
+func sameValue(a, b string) bool {
+	if a == b {
+		return true
+	}
+	da, errA := time.ParseDuration(a)
+	db, errB := time.ParseDuration(b)
+	return errA == nil && errB == nil && da == db
+}
+
+// unit is a systemd unit file: its settings by section and key, in order,
+// and its comments.
+type unit struct {
+	settings map[string]map[string][]string
+	comments []string
+}
+
+func loadUnit(t *testing.T) unit {
+	t.Helper()
+	b, err := os.ReadFile(unitPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := unit{settings: map[string]map[string][]string{}}
+	section := ""
+	for n, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "":
+		case strings.HasPrefix(line, "#"), strings.HasPrefix(line, ";"):
+			u.comments = append(u.comments, line)
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line[1 : len(line)-1]
+			u.settings[section] = map[string][]string{}
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || section == "" || strings.HasSuffix(line, `\`) {
+				t.Fatalf("%s:%d: not a setting this test understands: %q", unitPath, n+1, line)
+			}
+			k = strings.TrimSpace(k)
+			u.settings[section][k] = append(u.settings[section][k], strings.TrimSpace(v))
+		}
+	}
+	return u
+}
+
+// get is the value of a setting that must appear once.
+func (u unit) get(t *testing.T, section, key string) string {
+	t.Helper()
+	vs := u.settings[section][key]
+	if len(vs) != 1 {
+		t.Fatalf("%s: [%s] %s= appears %d times, want once", unitPath, section, key, len(vs))
+	}
+	return vs[0]
+}
+
+func TestSystemdUnit(t *testing.T) {
+	u := loadUnit(t)
+	cfg := loadConfig(t)
+
+	// ExecStart runs plugd with the configuration file the comments (and the
+	// README) tell you to install.
+	exec := strings.Fields(u.get(t, "Service", "ExecStart"))
+	if len(exec) == 0 || !filepath.IsAbs(exec[0]) || filepath.Base(exec[0]) != "plugd" {
+		t.Fatalf("ExecStart=%s does not run plugd by its absolute path", strings.Join(exec, " "))
+	}
+	var conf string
+	for i, a := range exec {
+		if v, ok := strings.CutPrefix(a, "--config="); ok {
+			conf = v
+		} else if a == "--config" && i+1 < len(exec) {
+			conf = exec[i+1]
+		}
+	}
+	if conf == "" {
+		t.Fatalf("ExecStart=%s has no --config", strings.Join(exec, " "))
+	}
+	if !slices.ContainsFunc(u.comments, func(c string) bool { return strings.Contains(c, conf) }) {
+		t.Errorf("ExecStart reads %s, which the unit's comments never mention", conf)
+	}
+	if b, err := os.ReadFile(configPath); err != nil || !strings.Contains(string(b), conf) {
+		t.Errorf("%s does not say it is installed as %s", configPath, conf)
+	}
+
+	reload := strings.Fields(u.get(t, "Service", "ExecReload"))
+	if len(reload) == 0 || filepath.Base(reload[0]) != "kill" ||
+		!slices.Contains(reload, "$MAINPID") ||
+		!(slices.Contains(reload, "-HUP") || slices.Contains(reload, "-SIGHUP") || slices.Index(reload, "-s") >= 0 && slices.Contains(reload, "HUP")) {
+		t.Errorf("ExecReload=%s does not send SIGHUP to $MAINPID", strings.Join(reload, " "))
+	}
+	if r := u.get(t, "Service", "Restart"); r != "on-failure" {
+		t.Errorf("Restart=%s, want on-failure", r)
+	}
+
+	// systemd kills plugd only after plugd's own shutdown deadline.
+	full, err := cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stop := systemdSeconds(t, u.get(t, "Service", "TimeoutStopSec")); stop <= time.Duration(full.ShutdownTimeout) {
+		t.Errorf("TimeoutStopSec=%s does not exceed shutdownTimeout %s", stop, full.ShutdownTimeout)
+	}
+
+	// Under ProtectSystem=strict, plugd can write only its RuntimeDirectory
+	// and ReadWritePaths: the example's registry directory and status socket
+	// must be among them.
+	// The status socket's directory is the RuntimeDirectory, which systemd
+	// creates with RuntimeDirectoryMode before plugd starts.
+	runtimeDir := filepath.Join("/run", u.get(t, "Service", "RuntimeDirectory"))
+	if d := filepath.Dir(cfg.Status.Socket); d != runtimeDir {
+		t.Errorf("status.socket %s is not in the RuntimeDirectory %s", cfg.Status.Socket, runtimeDir)
+	}
+	if u.get(t, "Service", "ProtectSystem") == "strict" {
+		writable := []string{runtimeDir}
+		for _, v := range u.settings["Service"]["ReadWritePaths"] {
+			for p := range strings.FieldsSeq(v) {
+				writable = append(writable, strings.TrimLeft(p, "-+"))
+			}
+		}
+		for what, p := range map[string]string{"registryDir": cfg.RegistryDir, "status.socket": filepath.Dir(cfg.Status.Socket)} {
+			if !slices.ContainsFunc(writable, func(dir string) bool { return within(p, dir) }) {
+				t.Errorf("%s %s is not writable under ProtectSystem=strict (writable: %v)", what, p, writable)
+			}
+		}
+	}
+
+	// Nothing may stop root from connecting to other users' sockets.
+	if usr := u.settings["Service"]["User"]; len(usr) > 0 && usr[0] != "root" && usr[0] != "0" {
+		t.Errorf("User=%s: plugd must run as root to reach plugins' sockets", usr[0])
+	}
+	if pu := u.settings["Service"]["PrivateUsers"]; len(pu) > 0 && pu[0] != "no" && pu[0] != "false" {
+		t.Errorf("PrivateUsers=%s makes root nobody on the host's files", pu[0])
+	}
+	if caps, ok := u.settings["Service"]["CapabilityBoundingSet"]; ok && !strings.Contains(strings.Join(caps, " "), "CAP_DAC_OVERRIDE") {
+		t.Errorf("CapabilityBoundingSet=%s lacks CAP_DAC_OVERRIDE, needed for sockets of other users", caps)
+	}
+	if af, ok := u.settings["Service"]["RestrictAddressFamilies"]; ok && !slices.Contains(strings.Fields(strings.Join(af, " ")), "AF_UNIX") {
+		t.Errorf("RestrictAddressFamilies=%s lacks AF_UNIX", af)
+	}
+}
+
+// systemdSeconds parses a systemd time span as this unit writes it: a bare
+// number of seconds, or a Go-style duration such as 15s or 1m30s.
+func systemdSeconds(t *testing.T, s string) time.Duration {
+	t.Helper()
+	if n, err := strconv.Atoi(s); err == nil {
+		return time.Duration(n) * time.Second
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("time span %q: write it as seconds (15s) so that this test can read it", s)
+	}
+	return d
+}

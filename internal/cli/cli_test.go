@@ -1,0 +1,668 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/goleak"
+	"sigs.k8s.io/yaml"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/plugin"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// failSafe bounds every wait in these tests, so that a bug fails a test
+// instead of hanging it. Nothing waits for it to pass: the tests move on
+// events and output.
+const failSafe = 30 * time.Second
+
+// Plugins the tests start. The daemon accepts the first two types and has no
+// handler for the third.
+const (
+	csiID  = "csi.example.com.sock"
+	gpuID  = "gpu.example.com.sock"
+	nopeID = "nope.example.com.sock"
+)
+
+// env is a real plugd, run in-process on a temporary registry directory.
+type env struct {
+	dir  string // registry directory
+	sock string // status API
+	stop func() // stops plugd and waits for it; idempotent
+}
+
+func startDaemon(t *testing.T) *env {
+	t.Helper()
+	// Not t.TempDir: its long path would make the sockets' paths too long.
+	tmp, err := os.MkdirTemp("", "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	e := &env{dir: filepath.Join(tmp, "plugins"), sock: filepath.Join(tmp, "plugd.sock")}
+
+	logs := &syncBuffer{}
+	d, err := daemon.New(daemon.Config{
+		RegistryDir: e.dir,
+		Status:      daemon.StatusConfig{Socket: e.sock},
+		Handlers: []daemon.HandlerConfig{
+			{Type: "CSIPlugin", Handler: "accept"},
+			{Type: "DevicePlugin", Handler: "accept"},
+		},
+	}, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var runErr error
+	go func() {
+		defer close(done)
+		runErr = d.Run(ctx)
+	}()
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if runErr != nil {
+				t.Errorf("plugd: %v", runErr)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		e.stop()
+		if t.Failed() {
+			t.Logf("plugd's log:\n%s", logs)
+		}
+	})
+	waitReady(t, e.sock, done)
+	return e
+}
+
+// waitReady waits until plugd has scanned its directory. Run creates the
+// socket in its own goroutine, so there is nothing to wait on but retries;
+// this is the only place the tests retry.
+func waitReady(t *testing.T, sock string, done <-chan struct{}) {
+	t.Helper()
+	c := &api.Client{Socket: sock}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(failSafe)
+	for {
+		if c.Ready(context.Background()) == nil {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-done:
+			t.Fatal("plugd stopped before it was ready")
+		case <-deadline:
+			t.Fatal("plugd was not ready in time")
+		}
+	}
+}
+
+// plugin starts a real plugin (with the SDK) in the registry directory; it
+// stops at the end of the test.
+func (e *env) plugin(t *testing.T, typ, name string) *plugin.Server {
+	t.Helper()
+	s, err := plugin.Start(plugin.Config{Dir: e.dir, Type: typ, Name: name, Versions: []string{"v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// threePlugins starts a CSI plugin and a device plugin, which plugd
+// registers, and one of a type it has no handler for, which it rejects; it
+// returns once plugd has done so.
+func (e *env) threePlugins(t *testing.T) {
+	t.Helper()
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	e.plugin(t, "DevicePlugin", "gpu.example.com")
+	e.plugin(t, "example.com/Nope", "nope.example.com")
+	e.mustRun(t, "wait", "--id", csiID, "--for", "registered")
+	e.mustRun(t, "wait", "--id", gpuID, "--for", "registered")
+	e.mustRun(t, "wait", "--id", nopeID, "--for", "rejected")
+}
+
+// result is what one run of plugctl did.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// run runs plugctl against this daemon.
+func (e *env) run(args ...string) result {
+	return run(append([]string{"--socket", e.sock}, args...)...)
+}
+
+func run(args ...string) result {
+	var stdout, stderr bytes.Buffer
+	code := Run(context.Background(), args, &stdout, &stderr)
+	return result{stdout.String(), stderr.String(), code}
+}
+
+func (e *env) mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	r := e.run(args...)
+	if r.code != ExitOK {
+		t.Fatalf("plugctl %s: exit code %d, stderr:\n%s", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r.stdout
+}
+
+func (r result) want(t *testing.T, code int, stderrHas ...string) {
+	t.Helper()
+	if r.code != code {
+		t.Errorf("exit code %d, want %d; stdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+	for _, s := range stderrHas {
+		if !strings.Contains(r.stderr, s) {
+			t.Errorf("stderr does not say %q:\n%s", s, r.stderr)
+		}
+	}
+}
+
+func TestList(t *testing.T) {
+	e := startDaemon(t)
+	e.threePlugins(t)
+
+	t.Run("table", func(t *testing.T) {
+		lines := strings.Split(strings.TrimSuffix(e.mustRun(t, "list"), "\n"), "\n")
+		if got := strings.Fields(lines[0]); !slices.Equal(got, []string{"ID", "TYPE", "NAME", "STATE", "AGE", "ERROR"}) {
+			t.Fatalf("header %q", lines[0])
+		}
+		want := [][]string{
+			{csiID, "CSIPlugin", "csi.example.com", "Registered"},
+			{gpuID, "DevicePlugin", "gpu.example.com", "Registered"},
+			{nopeID, "example.com/Nope", "nope.example.com", "Rejected"},
+		}
+		if len(lines) != 1+len(want) {
+			t.Fatalf("want a header and %d rows:\n%s", len(want), strings.Join(lines, "\n"))
+		}
+		for i, w := range want {
+			f := strings.Fields(lines[i+1])
+			if !slices.Equal(f[:4], w) {
+				t.Errorf("row %d is %q, want it to start with %q", i, lines[i+1], w)
+			}
+			if !regexp.MustCompile(`^\d+[smhd]$`).MatchString(f[4]) {
+				t.Errorf("row %d: AGE %q is not like 3s", i, f[4])
+			}
+		}
+		if !strings.HasSuffix(lines[1], "   -") {
+			t.Errorf("a registered plugin's ERROR should be -: %q", lines[1])
+		}
+		if !strings.Contains(lines[3], "no handler for plugin type") {
+			t.Errorf("the rejected plugin's ERROR should say why: %q", lines[3])
+		}
+	})
+
+	t.Run("error cut to fit", func(t *testing.T) {
+		t.Setenv("COLUMNS", "110")
+		out := e.mustRun(t, "list")
+		for line := range strings.Lines(out) {
+			if n := utf8.RuneCountInString(strings.TrimSuffix(line, "\n")); n > 110 {
+				t.Errorf("line of %d characters is wider than $COLUMNS:\n%s", n, line)
+			}
+		}
+		if !strings.Contains(out, "   no handler for plugin type \"…\n") {
+			t.Errorf("the long error should be cut to fit, with an ellipsis:\n%s", out)
+		}
+	})
+
+	t.Run("wide", func(t *testing.T) {
+		lines := strings.Split(e.mustRun(t, "list", "-o", "wide"), "\n")
+		for _, col := range []string{"ENDPOINT", "VERSIONS", "ATTEMPTS", "NEXT RETRY", "NEWEST"} {
+			if !strings.Contains(lines[0], col) {
+				t.Errorf("wide header lacks %s: %q", col, lines[0])
+			}
+		}
+		f := strings.Fields(lines[1])
+		if want := []string{csiID, "CSIPlugin", "csi.example.com", "Registered"}; !slices.Equal(f[:4], want) {
+			t.Errorf("row %q", lines[1])
+		}
+		if want := []string{filepath.Join(e.dir, csiID), "v1", "1", "-", "yes", "-"}; !slices.Equal(f[5:], want) {
+			t.Errorf("wide columns of %q are %q, want %q", lines[1], f[5:], want)
+		}
+		if !strings.Contains(lines[3], `no handler for plugin type "example.com/Nope": the manager has none for it`) {
+			t.Errorf("wide should print the whole error: %q", lines[3])
+		}
+	})
+
+	t.Run("json", func(t *testing.T) {
+		var list api.PluginList
+		if err := json.Unmarshal([]byte(e.mustRun(t, "list", "-o", "json")), &list); err != nil {
+			t.Fatal(err)
+		}
+		checkList(t, list, csiID, gpuID, nopeID)
+		if p := list.Plugins[2]; p.State != "Rejected" || p.Reason != "no_handler" {
+			t.Errorf("rejected plugin: %+v", p)
+		}
+	})
+
+	t.Run("yaml", func(t *testing.T) {
+		var list api.PluginList
+		if err := yaml.UnmarshalStrict([]byte(e.mustRun(t, "list", "-o", "yaml")), &list); err != nil {
+			t.Fatal(err)
+		}
+		checkList(t, list, csiID, gpuID, nopeID)
+	})
+
+	t.Run("filters", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want []string
+		}{
+			{[]string{"--type", "DevicePlugin"}, []string{gpuID}},
+			{[]string{"--name", "csi.example.com"}, []string{csiID}},
+			{[]string{"--state", "Registered"}, []string{csiID, gpuID}},
+			{[]string{"--state", "rejected"}, []string{nopeID}}, // any case
+			{[]string{"--type", "CSIPlugin", "--state", "Rejected"}, nil},
+		} {
+			var list api.PluginList
+			if err := json.Unmarshal([]byte(e.mustRun(t, append([]string{"list", "-o", "json"}, tc.args...)...)), &list); err != nil {
+				t.Fatal(err)
+			}
+			checkList(t, list, tc.want...)
+		}
+		r := e.run("list", "--type", "CSIPlugin", "--state", "Rejected")
+		r.want(t, ExitOK, "no plugins match --type CSIPlugin --state Rejected", "plugd watches "+e.dir)
+		if r.stdout != "" {
+			t.Errorf("nothing matches, yet stdout is %q", r.stdout)
+		}
+	})
+
+	t.Run("bad values", func(t *testing.T) {
+		e.run("list", "-o", "xml").want(t, ExitUsage, `--output "xml" must be one of table, wide, json, yaml`, "Run 'plugctl list --help' for usage.")
+		e.run("list", "--state", "Happy").want(t, ExitUsage, `--state "Happy" must be one of Pending`)
+	})
+}
+
+func checkList(t *testing.T, list api.PluginList, ids ...string) {
+	t.Helper()
+	var got []string
+	for _, p := range list.Plugins {
+		got = append(got, p.ID)
+		if p.State == "" || p.Socket == "" || p.Discovered.IsZero() {
+			t.Errorf("plugin lacks fields: %+v", p)
+		}
+	}
+	if !slices.Equal(got, ids) {
+		t.Errorf("plugins %q, want %q", got, ids)
+	}
+}
+
+func TestListEmpty(t *testing.T) {
+	e := startDaemon(t)
+	r := e.run("list")
+	r.want(t, ExitOK)
+	if r.stdout != "" || r.stderr != "no plugins; plugd watches "+e.dir+"\n" {
+		t.Errorf("stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+	// Machine output stays parseable, with an empty list rather than null.
+	if out := e.mustRun(t, "list", "-o", "json"); strings.Join(strings.Fields(out), "") != `{"plugins":[]}` {
+		t.Errorf("json of no plugins: %q", out)
+	}
+}
+
+func TestGet(t *testing.T) {
+	e := startDaemon(t)
+	e.threePlugins(t)
+
+	var p api.Plugin
+	if err := yaml.UnmarshalStrict([]byte(e.mustRun(t, "get", csiID)), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.ID != csiID || p.Type != "CSIPlugin" || p.State != "Registered" || p.RegisteredSince.IsZero() {
+		t.Errorf("get (yaml): %+v", p)
+	}
+	p = api.Plugin{}
+	if err := json.Unmarshal([]byte(e.mustRun(t, "get", nopeID, "-o", "json")), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.ID != nopeID || p.State != "Rejected" || !strings.Contains(p.LastError, "no handler") {
+		t.Errorf("get (json): %+v", p)
+	}
+
+	e.run("get", "nothing.sock").want(t, ExitError, `no plugin with ID "nothing.sock"`, "run 'plugctl list' to see the IDs")
+	// The name, or the socket's full path, is what people type by mistake.
+	e.run("get", "csi.example.com").want(t, ExitError, "did you mean "+csiID+"?")
+	e.run("get", filepath.Join(e.dir, gpuID)).want(t, ExitError, "did you mean "+gpuID+"?")
+	e.run("get").want(t, ExitUsage, "get needs the ID of a plugin", "Run 'plugctl get --help' for usage.")
+	e.run("get", "-o", "table", csiID).want(t, ExitUsage, `--output "table" must be one of yaml, json`)
+}
+
+func TestCompletion(t *testing.T) {
+	e := startDaemon(t)
+	e.threePlugins(t)
+
+	out := e.mustRun(t, "__complete", "get", "")
+	for _, want := range []string{csiID + "\tCSIPlugin csi.example.com Registered", gpuID, nopeID, ":4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("completions of get lack %q:\n%s", want, out)
+		}
+	}
+	if out := e.mustRun(t, "__complete", "get", "gpu"); strings.Contains(out, csiID) || !strings.Contains(out, gpuID) {
+		t.Errorf("completions of get gpu:\n%s", out)
+	}
+	if out := e.mustRun(t, "__complete", "wait", "--type", ""); !strings.Contains(out, "DevicePlugin\n") {
+		t.Errorf("completions of wait --type:\n%s", out)
+	}
+	// Without plugd, there is nothing to offer, and no error in the shell.
+	r := run("--socket", filepath.Join(e.dir, "none.sock"), "__complete", "get", "")
+	r.want(t, ExitOK)
+	if r.stdout != ":4\n" {
+		t.Errorf("completions without plugd: %q", r.stdout)
+	}
+	if out := e.mustRun(t, "completion", "bash"); !strings.Contains(out, "bash completion") {
+		t.Errorf("completion bash printed no script:\n%.200s", out)
+	}
+}
+
+// background is plugctl running in a goroutine, its output read line by line
+// through pipes as it is written.
+type background struct {
+	cancel         context.CancelFunc
+	stdout, stderr chan string // lines; closed when plugctl ends
+	done           chan int    // the exit code
+	once           sync.Once
+	code           int
+}
+
+func (e *env) background(t *testing.T, args ...string) *background {
+	ctx, cancel := context.WithCancel(context.Background())
+	outR, outW := io.Pipe()
+	errR, errW := io.Pipe()
+	b := &background{cancel: cancel, stdout: lines(outR), stderr: lines(errR), done: make(chan int, 1)}
+	go func() {
+		code := Run(ctx, append([]string{"--socket", e.sock}, args...), outW, errW)
+		outW.Close()
+		errW.Close()
+		b.done <- code
+	}()
+	t.Cleanup(func() { b.interrupt(t) })
+	return b
+}
+
+// lines reads r line by line into a channel, until r ends.
+func lines(r io.Reader) chan string {
+	c := make(chan string)
+	go func() {
+		defer close(c)
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			c <- s.Text()
+		}
+	}()
+	return c
+}
+
+// waitLine reads lines from c until one matches re, and returns the lines
+// read, the match last.
+func waitLine(t *testing.T, c <-chan string, re string) []string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	var seen []string
+	deadline := time.After(failSafe)
+	for {
+		select {
+		case line, ok := <-c:
+			if !ok {
+				t.Fatalf("plugctl ended without a line matching %q; it printed:\n%s", re, strings.Join(seen, "\n"))
+			}
+			seen = append(seen, line)
+			if rx.MatchString(line) {
+				return seen
+			}
+		case <-deadline:
+			t.Fatalf("no line matching %q; plugctl printed:\n%s", re, strings.Join(seen, "\n"))
+		}
+	}
+}
+
+// result waits for plugctl to end by itself and returns its exit code and
+// the rest of its output.
+func (b *background) result(t *testing.T) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut []string
+	// Read both to the end, or plugctl would block writing.
+	deadline := time.After(failSafe)
+	for b.stdout != nil || b.stderr != nil {
+		select {
+		case l, ok := <-b.stdout:
+			if !ok {
+				b.stdout = nil
+				continue
+			}
+			out = append(out, l)
+		case l, ok := <-b.stderr:
+			if !ok {
+				b.stderr = nil
+				continue
+			}
+			errOut = append(errOut, l)
+		case <-deadline:
+			b.cancel()
+			t.Fatalf("plugctl did not end; stdout:\n%s\nstderr:\n%s", strings.Join(out, "\n"), strings.Join(errOut, "\n"))
+		}
+	}
+	b.once.Do(func() { b.code = <-b.done })
+	return b.code, strings.Join(out, "\n"), strings.Join(errOut, "\n")
+}
+
+// interrupt does what Ctrl-C does, and returns how plugctl ended.
+func (b *background) interrupt(t *testing.T) (code int, stdout, stderr string) {
+	b.cancel()
+	return b.result(t)
+}
+
+// eventRx matches a text line of watch.
+func eventRx(event, typ, name, id, state string) string {
+	return `^\d\d:\d\d:\d\d\.\d{3}  ` + event + ` +  ` + regexp.QuoteMeta(typ) + `  ` + regexp.QuoteMeta(name) + `  ` +
+		regexp.QuoteMeta(id) + `  ` + state
+}
+
+func TestWatch(t *testing.T) {
+	e := startDaemon(t)
+	// --replay covers the events between starting watch and its subscription.
+	b := e.background(t, "watch", "--replay", "100")
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	seen := waitLine(t, b.stdout, eventRx("Registered", "CSIPlugin", "csi.example.com", csiID, "Registered")+"$")
+	if !slices.ContainsFunc(seen, regexp.MustCompile(eventRx("Discovered", "-", "-", csiID, "Pending")).MatchString) {
+		t.Errorf("no Discovered line before Registered:\n%s", strings.Join(seen, "\n"))
+	}
+	e.plugin(t, "example.com/Nope", "nope.example.com")
+	waitLine(t, b.stdout, eventRx("Rejected", "example.com/Nope", "nope.example.com", nopeID, "Rejected")+
+		`  error \(no_handler\): no handler for plugin type "example.com/Nope"`)
+
+	if code, _, stderr := b.interrupt(t); code != ExitOK || stderr != "" {
+		t.Errorf("after Ctrl-C: exit code %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+}
+
+func TestWatchJSON(t *testing.T) {
+	e := startDaemon(t)
+	b := e.background(t, "watch", "--replay", "100", "-o", "json")
+	e.plugin(t, "DevicePlugin", "gpu.example.com")
+	for _, line := range waitLine(t, b.stdout, `"type":"Registered"`) {
+		var ev api.Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if ev.Seq == 0 || ev.Time.IsZero() || ev.Plugin.ID != gpuID {
+			t.Errorf("event %+v", ev)
+		}
+	}
+	if code, _, _ := b.interrupt(t); code != ExitOK {
+		t.Errorf("exit code %d after Ctrl-C", code)
+	}
+}
+
+func TestWatchEndsWithPlugd(t *testing.T) {
+	e := startDaemon(t)
+	b := e.background(t, "watch", "--replay", "100")
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	waitLine(t, b.stdout, "Registered") // watch is subscribed
+	e.stop()
+	code, _, stderr := b.result(t)
+	if code != ExitError || !strings.Contains(stderr, "plugctl: plugd at "+e.sock+" closed the event stream; did it stop?") {
+		t.Errorf("exit code %d, stderr %q", code, stderr)
+	}
+}
+
+func TestWaitRegisteredLater(t *testing.T) {
+	e := startDaemon(t)
+	b := e.background(t, "wait", "--type", "CSIPlugin", "--name", "csi.example.com", "--for", "registered")
+	// Only start the plugin once wait has looked and found nothing.
+	waitLine(t, b.stderr, regexp.QuoteMeta("waiting up to 30s for a plugin with type=CSIPlugin name=csi.example.com to be Registered; now no plugin matches"))
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	if code, stdout, stderr := b.result(t); code != ExitOK || stdout != csiID+" is Registered" {
+		t.Errorf("exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestWaitRejected(t *testing.T) {
+	e := startDaemon(t)
+	e.plugin(t, "example.com/Nope", "nope.example.com")
+	if out := e.mustRun(t, "wait", "--type", "example.com/Nope", "--for", "rejected"); out != nopeID+" is Rejected\n" {
+		t.Errorf("stdout %q", out)
+	}
+}
+
+func TestWaitGone(t *testing.T) {
+	e := startDaemon(t)
+	p := e.plugin(t, "CSIPlugin", "csi.example.com")
+	e.mustRun(t, "wait", "--id", csiID, "--for", "present")
+	b := e.background(t, "wait", "--id", csiID, "--for", "gone")
+	waitLine(t, b.stderr, "waiting up to 30s for no plugin with id="+regexp.QuoteMeta(csiID)+" to be left; now "+regexp.QuoteMeta(csiID)+" is ")
+	p.Close()
+	if code, stdout, stderr := b.result(t); code != ExitOK || stdout != "no plugin with id="+csiID+" is left" {
+		t.Errorf("exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestWaitTimeout(t *testing.T) {
+	e := startDaemon(t)
+	e.run("wait", "--name", "nothing.example.com", "--for", "registered", "--timeout", "300ms").want(t, ExitTimeout,
+		"plugctl: timed out after 300ms waiting for a plugin with name=nothing.example.com to be Registered; last seen: no plugin matches")
+
+	e.plugin(t, "example.com/Nope", "nope.example.com")
+	e.mustRun(t, "wait", "--id", nopeID, "--for", "rejected")
+	// The message says what the plugin is instead, and why.
+	e.run("wait", "--type", "example.com/Nope", "--for", "registered", "--timeout", "300ms").want(t, ExitTimeout,
+		"waiting for a plugin with type=example.com/Nope to be Registered; last seen: "+nopeID+` is Rejected, error (no_handler): no handler for plugin type "example.com/Nope"`)
+}
+
+func TestUsageErrors(t *testing.T) {
+	sock := filepath.Join(os.TempDir(), "plugctl-test-none.sock")
+	for _, tc := range []struct {
+		args []string
+		cmd  string // in the hint
+		says string
+	}{
+		{[]string{"wait", "--for", "registered"}, "plugctl wait", "wait needs at least one of --type, --name and --id"},
+		{[]string{"wait", "--name", "x"}, "plugctl wait", "wait needs --for: one of registered, rejected, failed, gone, present"},
+		{[]string{"wait", "--name", "x", "--for", "happy"}, "plugctl wait", `--for "happy" must be one of`},
+		{[]string{"wait", "--name", "x", "--for", "gone", "--timeout", "-1s"}, "plugctl wait", "--timeout -1s must be 0"},
+		{[]string{"wait", "--name", "x", "--for", "gone", "--timeout", "soon"}, "plugctl wait", `invalid argument "soon" for "--timeout"`},
+		{[]string{"list", "extra"}, "plugctl list", `list takes no arguments, but got ["extra"]`},
+		{[]string{"list", "--bogus"}, "plugctl list", "unknown flag: --bogus"},
+		{[]string{"get", "a", "b"}, "plugctl get", "get takes one plugin ID, but got 2"},
+		{[]string{"watch", "--replay", "-1"}, "plugctl watch", "--replay -1 must be 0 or more"},
+		{[]string{"watch", "-o", "yaml"}, "plugctl watch", `--output "yaml" must be one of text, json`},
+		{[]string{"lst"}, "plugctl", `unknown command "lst" for "plugctl"`},
+		{[]string{"--timeout", "0s", "list"}, "plugctl list", "--timeout 0s must be positive"},
+		{[]string{"--address", "http://127.0.0.1:1", "list"}, "plugctl list", "--socket and --address both say where plugd is"},
+	} {
+		r := run(append([]string{"--socket", sock}, tc.args...)...)
+		r.want(t, ExitUsage, "plugctl: "+tc.says, "Run '"+tc.cmd+" --help' for usage.\n")
+		if strings.Contains(r.stderr, "Usage:") || r.stdout != "" {
+			t.Errorf("plugctl %q: a usage error should print a hint, not the usage; stdout %q, stderr %q", tc.args, r.stdout, r.stderr)
+		}
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	tmp, err := os.MkdirTemp("", "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	sock := filepath.Join(tmp, "plugd.sock")
+	for _, args := range [][]string{
+		{"list"},
+		{"get", csiID},
+		{"watch"},
+		{"version"},
+		// wait gives up at once rather than after its timeout.
+		{"wait", "--name", "csi.example.com", "--for", "registered", "--timeout", "1h"},
+	} {
+		r := run(append([]string{"--socket", sock}, args...)...)
+		r.want(t, ExitError, "plugctl: cannot reach plugd at "+sock, "is plugd running?")
+	}
+	if r := run("--socket", sock, "version"); !strings.HasPrefix(r.stdout, "plugctl devel ("+runtime.Version()+")\n") {
+		t.Errorf("version without plugd should still print plugctl's: %q", r.stdout)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	e := startDaemon(t)
+	want := "plugctl devel (" + runtime.Version() + ")\nplugd devel (" + runtime.Version() + ") at " + e.sock + ", watching " + e.dir + "\n"
+	if out := e.mustRun(t, "version"); out != want {
+		t.Errorf("version:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	e := startDaemon(t)
+	t.Setenv(envSocket, e.sock)
+	t.Setenv(envAddress, "")
+	if r := run("version"); r.code != ExitOK {
+		t.Errorf("$%s is not used: %+v", envSocket, r)
+	}
+	// $PLUGD_ADDRESS wins over $PLUGD_SOCKET, and a flag over both.
+	t.Setenv(envAddress, "http://127.0.0.1:1")
+	run("version").want(t, ExitError, "cannot reach plugd at http://127.0.0.1:1")
+	if r := run("--socket", e.sock, "version"); r.code != ExitOK {
+		t.Errorf("--socket does not win over $%s: %+v", envAddress, r)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that the daemon's goroutines can log to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"sigs.k8s.io/yaml"
+)
+
+// table is rows of cells under a header, printed with aligned columns.
+type table struct {
+	header []string
+	rows   [][]string
+}
+
+// columnGap separates columns, as kubectl does.
+const columnGap = "   "
+
+// minLastColumn is the least room the last column gets when cut to fit, so
+// that a narrow terminal still shows the start of an error.
+const minLastColumn = 20
+
+// write prints t. If width is positive, the last column is cut so that each
+// line fits in width characters; the others are never cut, so that IDs can be
+// copied from the output.
+func (t table) write(w io.Writer, width int) error {
+	cols := len(t.header)
+	widths := make([]int, cols)
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		for i, c := range r {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	last := -1 // no limit
+	if width > 0 {
+		used := 0
+		for _, cw := range widths[:cols-1] {
+			used += cw + len(columnGap)
+		}
+		last = max(width-used, minLastColumn)
+	}
+	var b strings.Builder
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		for i, c := range r {
+			if i == cols-1 {
+				b.WriteString(truncate(c, last))
+				break
+			}
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)))
+			b.WriteString(columnGap)
+		}
+		b.WriteString("\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// cell makes s fit in a table cell: on one line, and "-" when empty so that
+// every row has as many words as the header (for awk and friends).
+func cell(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// truncate cuts s to n characters, marking the cut with an ellipsis; a
+// negative n leaves s whole.
+func truncate(s string, n int) string {
+	if n < 0 || utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// outputWidth is how wide a table on w may be: the terminal's width, else
+// $COLUMNS, else a fixed width, so that a table piped to a file or grep still
+// has one short line per plugin (the whole error is in -o wide and get).
+func outputWidth(w io.Writer, getenv func(string) string) int {
+	if n := terminalWidth(w); n > 0 {
+		return n
+	}
+	if n, err := strconv.Atoi(getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	return 120
+}
+
+// human is a duration the way people say it: 3s, 5m, 2h, 4d. It is rounded
+// down, as ages are.
+func human(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
+
+// since is how long ago t was, or "-" if it is unknown.
+func since(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return human(now.Sub(t))
+}
+
+// until says when t comes: "in 3s", or "now" if it is due; "-" if there is no t.
+func until(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now)
+	if d <= 0 {
+		return "now"
+	}
+	// Round up: a retry 300ms away is "in 1s", not "in 0s".
+	return "in " + human((d + time.Second - 1).Truncate(time.Second))
+}
+
+// writeJSON prints v indented, for people and jq alike.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// writeYAML prints v as YAML with the field names of its JSON form.
+func writeYAML(w io.Writer, v any) error {
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
