@@ -40,7 +40,7 @@ type Plugin struct {
 	LastError       string    `json:"lastError,omitempty"`
 	Attempts        int       `json:"attempts"`
 	NextRetry       time.Time `json:"nextRetry,omitzero"`
-	Discovered      time.Time `json:"discovered"`
+	Discovered      time.Time `json:"discovered,omitzero"`
 	RegisteredSince time.Time `json:"registeredSince,omitzero"`
 	// Newest marks the most recently registered of several sockets with the
 	// same type and name (old and new instance during a rolling update).
