@@ -6,10 +6,13 @@ import (
 	"os"
 
 	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/internal/demo"
 )
 
 func main() {
-	if err := daemon.Command().Execute(); err != nil {
+	cmd := daemon.Command()
+	cmd.AddCommand(demo.Command())
+	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "plugd:", err)
 		os.Exit(1)
 	}

@@ -5,7 +5,7 @@
 //
 // Try it against the demo's manager, which prints its registry directory:
 //
-//	go run ./examples/demo -watch
+//	go run ./cmd/plugd demo
 //	go run ./examples/plugin -dir DIR                 # in a second terminal: registered
 //	go run ./examples/plugin -dir DIR -type example.com/Nope -name nope -exit-when-refused
 //
