@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
 
@@ -31,21 +32,9 @@ func TestMain(m *testing.M) {
 // timeout bounds every wait so a broken test fails instead of hanging.
 const timeout = 10 * time.Second
 
-// shortDir returns a fresh directory short enough for unix socket paths,
-// which t.TempDir() does not guarantee.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "plg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 func testConfig(t *testing.T) plugin.Config {
 	return plugin.Config{
-		Dir:      shortDir(t),
+		Dir:      testenv.ShortDir(t, "plg"),
 		Type:     registerapi.DRAPlugin,
 		Name:     "gpu.example.com",
 		Versions: []string{"v1", "v1beta1"},
@@ -123,7 +112,7 @@ func TestGetInfo(t *testing.T) {
 }
 
 func TestPathIsAbsoluteAndDefaultsToNameDotSock(t *testing.T) {
-	base := shortDir(t)
+	base := testenv.ShortDir(t, "plg")
 	t.Chdir(base)
 	cfg := testConfig(t)
 	cfg.Dir = "reg" // relative, and created by Start
@@ -593,7 +582,7 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestStartRemovesLeftoverTemporarySockets(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "plg")
 	// A run that died between listen and rename left this behind.
 	left := filepath.Join(dir, ".p.sock.0badc0de.tmp")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: left, Net: "unix"})

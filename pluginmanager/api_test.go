@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -34,7 +35,7 @@ func TestOptionsErrorsNameTheField(t *testing.T) {
 }
 
 func TestRunOnlyOnce(t *testing.T) {
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: testenv.ShortDir(t, "pm")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestRunOnlyOnce(t *testing.T) {
 }
 
 func TestAddHandlerPanicsOnMisuse(t *testing.T) {
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: testenv.ShortDir(t, "pm")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func TestSlowSubscriberIsToldItLostEvents(t *testing.T) {
 }
 
 func TestSubscriptionClosedWhenRunReturns(t *testing.T) {
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: shortDir(t)})
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: testenv.ShortDir(t, "pm")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestSubscriptionClosedWhenRunReturns(t *testing.T) {
 func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 	for _, deregister := range []bool{false, true} {
 		rec := newRecorder()
-		dir := shortDir(t)
+		dir := testenv.ShortDir(t, "pm")
 		p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "x"})
 		m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, DeregisterOnShutdown: deregister})
 		if err != nil {

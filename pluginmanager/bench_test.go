@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -18,11 +19,7 @@ import (
 // benchManager runs a manager that accepts every CSIPlugin until the benchmark ends.
 func benchManager(b *testing.B) (*pluginmanager.Manager, string) {
 	b.Helper()
-	dir, err := os.MkdirTemp("", "bm")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testenv.ShortDir(b, "bm")
 	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir})
 	if err != nil {
 		b.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -25,18 +25,6 @@ func TestMain(m *testing.M) {
 // wait is how long a test waits for something that should happen in
 // milliseconds; it is generous because -race on two busy cores is slow.
 const wait = 20 * time.Second
-
-// shortDir makes a registry directory with a short path: a unix socket path
-// must stay under 108 bytes, and t.TempDir's can be longer.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 // harness is a running manager with a way to wait for its state.
 type harness struct {
@@ -52,7 +40,7 @@ type harness struct {
 func start(t *testing.T, opts pluginmanager.Options, handlers map[string]pluginmanager.Handler) *harness {
 	t.Helper()
 	if opts.Dir == "" {
-		opts.Dir = shortDir(t)
+		opts.Dir = testenv.ShortDir(t, "pm")
 	}
 	if opts.BackoffInitial == 0 {
 		opts.BackoffInitial = 20 * time.Millisecond

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -122,7 +123,7 @@ func TestSubdirectoryCreatedAfterStart(t *testing.T) {
 }
 
 func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "pm")
 	rec := newRecorder()
 	// Some are there before the manager starts, some appear after.
 	ignored := func(tag string) {
@@ -138,7 +139,7 @@ func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
 		}
 		startPlugin(t, plugin.Config{Dir: filepath.Join(dir, "."+tag+"-dir"), Type: "CSIPlugin", Name: "in-hidden-dir-" + tag})
 		// A symlink to a socket outside the directory, and to a directory outside it.
-		outside := shortDir(t)
+		outside := testenv.ShortDir(t, "pm")
 		out := startPlugin(t, plugin.Config{Dir: outside, Type: "CSIPlugin", Name: "outside-" + tag})
 		if err := os.Symlink(out.Path(), filepath.Join(dir, tag+"-link.sock")); err != nil {
 			t.Fatal(err)

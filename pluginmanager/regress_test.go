@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -148,8 +149,8 @@ func TestLongReasonIsCutCleanly(t *testing.T) {
 // A registry directory that is a symlink is followed (it is the operator's
 // choice), for the first walk as for the watch.
 func TestRegistryDirIsASymlink(t *testing.T) {
-	real := shortDir(t)
-	link := filepath.Join(shortDir(t), "l")
+	real := testenv.ShortDir(t, "pm")
+	link := filepath.Join(testenv.ShortDir(t, "pm"), "l")
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestRegistryDirIsASymlink(t *testing.T) {
 
 // Once Synced is closed, every socket present at start is in Plugins.
 func TestSyncedMeansKnown(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "pm")
 	for i := range 50 {
 		startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("s", i)})
 	}
@@ -176,7 +177,7 @@ func TestSyncedMeansKnown(t *testing.T) {
 // DeregisterOnShutdown with a hung Deregister: shutdown takes a bounded time,
 // not one HandlerTimeout per plugin.
 func TestShutdownDeregistersInParallel(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "pm")
 	block := make(chan struct{})
 	defer close(block)
 	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, DeregisterOnShutdown: true, HandlerTimeout: 200 * time.Millisecond})

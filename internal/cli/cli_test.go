@@ -22,6 +22,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
 
@@ -52,14 +53,10 @@ type env struct {
 func startDaemon(t *testing.T) *env {
 	t.Helper()
 	// Not t.TempDir: its long path would make the sockets' paths too long.
-	tmp, err := os.MkdirTemp("", "cli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
+	tmp := testenv.ShortDir(t, "cli")
 	e := &env{dir: filepath.Join(tmp, "plugins"), sock: filepath.Join(tmp, "plugd.sock")}
 
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	d, err := daemon.New(daemon.Config{
 		RegistryDir: e.dir,
 		Status:      daemon.StatusConfig{Socket: e.sock},
@@ -604,11 +601,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	tmp, err := os.MkdirTemp("", "cli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
+	tmp := testenv.ShortDir(t, "cli")
 	sock := filepath.Join(tmp, "plugd.sock")
 	for _, args := range [][]string{
 		{"list"},
@@ -647,22 +640,4 @@ func TestEnvironment(t *testing.T) {
 	if r := run("--socket", e.sock, "version"); r.code != ExitOK {
 		t.Errorf("--socket does not win over $%s: %+v", envAddress, r)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that the daemon's goroutines can log to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

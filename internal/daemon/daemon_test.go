@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
 
@@ -27,52 +26,24 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const wait = 20 * time.Second
 
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
-// syncBuffer is a log sink tests can read while the daemon writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type running struct {
 	d      *Daemon
 	dir    string
 	client *api.Client
-	logs   *syncBuffer
+	logs   *testenv.Buffer
 }
 
 // runDaemon starts a daemon on a fresh directory and waits until it is ready.
 func runDaemon(t *testing.T, cfg Config) *running {
 	t.Helper()
-	base := shortDir(t)
+	base := testenv.ShortDir(t, "pd")
 	if cfg.RegistryDir == "" {
 		cfg.RegistryDir = filepath.Join(base, "reg")
 	}
 	if cfg.Status.Socket == "" {
 		cfg.Status.Socket = filepath.Join(base, "plugd.sock")
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	d, err := New(cfg, logs)
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +227,7 @@ func get(t *testing.T, c *api.Client, path string, status int) string {
 }
 
 func TestReadyzBeforeTheFirstScan(t *testing.T) {
-	d, err := New(Config{RegistryDir: shortDir(t), Status: StatusConfig{Socket: "none"}}, io.Discard)
+	d, err := New(Config{RegistryDir: testenv.ShortDir(t, "pd"), Status: StatusConfig{Socket: "none"}}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +240,7 @@ func TestReadyzBeforeTheFirstScan(t *testing.T) {
 }
 
 func TestConfigErrorsNameTheField(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "pd")
 	for _, tc := range []struct {
 		yaml, want string
 	}{
@@ -304,7 +275,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 }
 
 func TestFlagsOverrideTheFile(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t, "pd")
 	path := filepath.Join(dir, "c.yaml")
 	os.WriteFile(path, []byte("registryDir: /from/file\nworkers: 3\nlog: {level: warn}\nhandlers: [{type: X, handler: accept}]\n"), 0o600)
 	var o options
@@ -371,7 +342,7 @@ func TestStatusSocketInUseOrStale(t *testing.T) {
 	}
 
 	// A socket left by a plugd that died is replaced.
-	stale := filepath.Join(shortDir(t), "stale.sock")
+	stale := filepath.Join(testenv.ShortDir(t, "pd"), "stale.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
 
@@ -280,11 +281,7 @@ func TestFit(t *testing.T) {
 // short directory, so that the test can check nothing is left in it.
 func tempRoot(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "dt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testenv.ShortDir(t, "dt")
 	t.Setenv("TMPDIR", root)
 	return root
 }

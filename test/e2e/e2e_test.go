@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // bin holds the binaries built once for the whole run.
@@ -63,33 +62,16 @@ const wait = 20 * time.Second
 // proc is a running binary whose output is kept.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testenv.Buffer
 	done chan struct{}
 	err  error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // start runs a binary in the background; the test's end kills it if it is
 // still running.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -164,11 +146,7 @@ type node struct {
 // starts plugd on it, waiting until it is ready.
 func startPlugd(t *testing.T, config string) *node {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testenv.ShortDir(t, "e2e")
 	n := &node{dir: dir, reg: filepath.Join(dir, "reg"), socket: filepath.Join(dir, "plugd.sock")}
 	cfg := fmt.Sprintf("registryDir: %s\nstatus:\n  socket: %s\n%s", n.reg, n.socket, config)
 	path := filepath.Join(dir, "plugd.yaml")
