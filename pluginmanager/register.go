@@ -177,6 +177,12 @@ func wrapRPC(ctx context.Context, name string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if _, ok := ctx.Deadline(); ok && status.Code(err) == codes.DeadlineExceeded {
+		// The plugin's side enforces our deadline too (gRPC sends it along),
+		// and may report it a moment before our own context does. The wait is
+		// bounded by that same deadline.
+		<-ctx.Done()
+	}
 	if ctx.Err() != nil {
 		err = context.Cause(ctx)
 	}
