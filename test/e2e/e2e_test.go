@@ -146,8 +146,20 @@ type node struct {
 // starts plugd on it, waiting until it is ready.
 func startPlugd(t *testing.T, config string) *node {
 	t.Helper()
+	n := launchPlugd(t, config, nil)
+	n.waitReady(t, 10*time.Millisecond)
+	return n
+}
+
+// launchPlugd starts plugd on a fresh directory; prepare, if set, fills the
+// registry directory first.
+func launchPlugd(t *testing.T, config string, prepare func(reg string)) *node {
+	t.Helper()
 	dir := testenv.ShortDir(t, "e2e")
 	n := &node{dir: dir, reg: filepath.Join(dir, "reg"), socket: filepath.Join(dir, "plugd.sock")}
+	if prepare != nil {
+		prepare(n.reg)
+	}
 	cfg := fmt.Sprintf("registryDir: %s\nstatus:\n  socket: %s\n%s", n.reg, n.socket, config)
 	path := filepath.Join(dir, "plugd.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -155,18 +167,27 @@ func startPlugd(t *testing.T, config string) *node {
 	}
 	n.plugd = start(t, "plugd", "--config", path, "--backoff-initial", "50ms")
 	n.client = &api.Client{Socket: n.socket}
-	// Start-up is the one wait that has no event to wait on: plugd's socket
-	// does not exist yet. Ask until it answers.
+	return n
+}
+
+// waitReady asks /readyz every poll until plugd is ready, and returns how
+// many times it answered "not ready" first. Start-up is the one wait that has
+// no event to wait on: plugd's socket does not exist yet.
+func (n *node) waitReady(t *testing.T, poll time.Duration) (notReady int) {
+	t.Helper()
 	deadline := time.Now().Add(wait)
 	for {
 		err := n.client.Ready(context.Background())
-		if err == nil {
-			return n
+		switch {
+		case err == nil:
+			return notReady
+		case errors.Is(err, api.ErrNotReady):
+			notReady++
 		}
 		select {
 		case <-n.plugd.done:
 			t.Fatalf("plugd exited at start: %v\n%s", n.plugd.err, n.plugd.out)
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(poll):
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("plugd not ready: %v\n%s", err, n.plugd.out)
@@ -296,6 +317,40 @@ func TestPlugdAndPlugctl(t *testing.T) {
 	// Without plugd, plugctl says how to reach it.
 	if out, code := plugctl(t, n.socket, "list"); code != 1 || !strings.Contains(out, "is plugd running") {
 		t.Errorf("plugctl without plugd = %d %s", code, out)
+	}
+}
+
+// TestReadyz: /readyz answers 503 until plugd has walked its registry
+// directory, then 200. A directory of 10,000 subdirectories makes the first
+// walk (and the inotify watch of each) last long enough to be seen from
+// outside; a plugin's socket at the bottom of it is known once plugd is ready.
+func TestReadyz(t *testing.T) {
+	n := launchPlugd(t, "", func(reg string) {
+		for i := range 10000 {
+			if err := os.MkdirAll(filepath.Join(reg, fmt.Sprintf("d%02d", i/250), fmt.Sprintf("e%03d", i%250)), 0o750); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	deep := filepath.Join(n.reg, "d39", "e249")
+	pl := n.plugin(t, "-dir", deep, "-type", "CSIPlugin", "-name", "deep", "-versions", "1.0.0")
+	notReady := n.waitReady(t, time.Millisecond)
+	if notReady == 0 {
+		t.Error("/readyz was never 503 before the first walk was done")
+	}
+	t.Logf("/readyz answered 503 %d times, then 200", notReady)
+	p, err := n.client.Plugin(context.Background(), "d39/e249/deep.sock")
+	if err != nil {
+		t.Fatalf("after /readyz, the plugin in the deepest directory is not known: %v", err)
+	}
+	if p.Name != "" && p.Name != "deep" {
+		t.Errorf("plugin = %+v", p)
+	}
+	if code := pl.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("plugin exit code %d", code)
+	}
+	if code := n.plugd.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("plugd exit code %d", code)
 	}
 }
 
