@@ -181,6 +181,12 @@ func (m *Manager) Run(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("pluginmanager: creating the registry directory: %w", err)
 	}
+	if fi, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
+	} else if fi.Mode().Perm()&0o002 != 0 {
+		return fmt.Errorf("pluginmanager: the registry directory %s is writable by every user (mode %v): anyone could put a socket there or replace a plugin's; remove that permission (chmod o-w %s)",
+			dir, fi.Mode().Perm(), dir)
+	}
 	// The buffer absorbs bursts of sockets while the watch loop is busy.
 	w, err := fsnotify.NewBufferedWatcher(4096)
 	if err != nil {
@@ -522,7 +528,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 	if notifyErr != nil {
 		// The handler holds the plugin; failing the registration now would only
 		// make the handler flap. The plugin learns of it from its next GetInfo.
-		e.status.Reason, e.status.LastError = ReasonNotify, notifyErr.Error()
+		e.status.Reason, e.status.LastError = ReasonNotify, printable(notifyErr.Error())
 		m.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
 		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", notifyErr)
 	}
@@ -555,7 +561,7 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 		return
 	}
 	e.status.Plugin = p
-	e.status.Reason, e.status.LastError = reason, err.Error()
+	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	m.metrics.failures.WithLabelValues(m.typeLabelLocked(p.Type), string(reason)).Inc()
 	if terminal {
 		e.status.State = StateRejected
@@ -613,7 +619,7 @@ func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) b
 	ev := m.eventLocked(EventDeregistered, e)
 	ev.Plugin = p
 	if err != nil {
-		ev.Error = err.Error()
+		ev.Error = printable(err.Error())
 		m.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", err)
 	} else {
 		m.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -47,7 +48,9 @@ func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
 		}
 		return c, err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+path,
+	// The dialer ignores the target, so a constant one keeps a path that
+	// gRPC would parse (a '?', a '#', a control character) out of its way.
+	conn, err := grpc.NewClient("passthrough:///registration-socket",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithAuthority("localhost"),
 		grpc.WithContextDialer(dialer),
@@ -122,6 +125,31 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 		p.Endpoint = socket
 	}
 	return p, nil
+}
+
+// printable makes a message from a plugin, or about one, safe to store and to
+// show: cut to maxErrorMessage bytes at a character boundary, and with every
+// character a terminal would act on (escape sequences, newlines) written as
+// a Go escape instead. A plugin chooses its GetInfo error and its socket's
+// name; neither may reach an operator's terminal raw.
+func printable(s string) string {
+	s = strings.ToValidUTF8(s, "")
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) >= 0 {
+		var b strings.Builder
+		for _, r := range s {
+			if unicode.IsPrint(r) || r == ' ' {
+				b.WriteRune(r)
+			} else {
+				q := strconv.QuoteRune(r)
+				b.WriteString(q[1 : len(q)-1])
+			}
+		}
+		s = b.String()
+	}
+	if len(s) > maxErrorMessage {
+		s = strings.ToValidUTF8(s[:maxErrorMessage], "")
+	}
+	return s
 }
 
 // checkField enforces a length limit and printable characters without spaces.

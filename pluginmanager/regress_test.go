@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/testenv"
@@ -203,5 +205,63 @@ func TestShutdownDeregistersInParallel(t *testing.T) {
 	d := time.Since(begin)
 	if d > time.Second {
 		t.Errorf("shutdown took %s: deregistrations are sequential", d)
+	}
+}
+
+// Text a plugin controls never reaches the status raw: not its GetInfo error
+// (escape sequences, newlines, any length), not a socket name with control
+// characters (ignored).
+func TestPluginTextIsMadePrintable(t *testing.T) {
+	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	evil := "\x1b]0;pwned\x07\x1b[31mred\nsecond line" + strings.Repeat("x", 5000)
+	path := filepath.Join(h.dir, "evil.sock")
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, &failingInfo{msg: evil}) })
+	var s pluginmanager.PluginStatus
+	h.until("GetInfo's error recorded", func(ps []pluginmanager.PluginStatus) bool {
+		for _, p := range ps {
+			if p.Socket == path && p.Reason == pluginmanager.ReasonGetInfo {
+				s = p
+				return true
+			}
+		}
+		return false
+	})
+	if strings.ContainsAny(s.LastError, "\x1b\x07\n") || len(s.LastError) > 1024 || !strings.Contains(s.LastError, `\x1b]0;pwned\a\x1b[31mred\nsecond line`) {
+		t.Errorf("last error = %q, want it escaped and at most 1024 bytes", s.LastError)
+	}
+
+	// A socket whose name has a control character is not picked up at all;
+	// one created after it is.
+	startPlugin(t, plugin.Config{Dir: h.dir, Socket: "bad\x1b[2Jname.sock", Type: "CSIPlugin", Name: "bad"})
+	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
+	h.status(good.Path(), pluginmanager.StateRegistered)
+	for _, p := range h.m.Plugins() {
+		if strings.Contains(p.Socket, "\x1b") {
+			t.Errorf("a socket with a control character in its name is known: %q", p.Socket)
+		}
+	}
+}
+
+type failingInfo struct {
+	registerapi.UnimplementedRegistrationServer
+	msg string
+}
+
+func (f *failingInfo) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return nil, status.Error(codes.Internal, f.msg)
+}
+
+func TestWorldWritableRegistryDirIsRefused(t *testing.T) {
+	dir := testenv.ShortDir(t, "ww")
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "writable by every user") || !strings.Contains(err.Error(), "chmod o-w") {
+		t.Errorf("Run on a world-writable directory = %v", err)
 	}
 }

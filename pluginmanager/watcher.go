@@ -5,7 +5,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sys/unix"
@@ -44,6 +47,13 @@ func statSocket(path string) (id fileID, ok bool) {
 // hidden reports whether a name is one the manager ignores: a dot-name, which
 // plugins use for sockets that are not listening yet.
 func hidden(name string) bool { return strings.HasPrefix(name, ".") }
+
+// unprintable reports whether a name would put control characters (terminal
+// escapes, newlines) into logs, the status API and an operator's terminal. No
+// plugin needs such a name; one that has it is ignored, with a warning.
+func unprintable(name string) bool {
+	return !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0
+}
 
 // watcher is the filesystem side of the manager: an fsnotify watch on every
 // directory of the tree. It belongs to the goroutine running Manager.watch.
@@ -87,7 +97,7 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 			}
 			return nil
 		}
-		if path != root && hidden(d.Name()) {
+		if path != root && (hidden(d.Name()) || unprintable(d.Name())) {
 			if d.IsDir() {
 				return fs.SkipDir
 			}
@@ -114,7 +124,15 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 // handleFSEvent turns one fsnotify event into work. Events are only hints: the
 // worker reads the file as it is now and decides.
 func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
-	if hidden(filepath.Base(ev.Name)) {
+	name := filepath.Base(ev.Name)
+	if hidden(name) {
+		return
+	}
+	if unprintable(name) {
+		if ev.Has(fsnotify.Create) {
+			m.log.Warn("ignoring a file whose name has control characters or is not UTF-8; rename it to register it",
+				"dir", filepath.Dir(ev.Name), "name", strconv.Quote(name))
+		}
 		return
 	}
 	switch {
