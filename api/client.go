@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -133,6 +134,9 @@ func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("cannot reach plugd at %s: %w; the status socket is only for its owner and group: run as them (e.g. with sudo)", c.where(), unwrapURLError(err))
 		}
 		return nil, fmt.Errorf("cannot reach plugd at %s: %w; is plugd running? Start it with 'plugd', or point --socket (or --address) at the status API it serves", c.where(), unwrapURLError(err))
 	}

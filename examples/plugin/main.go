@@ -27,7 +27,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -35,6 +34,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/plugin"
 )
 
@@ -115,12 +115,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 // defaultDir is a per-user registry directory that needs no root.
-func defaultDir() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "plugd", "plugins")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("plugd-%d", os.Getuid()), "plugins")
-}
+func defaultDir() string { return api.DefaultRegistryDir() }
 
 // splitList splits a comma-separated flag, dropping blanks.
 func splitList(s string) []string {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
@@ -65,6 +66,14 @@ func (t table) write(w io.Writer, width int) error {
 // every row has as many words as the header (for awk and friends).
 func cell(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
+	// plugd escapes what plugins send; a daemon that did not must still not
+	// be able to drive the terminal through plugctl.
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) || r == ' ' {
+			return r
+		}
+		return '?'
+	}, s)
 	if s == "" {
 		return "-"
 	}

@@ -81,9 +81,9 @@ func (o *options) bind(f *pflag.FlagSet) {
 
 func defaultNote(what string) string {
 	if what == "socket" {
-		return "$XDG_RUNTIME_DIR/plugd/plugd.sock, or /run/plugd/plugd.sock as root"
+		return "$XDG_RUNTIME_DIR/plugd/plugd.sock; as root /run/plugd/plugd.sock; else $TMPDIR/plugd-<uid>/plugd.sock"
 	}
-	return "$XDG_RUNTIME_DIR/plugd/plugins, or /run/plugd/plugins as root"
+	return "$XDG_RUNTIME_DIR/plugd/plugins; as root /run/plugd/plugins; else $TMPDIR/plugd-<uid>/plugins"
 }
 
 // flagFields copies each flag's value into the configuration, if the flag was set.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -107,23 +108,22 @@ type LogConfig struct {
 // Duration is a time.Duration written as a Go duration string, like "30s".
 type Duration time.Duration
 
-// UnmarshalJSON reads "1m30s" (or a number of nanoseconds).
+// UnmarshalJSON reads a Go duration string such as "1m30s". A bare number is
+// refused rather than taken as nanoseconds: "resyncInterval: 5" meaning 5ns
+// would spin plugd. The error is a *json.UnmarshalTypeError, which the
+// decoder completes with the field's name.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		var n int64
-		if json.Unmarshal(b, &n) != nil {
-			return fmt.Errorf("a duration must be a string like \"30s\" or \"1m30s\", not %s", b)
+	if json.Unmarshal(b, &s) == nil {
+		if v, err := time.ParseDuration(s); err == nil {
+			*d = Duration(v)
+			return nil
 		}
-		*d = Duration(n)
-		return nil
 	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("a duration must be like \"30s\" or \"1m30s\": %w", err)
+	return &json.UnmarshalTypeError{
+		Value: fmt.Sprintf("%s (a duration is written like \"30s\" or \"1m30s\")", b),
+		Type:  reflect.TypeFor[Duration](),
 	}
-	*d = Duration(v)
-	return nil
 }
 
 // MarshalJSON writes the duration as a string, like "30s".
@@ -207,6 +207,9 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(10 * time.Second)
 	}
+	if c.ResyncInterval > 0 && c.ResyncInterval < Duration(time.Second) {
+		return c, fmt.Errorf("resyncInterval is %s: it must be at least 1s (default 30s), or negative to disable the walk", c.ResyncInterval)
+	}
 	for _, d := range []struct {
 		name string
 		v    Duration
@@ -263,6 +266,7 @@ func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) p
 		HandlerTimeout:       time.Duration(c.Timeouts.Handler),
 		DeregisterOnShutdown: c.DeregisterOnShutdown,
 		Registerer:           reg,
+		EventBuffer:          streamBuffer,
 	}
 	return o
 }

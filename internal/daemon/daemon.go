@@ -16,6 +16,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ type Daemon struct {
 	level   *slog.LevelVar
 	metrics *prometheus.Registry
 	m       *pluginmanager.Manager
+	streams chan struct{} // a slot per open event stream
 
 	mu  sync.Mutex
 	cfg Config // as applied; guarded by mu
@@ -57,6 +59,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		log:     slog.New(h),
 		level:   level,
 		metrics: prometheus.NewRegistry(),
+		streams: make(chan struct{}, maxStreams),
 		cfg:     cfg,
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -126,10 +129,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Warn("status API did not shut down in time; closing its connections", "err", err)
 		srv.Close()
 	}
-	wg.Wait()
-	if cfg.Status.Socket != "none" {
-		os.Remove(cfg.Status.Socket)
-	}
+	wg.Wait() // closing the listeners removed the status socket
 	close(errs)
 	var all []error
 	for err := range errs {
@@ -172,18 +172,29 @@ func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 // listenUnix listens on path, replacing a stale socket left by a plugd that
 // died, but never one that a running plugd still serves.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	if len(path) >= 108 {
+		return nil, fmt.Errorf("status.socket %s is %d bytes long; unix socket paths must be shorter than 108 bytes: choose a shorter path", path, len(path))
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("status.socket: %w", err)
+	}
+	if err := checkPrivateDir(dir); err != nil {
 		return nil, fmt.Errorf("status.socket: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("status.socket %s exists and is not a socket; remove it or choose another path", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		switch {
+		case err == nil:
 			c.Close()
 			return nil, fmt.Errorf("status.socket %s is in use: another plugd is running; stop it or choose another path", path)
+		case !errors.Is(err, syscall.ECONNREFUSED):
+			return nil, fmt.Errorf("status.socket %s exists and cannot be checked (%w); remove it if no plugd runs, or choose another path", path, err)
 		}
-		os.Remove(path)
+		os.Remove(path) // refused: nobody listens, a plugd died and left it
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -194,6 +205,26 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("status.socket: %w", err)
 	}
 	return l, nil
+}
+
+// checkPrivateDir refuses a directory for the status socket that someone else
+// could tamper with: replace the socket, and answer plugctl and probes in
+// plugd's name. It must be a real directory, ours, and writable by us alone.
+func checkPrivateDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory (a symlink?); use a directory of plugd's own", dir)
+	case ok && int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, st.Uid, os.Geteuid())
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s is writable by other users (mode %v): they could replace the socket; chmod go-w %s or use another directory", dir, fi.Mode().Perm(), dir)
+	}
+	return nil
 }
 
 // Reload applies what can change while running, and says what needs a

@@ -248,7 +248,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"handlers:\n- type: CSIPlugin\n  handler: magic\n", `handlers[0].handler is "magic": it must be one of accept`},
 		{"handlers:\n- handler: accept\n", "handlers[0].type is empty"},
 		{"handlers:\n- {type: A, handler: accept}\n- {type: A, handler: accept}\n", `handlers[1].type: "A" has a handler already`},
-		{"resyncInterval: soon\n", `a duration must be like "30s"`},
+		{"resyncInterval: soon\n", `"soon" (a duration is written like "30s" or "1m30s") into Go struct field Config.resyncInterval`},
+		{"timeouts: {dial: abc}\n", "Config.timeouts.dial"},
+		{"shutdownTimeout: 30\n", "30 (a duration is written like"},
+		{"resyncInterval: 10ms\n", "resyncInterval is 10ms: it must be at least 1s"},
 		{"backoff: {initial: 1m, max: 1s}\n", "backoff.max (1s) is less than backoff.initial (1m0s)"},
 		{"timeouts: {dial: -1s}\n", "timeouts.dial is -1s"},
 		{"workers: -2\n", "workers is -2"},
@@ -353,5 +356,56 @@ func TestStatusSocketInUseOrStale(t *testing.T) {
 	fi, err := os.Stat(stale)
 	if err != nil || fi.Mode().Perm() != 0o660 {
 		t.Errorf("status socket: %v, mode %v; want 0660", err, fi.Mode().Perm())
+	}
+}
+
+func TestStatusSocketDirectoryMustBePrivate(t *testing.T) {
+	shared := testenv.ShortDir(t, "pd")
+	if err := os.Chmod(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{RegistryDir: testenv.ShortDir(t, "pd"), Status: StatusConfig{Socket: filepath.Join(shared, "plugd.sock")}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+		t.Errorf("Run with the status socket in a shared directory = %v", err)
+	}
+	long := filepath.Join(testenv.ShortDir(t, "pd"), strings.Repeat("s", 110)+".sock")
+	d, err = New(Config{RegistryDir: testenv.ShortDir(t, "pd"), Status: StatusConfig{Socket: long}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "shorter than 108 bytes") {
+		t.Errorf("Run with a long socket path = %v", err)
+	}
+}
+
+func TestReadOnlyAPIAndBoundedStreams(t *testing.T) {
+	r := runDaemon(t, Config{})
+	w := httptest.NewRecorder()
+	r.d.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/v1/plugins", nil))
+	if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD" || !strings.Contains(w.Body.String(), "read-only") {
+		t.Errorf("POST /v1/plugins = %d %q %s", w.Code, w.Header().Get("Allow"), w.Body)
+	}
+
+	// Streams beyond the limit are turned away, not buffered.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var open []*api.EventStream
+	defer func() {
+		for _, s := range open {
+			s.Close()
+		}
+	}()
+	for range maxStreams {
+		s, err := r.client.Events(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, s)
+	}
+	if _, err := r.client.Events(ctx, 0); err == nil || !strings.Contains(err.Error(), "too many event streams") {
+		t.Errorf("stream %d: %v", maxStreams+1, err)
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -15,8 +17,14 @@ import (
 	"github.com/plugd/plugd/pluginmanager"
 )
 
-// maxReplay bounds ?replay= on the event stream.
-const maxReplay = 10000
+// Bounds on the event streams, which anyone who can reach the status API can
+// open: each holds a buffer of events, so their number and size are capped.
+const (
+	maxReplay     = 1000 // ?replay= at most; plugd keeps 1024 recent events
+	maxStreams    = 64   // event streams open at once
+	streamBuffer  = 256  // events a stream may fall behind before it is told it lost some
+	writeDeadline = 10 * time.Second
+)
 
 var states = []string{
 	string(pluginmanager.StatePending), string(pluginmanager.StateRegistering), string(pluginmanager.StateRegistered),
@@ -45,6 +53,14 @@ func (d *Daemon) Handler() http.Handler {
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			// Every endpoint is read-only; a known path gets a 405, not a 404.
+			if _, pattern := mux.Handler(&http.Request{Method: http.MethodGet, URL: r.URL, Host: r.Host}); pattern != "/" {
+				w.Header().Set("Allow", "GET, HEAD")
+				writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: the status API is read-only; use GET", r.Method, r.URL.Path))
+				return
+			}
+		}
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s; see /v1/plugins, /v1/events, /v1/version, /metrics, /healthz, /readyz", r.Method, r.URL.Path))
 	})
 	return mux
@@ -91,10 +107,23 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		replay = n
 	}
+	select {
+	case d.streams <- struct{}{}:
+		defer func() { <-d.streams }()
+	default:
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams))
+		return
+	}
 	sub := d.m.SubscribeWithReplay(replay)
 	defer sub.Close()
 	dir := d.Config().RegistryDir
 	rc := http.NewResponseController(w)
+	// A reader that stops reading must not hold a write (and so shutdown)
+	// up: every write has a deadline, and the end of the request cuts the
+	// one under way.
+	stop := context.AfterFunc(r.Context(), func() { rc.SetWriteDeadline(time.Now()) })
+	defer stop()
+	rc.SetWriteDeadline(time.Now().Add(writeDeadline))
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	if err := rc.Flush(); err != nil {
@@ -114,6 +143,7 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 				out.Plugin = toAPI(dir, pluginmanager.PluginStatus{Plugin: ev.Plugin, State: ev.State, Reason: ev.Reason,
 					LastError: ev.Error, Attempts: ev.Attempt, NextRetry: ev.NextRetry})
 			}
+			rc.SetWriteDeadline(time.Now().Add(writeDeadline))
 			if enc.Encode(out) != nil || rc.Flush() != nil {
 				return
 			}

@@ -121,6 +121,15 @@ func (p *proc) wait(t *testing.T) int {
 // plugctl runs the CLI to completion and returns its output and exit code.
 func plugctl(t *testing.T, socket string, args ...string) (string, int) {
 	t.Helper()
+	out, code, err := runPlugctl(socket, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, code
+}
+
+// runPlugctl is plugctl without the test, for use from another goroutine.
+func runPlugctl(socket string, args ...string) (string, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "plugctl"), append([]string{"--socket", socket}, args...)...)
@@ -128,11 +137,11 @@ func plugctl(t *testing.T, socket string, args ...string) (string, int) {
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):
-		return string(out), ee.ExitCode()
+		return string(out), ee.ExitCode(), nil
 	case err != nil:
-		t.Fatalf("plugctl %q: %v", args, err)
+		return string(out), 0, fmt.Errorf("plugctl %q: %w", args, err)
 	}
-	return string(out), 0
+	return string(out), 0, nil
 }
 
 // node is a plugd running on its own directories.
@@ -230,20 +239,19 @@ func TestPlugdAndPlugctl(t *testing.T) {
 	}
 
 	// plugctl wait started before the plugin exists, and sees it register.
-	waited := make(chan struct {
+	type result struct {
 		out  string
 		code int
-	}, 1)
+		err  error
+	}
+	waited := make(chan result, 1)
 	go func() {
-		out, code := plugctl(t, n.socket, "wait", "--name", "greeter.example.com", "--for", "registered", "--timeout", "15s")
-		waited <- struct {
-			out  string
-			code int
-		}{out, code}
+		out, code, err := runPlugctl(n.socket, "wait", "--name", "greeter.example.com", "--for", "registered", "--timeout", "15s")
+		waited <- result{out, code, err}
 	}()
 	greeter := n.plugin(t, "-type", "example.com/Greeter", "-name", "greeter.example.com")
-	if w := <-waited; w.code != 0 {
-		t.Fatalf("plugctl wait = %d: %s", w.code, w.out)
+	if w := <-waited; w.err != nil || w.code != 0 {
+		t.Fatalf("plugctl wait = %d, %v: %s", w.code, w.err, w.out)
 	}
 
 	// A CSI driver, and a plugin of a type nobody handles.
