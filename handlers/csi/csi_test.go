@@ -1,0 +1,769 @@
+package csi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/handlers/csi"
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait bounds how long a test waits for what should take milliseconds; it is
+// generous because -race on busy cores is slow.
+const wait = 20 * time.Second
+
+const driverName = "csi.example.com"
+
+// driver is a fake CSI node plugin serving Identity and Node on a unix socket.
+type driver struct {
+	csipb.UnimplementedIdentityServer
+	csipb.UnimplementedNodeServer
+	path string
+
+	mu       sync.Mutex
+	name     string                     // what GetPluginInfo answers
+	ready    bool                       // what Probe answers
+	nodeInfo *csipb.NodeGetInfoResponse // what NodeGetInfo answers
+	infoErr  error                      // or this error
+	hang     bool                       // NodeGetInfo blocks until its call is cancelled
+	calls    map[string]int             // by method
+}
+
+// serveDriver starts a driver named name on dir/csi.sock, ready, and stops it
+// at the end of the test.
+func serveDriver(t *testing.T, dir, name string) *driver {
+	t.Helper()
+	d := &driver{
+		path:  filepath.Join(dir, "csi.sock"),
+		name:  name,
+		ready: true,
+		nodeInfo: &csipb.NodeGetInfoResponse{
+			NodeId:             "node-1",
+			MaxVolumesPerNode:  16,
+			AccessibleTopology: &csipb.Topology{Segments: map[string]string{"topology.example.com/zone": "z1"}},
+		},
+		calls: make(map[string]int),
+	}
+	serve(t, d.path, func(s *grpc.Server) {
+		csipb.RegisterIdentityServer(s, d)
+		csipb.RegisterNodeServer(s, d)
+	})
+	return d
+}
+
+// serve serves gRPC on a new unix socket at path until the test ends.
+func serve(t *testing.T, path string, register func(*grpc.Server)) (stop func()) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serve %s: %v", path, err)
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			srv.Stop() // closes the listener, which removes the socket file
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (d *driver) set(f func(d *driver)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f(d)
+}
+
+func (d *driver) called(method string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls[method]
+}
+
+func (d *driver) count(method string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls[method]++
+}
+
+func (d *driver) GetPluginInfo(context.Context, *csipb.GetPluginInfoRequest) (*csipb.GetPluginInfoResponse, error) {
+	d.count("GetPluginInfo")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return &csipb.GetPluginInfoResponse{Name: d.name, VendorVersion: "0.1.0", Manifest: map[string]string{"url": "https://example.com"}}, nil
+}
+
+func (d *driver) GetPluginCapabilities(context.Context, *csipb.GetPluginCapabilitiesRequest) (*csipb.GetPluginCapabilitiesResponse, error) {
+	d.count("GetPluginCapabilities")
+	return &csipb.GetPluginCapabilitiesResponse{Capabilities: []*csipb.PluginCapability{{
+		Type: &csipb.PluginCapability_Service_{Service: &csipb.PluginCapability_Service{
+			Type: csipb.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+		}},
+	}}}, nil
+}
+
+func (d *driver) Probe(context.Context, *csipb.ProbeRequest) (*csipb.ProbeResponse, error) {
+	d.count("Probe")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return &csipb.ProbeResponse{Ready: wrapperspb.Bool(d.ready)}, nil
+}
+
+func (d *driver) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
+	d.count("NodeGetCapabilities")
+	rpc := func(typ csipb.NodeServiceCapability_RPC_Type) *csipb.NodeServiceCapability {
+		return &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{Rpc: &csipb.NodeServiceCapability_RPC{Type: typ}}}
+	}
+	return &csipb.NodeGetCapabilitiesResponse{Capabilities: []*csipb.NodeServiceCapability{
+		rpc(csipb.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME),
+		rpc(csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS),
+	}}, nil
+}
+
+func (d *driver) NodeGetInfo(ctx context.Context, _ *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+	d.count("NodeGetInfo")
+	d.mu.Lock()
+	hang, info, err := d.hang, d.nodeInfo, d.infoErr
+	d.mu.Unlock()
+	if hang {
+		<-ctx.Done() // the caller's deadline, or the server stopping
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return info, err
+}
+
+// registrar is node-driver-registrar's side of the protocol, written as it
+// writes it: a plain gRPC server for the Registration service on its own
+// socket in the registry directory, announcing the driver's endpoint.
+type registrar struct {
+	registerapi.UnimplementedRegistrationServer
+	path     string
+	info     *registerapi.PluginInfo
+	stopping func()
+
+	mu       sync.Mutex
+	statuses []*registerapi.RegistrationStatus
+	changed  chan struct{} // signalled on every status
+}
+
+// startRegistrar announces a CSI driver on regDir/socket (default
+// "<name>-reg.sock", as node-driver-registrar names it) with the given
+// endpoint and versions, and stops at the end of the test.
+func startRegistrar(t *testing.T, regDir, socket, name, endpoint string, versions ...string) *registrar {
+	t.Helper()
+	if socket == "" {
+		socket = name + "-reg.sock"
+	}
+	r := &registrar{
+		path:    filepath.Join(regDir, socket),
+		info:    &registerapi.PluginInfo{Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: versions},
+		changed: make(chan struct{}, 1),
+	}
+	// node-driver-registrar removes a socket left by its previous run.
+	if err := os.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	r.stopping = serve(t, r.path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, r) })
+	return r
+}
+
+// stop stops serving and removes the socket, as node-driver-registrar does
+// when its pod is deleted.
+func (r *registrar) stop() { r.stopping() }
+
+func (r *registrar) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return r.info, nil
+}
+
+func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	r.mu.Lock()
+	r.statuses = append(r.statuses, s)
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// told waits for the first status that says registered == want.
+func (r *registrar) told(t *testing.T, want bool) *registerapi.RegistrationStatus {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		r.mu.Lock()
+		i := slices.IndexFunc(r.statuses, func(s *registerapi.RegistrationStatus) bool { return s.PluginRegistered == want })
+		var s *registerapi.RegistrationStatus
+		if i >= 0 {
+			s = r.statuses[i]
+		}
+		all := slices.Clone(r.statuses)
+		r.mu.Unlock()
+		if s != nil {
+			return s
+		}
+		select {
+		case <-r.changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s to be told registered=%v; told %v", filepath.Base(r.path), want, all)
+		}
+	}
+}
+
+func (r *registrar) all() []*registerapi.RegistrationStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.statuses)
+}
+
+// plugin is what the manager hands the handler for r.
+func (r *registrar) plugin() pluginmanager.Plugin {
+	return pluginmanager.Plugin{Type: r.info.Type, Name: r.info.Name, Endpoint: r.info.Endpoint, Versions: r.info.SupportedVersions, Socket: r.path}
+}
+
+// harness is a running manager with the CSI handler.
+type harness struct {
+	t   *testing.T
+	m   *pluginmanager.Manager
+	h   *csi.Handler
+	dir string
+	sub *pluginmanager.Subscription
+}
+
+// start runs a manager on a fresh registry directory with h for CSIPlugin and
+// fast retries, until the end of the test.
+func start(t *testing.T, h *csi.Handler) *harness {
+	t.Helper()
+	dir := testenv.ShortDir(t, "reg")
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler(csi.Type, h)
+	hm := &harness{t: t, m: m, h: h, dir: dir, sub: m.Subscribe()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s of cancellation", wait)
+		}
+	})
+	return hm
+}
+
+// until waits for cond to hold on the manager's snapshot, checking again on
+// every event.
+func (hm *harness) until(what string, cond func([]pluginmanager.PluginStatus) bool) {
+	hm.t.Helper()
+	deadline := time.After(wait)
+	for {
+		snap := hm.m.Plugins()
+		if cond(snap) {
+			return
+		}
+		select {
+		case <-hm.sub.Events():
+		case <-deadline:
+			hm.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
+		}
+	}
+}
+
+// status waits for the socket at path to be in state, and returns its status.
+func (hm *harness) status(path string, state pluginmanager.State) pluginmanager.PluginStatus {
+	hm.t.Helper()
+	var got pluginmanager.PluginStatus
+	hm.until(filepath.Base(path)+" to be "+string(state), func(ps []pluginmanager.PluginStatus) bool {
+		for _, p := range ps {
+			if p.Socket == path && p.State == state {
+				got = p
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// gone waits until the manager has forgotten the socket at path.
+func (hm *harness) gone(path string) {
+	hm.t.Helper()
+	hm.until(filepath.Base(path)+" to be forgotten", func(ps []pluginmanager.PluginStatus) bool {
+		return !slices.ContainsFunc(ps, func(p pluginmanager.PluginStatus) bool { return p.Socket == path })
+	})
+}
+
+// event waits for the next event of type typ and reason for the socket at path.
+func (hm *harness) event(path string, typ pluginmanager.EventType, reason pluginmanager.Reason) pluginmanager.Event {
+	hm.t.Helper()
+	deadline := time.After(wait)
+	for {
+		select {
+		case ev := <-hm.sub.Events():
+			if ev.Plugin.Socket == path && ev.Type == typ && ev.Reason == reason {
+				return ev
+			}
+		case <-deadline:
+			hm.t.Fatalf("timed out waiting for %s %s of %s; plugins: %+v", typ, reason, filepath.Base(path), hm.m.Plugins())
+			return pluginmanager.Event{}
+		}
+	}
+}
+
+// wantInstance is the instance a default driver at endpoint registers from socket.
+func wantInstance(socket, endpoint, version string) csi.Instance {
+	return csi.Instance{
+		Socket:        socket,
+		Endpoint:      endpoint,
+		Version:       version,
+		VendorVersion: "0.1.0",
+		Manifest:      map[string]string{"url": "https://example.com"},
+		NodeID:        "node-1",
+		MaxVolumes:    16,
+		Topology:      map[string]string{"topology.example.com/zone": "z1"},
+		Capabilities:  []string{"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS"},
+	}
+}
+
+// checkDrivers compares a snapshot with want, ignoring (but requiring) the
+// registration times.
+func checkDrivers(t *testing.T, got []csi.Driver, want ...csi.Driver) {
+	t.Helper()
+	got = slices.Clone(got)
+	for i, d := range got {
+		if d.Active.RegisteredAt.IsZero() {
+			t.Errorf("driver %s: active instance has no registration time", d.Name)
+		}
+		d.Active.RegisteredAt = time.Time{}
+		d.Instances = slices.Clone(d.Instances)
+		for j := range d.Instances {
+			if d.Instances[j].RegisteredAt.IsZero() {
+				t.Errorf("driver %s: instance %s has no registration time", d.Name, d.Instances[j].Socket)
+			}
+			d.Instances[j].RegisteredAt = time.Time{}
+		}
+		got[i] = d
+	}
+	if want == nil {
+		want = []csi.Driver{}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("drivers:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestRegister(t *testing.T) {
+	for _, tc := range []struct{ name, scheme string }{{"path", ""}, {"unix URL", "unix://"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+			reg := prometheus.NewPedanticRegistry()
+			hm := start(t, csi.New(csi.Options{Registerer: reg}))
+			r := startRegistrar(t, hm.dir, "", driverName, tc.scheme+d.path, "1.0.0")
+
+			if st := r.told(t, true); st.Error != "" {
+				t.Errorf("registrar told %+v", st)
+			}
+			s := hm.status(r.path, pluginmanager.StateRegistered)
+			if n := len(r.all()); n != 1 {
+				t.Errorf("registrar notified %d times: %v", n, r.all())
+			}
+			want := wantInstance(r.path, d.path, "1.0.0")
+			checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
+
+			// Details is what plugd's status API shows for the plugin.
+			b, err := json.Marshal(hm.h.Details(s.Plugin))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var details map[string]any
+			if err := json.Unmarshal(b, &details); err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range map[string]any{
+				"driver": driverName, "active": true, "instances": 1.0, "socket": r.path, "endpoint": d.path,
+				"version": "1.0.0", "vendorVersion": "0.1.0", "nodeID": "node-1", "maxVolumes": 16.0,
+				"topology":     map[string]any{"topology.example.com/zone": "z1"},
+				"capabilities": []any{"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS"},
+			} {
+				if !reflect.DeepEqual(details[k], v) {
+					t.Errorf("details[%q] = %#v, want %#v; details: %s", k, details[k], v, b)
+				}
+			}
+			if _, err := time.Parse(time.RFC3339Nano, details["registeredAt"].(string)); err != nil {
+				t.Errorf("details registeredAt: %v", err)
+			}
+
+			err = testutil.CollectAndCompare(reg, strings.NewReader(`
+# HELP plugd_csi_calls_total CSI calls made to drivers, by method and gRPC status code.
+# TYPE plugd_csi_calls_total counter
+plugd_csi_calls_total{code="OK",method="GetPluginInfo"} 1
+plugd_csi_calls_total{code="OK",method="NodeGetCapabilities"} 1
+plugd_csi_calls_total{code="OK",method="NodeGetInfo"} 1
+plugd_csi_calls_total{code="OK",method="Probe"} 1
+# HELP plugd_csi_driver_instances Registered instances of each CSI driver; more than one during a rolling restart.
+# TYPE plugd_csi_driver_instances gauge
+plugd_csi_driver_instances{driver="csi.example.com"} 1
+# HELP plugd_csi_drivers CSI drivers registered (with at least one instance).
+# TYPE plugd_csi_drivers gauge
+plugd_csi_drivers 1
+`))
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestUnsupportedVersionRejected(t *testing.T) {
+	hm := start(t, csi.New(csi.Options{}))
+	good := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	startRegistrar(t, hm.dir, "", driverName, good.path, "1.0.0").told(t, true)
+
+	old := serveDriver(t, testenv.ShortDir(t, "csi"), "old.example.com")
+	r := startRegistrar(t, hm.dir, "", "old.example.com", old.path, "0.3.0")
+	st := r.told(t, false)
+	t.Log(st.Error)
+	for _, want := range []string{`"old.example.com"`, `["0.3.0"]`, "CSI 1.x"} {
+		if !strings.Contains(st.Error, want) {
+			t.Errorf("registrar told %q, want it to say %s", st.Error, want)
+		}
+	}
+	s := hm.status(r.path, pluginmanager.StateRejected)
+	if s.Reason != pluginmanager.ReasonValidate || s.LastError != st.Error {
+		t.Errorf("status = %s %q, want the validation error the registrar was told", s.Reason, s.LastError)
+	}
+	if n := old.called("GetPluginInfo"); n != 0 {
+		t.Errorf("a rejected driver was called %d times", n)
+	}
+	if ds := hm.h.Drivers(); len(ds) != 1 || ds[0].Name != driverName {
+		t.Errorf("drivers = %+v, want only %s", ds, driverName)
+	}
+}
+
+func TestNameMismatchRejected(t *testing.T) {
+	hm := start(t, csi.New(csi.Options{}))
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), "other.example.com")
+	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+
+	st := r.told(t, false)
+	for _, want := range []string{`"csi.example.com"`, `"other.example.com"`, "GetPluginInfo"} {
+		if !strings.Contains(st.Error, want) {
+			t.Errorf("registrar told %q, want it to name %s", st.Error, want)
+		}
+	}
+	if s := hm.status(r.path, pluginmanager.StateRejected); s.Reason != pluginmanager.ReasonRegister {
+		t.Errorf("rejected for %s, want %s", s.Reason, pluginmanager.ReasonRegister)
+	}
+	if n := d.called("GetPluginInfo"); n != 1 {
+		t.Errorf("GetPluginInfo called %d times, want once: a terminal error is not retried", n)
+	}
+	checkDrivers(t, hm.h.Drivers())
+}
+
+func TestNotReadyRetried(t *testing.T) {
+	hm := start(t, csi.New(csi.Options{}))
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	d.set(func(d *driver) { d.ready = false })
+	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+
+	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
+	if !strings.Contains(ev.Error, "driver not ready") {
+		t.Errorf("failure %q, want it to say the driver is not ready", ev.Error)
+	}
+	if st := r.told(t, false); !strings.Contains(st.Error, "driver not ready") {
+		t.Errorf("registrar told %q", st.Error)
+	}
+	checkDrivers(t, hm.h.Drivers())
+
+	d.set(func(d *driver) { d.ready = true })
+	r.told(t, true)
+	hm.status(r.path, pluginmanager.StateRegistered)
+	want := wantInstance(r.path, d.path, "1.0.0")
+	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
+	if n := d.called("Probe"); n < 2 {
+		t.Errorf("Probe called %d times, want a retry", n)
+	}
+}
+
+func TestRollingRestart(t *testing.T) {
+	hm := start(t, csi.New(csi.Options{}))
+	oldDriver := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	oldReg := startRegistrar(t, hm.dir, "", driverName, oldDriver.path, "1.0.0")
+	oldReg.told(t, true)
+
+	// The new pod's driver serves on its own endpoint, and its registrar on a
+	// socket of its own; it offers more versions, the highest 1.x of which is
+	// chosen.
+	newDriver := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	newReg := startRegistrar(t, hm.dir, driverName+"-new-reg.sock", driverName, newDriver.path, "0.3.0", "1.2", "v1.5.0", "1.0.0")
+	if st := newReg.told(t, true); st.Error != "" {
+		t.Errorf("new registrar told %+v", st)
+	}
+	if s := hm.status(newReg.path, pluginmanager.StateRegistered); !s.Newest {
+		t.Errorf("new instance's status %+v is not the newest", s)
+	}
+	oldInst := wantInstance(oldReg.path, oldDriver.path, "1.0.0")
+	newInst := wantInstance(newReg.path, newDriver.path, "v1.5.0")
+	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: newInst, Instances: []csi.Instance{oldInst, newInst}})
+	if b, _ := json.Marshal(hm.h.Details(oldReg.plugin())); !strings.Contains(string(b), `"active":false,"instances":2`) {
+		t.Errorf("details of the old instance = %s, want it inactive, one of two", b)
+	}
+
+	// The old pod goes: the driver stays registered, with the new instance.
+	oldReg.stop()
+	hm.gone(oldReg.path)
+	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: newInst, Instances: []csi.Instance{newInst}})
+	hm.status(newReg.path, pluginmanager.StateRegistered)
+	if hm.h.Details(oldReg.plugin()) != nil {
+		t.Error("details of the old instance are still there")
+	}
+}
+
+func TestDeregister(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	hm := start(t, csi.New(csi.Options{Registerer: reg}))
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r.told(t, true)
+	hm.status(r.path, pluginmanager.StateRegistered)
+	if len(hm.h.Drivers()) != 1 {
+		t.Fatalf("drivers = %+v", hm.h.Drivers())
+	}
+
+	r.stop()
+	hm.gone(r.path)
+	checkDrivers(t, hm.h.Drivers())
+	if got := hm.h.Details(r.plugin()); got != nil {
+		t.Errorf("details = %+v after deregistration, want nil", got)
+	}
+	err := testutil.CollectAndCompare(reg, strings.NewReader(`
+# HELP plugd_csi_drivers CSI drivers registered (with at least one instance).
+# TYPE plugd_csi_drivers gauge
+plugd_csi_drivers 0
+`), "plugd_csi_drivers", "plugd_csi_driver_instances")
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+func TestHangingDriverFailsAtDeadline(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	hm := start(t, csi.New(csi.Options{CallTimeout: timeout}))
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	d.set(func(d *driver) { d.hang = true })
+	began := time.Now()
+	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+
+	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
+	t.Log(ev.Error)
+	if !strings.Contains(ev.Error, "NodeGetInfo") || !strings.Contains(ev.Error, "no answer within "+timeout.String()) {
+		t.Errorf("failure %q, want NodeGetInfo's deadline", ev.Error)
+	}
+	// The manager's own deadline for the handler is 30s: this is ours.
+	if took := ev.Time.Sub(began); took > 10*time.Second {
+		t.Errorf("failed after %s", took)
+	}
+	checkDrivers(t, hm.h.Drivers())
+
+	// Once the driver answers, a retry registers it.
+	d.set(func(d *driver) { d.hang = false })
+	r.told(t, true)
+	if ds := hm.h.Drivers(); len(ds) != 1 || ds[0].Active.NodeID != "node-1" {
+		t.Errorf("drivers = %+v", ds)
+	}
+}
+
+// The handler on its own, without a manager: what Validate accepts.
+func TestValidate(t *testing.T) {
+	h := csi.New(csi.Options{})
+	long := strings.Repeat("a", 63)
+	for _, tc := range []struct {
+		name, endpoint string
+		versions       []string
+		wantErr        string // substring; empty means accepted
+	}{
+		{name: "csi.example.com", versions: []string{"1.0.0"}},
+		{name: "a", versions: []string{"1.2"}},
+		{name: "A_b-c.9", versions: []string{"v1.5.0"}},
+		{name: long, versions: []string{"0.3.0", "1.0.0-rc1"}},
+		{name: "csi.example.com", versions: []string{"2.0.0", "junk", "1"}},
+		{name: "csi.example.com", endpoint: "unix:///run/csi/csi.sock", versions: []string{"1.0.0"}},
+		{name: "", versions: []string{"1.0.0"}, wantErr: "empty CSI driver name"},
+		{name: long + "a", versions: []string{"1.0.0"}, wantErr: "64 characters long"},
+		{name: "-csi.example.com", versions: []string{"1.0.0"}, wantErr: "begin and end with a letter or digit"},
+		{name: "csi.example.com.", versions: []string{"1.0.0"}, wantErr: "begin and end with a letter or digit"},
+		{name: "csi/example", versions: []string{"1.0.0"}, wantErr: `character '/' is not allowed`},
+		{name: "csi.exämple.com", versions: []string{"1.0.0"}, wantErr: `character 'ä' is not allowed`},
+		{name: "csi.example.com", versions: []string{"0.3.0", "0.2.0"}, wantErr: `offers versions ["0.3.0" "0.2.0"], none of which plugd supports: it supports CSI 1.x`},
+		{name: "csi.example.com", versions: nil, wantErr: "offers versions [], none"},
+		{name: "csi.example.com", versions: []string{"2.0.0", "1.x", "1.0.0.0", "-1.0", "v", "1..0", "1.0-"}, wantErr: "none of which"},
+		{name: "csi.example.com", endpoint: "csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute unix socket path"},
+		{name: "csi.example.com", endpoint: "unix://run/csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute"},
+		{name: "csi.example.com", endpoint: "/" + strings.Repeat("x", 107), versions: []string{"1.0.0"}, wantErr: "at most 107"},
+	} {
+		endpoint := tc.endpoint
+		if endpoint == "" {
+			endpoint = "/run/csi/csi.sock"
+		}
+		p := pluginmanager.Plugin{Type: csi.Type, Name: tc.name, Endpoint: endpoint, Versions: tc.versions, Socket: "/reg/x.sock"}
+		err := h.Validate(context.Background(), p)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("Validate(%q, %q, %q) = %v, want accepted", tc.name, endpoint, tc.versions, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("Validate(%q, %q, %q) = %v, want an error saying %s", tc.name, endpoint, tc.versions, err, tc.wantErr)
+		}
+	}
+}
+
+// The rule for a second instance of a driver, and which instance is active,
+// with the handler called directly.
+func TestSecondInstance(t *testing.T) {
+	ctx := context.Background()
+	h := csi.New(csi.Options{})
+	regDir := testenv.ShortDir(t, "reg")
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	other := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+
+	// The first instance's registrar is alive: its socket accepts connections.
+	a := pluginmanager.Plugin{Type: csi.Type, Name: driverName, Endpoint: d.path, Versions: []string{"1.0.0"}, Socket: filepath.Join(regDir, "a.sock")}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: a.Socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := h.Register(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+
+	b := a
+	b.Socket = filepath.Join(regDir, "b.sock")
+	check := func(what string, p pluginmanager.Plugin, wantErr string) {
+		t.Helper()
+		err := h.Validate(ctx, p)
+		t.Logf("%s: %v", what, err)
+		switch {
+		case wantErr == "" && err != nil:
+			t.Errorf("%s: refused: %v", what, err)
+		case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+			t.Errorf("%s: Validate = %v, want an error saying %s", what, err, wantErr)
+		}
+	}
+	check("same endpoint and version, live registrar", b, "already registered from "+a.Socket+" with the same endpoint")
+	b.Versions = []string{"0.3.0", "1.0.0-rc1"}
+	check("lower version", b, `at version "1.0.0", not lower than "1.0.0-rc1"`)
+	b.Versions = []string{"v1.1"}
+	check("higher version", b, "")
+	b.Versions = []string{"1.0.0"}
+	b.Endpoint = other.path
+	check("other endpoint", b, "")
+	check("its own socket again", a, "")
+
+	// The first registrar dies, leaving its socket file behind.
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	b.Endpoint = d.path
+	check("same endpoint, stale registration socket", b, "")
+	os.Remove(a.Socket)
+	check("same endpoint, registration socket gone", b, "")
+
+	// Accepted, b is registered and active; a stays until it is deregistered,
+	// and becomes active again if b goes first.
+	b.Versions = []string{"1.0.0", "v1.1"}
+	if err := h.Register(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	ia, ib := wantInstance(a.Socket, d.path, "1.0.0"), wantInstance(b.Socket, d.path, "v1.1")
+	checkDrivers(t, h.Drivers(), csi.Driver{Name: driverName, Active: ib, Instances: []csi.Instance{ia, ib}})
+	h.Deregister(ctx, b)
+	checkDrivers(t, h.Drivers(), csi.Driver{Name: driverName, Active: ia, Instances: []csi.Instance{ia}})
+	h.Deregister(ctx, b) // again: nothing to do
+	h.Deregister(ctx, a)
+	checkDrivers(t, h.Drivers())
+}
+
+// Answers that break the CSI spec are refused with a reason; a caller's
+// deadline shorter than CallTimeout bounds the calls.
+func TestRegisterBadAnswers(t *testing.T) {
+	ctx := context.Background()
+	segments := make(map[string]string)
+	for i := range 65 {
+		segments["topology.example.com/k"+strings.Repeat("x", i)] = "v"
+	}
+	for _, tc := range []struct {
+		name    string
+		set     func(d *driver)
+		wantErr string
+	}{
+		{"other name", func(d *driver) { d.name = "other.example.com" }, `registered as "csi.example.com", but its endpoint`},
+		{"empty node id", func(d *driver) { d.nodeInfo = &csipb.NodeGetInfoResponse{} }, "node_id is empty"},
+		{"long node id", func(d *driver) { d.nodeInfo = &csipb.NodeGetInfoResponse{NodeId: strings.Repeat("n", 257)} }, "node_id is 257 bytes long"},
+		{"negative max volumes", func(d *driver) { d.nodeInfo = &csipb.NodeGetInfoResponse{NodeId: "n", MaxVolumesPerNode: -1} }, "max_volumes_per_node is -1"},
+		{"too many segments", func(d *driver) {
+			d.nodeInfo = &csipb.NodeGetInfoResponse{NodeId: "n", AccessibleTopology: &csipb.Topology{Segments: segments}}
+		}, "65 segments"},
+		{"long segment value", func(d *driver) {
+			d.nodeInfo = &csipb.NodeGetInfoResponse{NodeId: "n", AccessibleTopology: &csipb.Topology{Segments: map[string]string{"zone": strings.Repeat("z", 64)}}}
+		}, "longer than 63 bytes"},
+		{"not implemented", func(d *driver) { d.infoErr = status.Error(codes.Unimplemented, "no") }, "every CSI node plugin must implement it"},
+		{"not ready", func(d *driver) { d.ready = false }, "driver not ready"},
+		{"hangs", func(d *driver) { d.hang = true }, "context deadline exceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+			d.set(tc.set)
+			h := csi.New(csi.Options{}) // 10s per call: the hang is cut by ctx below
+			ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			p := pluginmanager.Plugin{Type: csi.Type, Name: driverName, Endpoint: d.path, Versions: []string{"1.0.0"}, Socket: "/reg/x.sock"}
+			err := h.Register(ctx, p)
+			t.Log(err)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Register = %v, want an error saying %s", err, tc.wantErr)
+			}
+			checkDrivers(t, h.Drivers())
+		})
+	}
+}
