@@ -1,0 +1,803 @@
+package deviceplugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/plugd/plugd/handlers/deviceplugin"
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait is how long a test waits for something that should take milliseconds;
+// generous, because -race on a busy machine is slow.
+const wait = 20 * time.Second
+
+const gpu = "example.com/gpu"
+
+// devicePlugin is a device plugin speaking the real v1beta1 service. Its
+// ListAndWatch sends the current list, then every list set gives it.
+type devicePlugin struct {
+	api.UnimplementedDevicePluginServer
+	options *api.DevicePluginOptions
+
+	// hang, if set, makes GetDevicePluginOptions tell it was called, then
+	// answer only when the caller gives up.
+	hang chan<- struct{}
+
+	mu             sync.Mutex
+	devices        []*api.Device
+	silent         bool          // ListAndWatch sends nothing
+	stopped        bool          // ListAndWatch fails at once
+	devicesChanged chan struct{} // closed and replaced by set and stop
+	active         int           // ListAndWatch calls in progress
+	activeChanged  chan struct{} // closed and replaced when active changes
+}
+
+func newDevicePlugin(devs ...*api.Device) *devicePlugin {
+	return &devicePlugin{devices: devs, devicesChanged: make(chan struct{}), activeChanged: make(chan struct{})}
+}
+
+func dev(id, health string, numa ...int64) *api.Device {
+	d := &api.Device{ID: id, Health: health}
+	if len(numa) > 0 {
+		d.Topology = &api.TopologyInfo{}
+		for _, n := range numa {
+			d.Topology.Nodes = append(d.Topology.Nodes, &api.NUMANode{ID: n})
+		}
+	}
+	return d
+}
+
+func (p *devicePlugin) register(s grpc.ServiceRegistrar) { api.RegisterDevicePluginServer(s, p) }
+
+// set replaces the device list and sends it on every open stream.
+func (p *devicePlugin) set(devs ...*api.Device) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.devices = devs
+	p.silent = false
+	close(p.devicesChanged)
+	p.devicesChanged = make(chan struct{})
+}
+
+// stop ends every stream with an error, and fails those opened later: the
+// plugin's process is alive but its device service is not.
+func (p *devicePlugin) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopped = true
+	close(p.devicesChanged)
+	p.devicesChanged = make(chan struct{})
+}
+
+func (p *devicePlugin) setActive(delta int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.active += delta
+	close(p.activeChanged)
+	p.activeChanged = make(chan struct{})
+}
+
+// waitIdle waits until no ListAndWatch call is in progress.
+func (p *devicePlugin) waitIdle(t *testing.T) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		p.mu.Lock()
+		n, changed := p.active, p.activeChanged
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("%d ListAndWatch streams still open", n)
+		}
+	}
+}
+
+func (p *devicePlugin) GetDevicePluginOptions(ctx context.Context, _ *api.Empty) (*api.DevicePluginOptions, error) {
+	if p.hang != nil {
+		p.hang <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if p.options == nil {
+		return &api.DevicePluginOptions{}, nil
+	}
+	return p.options, nil
+}
+
+func (p *devicePlugin) ListAndWatch(_ *api.Empty, s api.DevicePlugin_ListAndWatchServer) error {
+	p.setActive(1)
+	defer p.setActive(-1)
+	for {
+		p.mu.Lock()
+		devs, silent, stopped, changed := p.devices, p.silent, p.stopped, p.devicesChanged
+		p.mu.Unlock()
+		if stopped {
+			return status.Error(codes.Unavailable, "device service stopped")
+		}
+		if !silent {
+			if err := s.Send(&api.ListAndWatchResponse{Devices: devs}); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-s.Context().Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// env is a manager on a fresh registry directory with a device plugin handler
+// added for type DevicePlugin, and the registry of the handler's metrics.
+type env struct {
+	t   *testing.T
+	h   *deviceplugin.Handler
+	m   *pluginmanager.Manager
+	sub *pluginmanager.Subscription
+	reg *prometheus.Registry
+	dir string
+}
+
+func newEnv(t *testing.T, opts deviceplugin.Options) *env {
+	t.Helper()
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), dir: testenv.ShortDir(t, "dp")}
+	opts.Registerer = e.reg
+	if opts.ReconnectBackoff == 0 {
+		opts.ReconnectBackoff = 10 * time.Millisecond
+		opts.ReconnectBackoffMax = 50 * time.Millisecond
+	}
+	e.h = deviceplugin.New(opts)
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler("DevicePlugin", e.h)
+	e.m = m
+	e.sub = m.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s", wait)
+		}
+		e.h.Close()
+	})
+	return e
+}
+
+// startPlugin registers a device plugin through the manager, its socket
+// named after the plugin's name, and closes it at the end of the test.
+func (e *env) startPlugin(cfg plugin.Config) *plugin.Server {
+	e.t.Helper()
+	cfg.Dir = e.dir
+	cfg.Type = "DevicePlugin"
+	if cfg.Versions == nil {
+		cfg.Versions = []string{"v1beta1"}
+	}
+	s, err := plugin.Start(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// registered waits until the manager told the plugin it is registered: the
+// handler's Register has returned, so its devices are known.
+func registered(t *testing.T, s *plugin.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := s.WaitRegistered(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serveEndpoint serves dp on a unix socket at path, outside the registry
+// directory, as a plugin with an endpoint of its own does; Stop kills it.
+func serveEndpoint(t *testing.T, path string, dp *devicePlugin) *grpc.Server {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	dp.register(srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serve %s: %v", path, err)
+		}
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return srv
+}
+
+// until waits, for at most within, for cond to hold on the handler's
+// resources (by name), re-checking on every change.
+func (e *env) until(what string, within time.Duration, cond func(map[string]deviceplugin.Resource) bool) map[string]deviceplugin.Resource {
+	e.t.Helper()
+	deadline := time.After(within)
+	for {
+		changed := e.h.Changed()
+		byName := make(map[string]deviceplugin.Resource)
+		for _, r := range e.h.Resources() {
+			byName[r.Name] = r
+		}
+		if cond(byName) {
+			return byName
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			e.t.Fatalf("not within %s: %s; resources: %+v", within, what, byName)
+		}
+	}
+}
+
+// resource returns the resource name, failing the test if there is none.
+func (e *env) resource(name string) deviceplugin.Resource {
+	e.t.Helper()
+	for _, r := range e.h.Resources() {
+		if r.Name == name {
+			return r
+		}
+	}
+	e.t.Fatalf("no resource %s in %+v", name, e.h.Resources())
+	return deviceplugin.Resource{}
+}
+
+// pluginStatus waits for the socket at path to reach state in the manager.
+func (e *env) pluginStatus(path string, state pluginmanager.State) pluginmanager.PluginStatus {
+	e.t.Helper()
+	deadline := time.After(wait)
+	for {
+		for _, p := range e.m.Plugins() {
+			if p.Socket == path && p.State == state {
+				return p
+			}
+		}
+		select {
+		case <-e.sub.Events():
+		case <-deadline:
+			e.t.Fatalf("timed out waiting for %s to be %s; plugins: %+v", filepath.Base(path), state, e.m.Plugins())
+		}
+	}
+}
+
+// pluginGone waits until the manager has forgotten path.
+func (e *env) pluginGone(path string) {
+	e.t.Helper()
+	deadline := time.After(wait)
+	for {
+		found := false
+		for _, p := range e.m.Plugins() {
+			found = found || p.Socket == path
+		}
+		if !found {
+			return
+		}
+		select {
+		case <-e.sub.Events():
+		case <-deadline:
+			e.t.Fatalf("timed out waiting for %s to be forgotten", filepath.Base(path))
+		}
+	}
+}
+
+// instanceDetails is Details as plugd's status API encodes it.
+type instanceDetails struct {
+	Resource  string         `json:"resource"`
+	Endpoint  string         `json:"endpoint"`
+	Serving   bool           `json:"serving"`
+	Connected bool           `json:"connected"`
+	Dropped   bool           `json:"dropped"`
+	Devices   map[string]int `json:"devices"`
+	Options   map[string]any `json:"options"`
+	LastError string         `json:"lastError"`
+}
+
+// details returns the handler's Details of the plugin registered on socket,
+// through JSON.
+func (e *env) details(socket string) instanceDetails {
+	e.t.Helper()
+	var p pluginmanager.Plugin
+	for _, s := range e.m.Plugins() {
+		if s.Socket == socket {
+			p = s.Plugin
+		}
+	}
+	d := e.h.Details(p)
+	if d == nil {
+		e.t.Fatalf("no details for %s", socket)
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out instanceDetails
+	if err := json.Unmarshal(b, &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func ids(r deviceplugin.Resource) []string {
+	var out []string
+	for _, d := range r.Devices {
+		out = append(out, d.ID)
+	}
+	return out
+}
+
+func allUnhealthy(r deviceplugin.Resource) bool {
+	for _, d := range r.Devices {
+		if d.Health != api.Unhealthy {
+			return false
+		}
+	}
+	return len(r.Devices) > 0
+}
+
+func TestRegisterOnRegistrationSocket(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{})
+	dp := newDevicePlugin(dev("gpu-1", api.Healthy, 0), dev("gpu-0", api.Healthy))
+	dp.options = &api.DevicePluginOptions{PreStartRequired: true}
+	before := time.Now()
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
+	registered(t, s)
+
+	r := e.resource(gpu)
+	wantDevices := []deviceplugin.Device{{ID: "gpu-0", Health: api.Healthy}, {ID: "gpu-1", Health: api.Healthy, Topology: []int64{0}}}
+	if r.Socket != s.Path() || r.Endpoint != s.Path() || !r.Connected || r.Dropped || r.LastError != "" || r.Since.Before(before) {
+		t.Errorf("resource = %+v, want served from %s, connected, since registration", r, s.Path())
+	}
+	if !r.Options.PreStartRequired || r.Options.GetPreferredAllocationAvailable {
+		t.Errorf("options = %+v, want what the plugin answered", r.Options)
+	}
+	if !reflect.DeepEqual(r.Devices, wantDevices) {
+		t.Errorf("devices = %+v, want %+v", r.Devices, wantDevices)
+	}
+	want := instanceDetails{
+		Resource: gpu, Endpoint: s.Path(), Serving: true, Connected: true,
+		Devices: map[string]int{api.Healthy: 2, api.Unhealthy: 0},
+		Options: map[string]any{"preStartRequired": true},
+	}
+	if d := e.details(s.Path()); !reflect.DeepEqual(d, want) {
+		t.Errorf("details = %+v, want %+v", d, want)
+	}
+	if d := e.h.Details(pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Socket: "/nowhere.sock"}); d != nil {
+		t.Errorf("details of an unknown plugin = %+v, want nil", d)
+	}
+
+	// A snapshot is a copy.
+	r.Devices[1].Topology[0] = 7
+	if got := e.resource(gpu).Devices[1].Topology[0]; got != 0 {
+		t.Errorf("changing a snapshot changed the handler's state: topology %d", got)
+	}
+
+	// A device turning Unhealthy shows at once.
+	dp.set(dev("gpu-0", api.Healthy), dev("gpu-1", "Broken"), dev("gpu-2", api.Healthy))
+	e.until("gpu-1 Unhealthy, gpu-2 added", time.Second, func(rs map[string]deviceplugin.Resource) bool {
+		r := rs[gpu]
+		return len(r.Devices) == 3 && r.Devices[0].Health == api.Healthy && r.Devices[1].Health == api.Unhealthy && r.Devices[1].Topology == nil
+	})
+	if d := e.details(s.Path()); d.Devices[api.Healthy] != 2 || d.Devices[api.Unhealthy] != 1 {
+		t.Errorf("details devices = %v, want 2 Healthy, 1 Unhealthy", d.Devices)
+	}
+
+	// The socket is gone with the plugin: the resource is dropped at once.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool {
+		_, ok := rs[gpu]
+		return !ok
+	})
+	dp.waitIdle(t)
+}
+
+// endpointPlugin registers a plugin whose device service is served on its
+// own socket, which the test can kill and restart.
+func endpointPlugin(t *testing.T, e *env, dp *devicePlugin) (reg *plugin.Server, endpoint string, srv *grpc.Server) {
+	t.Helper()
+	endpoint = filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
+	srv = serveEndpoint(t, endpoint, dp)
+	reg = e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
+	registered(t, reg)
+	return reg, endpoint, srv
+}
+
+func TestStreamLossMarksUnhealthyAndRestartRestores(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{GracePeriod: wait})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-1", api.Healthy))
+	reg, endpoint, srv := endpointPlugin(t, e, dp)
+	if r := e.resource(gpu); r.Endpoint != endpoint || r.Socket != reg.Path() || len(r.Devices) != 2 {
+		t.Fatalf("resource = %+v, want 2 devices served from %s", r, endpoint)
+	}
+
+	srv.Stop() // the plugin died
+	rs := e.until("all devices Unhealthy", time.Second, func(rs map[string]deviceplugin.Resource) bool {
+		return allUnhealthy(rs[gpu])
+	})
+	if r := rs[gpu]; r.Connected || r.Dropped || r.LastError == "" || len(r.Devices) != 2 {
+		t.Errorf("resource = %+v, want its 2 devices kept, disconnected, with the error", r)
+	}
+	if d := e.details(reg.Path()); d.Connected || !d.Serving || d.Devices[api.Unhealthy] != 2 {
+		t.Errorf("details = %+v, want disconnected, 2 Unhealthy", d)
+	}
+	if err := testutil.CollectAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_deviceplugin_connected 1 while the ListAndWatch stream of the instance serving the resource is up, 0 while it is redialed.
+# TYPE plugd_deviceplugin_connected gauge
+plugd_deviceplugin_connected{resource="example.com/gpu"} 0
+# HELP plugd_deviceplugin_devices Devices of each registered device plugin resource, by health.
+# TYPE plugd_deviceplugin_devices gauge
+plugd_deviceplugin_devices{health="Healthy",resource="example.com/gpu"} 0
+plugd_deviceplugin_devices{health="Unhealthy",resource="example.com/gpu"} 2
+`), "plugd_deviceplugin_connected", "plugd_deviceplugin_devices"); err != nil {
+		t.Error(err)
+	}
+
+	// It restarts within the grace period, with a different inventory.
+	serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-2", api.Healthy)))
+	rs = e.until("restored", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
+	if r := rs[gpu]; r.Dropped || r.LastError != "" || !reflect.DeepEqual(ids(r), []string{"gpu-0", "gpu-2"}) || allUnhealthy(r) {
+		t.Errorf("resource = %+v, want the restarted plugin's healthy devices", r)
+	}
+	if err := testutil.CollectAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_deviceplugin_stream_reconnects_total ListAndWatch streams of the resource's instances re-established after a break, since it was registered.
+# TYPE plugd_deviceplugin_stream_reconnects_total counter
+plugd_deviceplugin_stream_reconnects_total{resource="example.com/gpu"} 1
+`), "plugd_deviceplugin_stream_reconnects_total"); err != nil {
+		t.Error(err)
+	}
+	// The manager saw none of it: the registration socket stayed up.
+	if s := e.pluginStatus(reg.Path(), pluginmanager.StateRegistered); s.Attempts != 1 {
+		t.Errorf("registration attempts = %d, want 1", s.Attempts)
+	}
+}
+
+func TestDroppedAfterGracePeriod(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	e := newEnv(t, deviceplugin.Options{GracePeriod: grace})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
+	reg, endpoint, srv := endpointPlugin(t, e, dp)
+
+	killed := time.Now()
+	srv.Stop()
+	rs := e.until("resource dropped", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Dropped })
+	if elapsed := time.Since(killed); elapsed < grace {
+		t.Errorf("dropped %s after the plugin died, before the %s grace period was over", elapsed, grace)
+	}
+	if r := rs[gpu]; r.Connected || len(r.Devices) != 0 || r.LastError == "" || r.Socket != reg.Path() {
+		t.Errorf("resource = %+v, want no devices, disconnected, with the error", r)
+	}
+	if d := e.details(reg.Path()); !d.Dropped || d.Connected || d.Devices[api.Healthy]+d.Devices[api.Unhealthy] != 0 {
+		t.Errorf("details = %+v, want dropped with no devices", d)
+	}
+	if n := testutil.CollectAndCount(e.reg); n != 0 {
+		t.Errorf("%d series for a dropped resource, want none", n)
+	}
+
+	// Still registered, it is redialed, and a plugin back later restores it.
+	serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
+	rs = e.until("restored", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
+	if r := rs[gpu]; r.Dropped || !reflect.DeepEqual(ids(r), []string{"gpu-0"}) {
+		t.Errorf("resource = %+v, want restored", r)
+	}
+	if n := testutil.CollectAndCount(e.reg, "plugd_deviceplugin_devices"); n != 2 {
+		t.Errorf("%d device series, want 2 again", n)
+	}
+}
+
+func TestRollingUpdate(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{})
+	dpA := newDevicePlugin(dev("a-0", api.Healthy), dev("a-1", api.Healthy))
+	a := e.startPlugin(plugin.Config{Name: gpu, Socket: "a.sock", Services: dpA.register})
+	registered(t, a)
+
+	// A second instance takes over.
+	b := e.startPlugin(plugin.Config{Name: gpu, Socket: "b.sock", Services: newDevicePlugin(dev("b-0", api.Healthy)).register})
+	registered(t, b)
+	if r := e.resource(gpu); r.Socket != b.Path() || !reflect.DeepEqual(ids(r), []string{"b-0"}) || !r.Connected {
+		t.Errorf("resource = %+v, want served from the new instance", r)
+	}
+	if d := e.details(a.Path()); d.Serving || !d.Connected || d.Devices[api.Healthy] != 2 {
+		t.Errorf("old instance details = %+v, want connected, not serving", d)
+	}
+	if d := e.details(b.Path()); !d.Serving || !d.Connected {
+		t.Errorf("new instance details = %+v, want serving", d)
+	}
+
+	// The new one goes first (a rollback): the old one serves again.
+	b.Close()
+	e.until("served from a again", wait, func(rs map[string]deviceplugin.Resource) bool {
+		return rs[gpu].Socket == a.Path() && rs[gpu].Connected && len(rs[gpu].Devices) == 2
+	})
+
+	// Another new one; then the old one's stream ends, and it is dropped at
+	// once rather than after the grace period, without touching the resource.
+	c := e.startPlugin(plugin.Config{Name: gpu, Socket: "c.sock", Services: newDevicePlugin(dev("c-0", api.Healthy)).register})
+	registered(t, c)
+	dpA.stop()
+	deadline := time.After(wait)
+	for {
+		changed := e.h.Changed()
+		if e.details(a.Path()).Dropped {
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("old instance not dropped: %+v", e.details(a.Path()))
+		}
+	}
+	if r := e.resource(gpu); r.Socket != c.Path() || !r.Connected || r.Dropped || !reflect.DeepEqual(ids(r), []string{"c-0"}) {
+		t.Errorf("resource = %+v, want served from c throughout", r)
+	}
+
+	a.Close()
+	e.pluginGone(a.Path())
+	if r := e.resource(gpu); r.Socket != c.Path() || !r.Connected || r.Dropped {
+		t.Errorf("resource = %+v after the old instance went, want still served from c", r)
+	}
+	c.Close()
+	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
+	if n := testutil.CollectAndCount(e.reg); n != 0 {
+		t.Errorf("%d series after every instance went, want none", n)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{})
+	dp := newDevicePlugin(dev("0", api.Healthy), dev("1", api.Unhealthy), dev("2", api.Healthy))
+	s := e.startPlugin(plugin.Config{Name: gpu, Services: dp.register, Socket: "gpu.sock"})
+	registered(t, s)
+	other := e.startPlugin(plugin.Config{Name: "vendor.example/fpga", Services: newDevicePlugin().register, Socket: "fpga.sock"})
+	registered(t, other)
+
+	if err := testutil.CollectAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_deviceplugin_connected 1 while the ListAndWatch stream of the instance serving the resource is up, 0 while it is redialed.
+# TYPE plugd_deviceplugin_connected gauge
+plugd_deviceplugin_connected{resource="example.com/gpu"} 1
+plugd_deviceplugin_connected{resource="vendor.example/fpga"} 1
+# HELP plugd_deviceplugin_devices Devices of each registered device plugin resource, by health.
+# TYPE plugd_deviceplugin_devices gauge
+plugd_deviceplugin_devices{health="Healthy",resource="example.com/gpu"} 2
+plugd_deviceplugin_devices{health="Unhealthy",resource="example.com/gpu"} 1
+plugd_deviceplugin_devices{health="Healthy",resource="vendor.example/fpga"} 0
+plugd_deviceplugin_devices{health="Unhealthy",resource="vendor.example/fpga"} 0
+# HELP plugd_deviceplugin_stream_reconnects_total ListAndWatch streams of the resource's instances re-established after a break, since it was registered.
+# TYPE plugd_deviceplugin_stream_reconnects_total counter
+plugd_deviceplugin_stream_reconnects_total{resource="example.com/gpu"} 0
+plugd_deviceplugin_stream_reconnects_total{resource="vendor.example/fpga"} 0
+`)); err != nil {
+		t.Error(err)
+	}
+
+	// A plugin's series go with it.
+	other.Close()
+	e.until("fpga gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 1 })
+	if n := testutil.CollectAndCount(e.reg); n != 4 {
+		t.Errorf("%d series, want the 4 of the remaining resource", n)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	h := deviceplugin.New(deviceplugin.Options{})
+	defer h.Close()
+	ok := pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Endpoint: "/run/dp/gpu.sock", Versions: []string{"v1beta1"}, Socket: "/run/reg/gpu.sock"}
+	for _, tc := range []struct {
+		name     string
+		edit     func(p *pluginmanager.Plugin)
+		contains string // "" means valid
+	}{
+		{"valid", func(p *pluginmanager.Plugin) {}, ""},
+		{"several versions", func(p *pluginmanager.Plugin) { p.Versions = []string{"v1", "v1beta1"} }, ""},
+		{"underscore and dots", func(p *pluginmanager.Plugin) { p.Name = "vendor.example/gpu_1.big" }, ""},
+		{"lookalike of kubernetes.io", func(p *pluginmanager.Plugin) { p.Name = "notkubernetes.io/gpu" }, ""},
+		{"wrong version", func(p *pluginmanager.Plugin) { p.Versions = []string{"v1alpha1", "v2"} }, `offers versions ["v1alpha1" "v2"], but this handler speaks only v1beta1`},
+		{"no versions", func(p *pluginmanager.Plugin) { p.Versions = nil }, "offers versions []"},
+		{"no domain", func(p *pluginmanager.Plugin) { p.Name = "gpu" }, "it has no domain"},
+		{"kubernetes.io", func(p *pluginmanager.Plugin) { p.Name = "kubernetes.io/gpu" }, "kubernetes.io namespace"},
+		{"subdomain of kubernetes.io", func(p *pluginmanager.Plugin) { p.Name = "nvidia.kubernetes.io/gpu" }, "kubernetes.io namespace"},
+		{"quota prefix", func(p *pluginmanager.Plugin) { p.Name = "requests.example.com/gpu" }, "reserved for quota"},
+		{"upper-case domain", func(p *pluginmanager.Plugin) { p.Name = "Example.com/gpu" }, "not a DNS subdomain"},
+		{"empty domain", func(p *pluginmanager.Plugin) { p.Name = "/gpu" }, "domain is empty"},
+		{"empty resource", func(p *pluginmanager.Plugin) { p.Name = "example.com/" }, "resource after the domain is empty"},
+		{"two slashes", func(p *pluginmanager.Plugin) { p.Name = "example.com/gpu/0" }, `more than one "/"`},
+		{"bad resource", func(p *pluginmanager.Plugin) { p.Name = "example.com/-gpu" }, "not a qualified name"},
+		{"long resource", func(p *pluginmanager.Plugin) { p.Name = "example.com/" + strings.Repeat("g", 64) }, "at most 63"},
+		{"long domain", func(p *pluginmanager.Plugin) { p.Name = strings.Repeat("a.", 122) + "io/gpu" }, "at most 244"},
+		{"relative endpoint", func(p *pluginmanager.Plugin) { p.Endpoint = "gpu.sock" }, "not an absolute path"},
+		{"long endpoint", func(p *pluginmanager.Plugin) { p.Endpoint = "/" + strings.Repeat("x", 107) }, "must be shorter than 108"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ok
+			tc.edit(&p)
+			err := h.Validate(context.Background(), p)
+			switch {
+			case tc.contains == "" && err != nil:
+				t.Errorf("Validate(%+v) = %v, want accepted", p, err)
+			case tc.contains != "" && (err == nil || !strings.Contains(err.Error(), tc.contains)):
+				t.Errorf("Validate(%+v) = %v, want an error saying %q", p, err, tc.contains)
+			}
+		})
+	}
+}
+
+func TestRejected(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{})
+	tooMany := make([]*api.Device, 10001)
+	for i := range tooMany {
+		tooMany[i] = dev(fmt.Sprint("dev-", i), api.Healthy)
+	}
+	for i, tc := range []struct {
+		name     string
+		cfg      plugin.Config
+		reason   pluginmanager.Reason
+		contains string
+	}{
+		{"wrong version", plugin.Config{Name: gpu, Versions: []string{"v1alpha"}}, pluginmanager.ReasonValidate, `offers versions ["v1alpha"]`},
+		{"bad name", plugin.Config{Name: "kubernetes.io/gpu"}, pluginmanager.ReasonValidate, "is not an extended resource name"},
+		{"no device service", plugin.Config{Name: gpu}, pluginmanager.ReasonRegister, "does not serve the v1beta1 DevicePlugin service"},
+		{"too many devices", plugin.Config{Name: gpu, Services: newDevicePlugin(tooMany...).register}, pluginmanager.ReasonRegister, "10001 devices, at most 10000"},
+		{"empty device ID", plugin.Config{Name: gpu, Services: newDevicePlugin(dev("", api.Healthy)).register}, pluginmanager.ReasonRegister, "empty device ID"},
+		{"device ID with a newline", plugin.Config{Name: gpu, Services: newDevicePlugin(dev("a\nb", api.Healthy)).register}, pluginmanager.ReasonRegister, "not printable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			told := make(chan plugin.Status, 10)
+			tc.cfg.Socket = fmt.Sprintf("bad%d.sock", i)
+			tc.cfg.OnStatus = func(st plugin.Status) { told <- st }
+			s := e.startPlugin(tc.cfg)
+			st := e.pluginStatus(s.Path(), pluginmanager.StateRejected)
+			if st.Reason != tc.reason || !strings.Contains(st.LastError, tc.contains) {
+				t.Errorf("rejected for %s %q, want %s saying %q", st.Reason, st.LastError, tc.reason, tc.contains)
+			}
+			select {
+			case got := <-told:
+				if got.Registered || !strings.Contains(got.Error, tc.contains) {
+					t.Errorf("plugin was told %+v", got)
+				}
+			case <-time.After(wait):
+				t.Error("plugin was not told")
+			}
+			if st.Attempts != 1 {
+				t.Errorf("%d attempts, want 1: a rejection is not retried", st.Attempts)
+			}
+		})
+	}
+	if rs := e.h.Resources(); len(rs) != 0 {
+		t.Errorf("resources = %+v, want none", rs)
+	}
+}
+
+func TestRegisterWaitsForFirstList(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{CallTimeout: 200 * time.Millisecond})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
+	dp.silent = true
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
+
+	st := e.pluginStatus(s.Path(), pluginmanager.StateFailed)
+	if st.Reason != pluginmanager.ReasonRegister || !strings.Contains(st.LastError, "ListAndWatch: no device list within 200ms") {
+		t.Errorf("failed for %s %q, want the wait for the first list", st.Reason, st.LastError)
+	}
+	if rs := e.h.Resources(); len(rs) != 0 {
+		t.Errorf("resources = %+v, want none until the list arrived", rs)
+	}
+	if d := e.h.Details(st.Plugin); d != nil {
+		t.Errorf("details = %+v, want none until registered", d)
+	}
+
+	// Once the plugin sends its list, a retry registers it.
+	dp.set(dev("gpu-0", api.Healthy))
+	registered(t, s)
+	if r := e.resource(gpu); !reflect.DeepEqual(ids(r), []string{"gpu-0"}) {
+		t.Errorf("resource = %+v", r)
+	}
+}
+
+func TestClose(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
+	registered(t, s)
+	p := e.pluginStatus(s.Path(), pluginmanager.StateRegistered).Plugin
+
+	e.h.Close()
+	e.h.Close()
+	dp.waitIdle(t) // Close ended the stream
+	if rs := e.h.Resources(); len(rs) != 0 {
+		t.Errorf("resources after Close = %+v", rs)
+	}
+	if n := testutil.CollectAndCount(e.reg); n != 0 {
+		t.Errorf("%d series after Close, want the collector unregistered", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := e.h.Register(ctx, p); err == nil {
+		t.Error("Register after Close succeeded")
+	}
+	e.h.Deregister(ctx, p) // a no-op, and no panic
+}
+
+func TestCloseEndsRegisterInFlight(t *testing.T) {
+	called := make(chan struct{}, 1)
+	dp := newDevicePlugin()
+	dp.hang = called
+	endpoint := filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
+	serveEndpoint(t, endpoint, dp)
+	h := deviceplugin.New(deviceplugin.Options{CallTimeout: time.Hour})
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	p := pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Endpoint: endpoint, Versions: []string{"v1beta1"}, Socket: "/reg/gpu.sock"}
+	registerErr := make(chan error, 1)
+	go func() { registerErr <- h.Register(ctx, p) }()
+	select {
+	case <-called:
+	case <-time.After(wait):
+		t.Fatal("Register did not call GetDevicePluginOptions")
+	}
+
+	closed := make(chan struct{})
+	go func() {
+		h.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		t.Fatal("Close did not end the Register in flight")
+	}
+	select {
+	case err := <-registerErr:
+		if err == nil || !strings.Contains(err.Error(), "GetDevicePluginOptions: context canceled") {
+			t.Errorf("Register = %v, want it cancelled", err)
+		}
+	default:
+		t.Error("Close returned before Register did")
+	}
+	if rs := h.Resources(); len(rs) != 0 {
+		t.Errorf("resources = %+v", rs)
+	}
+}

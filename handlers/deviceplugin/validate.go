@@ -1,0 +1,115 @@
+package deviceplugin
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// The rules of Kubernetes' IsQualifiedName and IsDNS1123Subdomain, which an
+// extended resource name must pass; written here rather than imported, as
+// they are all the handler needs of k8s.io/apimachinery.
+var (
+	dnsSubdomain  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	qualifiedName = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
+)
+
+const (
+	maxSubdomainLen = 253
+	maxNameLen      = 63
+	// The kubelet checks a resource name as the quota name "requests.<name>",
+	// so the domain has that much less room.
+	quotaPrefix  = "requests."
+	reservedZone = "kubernetes.io"
+	// maxSocketPath is the size of sun_path: a unix socket path must be shorter.
+	maxSocketPath = 108
+)
+
+// checkResourceName says why name is not an extended resource name:
+// domain/resource, the domain a DNS subdomain outside kubernetes.io, the
+// resource a qualified name.
+func checkResourceName(name string) error {
+	domain, res, ok := strings.Cut(name, "/")
+	switch {
+	case !ok:
+		return errors.New(`it has no domain: want "domain/resource", e.g. "vendor.example/gpu"`)
+	case strings.Contains(res, "/"):
+		return errors.New(`it has more than one "/": want "domain/resource"`)
+	case domain == "":
+		return errors.New("the domain is empty")
+	case len(quotaPrefix)+len(domain) > maxSubdomainLen:
+		return fmt.Errorf("the domain is %d bytes long, at most %d are allowed", len(domain), maxSubdomainLen-len(quotaPrefix))
+	case !dnsSubdomain.MatchString(domain):
+		return fmt.Errorf("domain %q is not a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit", domain)
+	case domain == reservedZone || strings.HasSuffix(domain, "."+reservedZone):
+		return fmt.Errorf("domain %q is in the kubernetes.io namespace, which is reserved for native resources", domain)
+	case strings.HasPrefix(domain, quotaPrefix):
+		return fmt.Errorf("domain %q starts with %q, which is reserved for quota", domain, quotaPrefix)
+	case res == "":
+		return errors.New("the resource after the domain is empty")
+	case len(res) > maxNameLen:
+		return fmt.Errorf("the resource %q is %d bytes long, at most %d are allowed", res, len(res), maxNameLen)
+	case !qualifiedName.MatchString(res):
+		return fmt.Errorf("resource %q is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a letter or digit", res)
+	}
+	return nil
+}
+
+// checkEndpoint says why endpoint cannot be dialed as a unix socket.
+func checkEndpoint(endpoint string) error {
+	if !filepath.IsAbs(endpoint) {
+		return fmt.Errorf("endpoint %q is not an absolute path", endpoint)
+	}
+	if len(endpoint) >= maxSocketPath {
+		return fmt.Errorf("endpoint %q is %d bytes long, but a unix socket path must be shorter than %d", endpoint, len(endpoint), maxSocketPath)
+	}
+	return nil
+}
+
+// checkDeviceID refuses IDs that would be awkward or unsafe to show and to
+// store: empty, overlong, or with spaces or characters a terminal acts on.
+func checkDeviceID(id string) error {
+	if id == "" {
+		return errors.New("empty device ID")
+	}
+	if len(id) > maxDeviceIDLen {
+		return fmt.Errorf("device ID %.64q... is %d bytes long, at most %d are accepted", id, len(id), maxDeviceIDLen)
+	}
+	for _, r := range id {
+		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("device ID %q has a character that is not printable or is a space", id)
+		}
+	}
+	return nil
+}
+
+// maxErrorLen bounds an error kept in the state: a plugin chooses the
+// messages of the gRPC errors it returns.
+const maxErrorLen = 1024
+
+// printable makes an error message, which may quote a plugin, safe to store
+// and to show: valid UTF-8, with control characters escaped, and cut to
+// maxErrorLen bytes.
+func printable(s string) string {
+	s = strings.ToValidUTF8(s, "")
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) >= 0 {
+		var b strings.Builder
+		for _, r := range s {
+			if unicode.IsPrint(r) || r == ' ' {
+				b.WriteRune(r)
+			} else {
+				q := strconv.QuoteRune(r)
+				b.WriteString(q[1 : len(q)-1])
+			}
+		}
+		s = b.String()
+	}
+	if len(s) > maxErrorLen {
+		s = strings.ToValidUTF8(s[:maxErrorLen], "")
+	}
+	return s
+}
