@@ -45,6 +45,10 @@ type Plugin struct {
 	// Newest marks the most recently registered of several sockets with the
 	// same type and name (old and new instance during a rolling update).
 	Newest bool `json:"newest,omitempty"`
+	// Details is what the plugin's handler reports of it (a CSI driver's
+	// node info, a device plugin's devices and their health, a hook's last
+	// run), as a JSON object; absent if the handler reports nothing.
+	Details any `json:"details,omitempty"`
 }
 
 // PluginList is the answer to GET /v1/plugins, sorted by ID.

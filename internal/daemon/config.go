@@ -61,9 +61,42 @@ type HandlerConfig struct {
 	// Type is the plugin type, as plugins send it in GetInfo: CSIPlugin,
 	// DRAPlugin, DevicePlugin, or a type of your own such as example.com/Greeter.
 	Type string `json:"type"`
-	// Handler is the name of a built-in handler: "accept" (checks the
-	// plugin's fields and records it).
+	// Handler is the name of a built-in handler:
+	//   accept        checks the plugin's fields and records it (any type)
+	//   csi           a CSI node plugin: checks versions and name, asks the
+	//                 driver for its node info (for CSIPlugin)
+	//   dra           a DRA driver: picks its gRPC service, watches its
+	//                 connection and device health (for DRAPlugin)
+	//   deviceplugin  a device plugin: follows its device inventory and
+	//                 health (for DevicePlugin)
+	//   hook          runs a command or calls a URL on each event (any type;
+	//                 set hook)
 	Handler string `json:"handler"`
+	// GracePeriod, for dra and deviceplugin, is how long a plugin that lost
+	// its connection is still counted on before its driver or resource is
+	// reported unavailable. Default 30s.
+	GracePeriod Duration `json:"gracePeriod,omitempty"`
+	// Hook configures the hook handler.
+	Hook *HookConfig `json:"hook,omitempty"`
+}
+
+// HookConfig is the hook handler's: a command or a URL, run on each event.
+type HookConfig struct {
+	// Command is a program and its arguments (no shell). The plugin is on
+	// its stdin as JSON and in PLUGD_* environment variables; exit 0
+	// accepts, 3 on register refuses for good, anything else refuses and
+	// is retried.
+	Command []string `json:"command,omitempty"`
+	// URL receives the same JSON as a POST: 2xx accepts, 4xx refuses, 5xx
+	// is retried.
+	URL string `json:"url,omitempty"`
+	// Timeout bounds each run. Default 10s.
+	Timeout Duration `json:"timeout,omitempty"`
+	// Events are the calls that run the hook: validate, register,
+	// deregister. Default register and deregister.
+	Events []string `json:"events,omitempty"`
+	// Env is extra KEY=VALUE environment for Command.
+	Env []string `json:"env,omitempty"`
 }
 
 // StatusConfig says where the status API (and /metrics) is served.
@@ -135,7 +168,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 func (d Duration) String() string { return time.Duration(d).String() }
 
 // The built-in handlers, by name.
-var builtinHandlers = []string{"accept"}
+var builtinHandlers = []string{"accept", "csi", "dra", "deviceplugin", "hook"}
 
 // DefaultHandlers are the handlers of a configuration that names none.
 func DefaultHandlers() []HandlerConfig {
@@ -184,6 +217,9 @@ func (c Config) WithDefaults() (Config, error) {
 		seen[h.Type] = true
 		if !slices.Contains(builtinHandlers, h.Handler) {
 			return c, fmt.Errorf("%s.handler is %q: it must be one of %s", field, h.Handler, strings.Join(builtinHandlers, ", "))
+		}
+		if err := checkHandler(h); err != nil {
+			return c, fmt.Errorf("%s: %w", field, err)
 		}
 	}
 	if c.Status.Socket == "" {

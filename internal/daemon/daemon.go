@@ -37,8 +37,9 @@ type Daemon struct {
 	m       *pluginmanager.Manager
 	streams chan struct{} // a slot per open event stream
 
-	mu  sync.Mutex
-	cfg Config // as applied; guarded by mu
+	mu       sync.Mutex
+	cfg      Config             // as applied; guarded by mu
+	handlers map[string]handler // by plugin type; guarded by mu
 }
 
 // New checks cfg and builds a daemon that logs to logOut. Nothing runs until Run.
@@ -66,10 +67,46 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
 		return nil, err
 	}
+	d.handlers = make(map[string]handler)
 	for _, hc := range cfg.Handlers {
-		d.m.AddHandler(hc.Type, newHandler(hc.Handler))
+		if err := d.addHandler(hc); err != nil {
+			d.closeHandlers()
+			return nil, err
+		}
 	}
 	return d, nil
+}
+
+// addHandler builds the handler hc names and hands it to the manager. d.mu
+// must be held, or d not yet shared.
+func (d *Daemon) addHandler(hc HandlerConfig) error {
+	h, err := newHandler(hc, d.log, d.metrics)
+	if err != nil {
+		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
+	}
+	d.handlers[hc.Type] = h
+	d.m.AddHandler(hc.Type, h.Handler)
+	return nil
+}
+
+// closeHandlers stops what the handlers started, once nothing calls them.
+func (d *Daemon) closeHandlers() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, h := range d.handlers {
+		h.close()
+	}
+}
+
+// details is what the plugin's handler says of it, if it says anything.
+func (d *Daemon) details(p pluginmanager.Plugin) any {
+	d.mu.Lock()
+	h, ok := d.handlers[p.Type]
+	d.mu.Unlock()
+	if dt, isDetailer := h.Handler.(detailer); ok && isDetailer {
+		return dt.Details(p)
+	}
+	return nil
 }
 
 // Config returns the configuration in force, defaults filled in.
@@ -130,6 +167,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		srv.Close()
 	}
 	wg.Wait() // closing the listeners removed the status socket
+	d.closeHandlers()
 	close(errs)
 	var all []error
 	for err := range errs {
@@ -247,18 +285,23 @@ func (d *Daemon) Reload(next Config) (applied, needsRestart []string, err error)
 	}
 	// The manager can gain a handler, but not lose or swap one while plugins
 	// may be registered with it.
-	old := map[string]string{}
+	old := map[string]HandlerConfig{}
 	for _, h := range cur.Handlers {
-		old[h.Type] = h.Handler
+		old[h.Type] = h
 	}
 	for _, h := range next.Handlers {
 		switch was, ok := old[h.Type]; {
 		case !ok:
-			d.m.AddHandler(h.Type, newHandler(h.Handler))
+			if err := d.addHandler(h); err != nil {
+				needsRestart = append(needsRestart, fmt.Sprintf("handlers: %s for %s could not be added: %v", h.Handler, h.Type, err))
+				break
+			}
 			cur.Handlers = append(cur.Handlers, h)
 			applied = append(applied, fmt.Sprintf("handlers: added %s for %s", h.Handler, h.Type))
-		case was != h.Handler:
-			needsRestart = append(needsRestart, fmt.Sprintf("handlers: %s changes from %s to %s", h.Type, was, h.Handler))
+		case was.Handler != h.Handler:
+			needsRestart = append(needsRestart, fmt.Sprintf("handlers: %s changes from %s to %s", h.Type, was.Handler, h.Handler))
+		case !reflect.DeepEqual(was, h):
+			needsRestart = append(needsRestart, fmt.Sprintf("handlers: the settings of %s's %s handler change", h.Type, h.Handler))
 		}
 		delete(old, h.Type)
 	}

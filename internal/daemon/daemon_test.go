@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -407,5 +408,60 @@ func TestReadOnlyAPIAndBoundedStreams(t *testing.T) {
 	}
 	if _, err := r.client.Events(ctx, 0); err == nil || !strings.Contains(err.Error(), "too many event streams") {
 		t.Errorf("stream %d: %v", maxStreams+1, err)
+	}
+}
+
+func TestHandlersByNameWithDetails(t *testing.T) {
+	r := runDaemon(t, Config{Handlers: []HandlerConfig{
+		{Type: "example.com/Greeter", Handler: "hook", Hook: &HookConfig{
+			Command: []string{"/bin/sh", "-c", `echo "welcome $PLUGD_PLUGIN_NAME" >&2`},
+		}},
+		{Type: "DevicePlugin", Handler: "deviceplugin", GracePeriod: Duration(time.Second)},
+		{Type: "CSIPlugin", Handler: "csi"},
+		{Type: "DRAPlugin", Handler: "dra"},
+	}})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
+	p := r.waitFor(t, "g.sock", "Registered")
+	details, _ := p.Details.(map[string]any)
+	if details["event"] != "register" || details["result"] != "accepted" || !strings.Contains(fmt.Sprint(details["output"]), "welcome g") {
+		t.Errorf("details of a plugin the hook accepted = %#v", p.Details)
+	}
+	// A device plugin that serves no device service is refused by the real
+	// handler, with its reason.
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	if p := r.waitFor(t, "gpu.sock", "Rejected"); !strings.Contains(p.LastError, "Unimplemented") && !strings.Contains(p.LastError, "device") {
+		t.Errorf("device plugin without a device service: %+v", p)
+	}
+	body := get(t, r.client, "/metrics", http.StatusOK)
+	if !strings.Contains(body, `plugd_hook_runs_total{event="register",plugin_type="example.com/Greeter",result="accepted"} 1`) {
+		t.Errorf("/metrics lacks the hook's run, with its plugin type:\n%s", grep(body, "plugd_hook_runs_total"))
+	}
+}
+
+func grep(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestHandlerSettingsAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		h    HandlerConfig
+		want string
+	}{
+		{HandlerConfig{Type: "X", Handler: "hook"}, "handlers[0]: handler hook needs hook:"},
+		{HandlerConfig{Type: "X", Handler: "hook", Hook: &HookConfig{}}, "handlers[0]: hook: set exactly one of command or url"},
+		{HandlerConfig{Type: "X", Handler: "hook", Hook: &HookConfig{Command: []string{"/no/such/program"}}}, "handlers[0]: hook: command[0]"},
+		{HandlerConfig{Type: "X", Handler: "accept", Hook: &HookConfig{URL: "http://127.0.0.1:1"}}, "hook is set, but the handler is accept"},
+		{HandlerConfig{Type: "X", Handler: "csi", GracePeriod: Duration(time.Second)}, "gracePeriod applies to the dra and deviceplugin handlers, not csi"},
+	} {
+		_, err := Config{RegistryDir: "/x", Handlers: []HandlerConfig{tc.h}}.WithDefaults()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.h, err, tc.want)
+		}
 	}
 }

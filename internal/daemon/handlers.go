@@ -4,18 +4,85 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plugd/plugd/handlers/csi"
+	"github.com/plugd/plugd/handlers/deviceplugin"
+	"github.com/plugd/plugd/handlers/dra"
+	"github.com/plugd/plugd/handlers/hook"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
-// newHandler returns the built-in handler of that name (checked by WithDefaults).
-func newHandler(name string) pluginmanager.Handler {
-	switch name {
-	case "accept":
-		return acceptHandler{}
+// detailer is a handler that describes the plugins it holds; the status API
+// shows that as a plugin's details.
+type detailer interface {
+	Details(p pluginmanager.Plugin) any
+}
+
+// handler is a built-in handler as the daemon runs it: close stops what it
+// started (connections, streams), after the manager has stopped.
+type handler struct {
+	pluginmanager.Handler
+	close func()
+}
+
+// checkHandler refuses settings that do not belong to the handler named.
+func checkHandler(h HandlerConfig) error {
+	if h.Handler == "hook" {
+		if h.Hook == nil {
+			return errors.New("handler hook needs hook: {command: [...]} or hook: {url: ...}")
+		}
+		if _, err := hook.New(hookConfig(h.Hook), hook.Options{}); err != nil {
+			return err
+		}
+	} else if h.Hook != nil {
+		return fmt.Errorf("hook is set, but the handler is %s: remove it, or use handler: hook", h.Handler)
 	}
-	panic("daemon: unknown handler " + name)
+	if h.GracePeriod != 0 && h.Handler != "dra" && h.Handler != "deviceplugin" {
+		return fmt.Errorf("gracePeriod applies to the dra and deviceplugin handlers, not %s", h.Handler)
+	}
+	if h.GracePeriod < 0 {
+		return fmt.Errorf("gracePeriod is %s: it must be positive (default 30s)", h.GracePeriod)
+	}
+	return nil
+}
+
+func hookConfig(h *HookConfig) hook.Config {
+	return hook.Config{Command: h.Command, URL: h.URL, Timeout: time.Duration(h.Timeout), Events: h.Events, Env: h.Env}
+}
+
+// newHandler builds the handler hc names (checked by WithDefaults). Its
+// metrics carry the plugin type it serves, so that two types served by the
+// same kind of handler do not collide.
+func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
+	log = log.With("handler", hc.Handler, "pluginType", hc.Type)
+	if reg != nil {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"plugin_type": hc.Type}, reg)
+	}
+	grace := time.Duration(hc.GracePeriod)
+	switch hc.Handler {
+	case "accept":
+		return handler{acceptHandler{}, func() {}}, nil
+	case "csi":
+		return handler{csi.New(csi.Options{Logger: log, Registerer: reg}), func() {}}, nil
+	case "deviceplugin":
+		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		return handler{h, h.Close}, nil
+	case "dra":
+		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		return handler{h, h.Close}, nil
+	case "hook":
+		h, err := hook.New(hookConfig(hc.Hook), hook.Options{Logger: log, Registerer: reg})
+		if err != nil {
+			return handler{}, err
+		}
+		return handler{h, func() {}}, nil
+	}
+	return handler{}, fmt.Errorf("unknown handler %q", hc.Handler)
 }
 
 // acceptHandler accepts any plugin whose fields make sense: an endpoint that is

@@ -77,7 +77,9 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 	list := api.PluginList{Plugins: []api.Plugin{}}
 	for _, s := range d.m.Plugins() {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
-			list.Plugins = append(list.Plugins, toAPI(dir, s))
+			p := toAPI(dir, s)
+			p.Details = d.details(s.Plugin)
+			list.Plugins = append(list.Plugins, p)
 		}
 	}
 	writeJSON(w, http.StatusOK, list)
@@ -88,6 +90,7 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	dir := d.Config().RegistryDir
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
+			p.Details = d.details(s.Plugin)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}

@@ -1,0 +1,568 @@
+package dra
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait is how long a test waits for something that should happen in
+// milliseconds; generous, because -race on busy cores is slow.
+const wait = 20 * time.Second
+
+// env is a running manager with the DRA handler, on a fresh registry directory.
+type env struct {
+	t   *testing.T
+	m   *pluginmanager.Manager
+	h   *Handler
+	reg *prometheus.Registry
+	dir string // the registry directory
+	sub *pluginmanager.Subscription
+}
+
+// start runs a manager and a handler with opts, and at the end of the test
+// stops the manager, then closes the handler.
+func start(t *testing.T, opts Options) *env {
+	t.Helper()
+	e := &env{t: t, dir: testenv.ShortDir(t, "drar"), reg: prometheus.NewPedanticRegistry()}
+	opts.Registerer = e.reg
+	e.h = New(opts)
+	m, err := pluginmanager.New(pluginmanager.Options{
+		Dir:            e.dir,
+		BackoffInitial: 20 * time.Millisecond,
+		BackoffMax:     200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler(Type, e.h)
+	e.m = m
+	e.sub = m.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s", wait)
+		}
+		e.h.Close()
+		e.sub.Close()
+	})
+	return e
+}
+
+// until waits for cond, re-checking it whenever the handler's state changes
+// or the manager publishes an event, and fails the test at the deadline.
+func (e *env) until(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.After(wait)
+	for {
+		changed := e.h.changes()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-e.sub.Events():
+		case <-deadline:
+			e.t.Fatalf("timed out waiting for %s\nplugins: %+v\ndrivers: %+v", what, e.m.Plugins(), e.h.Drivers())
+		}
+	}
+}
+
+// plugin returns the manager's status of the socket at path.
+func (e *env) plugin(path string) (pluginmanager.PluginStatus, bool) {
+	for _, p := range e.m.Plugins() {
+		if p.Socket == path {
+			return p, true
+		}
+	}
+	return pluginmanager.PluginStatus{}, false
+}
+
+// state waits for the socket at path to reach state, and returns its status.
+func (e *env) state(path string, state pluginmanager.State) pluginmanager.PluginStatus {
+	e.t.Helper()
+	var got pluginmanager.PluginStatus
+	e.until(filepath.Base(path)+" to be "+string(state), func() bool {
+		var ok bool
+		got, ok = e.plugin(path)
+		return ok && got.State == state
+	})
+	return got
+}
+
+// driver returns the handler's snapshot of the named driver.
+func (e *env) driver(name string) (Driver, bool) {
+	for _, d := range e.h.Drivers() {
+		if d.Name == name {
+			return d, true
+		}
+	}
+	return Driver{}, false
+}
+
+// driverWhen waits for the named driver's snapshot to satisfy cond.
+func (e *env) driverWhen(name, what string, cond func(Driver) bool) Driver {
+	e.t.Helper()
+	var d Driver
+	e.until(name+" "+what, func() bool {
+		var ok bool
+		d, ok = e.driver(name)
+		return ok && cond(d)
+	})
+	return d
+}
+
+// testDriver is a DRA driver that prepares and unprepares nothing, and
+// reports the health of devices if it has any.
+type testDriver struct {
+	devices []kubeletplugin.DeviceHealth
+}
+
+func (testDriver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		result[c.UID] = kubeletplugin.PrepareResult{}
+	}
+	return result, nil
+}
+
+func (testDriver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	result := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		result[c.UID] = nil
+	}
+	return result, nil
+}
+
+func (testDriver) HandleError(context.Context, error, string) {}
+
+func (d testDriver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	if len(d.devices) == 0 {
+		return kubeletplugin.ErrHealthNotSupported
+	}
+	select {
+	case reports <- kubeletplugin.DeviceHealthReport{Devices: d.devices}:
+	case <-ctx.Done():
+		return nil
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// startDriver runs a real DRA driver with kubeletplugin, registering in the
+// env's registry directory, and stops it at the end of the test.
+func (e *env) startDriver(drv testDriver, name, dataDir string, opts ...kubeletplugin.Option) *kubeletplugin.Helper {
+	e.t.Helper()
+	// The helper logs through klog; its errors when a stream is cut are
+	// expected here, and would only clutter the output.
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	opts = append([]kubeletplugin.Option{
+		kubeletplugin.DriverName(name),
+		kubeletplugin.KubeClient(fake.NewClientset()),
+		kubeletplugin.NodeName("node-1"),
+		kubeletplugin.RegistrarDirectoryPath(e.dir),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
+	}, opts...)
+	helper, err := kubeletplugin.Start(ctx, drv, opts...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(helper.Stop)
+	return helper
+}
+
+// regSocket is where kubeletplugin puts a driver's registration socket.
+func (e *env) regSocket(name string, uid types.UID) string {
+	if uid == "" {
+		return filepath.Join(e.dir, name+"-reg.sock")
+	}
+	return filepath.Join(e.dir, kubeletplugin.RollingUpdateRegistrarSocketFile(e.dir, name, uid))
+}
+
+func instanceOf(d Driver, socket string) (Instance, bool) {
+	for _, in := range d.Instances {
+		if in.Socket == socket {
+			return in, true
+		}
+	}
+	return Instance{}, false
+}
+
+// A real kubeletplugin driver registers, is told so, and its devices' health
+// is followed.
+func TestRealDriver(t *testing.T) {
+	e := start(t, Options{})
+	const name = "gpu.example.com"
+	lastUpdated := time.Unix(1_700_000_000, 0)
+	helper := e.startDriver(testDriver{devices: []kubeletplugin.DeviceHealth{
+		{PoolName: "pool-a", DeviceName: "gpu-0", Health: kubeletplugin.HealthStatusHealthy, LastUpdated: lastUpdated},
+		{PoolName: "pool-a", DeviceName: "gpu-1", Health: kubeletplugin.HealthStatusUnhealthy, Message: "ECC errors"},
+	}}, name, testenv.ShortDir(t, "drap"))
+
+	socket := e.regSocket(name, "")
+	ps := e.state(socket, pluginmanager.StateRegistered)
+	if st := helper.RegistrationStatus(); st == nil || !st.PluginRegistered {
+		t.Errorf("the plugin was not told it is registered: %+v", st)
+	}
+
+	d := e.driverWhen(name, "to report 2 devices", func(d Driver) bool { return len(d.Devices) == 2 })
+	if !d.Available || d.Serving != socket || !d.UnavailableSince.IsZero() {
+		t.Errorf("driver = %+v, want available, served by %s", d, socket)
+	}
+	if len(d.Instances) != 1 {
+		t.Fatalf("instances = %+v, want 1", d.Instances)
+	}
+	in := d.Instances[0]
+	if in.Service != "v1.DRAPlugin" || in.HealthService != "v1.DRAResourceHealth" || !in.Connected ||
+		in.Endpoint != ps.Endpoint || in.RegisteredAt.IsZero() {
+		t.Errorf("instance = %+v, want v1.DRAPlugin with v1.DRAResourceHealth, connected to %s", in, ps.Endpoint)
+	}
+	want := []DeviceHealth{
+		{Pool: "pool-a", Device: "gpu-0", Health: Healthy, LastUpdated: lastUpdated},
+		{Pool: "pool-a", Device: "gpu-1", Health: Unhealthy, Message: "ECC errors"},
+	}
+	for i := range d.Devices {
+		d.Devices[i].ReceivedAt = time.Time{}
+	}
+	if !slices.Equal(d.Devices, want) {
+		t.Errorf("devices = %+v, want %+v", d.Devices, want)
+	}
+
+	details, ok := e.h.Details(ps.Plugin).(*InstanceStatus)
+	if !ok || details.Driver != name || !details.Serving || !details.DriverAvailable || details.Service != "v1.DRAPlugin" {
+		t.Errorf("details = %+v", e.h.Details(ps.Plugin))
+	}
+	if b, err := json.Marshal(e.h.Details(ps.Plugin)); err != nil || !strings.Contains(string(b), `"driver":"gpu.example.com"`) ||
+		!strings.Contains(string(b), `"serving":true`) || !strings.Contains(string(b), `"service":"v1.DRAPlugin"`) {
+		t.Errorf("details as JSON = %s, %v", b, err)
+	}
+	if got := e.h.Details(pluginmanager.Plugin{Socket: "/nowhere"}); got != nil {
+		t.Errorf("details of an unknown socket = %+v, want nil", got)
+	}
+
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_dra_devices Devices whose health DRA drivers report, by health.
+# TYPE plugd_dra_devices gauge
+plugd_dra_devices{health="Healthy"} 1
+plugd_dra_devices{health="Unhealthy"} 1
+plugd_dra_devices{health="Unknown"} 0
+# HELP plugd_dra_drivers DRA drivers known, available or not.
+# TYPE plugd_dra_drivers gauge
+plugd_dra_drivers 1
+# HELP plugd_dra_drivers_available DRA drivers with a connected instance, or within the grace period after losing the last one.
+# TYPE plugd_dra_drivers_available gauge
+plugd_dra_drivers_available 1
+# HELP plugd_dra_instances Registered DRA driver instances, by the state of their connection.
+# TYPE plugd_dra_instances gauge
+plugd_dra_instances{state="connected"} 1
+plugd_dra_instances{state="disconnected"} 0
+`)); err != nil {
+		t.Error(err)
+	}
+
+	// Stopping the driver removes its socket: the instance is let go, and
+	// the driver is forgotten once the grace period is over (30s here, so it
+	// is still listed).
+	helper.Stop()
+	e.until("the instance to be deregistered", func() bool {
+		_, ok := e.plugin(socket)
+		d, _ := e.driver(name)
+		return !ok && len(d.Instances) == 0
+	})
+	if d, ok := e.driver(name); !ok || !d.Available || d.Serving != "" {
+		t.Errorf("driver within its grace period = %+v, %v; want available, served by none", d, ok)
+	}
+}
+
+// During a rolling update, the old and the new instance are registered side
+// by side; the newer serves, and the driver stays available when the old
+// one stops.
+func TestRollingUpdate(t *testing.T) {
+	e := start(t, Options{})
+	const name = "roll.example.com"
+	data := testenv.ShortDir(t, "drap")
+
+	oldHelper := e.startDriver(testDriver{}, name, data, kubeletplugin.RollingUpdate("pod-a"))
+	oldSocket := e.regSocket(name, "pod-a")
+	e.state(oldSocket, pluginmanager.StateRegistered)
+	d, _ := e.driver(name)
+	if !d.Available || d.Serving != oldSocket {
+		t.Fatalf("with the old instance: driver = %+v, want available, served by %s", d, oldSocket)
+	}
+
+	e.startDriver(testDriver{}, name, data, kubeletplugin.RollingUpdate("pod-b"))
+	newSocket := e.regSocket(name, "pod-b")
+	if ps := e.state(newSocket, pluginmanager.StateRegistered); !ps.Newest {
+		t.Errorf("the manager does not mark the new instance newest: %+v", ps)
+	}
+	d, _ = e.driver(name)
+	if !d.Available || d.Serving != newSocket || len(d.Instances) != 2 || d.Instances[0].Socket != newSocket {
+		t.Fatalf("with both instances: driver = %+v, want available, served by %s, newest first", d, newSocket)
+	}
+	if in, _ := instanceOf(d, oldSocket); !in.Connected {
+		t.Errorf("the old instance is no longer connected: %+v", in)
+	}
+
+	oldHelper.Stop()
+	e.until("the old instance to be deregistered", func() bool {
+		d, _ := e.driver(name)
+		_, old := instanceOf(d, oldSocket)
+		return !old
+	})
+	d, _ = e.driver(name)
+	if !d.Available || d.Serving != newSocket || len(d.Instances) != 1 || !d.UnavailableSince.IsZero() {
+		t.Fatalf("after the old instance stopped: driver = %+v, want available, served by %s", d, newSocket)
+	}
+}
+
+// An instance whose DRA service goes away, while its registration socket
+// stays, is disconnected; past the grace period its driver is unavailable,
+// and available again once the service is back.
+//
+// kubeletplugin removes both sockets when a Helper stops, so the registration
+// and the DRA service run in two Helpers on the same endpoint (the split
+// deployment the helper supports with DRAService(false) and
+// RegistrationService(false)); stopping the second one kills the DRA service
+// alone.
+func TestLostConnection(t *testing.T) {
+	e := start(t, Options{GracePeriod: 300 * time.Millisecond})
+	const name = "lost.example.com"
+	data := testenv.ShortDir(t, "drap")
+	service := func() *kubeletplugin.Helper {
+		return e.startDriver(testDriver{}, name, data, kubeletplugin.RegistrationService(false))
+	}
+
+	svc := service()
+	e.startDriver(testDriver{}, name, data, kubeletplugin.DRAService(false))
+	socket := e.regSocket(name, "")
+	e.state(socket, pluginmanager.StateRegistered)
+
+	// This driver advertises the health service but answers Unimplemented,
+	// as kubeletplugin does for a driver without health reporting.
+	d := e.driverWhen(name, "to stop following health", func(d Driver) bool {
+		return len(d.Instances) == 1 && d.Instances[0].HealthService == ""
+	})
+	if !d.Available || d.Serving != socket || !d.Instances[0].Connected {
+		t.Fatalf("driver = %+v, want available, served by %s", d, socket)
+	}
+
+	svc.Stop()
+	d = e.driverWhen(name, "to lose its instance's connection", func(d Driver) bool {
+		return len(d.Instances) == 1 && !d.Instances[0].Connected
+	})
+	if d.Instances[0].DisconnectedAt.IsZero() || d.Serving != "" {
+		t.Errorf("disconnected: driver = %+v, want DisconnectedAt set, served by none", d)
+	}
+	lost := d.Instances[0].DisconnectedAt
+	d = e.driverWhen(name, "to become unavailable", func(d Driver) bool { return !d.Available })
+	if since := d.UnavailableSince.Sub(lost); since < 300*time.Millisecond {
+		t.Errorf("unavailable %s after the connection was lost, before the grace period of 300ms", since)
+	}
+	if ps, _ := e.plugin(socket); ps.State != pluginmanager.StateRegistered {
+		t.Errorf("the registration itself should stand: %+v", ps)
+	}
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_dra_drivers_available DRA drivers with a connected instance, or within the grace period after losing the last one.
+# TYPE plugd_dra_drivers_available gauge
+plugd_dra_drivers_available 0
+# HELP plugd_dra_instances Registered DRA driver instances, by the state of their connection.
+# TYPE plugd_dra_instances gauge
+plugd_dra_instances{state="connected"} 0
+plugd_dra_instances{state="disconnected"} 1
+`), "plugd_dra_drivers_available", "plugd_dra_instances"); err != nil {
+		t.Error(err)
+	}
+
+	service()
+	d = e.driverWhen(name, "to be available again", func(d Driver) bool { return d.Available })
+	if d.Serving != socket || !d.Instances[0].Connected || !d.UnavailableSince.IsZero() || !d.Instances[0].DisconnectedAt.IsZero() {
+		t.Errorf("reconnected: driver = %+v", d)
+	}
+}
+
+// A driver that breaks a rule is rejected, says why, and is told so.
+func TestRejected(t *testing.T) {
+	e := start(t, Options{})
+
+	t.Run("bad name", func(t *testing.T) {
+		helper := e.startDriver(testDriver{}, "Bad_Driver", testenv.ShortDir(t, "drap"))
+		ps := e.state(e.regSocket("Bad_Driver", ""), pluginmanager.StateRejected)
+		if ps.Reason != pluginmanager.ReasonValidate || !strings.Contains(ps.LastError, `driver name "Bad_Driver" is not a DNS subdomain`) {
+			t.Errorf("status = %+v", ps)
+		}
+		if st := helper.RegistrationStatus(); st == nil || st.PluginRegistered || !strings.Contains(st.Error, "not a DNS subdomain") {
+			t.Errorf("the plugin was told %+v", st)
+		}
+	})
+
+	for _, tc := range []struct {
+		name, endpoint string
+		versions       []string
+		want           string
+	}{
+		{"unsupported version", "/run/dra.sock", []string{"v2.DRAPlugin", "v1.DRAResourceHealth"},
+			`offers none of the DRA services supported (v1.DRAPlugin, v1beta1.DRAPlugin); it offers ["v2.DRAPlugin" "v1.DRAResourceHealth"]`},
+		{"no version", "/run/dra.sock", nil, "offers none of the DRA services supported"},
+		{"relative endpoint", "run/dra.sock", []string{"v1.DRAPlugin"}, `endpoint "run/dra.sock" is not an absolute path`},
+		{"long endpoint", "/" + strings.Repeat("x", 107), []string{"v1.DRAPlugin"}, "is 108 bytes long; a unix socket path must be shorter than 108"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := plugin.Start(plugin.Config{
+				Dir: e.dir, Socket: strings.ReplaceAll(tc.name, " ", "-") + ".sock",
+				Type: Type, Name: "ok.example.com", Endpoint: tc.endpoint, Versions: tc.versions,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			ps := e.state(s.Path(), pluginmanager.StateRejected)
+			if ps.Reason != pluginmanager.ReasonValidate || !strings.Contains(ps.LastError, tc.want) {
+				t.Errorf("status = %+v, want an error containing %q", ps, tc.want)
+			}
+			if st, _ := s.Status(); st.Registered || !strings.Contains(st.Error, tc.want) {
+				t.Errorf("the plugin was told %+v", st)
+			}
+		})
+	}
+	if len(e.h.Drivers()) != 0 {
+		t.Errorf("drivers = %+v, want none", e.h.Drivers())
+	}
+}
+
+// A driver whose endpoint does not answer is not registered, and the manager
+// retries it with the reason shown.
+func TestUnreachableEndpoint(t *testing.T) {
+	e := start(t, Options{})
+	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
+	s, err := plugin.Start(plugin.Config{
+		Dir: e.dir, Type: Type, Name: "away.example.com", Endpoint: endpoint, Versions: []string{"v1beta1.DRAPlugin"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ps := e.state(s.Path(), pluginmanager.StateFailed)
+	if ps.Reason != pluginmanager.ReasonRegister || !strings.Contains(ps.LastError, endpoint) || !strings.Contains(ps.LastError, "no such file") {
+		t.Errorf("status = %+v, want a register failure naming %s and why", ps, endpoint)
+	}
+	if len(e.h.Drivers()) != 0 {
+		t.Errorf("drivers = %+v, want none", e.h.Drivers())
+	}
+}
+
+func TestValidate(t *testing.T) {
+	h := New(Options{})
+	defer h.Close()
+	for _, tc := range []struct {
+		versions        []string
+		service, health string
+	}{
+		{[]string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}, "v1.DRAPlugin", "v1.DRAResourceHealth"},
+		{[]string{"v1alpha1.DRAResourceHealth", "v1beta1.DRAPlugin", "v1.DRAPlugin"}, "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"},
+		{[]string{"v0.DRAPlugin", "v1beta1.DRAPlugin"}, "v1beta1.DRAPlugin", ""},
+	} {
+		p := pluginmanager.Plugin{Type: Type, Name: "a.example.com", Endpoint: "/run/a.sock", Versions: tc.versions}
+		if err := h.Validate(context.Background(), p); err != nil {
+			t.Errorf("Validate(%q) = %v", tc.versions, err)
+		}
+		service, health, _ := check(p)
+		if service != tc.service || health != tc.health {
+			t.Errorf("versions %q: chose %q and %q, want %q and %q", tc.versions, service, health, tc.service, tc.health)
+		}
+	}
+}
+
+// After Close, nothing registers.
+func TestClosed(t *testing.T) {
+	h := New(Options{})
+	h.Close()
+	h.Close()
+	err := h.Register(context.Background(), pluginmanager.Plugin{Type: Type, Name: "a.example.com", Endpoint: "/run/a.sock", Versions: []string{"v1.DRAPlugin"}})
+	if !errors.Is(err, ErrClosed) {
+		t.Errorf("Register after Close = %v, want ErrClosed", err)
+	}
+}
+
+// Health reports are bounded: devices per driver, message length; a device
+// not refreshed within its timeout is Unknown.
+func TestHealthBounds(t *testing.T) {
+	// The instance is made by hand, without a connection or goroutines, so
+	// there is nothing for Close to stop.
+	h := New(Options{})
+	d := &driver{name: "a.example.com", instances: make(map[string]*instance), available: true, devices: make(map[deviceKey]*device)}
+	in := &instance{driver: d, socket: "/reg/a.sock"}
+	h.drivers[d.name], h.sockets[in.socket], d.instances[in.socket] = d, in, in
+
+	var resp drahealthv1.NodeWatchResourcesResponse
+	for i := range maxDevices + 10 {
+		resp.Devices = append(resp.Devices, &drahealthv1.DeviceHealth{
+			Device:                    &drahealthv1.DeviceIdentifier{PoolName: "pool", DeviceName: fmt.Sprintf("dev-%04d", i)},
+			Health:                    drahealthv1.HealthStatus_HEALTHY,
+			Message:                   strings.Repeat("é", maxMessageLen),
+			HealthCheckTimeoutSeconds: 1,
+		})
+	}
+	resp.Devices = append(resp.Devices, &drahealthv1.DeviceHealth{Device: &drahealthv1.DeviceIdentifier{PoolName: "pool"}}) // no name
+	h.recordHealth(in, &resp)
+
+	devs := h.Drivers()[0].Devices
+	if len(devs) != maxDevices {
+		t.Fatalf("%d devices kept, want %d", len(devs), maxDevices)
+	}
+	if m := devs[0].Message; len(m) > maxMessageLen || !strings.HasSuffix(m, "...") || !utf8.ValidString(m) {
+		t.Errorf("message of %d bytes, valid UTF-8 %v, want at most %d ending in ...", len(m), utf8.ValidString(m), maxMessageLen)
+	}
+	if devs[0].Health != Healthy {
+		t.Errorf("health = %s, want Healthy", devs[0].Health)
+	}
+
+	// Once stale, devices read Unknown, and make room for new ones.
+	h.mu.Lock()
+	for _, dev := range d.devices {
+		dev.receivedAt = dev.receivedAt.Add(-2 * time.Second)
+	}
+	h.mu.Unlock()
+	if devs := h.Drivers()[0].Devices; devs[0].Health != Unknown {
+		t.Errorf("stale device health = %s, want Unknown", devs[0].Health)
+	}
+	h.recordHealth(in, &drahealthv1.NodeWatchResourcesResponse{Devices: []*drahealthv1.DeviceHealth{
+		{Device: &drahealthv1.DeviceIdentifier{PoolName: "pool", DeviceName: "new"}, Health: drahealthv1.HealthStatus_UNHEALTHY},
+	}})
+	if devs := h.Drivers()[0].Devices; len(devs) != 1 || devs[0].Device != "new" || devs[0].Health != Unhealthy {
+		t.Errorf("devices = %+v, want only the new one", devs)
+	}
+}
