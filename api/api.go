@@ -32,7 +32,9 @@ type Plugin struct {
 	Endpoint string   `json:"endpoint,omitempty"`
 	Versions []string `json:"versions,omitempty"`
 	Socket   string   `json:"socket"`
-	// State is one of Pending, Registering, Registered, Failed, Rejected, Unhealthy.
+	// State is one of States: Pending, Registering, Registered, Failed,
+	// Stale (a socket nobody listens on), Rejected, Unhealthy (registered,
+	// but not answering its liveness probe).
 	State string `json:"state"`
 	// Reason is the step the last attempt failed at (dial, get_info,
 	// invalid_info, no_handler, validate, register, notify); LastError says why.
@@ -42,6 +44,10 @@ type Plugin struct {
 	NextRetry       time.Time `json:"nextRetry,omitzero"`
 	Discovered      time.Time `json:"discovered,omitzero"`
 	RegisteredSince time.Time `json:"registeredSince,omitzero"`
+	// Created is when the socket file was made: a Stale socket's age.
+	Created time.Time `json:"created,omitzero"`
+	// UnhealthySince is when a registered plugin stopped answering.
+	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
 	// Newest marks the most recently registered of several sockets with the
 	// same type and name (old and new instance during a rolling update).
 	Newest bool `json:"newest,omitempty"`
@@ -50,6 +56,9 @@ type Plugin struct {
 	// run), as a JSON object; absent if the handler reports nothing.
 	Details any `json:"details,omitempty"`
 }
+
+// States are the states a plugin can be in, from the happy path to trouble.
+var States = []string{"Pending", "Registering", "Registered", "Failed", "Stale", "Rejected", "Unhealthy"}
 
 // PluginList is the answer to GET /v1/plugins, sorted by ID.
 type PluginList struct {
@@ -63,7 +72,7 @@ type PluginList struct {
 type Event struct {
 	Seq    uint64    `json:"seq"`
 	Time   time.Time `json:"time"`
-	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Deregistered, Removed, Lost
+	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost
 	Plugin Plugin    `json:"plugin"`
 	Missed int       `json:"missed,omitempty"`
 }

@@ -143,6 +143,7 @@ plugd_plugins{state="Registered",type="CSIPlugin"} 1
 plugd_plugins{state="Registering",type="CSIPlugin"} 0
 plugd_plugins{state="Rejected",type="CSIPlugin"} 0
 plugd_plugins{state="Rejected",type="other"} 1
+plugd_plugins{state="Stale",type="CSIPlugin"} 0
 plugd_plugins{state="Unhealthy",type="CSIPlugin"} 0
 # HELP plugd_registration_attempts_total Registration attempts started.
 # TYPE plugd_registration_attempts_total counter

@@ -15,6 +15,8 @@ const (
 	EventFailed       EventType = "Failed"       // an attempt failed; it will be retried
 	EventRejected     EventType = "Rejected"     // refused until the socket changes
 	EventDeregistered EventType = "Deregistered" // the handler let the plugin go
+	EventUnhealthy    EventType = "Unhealthy"    // a registered plugin stopped answering its liveness probe
+	EventHealthy      EventType = "Healthy"      // an Unhealthy plugin answers again, still registered
 	EventRemoved      EventType = "Removed"      // the socket file is gone and forgotten
 	EventLost         EventType = "Lost"         // this subscriber fell behind; Missed events were dropped
 )

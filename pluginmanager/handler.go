@@ -145,6 +145,8 @@ const (
 	ReasonValidate    Reason = "validate"     // the handler's Validate refused or failed
 	ReasonRegister    Reason = "register"     // the handler's Register failed
 	ReasonNotify      Reason = "notify"       // the plugin could not be told it was registered
+	ReasonPolicy      Reason = "policy"       // a rule of the manager's options refused it (endpoint roots, peer credentials)
+	ReasonUnhealthy   Reason = "unhealthy"    // it stopped answering while registered
 )
 
 // handlerPanic is the error a recovered panic turns into.

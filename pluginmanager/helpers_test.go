@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -265,4 +266,14 @@ func serveRaw(t *testing.T, path string, register func(*grpc.Server), opts ...gr
 		<-done
 	})
 	return srv
+}
+
+// renameOver moves a socket into place over an old one, as a restarting
+// plugin using the SDK does.
+func renameOver(from, to string) error { return os.Rename(from, to) }
+
+// statPath reports whether anything is at path.
+func statPath(path string) (os.FileInfo, bool) {
+	fi, err := os.Lstat(path)
+	return fi, err == nil
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -49,6 +50,8 @@ type entry struct {
 	retry    *time.Timer // pending retry of a Failed socket
 	backoffs int         // retries scheduled with backoff since the socket appeared
 	busy     bool        // an abandoned handler call for this socket is still running
+	probe    *time.Timer // next liveness probe of a registered plugin
+	probeDue bool        // the probe timer fired: the worker probes instead of reconciling
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -219,9 +222,7 @@ func (m *Manager) Run(ctx context.Context) error {
 func (m *Manager) shutdown(ctx context.Context) {
 	m.mu.Lock()
 	for _, e := range m.entries {
-		if e.retry != nil {
-			e.retry.Stop()
-		}
+		stopTimers(e)
 	}
 	m.mu.Unlock()
 
@@ -382,7 +383,7 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 	}
 	// Take back what is gone or replaced, and what a timed-out Register may
 	// have left with the handler before it is registered again.
-	if e != nil && e.reg != nil && (!present || e.reg.id != id || e.status.State != StateRegistered) {
+	if e != nil && e.reg != nil && (!present || e.reg.id != id || !e.status.State.registered()) {
 		reg := e.reg
 		e.reg = nil
 		m.mu.Unlock()
@@ -398,6 +399,14 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 	}
 	if e == nil || e.id != id {
 		e = m.discoverLocked(path, id, e)
+	}
+	if e.probeDue {
+		e.probeDue = false
+		if e.status.State.registered() {
+			m.mu.Unlock()
+			m.probe(ctx, path, e)
+			return
+		}
 	}
 	if !m.dueLocked(e) {
 		m.mu.Unlock()
@@ -419,22 +428,30 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 		e = &entry{}
 		m.entries[path] = e
 	}
-	if e.retry != nil {
-		e.retry.Stop()
-		e.retry = nil
-	}
+	stopTimers(e)
 	e.id = id
 	e.backoffs = 0
-	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now()}
+	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: time.Unix(id.sec, id.nsec)}
 	m.publishLocked(EventDiscovered, e)
 	m.log.Debug("socket discovered", "socket", path)
 	return e
 }
 
-func (m *Manager) forgetLocked(path string, e *entry) {
+// stopTimers stops e's pending retry and probe.
+func stopTimers(e *entry) {
 	if e.retry != nil {
 		e.retry.Stop()
+		e.retry = nil
 	}
+	if e.probe != nil {
+		e.probe.Stop()
+		e.probe = nil
+	}
+	e.probeDue = false
+}
+
+func (m *Manager) forgetLocked(path string, e *entry) {
+	stopTimers(e)
 	delete(m.entries, path)
 	m.publishLocked(EventRemoved, e)
 	m.log.Debug("socket removed", "socket", path)
@@ -445,7 +462,7 @@ func (m *Manager) dueLocked(e *entry) bool {
 	switch e.status.State {
 	case StatePending:
 		return true
-	case StateFailed:
+	case StateFailed, StateStale:
 		return !time.Now().Before(e.status.NextRetry)
 	case StateRejected:
 		_, ok := m.handlers[e.status.Type]
@@ -533,6 +550,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", notifyErr)
 	}
 	m.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
+	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
 	m.publishLocked(EventRegistered, e)
 	m.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", e.status.Attempts)
 }
@@ -576,6 +594,11 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 	}
 	delay := m.backoff(e, reason)
 	e.status.State = StateFailed
+	if reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED) {
+		// A socket file nobody listens on: what a crashed plugin leaves.
+		e.status.State = StateStale
+		m.removeIfStaleLocked(e)
+	}
 	e.status.NextRetry = time.Now().Add(delay)
 	path := p.Socket
 	e.retry = time.AfterFunc(delay, func() { m.queue.add(path) })
@@ -611,10 +634,15 @@ func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) b
 	p := reg.plugin
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e.status.State == StateRegistered {
+	if e.status.State.registered() {
 		e.status.State = StatePending
 	}
-	e.status.RegisteredSince = time.Time{}
+	if e.probe != nil {
+		e.probe.Stop()
+		e.probe = nil
+	}
+	e.probeDue = false
+	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
 	m.metrics.deregistrations.WithLabelValues(m.typeLabelLocked(p.Type)).Inc()
 	ev := m.eventLocked(EventDeregistered, e)
 	ev.Plugin = p

@@ -67,7 +67,7 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	// Every handled type reports every state, so that series do not vanish at zero.
 	for typ := range m.handlers {
-		for _, s := range []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateUnhealthy} {
+		for _, s := range []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy} {
 			counts[key{typ, s}] = 0
 		}
 	}

@@ -54,6 +54,23 @@ type Options struct {
 	// SubscribeWithReplay. Zero means 1024.
 	EventHistory int
 
+	// ProbeInterval is how often each registered plugin is asked GetInfo,
+	// with jitter, to tell a live plugin from a dead one. A plugin that fails
+	// a probe is Unhealthy at once; one that answers with different info is
+	// a new plugin. Zero means 10s; negative disables probing.
+	ProbeInterval time.Duration
+
+	// UnhealthyGrace is how long an Unhealthy plugin stays registered
+	// before it is deregistered; it is registered again as soon as it
+	// answers. Zero means 30s. GracePeriods overrides it per plugin type.
+	UnhealthyGrace time.Duration
+	GracePeriods   map[string]time.Duration
+
+	// RemoveStaleAfter, if positive, removes a Stale socket (nobody listens
+	// on it) once it is older than this: a crashed plugin's leftover. Off
+	// by default: a plugin that comes back replaces its socket anyway.
+	RemoveStaleAfter time.Duration
+
 	// DeregisterOnShutdown makes Run deregister every registered plugin before
 	// it returns. Off by default, so that restarting the manager does not make
 	// the plugins' handlers flap.
@@ -111,6 +128,20 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ResyncInterval == 0 {
 		o.ResyncInterval = 30 * time.Second
+	}
+	if o.ProbeInterval == 0 {
+		o.ProbeInterval = 10 * time.Second
+	}
+	if o.UnhealthyGrace < 0 {
+		return o, fmt.Errorf("pluginmanager: Options.UnhealthyGrace is %s: it must be zero (default 30s) or positive", o.UnhealthyGrace)
+	}
+	if o.UnhealthyGrace == 0 {
+		o.UnhealthyGrace = 30 * time.Second
+	}
+	for typ, d := range o.GracePeriods {
+		if d <= 0 {
+			return o, fmt.Errorf("pluginmanager: Options.GracePeriods[%q] is %s: it must be positive", typ, d)
+		}
 	}
 	return o, nil
 }

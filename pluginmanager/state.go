@@ -16,8 +16,12 @@ const (
 	StateRegistered  State = "Registered"  // the handler accepted it and the plugin was told
 	StateFailed      State = "Failed"      // the last attempt failed; retried at NextRetry
 	StateRejected    State = "Rejected"    // refused for a reason retrying cannot fix
-	StateUnhealthy   State = "Unhealthy"   // registered, but not answering (reserved for liveness checks)
+	StateStale       State = "Stale"       // a socket file nobody listens on (a crashed plugin's); retried
+	StateUnhealthy   State = "Unhealthy"   // registered, but stopped answering; deregistered after a grace period
 )
+
+// registered reports whether a handler holds the plugin in state s.
+func (s State) registered() bool { return s == StateRegistered || s == StateUnhealthy }
 
 // PluginStatus is what the manager knows of one registration socket.
 type PluginStatus struct {
@@ -34,6 +38,12 @@ type PluginStatus struct {
 	NextRetry time.Time `json:"nextRetry,omitzero"`
 	// Discovered is when this socket file was first seen.
 	Discovered time.Time `json:"discovered"`
+	// Created is when the socket file was made (its birth time, or its
+	// change time where the filesystem keeps none): a Stale socket's age.
+	Created time.Time `json:"created,omitzero"`
+	// UnhealthySince is when a registered plugin stopped answering its
+	// liveness probe; zero while it answers.
+	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
 	// RegisteredSince is when the current registration succeeded.
 	RegisteredSince time.Time `json:"registeredSince,omitzero"`
 	// Newest is set on the most recently registered of several sockets that

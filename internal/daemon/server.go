@@ -26,11 +26,6 @@ const (
 	writeDeadline = 10 * time.Second
 )
 
-var states = []string{
-	string(pluginmanager.StatePending), string(pluginmanager.StateRegistering), string(pluginmanager.StateRegistered),
-	string(pluginmanager.StateFailed), string(pluginmanager.StateRejected), string(pluginmanager.StateUnhealthy),
-}
-
 // Handler is the status API (see package api for the endpoints).
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -69,8 +64,8 @@ func (d *Daemon) Handler() http.Handler {
 func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	typ, name, state := q.Get("type"), q.Get("name"), q.Get("state")
-	if state != "" && !slices.Contains(states, state) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q is not one of %v", state, states))
+	if state != "" && !slices.Contains(api.States, state) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q is not one of %v", state, api.States))
 		return
 	}
 	dir := d.Config().RegistryDir
@@ -164,6 +159,7 @@ func toAPI(dir string, s pluginmanager.PluginStatus) api.Plugin {
 		ID: id, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint, Versions: s.Versions, Socket: s.Socket,
 		State: string(s.State), Reason: string(s.Reason), LastError: s.LastError, Attempts: s.Attempts,
 		NextRetry: s.NextRetry, Discovered: s.Discovered, RegisteredSince: s.RegisteredSince, Newest: s.Newest,
+		Created: s.Created, UnhealthySince: s.UnhealthySince,
 	}
 }
 

@@ -65,7 +65,7 @@ func checkScenario(t *testing.T, output string) {
 	find(0, "Rejected", "example.com/Unknown", "mystery.sock", "no_handler:", `"example.com/Unknown"`)
 	find(find(0, "Deregistered", "greeter.sock"), "Removed", "greeter.sock")
 	failed := find(0, "Failed", "fpga.sock", "attempt 3", "retry in", "connection refused")
-	find(failed, "GET /v1/plugins/fpga.sock: Failed after 3 attempts")
+	find(failed, "GET /v1/plugins/fpga.sock: Stale after 3 attempts")
 	find(failed, "Registered", "DevicePlugin", "example.com/fpga", "fpga.sock")
 	find(failed, "after the restart, on attempt 1 of the new socket")
 

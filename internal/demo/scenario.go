@@ -51,7 +51,7 @@ func (d *demo) scenario(ctx context.Context) error {
 		{"4. The Greeter plugin stops and removes its socket: plugd deregisters it and\n" +
 			"   forgets the socket.", d.stepStop},
 		{"5. A device plugin crashed and left its socket behind, with nobody listening.\n" +
-			"   Connections are refused: Failed, retried with a backoff that doubles.", d.stepCrash},
+			"   Connections are refused: Stale (nobody listens), retried with a backoff that doubles.", d.stepCrash},
 		{"6. The device plugin restarts on the same socket name. A new socket file is a new\n" +
 			"   registration: it registers at once, without waiting out the old backoff.", d.stepRestart},
 	}

@@ -1,0 +1,163 @@
+package pluginmanager
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"time"
+)
+
+// Liveness: every registered plugin has a probe timer of its own, so an idle
+// manager does no work per tick for all plugins; a probe is a GetInfo with a
+// deadline, run by the worker that holds the socket's path.
+
+// scheduleProbeLocked arms e's next probe in about d (±10%). m.mu must be held.
+func (m *Manager) scheduleProbeLocked(path string, e *entry, d time.Duration) {
+	if m.opts.ProbeInterval < 0 {
+		return
+	}
+	if e.probe != nil {
+		e.probe.Stop()
+	}
+	d = time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
+	e.probe = time.AfterFunc(d, func() {
+		m.mu.Lock()
+		e.probeDue = true
+		m.mu.Unlock()
+		m.queue.add(path)
+	})
+}
+
+// graceLocked is how long a plugin of type typ may stay Unhealthy.
+func (m *Manager) graceLocked(typ string) time.Duration {
+	if d, ok := m.opts.GracePeriods[typ]; ok {
+		return d
+	}
+	return m.opts.UnhealthyGrace
+}
+
+// samePlugin reports whether a probe's answer is the plugin that registered.
+func samePlugin(a, b Plugin) bool {
+	return a.Type == b.Type && a.Name == b.Name && a.Endpoint == b.Endpoint && slices.Equal(a.Versions, b.Versions)
+}
+
+// probe asks a registered plugin who it is. An answer keeps it (or makes it
+// again) Registered, without a word to its handler; no answer makes it
+// Unhealthy at once, and deregistered once that has lasted its grace period;
+// a different answer is a different plugin, registered afresh.
+func (m *Manager) probe(ctx context.Context, path string, e *entry) {
+	m.mu.Lock()
+	reg := e.reg
+	m.mu.Unlock()
+	if reg == nil {
+		return
+	}
+	p, err := m.ask(ctx, path)
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	if err == nil && !samePlugin(p, reg.plugin) {
+		m.log.Info("plugin answers with different info; registering it afresh", "socket", path,
+			"was", reg.plugin.Type+"/"+reg.plugin.Name, "now", p.Type+"/"+p.Name)
+		m.mu.Lock()
+		e.reg = nil
+		m.mu.Unlock()
+		if !m.deregister(ctx, e, reg) {
+			return
+		}
+		m.mu.Lock()
+		e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: e.status.Created}
+		e.backoffs = 0
+		m.publishLocked(EventDiscovered, e)
+		m.mu.Unlock()
+		m.queue.add(path)
+		return
+	}
+
+	m.mu.Lock()
+	now := time.Now()
+	label := m.typeLabelLocked(reg.plugin.Type)
+	if err == nil {
+		if e.status.State == StateUnhealthy {
+			e.status.State = StateRegistered
+			e.status.UnhealthySince = time.Time{}
+			e.status.Reason, e.status.LastError = "", ""
+			m.publishLocked(EventHealthy, e)
+			m.log.Info("plugin answers again", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name)
+		}
+		m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
+		m.mu.Unlock()
+		return
+	}
+	if e.status.State == StateRegistered {
+		e.status.State = StateUnhealthy
+		e.status.UnhealthySince = now
+		e.status.Reason, e.status.LastError = ReasonUnhealthy, printable(err.Error())
+		m.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
+		m.publishLocked(EventUnhealthy, e)
+		m.log.Warn("plugin stopped answering", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name, "err", err)
+	} else {
+		e.status.LastError = printable(err.Error())
+	}
+	left := m.graceLocked(reg.plugin.Type) - now.Sub(e.status.UnhealthySince)
+	if left > 0 {
+		m.scheduleProbeLocked(path, e, min(m.opts.ProbeInterval, left))
+		m.mu.Unlock()
+		return
+	}
+	e.reg = nil
+	m.mu.Unlock()
+
+	// The grace period is over: let it go. It is tried again at every probe
+	// interval (and at once if its socket is re-created).
+	if !m.deregister(ctx, e, reg) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.status.Plugin = reg.plugin
+	e.status.State = StateFailed
+	e.status.Reason, e.status.LastError = ReasonUnhealthy, printable(fmt.Sprintf("deregistered after not answering for %s: %v", m.graceLocked(reg.plugin.Type), err))
+	e.status.NextRetry = now.Add(m.opts.ProbeInterval)
+	e.retry = time.AfterFunc(m.opts.ProbeInterval, func() { m.queue.add(path) })
+	m.publishLocked(EventFailed, e)
+}
+
+// ask dials the socket and asks GetInfo, each step with its deadline.
+func (m *Manager) ask(ctx context.Context, path string) (Plugin, error) {
+	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
+		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
+	conn, err := connect(dialCtx, path)
+	cancel()
+	if err != nil {
+		return Plugin{}, err
+	}
+	defer conn.Close()
+	infoCtx, cancel := context.WithTimeoutCause(ctx, m.opts.GetInfoTimeout,
+		fmt.Errorf("no answer within %s", m.opts.GetInfoTimeout))
+	defer cancel()
+	info, err := getInfo(infoCtx, conn)
+	if err != nil {
+		return Plugin{}, err
+	}
+	return pluginFromInfo(info, path)
+}
+
+// removeIfStaleLocked removes a Stale socket older than
+// Options.RemoveStaleAfter, if set: a crashed plugin's leftover that nobody
+// will come back for. Only the very file that was found stale is removed.
+func (m *Manager) removeIfStaleLocked(e *entry) {
+	if m.opts.RemoveStaleAfter <= 0 || time.Since(e.status.Created) < m.opts.RemoveStaleAfter {
+		return
+	}
+	if id, ok := statSocket(e.status.Socket); !ok || id != e.id {
+		return
+	}
+	if err := os.Remove(e.status.Socket); err != nil {
+		m.log.Warn("could not remove a stale socket", "socket", e.status.Socket, "err", err)
+		return
+	}
+	m.log.Info("removed a stale socket", "socket", e.status.Socket, "age", time.Since(e.status.Created).Round(time.Second))
+}

@@ -1,0 +1,169 @@
+package pluginmanager_test
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// moody is a plugin whose answers the test changes while it runs.
+type moody struct {
+	registerapi.UnimplementedRegistrationServer
+	mu   sync.Mutex
+	info *registerapi.PluginInfo
+	down bool // GetInfo fails, as a wedged plugin's would
+}
+
+func (p *moody) set(f func(*moody)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(p)
+}
+
+func (p *moody) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		return nil, status.Error(codes.Unavailable, "wedged")
+	}
+	return p.info, nil
+}
+
+func (p *moody) NotifyRegistrationStatus(context.Context, *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// waitEvent waits for an event of typ about the socket at path.
+func (h *harness) waitEvent(path string, typ pluginmanager.EventType) pluginmanager.Event {
+	h.t.Helper()
+	deadline := time.After(wait)
+	for {
+		select {
+		case ev := <-h.sub.Events():
+			if ev.Plugin.Socket == path && ev.Type == typ {
+				return ev
+			}
+		case <-deadline:
+			h.t.Fatalf("no %s event for %s", typ, filepath.Base(path))
+		}
+	}
+}
+
+func TestUnhealthyThenHealthyWithoutFlapping(t *testing.T) {
+	rec := newRecorder()
+	h := start(t, pluginmanager.Options{ProbeInterval: 50 * time.Millisecond, UnhealthyGrace: time.Hour},
+		map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	path := filepath.Join(h.dir, "moody.sock")
+	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "moody", SupportedVersions: []string{"1.0.0"}}}
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
+	h.status(path, pluginmanager.StateRegistered)
+
+	p.set(func(p *moody) { p.down = true })
+	ev := h.waitEvent(path, pluginmanager.EventUnhealthy)
+	if ev.Reason != pluginmanager.ReasonUnhealthy || ev.State != pluginmanager.StateUnhealthy {
+		t.Errorf("unhealthy event = %+v", ev)
+	}
+	if s := h.status(path, pluginmanager.StateUnhealthy); s.UnhealthySince.IsZero() || s.RegisteredSince.IsZero() {
+		t.Errorf("unhealthy status = %+v, want still registered, with the time it stopped answering", s)
+	}
+
+	p.set(func(p *moody) { p.down = false })
+	h.waitEvent(path, pluginmanager.EventHealthy)
+	if s := h.status(path, pluginmanager.StateRegistered); !s.UnhealthySince.IsZero() || s.LastError != "" {
+		t.Errorf("recovered status = %+v", s)
+	}
+	if got := rec.Calls(); len(got) != 2 {
+		t.Errorf("handler calls = %q, want only the first validate and register: no flapping", got)
+	}
+}
+
+func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
+	rec := newRecorder()
+	h := start(t, pluginmanager.Options{
+		ProbeInterval: 50 * time.Millisecond,
+		GracePeriods:  map[string]time.Duration{"CSIPlugin": 300 * time.Millisecond},
+	}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	path := filepath.Join(h.dir, "crash.sock")
+	info := &registerapi.PluginInfo{Type: "CSIPlugin", Name: "crash", SupportedVersions: []string{"1.0.0"}}
+
+	// A plugin process killed with SIGKILL leaves its socket file behind,
+	// with nobody listening: a listener closed without unlinking is that.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, &moody{info: info})
+	served := make(chan struct{})
+	go func() { defer close(served); srv.Serve(l) }()
+	h.status(path, pluginmanager.StateRegistered)
+
+	srv.Stop()
+	<-served
+	unhealthy := h.waitEvent(path, pluginmanager.EventUnhealthy)
+	dereg := h.waitEvent(path, pluginmanager.EventDeregistered)
+	if held := dereg.Time.Sub(unhealthy.Time); held < 300*time.Millisecond {
+		t.Errorf("deregistered %s after it stopped answering, before its 300ms grace period", held)
+	}
+	s := h.status(path, pluginmanager.StateFailed)
+	if s.Reason != pluginmanager.ReasonUnhealthy || s.NextRetry.IsZero() {
+		t.Errorf("after the grace period: %+v", s)
+	}
+	if rec.count("deregister crash") != 1 {
+		t.Errorf("calls = %q", rec.Calls())
+	}
+
+	// The plugin restarts: a new socket, registered at once.
+	serveRaw(t, path+".new", func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, &moody{info: info}) })
+	if err := renameOver(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	h.status(path, pluginmanager.StateRegistered)
+	rec.waitCalls(t, "register crash", 2)
+}
+
+func TestProbeFindingAnotherPluginRegistersItAfresh(t *testing.T) {
+	rec := newRecorder()
+	h := start(t, pluginmanager.Options{ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	path := filepath.Join(h.dir, "shifty.sock")
+	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "first", SupportedVersions: []string{"1.0.0"}}}
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
+	h.status(path, pluginmanager.StateRegistered)
+
+	p.set(func(p *moody) {
+		p.info = &registerapi.PluginInfo{Type: "CSIPlugin", Name: "second", SupportedVersions: []string{"1.0.0"}}
+	})
+	rec.waitCalls(t, "register second", 1)
+	if got := rec.Calls(); len(got) != 5 || got[2] != "deregister first" {
+		t.Errorf("calls = %q, want the first taken back before the second registers", got)
+	}
+	if s := h.status(path, pluginmanager.StateRegistered); s.Name != "second" {
+		t.Errorf("status = %+v", s)
+	}
+}
+
+func TestStaleSocketIsReportedAndOptionallyRemoved(t *testing.T) {
+	h := start(t, pluginmanager.Options{RemoveStaleAfter: time.Nanosecond}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	path := filepath.Join(h.dir, "left.sock")
+	staleSocket(t, path)
+	// Stale, then removed by the manager (it is older than a nanosecond),
+	// and so forgotten.
+	if ev := h.waitEvent(path, pluginmanager.EventFailed); ev.State != pluginmanager.StateStale {
+		t.Errorf("a socket nobody listens on is %s, want Stale", ev.State)
+	}
+	h.waitEvent(path, pluginmanager.EventRemoved)
+	if _, ok := statPath(path); ok {
+		t.Error("the stale socket is still there")
+	}
+}
