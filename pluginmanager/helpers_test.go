@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
@@ -276,4 +277,20 @@ func renameOver(from, to string) error { return os.Rename(from, to) }
 func statPath(path string) (os.FileInfo, bool) {
 	fi, err := os.Lstat(path)
 	return fi, err == nil
+}
+
+// counterFrom reads a counter without labels from reg, as a collector.
+func counterFrom(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: name})
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.Metric) == 1 {
+			c.Add(mf.Metric[0].GetCounter().GetValue())
+		}
+	}
+	return c
 }

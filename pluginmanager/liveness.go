@@ -97,7 +97,7 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 		e.status.Reason, e.status.LastError = ReasonUnhealthy, printable(err.Error())
 		m.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
 		m.publishLocked(EventUnhealthy, e)
-		m.log.Warn("plugin stopped answering", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name, "err", err)
+		m.log.Warn("plugin stopped answering", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name, "err", e.status.LastError)
 	} else {
 		e.status.LastError = printable(err.Error())
 	}

@@ -34,9 +34,13 @@ type Manager struct {
 	// calls counts handler calls still running, including abandoned ones.
 	calls sync.WaitGroup
 
-	mu       sync.Mutex
-	handlers map[string]Handler
-	entries  map[string]*entry // by socket path: what is on disk, and what is registered
+	mu               sync.Mutex
+	handlers         map[string]Handler
+	entries          map[string]*entry // by socket path: what is on disk, and what is registered
+	lastLimitWarning time.Time         // when the MaxSockets limit was last logged
+	overLimit        bool              // sockets were left untracked: look again when one goes
+	rescan           chan struct{}     // asks the watch loop for a walk of the directory
+	roots            []string          // Options.EndpointRoots, resolved
 }
 
 // entry is one socket path: the file found there (desired state), the
@@ -80,6 +84,8 @@ func New(opts Options) (*Manager, error) {
 		metrics:  newMetrics(),
 		handlers: make(map[string]Handler),
 		entries:  make(map[string]*entry),
+		roots:    resolveRoots(o.EndpointRoots),
+		rescan:   make(chan struct{}, 1),
 	}
 	if o.Registerer != nil {
 		if err := m.registerMetrics(o.Registerer); err != nil {
@@ -186,8 +192,8 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	if fi, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
-	} else if fi.Mode().Perm()&0o002 != 0 {
-		return fmt.Errorf("pluginmanager: the registry directory %s is writable by every user (mode %v): anyone could put a socket there or replace a plugin's; remove that permission (chmod o-w %s)",
+	} else if fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir {
+		return fmt.Errorf("pluginmanager: the registry directory %s is writable by users other than its owner (mode %v): they could put a socket there or replace a plugin's; remove that permission (chmod go-w %s), or set Options.AllowWritableDir",
 			dir, fi.Mode().Perm(), dir)
 	}
 	// The buffer absorbs bursts of sockets while the watch loop is busy.
@@ -322,6 +328,8 @@ func (m *Manager) watch(ctx context.Context, w *watcher) {
 			m.resync(w)
 		case <-tick:
 			m.resync(w)
+		case <-m.rescan:
+			m.resync(w)
 		}
 	}
 }
@@ -398,7 +406,10 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 		return
 	}
 	if e == nil || e.id != id {
-		e = m.discoverLocked(path, id, e)
+		if e = m.discoverLocked(path, id, e); e == nil {
+			m.mu.Unlock() // over Options.MaxSockets
+			return
+		}
 	}
 	if e.probeDue {
 		e.probeDue = false
@@ -425,6 +436,16 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 // backoff, no verdict carried over from a file that was there before.
 func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 	if e == nil {
+		if len(m.entries) >= m.opts.MaxSockets {
+			m.metrics.overLimit.Inc()
+			m.overLimit = true
+			if time.Since(m.lastLimitWarning) > time.Minute {
+				m.lastLimitWarning = time.Now()
+				m.log.Error("too many sockets: new ones are not tracked until some go; raise Options.MaxSockets if this node needs more",
+					"limit", m.opts.MaxSockets, "socket", path)
+			}
+			return nil
+		}
 		e = &entry{}
 		m.entries[path] = e
 	}
@@ -452,6 +473,14 @@ func stopTimers(e *entry) {
 
 func (m *Manager) forgetLocked(path string, e *entry) {
 	stopTimers(e)
+	if m.overLimit {
+		// A place is free: find the sockets that were left untracked.
+		m.overLimit = false
+		select {
+		case m.rescan <- struct{}{}:
+		default:
+		}
+	}
 	delete(m.entries, path)
 	m.publishLocked(EventRemoved, e)
 	m.log.Debug("socket removed", "socket", path)
@@ -477,7 +506,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 
 	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
-	conn, err := connect(dialCtx, path)
+	conn, who, err := connectPeer(dialCtx, path)
 	cancel()
 	if err != nil {
 		m.fail(ctx, e, p, ReasonDial, err, false)
@@ -497,6 +526,11 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 	if p, err = pluginFromInfo(info, path); err != nil {
 		// Keep none of what it said: the error says what was wrong, bounded.
 		m.refuse(ctx, conn, e, Plugin{Socket: path}, ReasonInvalidInfo, err, true)
+		return
+	}
+
+	if err := m.checkPolicy(p, who); err != nil {
+		m.refuse(ctx, conn, e, p, ReasonPolicy, err, true)
 		return
 	}
 
@@ -547,7 +581,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		// make the handler flap. The plugin learns of it from its next GetInfo.
 		e.status.Reason, e.status.LastError = ReasonNotify, printable(notifyErr.Error())
 		m.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
-		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", notifyErr)
+		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	m.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
 	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
@@ -561,7 +595,7 @@ func (m *Manager) refuse(ctx context.Context, conn *grpc.ClientConn, e *entry, p
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
 		if nerr := notify(notifyCtx, conn, p.Socket, false, err.Error()); nerr != nil {
-			m.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", nerr)
+			m.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
 		}
 		cancel()
 	}
@@ -589,7 +623,7 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 			m.queue.add(p.Socket)
 		}
 		m.publishLocked(EventRejected, e)
-		m.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", err)
+		m.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
 		return
 	}
 	delay := m.backoff(e, reason)
@@ -603,7 +637,7 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 	path := p.Socket
 	e.retry = time.AfterFunc(delay, func() { m.queue.add(path) })
 	m.publishLocked(EventFailed, e)
-	m.log.Warn("plugin registration failed", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", err, "attempt", e.status.Attempts, "retryIn", delay)
+	m.log.Warn("plugin registration failed", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError, "attempt", e.status.Attempts, "retryIn", delay)
 }
 
 // backoff is the delay before the next attempt: BackoffInitial doubled for
@@ -648,7 +682,7 @@ func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) b
 	ev.Plugin = p
 	if err != nil {
 		ev.Error = printable(err.Error())
-		m.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", err)
+		m.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
 	} else {
 		m.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	failures        *prometheus.CounterVec
 	latency         *prometheus.HistogramVec
 	deregistrations *prometheus.CounterVec
+	overLimit       prometheus.Counter
 	plugins         *prometheus.Desc
 }
 
@@ -36,6 +37,10 @@ func newMetrics() *metrics {
 			Name: "plugd_deregistrations_total",
 			Help: "Plugins deregistered from their handler.",
 		}, []string{"type"}),
+		overLimit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "plugd_sockets_over_limit_total",
+			Help: "Sockets not tracked because the manager already tracked Options.MaxSockets.",
+		}),
 		plugins: prometheus.NewDesc("plugd_plugins",
 			"Registration sockets known to the manager, by plugin type and state.",
 			[]string{"type", "state"}, nil),
@@ -45,7 +50,7 @@ func newMetrics() *metrics {
 // register puts the collectors on reg; the plugins gauge is read from the
 // manager's state at scrape time, so the hot path never touches it.
 func (m *Manager) registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, pluginsCollector{m}} {
+	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, m.metrics.overLimit, pluginsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

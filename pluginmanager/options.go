@@ -3,6 +3,7 @@ package pluginmanager
 import (
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,29 @@ type Options struct {
 	UnhealthyGrace time.Duration
 	GracePeriods   map[string]time.Duration
 
+	// MaxSockets bounds how many sockets the manager tracks; more are left
+	// alone (logged, and counted in plugd_sockets_over_limit_total) until
+	// some go. Zero means 20000.
+	MaxSockets int
+
+	// EndpointRoots, if set, confines plugins' endpoints: an endpoint must
+	// be inside one of these directories (after symlinks are resolved), or
+	// be the registration socket itself. A plugin whose endpoint is not is
+	// Rejected with reason policy.
+	EndpointRoots []string
+
+	// AllowedPeers, if set, says which processes may serve registration
+	// sockets, by plugin type: the process listening on the socket (as the
+	// kernel reports it, SO_PEERCRED) must run as one of the UIDs or GIDs
+	// listed for the plugin's type, or for "*" if its type has no entry.
+	// A plugin of a type with neither entry is not checked.
+	AllowedPeers map[string]Peers
+
+	// AllowWritableDir lets Run use a registry directory that users other
+	// than its owner may write to. Off: such a directory is refused, since
+	// anyone who can write there can plant a plugin or replace one.
+	AllowWritableDir bool
+
 	// RemoveStaleAfter, if positive, removes a Stale socket (nobody listens
 	// on it) once it is older than this: a crashed plugin's leftover. Off
 	// by default: a plugin that comes back replaces its socket anyway.
@@ -94,6 +118,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"Workers", &o.Workers, 16},
 		{"EventBuffer", &o.EventBuffer, 1024},
 		{"EventHistory", &o.EventHistory, 1024},
+		{"MaxSockets", &o.MaxSockets, 20000},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -128,6 +153,11 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ResyncInterval == 0 {
 		o.ResyncInterval = 30 * time.Second
+	}
+	for i, root := range o.EndpointRoots {
+		if !filepath.IsAbs(root) {
+			return o, fmt.Errorf("pluginmanager: Options.EndpointRoots[%d] %q is not an absolute path", i, root)
+		}
 	}
 	if o.ProbeInterval == 0 {
 		o.ProbeInterval = 10 * time.Second

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"unicode"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -34,19 +36,34 @@ const (
 // ctx is done, for it to be ready. A refused connection fails at once with the
 // dialer's error.
 func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
+	conn, _, err := connectPeer(ctx, path)
+	return conn, err
+}
+
+// peer is who listens on a socket, as the kernel says (SO_PEERCRED).
+type peer struct {
+	pid, uid, gid uint32
+	known         bool
+}
+
+// connectPeer is connect, also reporting who listens on the socket.
+func connectPeer(ctx context.Context, path string) (*grpc.ClientConn, peer, error) {
 	var (
 		mu      sync.Mutex
 		dialErr error
+		who     peer
 	)
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", path)
+		mu.Lock()
+		defer mu.Unlock()
 		if err != nil {
-			mu.Lock()
 			dialErr = err
-			mu.Unlock()
+			return nil, err
 		}
-		return c, err
+		who = peerOf(c)
+		return c, nil
 	}
 	// The dialer ignores the target, so a constant one keeps a path that
 	// gRPC would parse (a '?', a '#', a control character) out of its way.
@@ -57,14 +74,16 @@ func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxInfoBytes)),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", path, err)
+		return nil, peer{}, fmt.Errorf("connect %s: %w", path, err)
 	}
 	conn.Connect()
 	for {
 		s := conn.GetState()
 		switch s {
 		case connectivity.Ready:
-			return conn, nil
+			mu.Lock()
+			defer mu.Unlock()
+			return conn, who, nil
 		case connectivity.TransientFailure, connectivity.Shutdown:
 			conn.Close()
 			mu.Lock()
@@ -73,13 +92,32 @@ func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
 			if err == nil {
 				err = errors.New("connection failed")
 			}
-			return nil, fmt.Errorf("connect %s: %w", path, err)
+			return nil, peer{}, fmt.Errorf("connect %s: %w", path, err)
 		}
 		if !conn.WaitForStateChange(ctx, s) {
 			conn.Close()
-			return nil, fmt.Errorf("connect %s: %w", path, context.Cause(ctx))
+			return nil, peer{}, fmt.Errorf("connect %s: %w", path, context.Cause(ctx))
 		}
 	}
+}
+
+// peerOf asks the kernel who is at the other end of a unix connection.
+func peerOf(c net.Conn) peer {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return peer{}
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return peer{}
+	}
+	var who peer
+	raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			who = peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
+		}
+	})
+	return who
 }
 
 // getInfo asks the plugin who it is.
@@ -124,7 +162,15 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 	if p.Endpoint == "" {
 		p.Endpoint = socket
 	}
+	if !filepath.IsAbs(strings.TrimPrefix(p.Endpoint, "unix://")) {
+		return p, fmt.Errorf("%w: endpoint %.64q is not an absolute path (or unix:// and an absolute path)", errInvalidInfo, p.Endpoint)
+	}
 	return p, nil
+}
+
+// endpointPath is the filesystem path of an endpoint.
+func endpointPath(endpoint string) string {
+	return filepath.Clean(strings.TrimPrefix(endpoint, "unix://"))
 }
 
 // printable makes a message from a plugin, or about one, safe to store and to

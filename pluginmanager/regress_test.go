@@ -261,7 +261,7 @@ func TestWorldWritableRegistryDirIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = m.Run(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "writable by every user") || !strings.Contains(err.Error(), "chmod o-w") {
+	if err == nil || !strings.Contains(err.Error(), "writable by users other than its owner") || !strings.Contains(err.Error(), "chmod go-w") {
 		t.Errorf("Run on a world-writable directory = %v", err)
 	}
 }

@@ -1,0 +1,74 @@
+package pluginmanager
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Peers lists the users and groups a plugin's process may run as.
+type Peers struct {
+	UIDs []uint32
+	GIDs []uint32
+}
+
+func (p Peers) allow(who peer) bool {
+	return who.known && (slices.Contains(p.UIDs, who.uid) || slices.Contains(p.GIDs, who.gid))
+}
+
+// checkPolicy applies the rules of Options that keep plugins in bounds. Its
+// error names the rule, so that an operator knows which setting refused.
+func (m *Manager) checkPolicy(p Plugin, who peer) error {
+	if rule, ok := m.peerRule(p.Type); ok && !rule.allow(who) {
+		if !who.known {
+			return fmt.Errorf("the credentials of the process serving %s could not be read, and Options.AllowedPeers requires them", p.Socket)
+		}
+		return fmt.Errorf("the process serving %s (pid %d) runs as uid %d, gid %d, which Options.AllowedPeers does not allow for %s plugins (uids %v, gids %v)",
+			p.Socket, who.pid, who.uid, who.gid, p.Type, rule.UIDs, rule.GIDs)
+	}
+	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
+		ep := resolveExisting(endpointPath(p.Endpoint)) // a symlink inside a root may point out of it
+		if !slices.ContainsFunc(m.roots, func(root string) bool { return within(ep, root) }) {
+			return fmt.Errorf("endpoint %s is outside the directories Options.EndpointRoots allows (%s)", p.Endpoint, strings.Join(m.opts.EndpointRoots, ", "))
+		}
+	}
+	return nil
+}
+
+func (m *Manager) peerRule(typ string) (Peers, bool) {
+	if r, ok := m.opts.AllowedPeers[typ]; ok {
+		return r, true
+	}
+	r, ok := m.opts.AllowedPeers["*"]
+	return r, ok
+}
+
+// within reports whether path is root or inside it.
+func within(path, root string) bool {
+	return path == root || strings.HasPrefix(path, root+string(filepath.Separator))
+}
+
+// resolveRoots cleans the endpoint roots and resolves their symlinks, so that
+// they compare with resolved endpoints.
+func resolveRoots(roots []string) []string {
+	out := make([]string, 0, len(roots))
+	for _, r := range roots {
+		out = append(out, resolveExisting(filepath.Clean(r)))
+	}
+	return out
+}
+
+// resolveExisting resolves the symlinks of the longest part of path that
+// exists: an endpoint's socket may not exist yet, but the directories on the
+// way to it decide where it is.
+func resolveExisting(path string) string {
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		return resolved
+	}
+	parent := filepath.Dir(path)
+	if parent == path {
+		return path
+	}
+	return filepath.Join(resolveExisting(parent), filepath.Base(path))
+}
