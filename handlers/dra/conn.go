@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -57,6 +60,9 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 		grpc.WithContextDialer(d.dial),
 		// A unix socket path is no authority; gRPC would otherwise send it as one.
 		grpc.WithAuthority("localhost"),
+		// The health stream is all the handler receives on this connection:
+		// bound what a plugin can make it decode, and then walk under its lock.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxHealthMessageSize)),
 		// The connection's state is the instance's liveness: it must not go
 		// idle merely because nobody called the driver for a while.
 		grpc.WithIdleTimeout(0),
@@ -161,7 +167,13 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		if received {
 			delay = healthRetryMin
 		}
-		h.log.Debug("DRA health stream ended; reopening", "driver", in.driver.name, "socket", in.socket, "error", err, "after", delay)
+		// The error may carry the plugin's own message.
+		reason := printable(fmt.Sprint(err), maxMessageLen)
+		if status.Code(err) == codes.ResourceExhausted {
+			h.log.Warn("DRA health report too large; reopening the stream", "driver", in.driver.name, "socket", in.socket, "maxBytes", maxHealthMessageSize, "error", reason, "after", delay)
+		} else {
+			h.log.Debug("DRA health stream ended; reopening", "driver", in.driver.name, "socket", in.socket, "error", reason, "after", delay)
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -202,13 +214,19 @@ func (h *Handler) healthUnsupported(in *instance, err error) {
 	if h.sockets[in.socket] != in {
 		return
 	}
-	h.log.Info("DRA driver does not report device health", "driver", in.driver.name, "socket", in.socket, "service", in.healthService, "reason", status.Convert(err).Message())
+	h.log.Info("DRA driver does not report device health", "driver", in.driver.name, "socket", in.socket, "service", in.healthService,
+		"reason", printable(status.Convert(err).Message(), maxMessageLen))
 	in.healthService = ""
 	h.notifyLocked()
 }
 
 // recordHealth takes a health report into the instance's driver. A report may
 // cover only some devices; the others keep what they had until it goes stale.
+//
+// Its work under the lock is one map lookup per device named, and at most one
+// walk over the devices kept: once maxDevices are kept, stale ones are pruned
+// once to make room, and new devices the room does not cover are counted and
+// dropped, while the devices already kept are still refreshed.
 func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResourcesResponse) {
 	now := time.Now()
 	h.mu.Lock()
@@ -217,29 +235,29 @@ func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResource
 		return
 	}
 	d := in.driver
+	pruned := false
+	dropped := 0
 	for _, dh := range resp.GetDevices() {
 		pool, name := dh.GetDevice().GetPoolName(), dh.GetDevice().GetDeviceName()
 		if pool == "" || name == "" || len(pool) > maxNameLen || len(name) > maxNameLen {
 			continue
 		}
-		k := deviceKey{pool, name}
+		k := deviceKey{printable(pool, maxNameLen), printable(name, maxNameLen)}
 		dev := d.devices[k]
 		if dev == nil {
-			if len(d.devices) >= maxDevices {
+			if len(d.devices) >= maxDevices && !pruned {
 				d.pruneStale(now)
+				pruned = true
 			}
 			if len(d.devices) >= maxDevices {
-				if !d.overflow {
-					d.overflow = true
-					h.log.Warn("DRA driver reports more devices than are kept; ignoring the rest", "driver", d.name, "max", maxDevices)
-				}
+				dropped++
 				continue
 			}
 			dev = new(device)
 			d.devices[k] = dev
 		}
 		dev.health = healthFromV1(dh.GetHealth())
-		dev.message = truncate(dh.GetMessage(), maxMessageLen)
+		dev.message = printable(dh.GetMessage(), maxMessageLen)
 		dev.lastUpdated = time.Time{}
 		if s := dh.GetLastUpdatedTime(); s > 0 {
 			dev.lastUpdated = time.Unix(s, 0)
@@ -247,7 +265,14 @@ func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResource
 		dev.receivedAt = now
 		dev.timeout = defaultHealthTimeout
 		if s := dh.GetHealthCheckTimeoutSeconds(); s > 0 {
-			dev.timeout = time.Duration(s) * time.Second
+			dev.timeout = time.Duration(min(s, int64(maxHealthTimeout/time.Second))) * time.Second
+		}
+	}
+	if dropped > 0 {
+		d.devicesDropped += dropped
+		if !d.overflow {
+			d.overflow = true
+			h.log.Warn("DRA driver reports more devices than are kept; ignoring the rest", "driver", d.name, "max", maxDevices, "dropped", dropped)
 		}
 	}
 	h.notifyLocked()
@@ -274,11 +299,50 @@ func healthFromV1(s drahealthv1.HealthStatus) Health {
 	}
 }
 
-// truncate cuts s to at most n bytes, marking the cut with "...", and keeps
-// it valid UTF-8.
-func truncate(s string, n int) string {
-	if len(s) <= n {
+// printable makes text a plugin chose (a pool or device name, a health
+// message, an error) safe to store and to show: every character that is not
+// printable (control characters, C1 controls, bidi overrides, invalid UTF-8),
+// except the space, is written as a Go escape, as strconv.QuoteRune writes it
+// without the quotes, and the result is cut to at most n bytes, with "..."
+// marking the cut. An escape is never cut in two. n must be at least 3.
+func printable(s string, n int) string {
+	if len(s) <= n && plainASCII(s) {
 		return s
 	}
-	return strings.ToValidUTF8(s[:n-3], "") + "..."
+	var b strings.Builder
+	keep := 0 // b's length at the last boundary that leaves room for "..."
+	var esc [utf8.UTFMax * 4]byte
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		var piece string
+		switch {
+		case r == utf8.RuneError && size == 1:
+			piece = fmt.Sprintf(`\x%02x`, s[i])
+		case unicode.IsPrint(r) || r == ' ':
+			piece = s[i : i+size]
+		default:
+			q := strconv.AppendQuoteRune(esc[:0], r)
+			piece = string(q[1 : len(q)-1])
+		}
+		i += size
+		if b.Len()+len(piece) > n {
+			return b.String()[:keep] + "..."
+		}
+		b.WriteString(piece)
+		if b.Len() <= n-3 {
+			keep = b.Len()
+		}
+	}
+	return b.String()
+}
+
+// plainASCII reports whether s is printable ASCII only, which printable
+// leaves as it is.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

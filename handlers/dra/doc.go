@@ -37,11 +37,14 @@
 // An instance that advertises "v1.DRAResourceHealth" or
 // "v1alpha1.DRAResourceHealth" (kubeletplugin does by default) is asked for a
 // NodeWatchResources stream, and the health of every device it reports is
-// recorded, up to 1024 devices per driver. A device not refreshed within its
-// health check timeout (30s unless the driver says otherwise) is reported
-// Unknown, as the kubelet does. A driver that answers Unimplemented, which is
-// what kubeletplugin does for a driver without health reporting, is not asked
-// again.
+// recorded, up to 1024 devices per driver; further devices are counted in
+// Driver.DevicesDropped and not followed. A report may be at most 256 KiB. A
+// device not refreshed within its health check timeout (30s unless the driver
+// says otherwise, at most an hour) is reported Unknown, as the kubelet does. A
+// driver that answers Unimplemented, which is what kubeletplugin does for a
+// driver without health reporting, is not asked again. Pool and device names
+// and messages are shown with every character that is not printable written
+// as a Go escape, and cut to a bounded length.
 //
 // # Seeing what happens
 //

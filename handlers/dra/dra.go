@@ -45,14 +45,20 @@ const (
 	// maxDevices bounds the device health entries kept per driver, so that a
 	// plugin cannot make the handler grow without limit.
 	maxDevices = 1024
-	// maxMessageLen bounds a device's health message; longer ones are cut,
-	// as the kubelet cuts them.
+	// maxMessageLen bounds a device's health message, and a plugin's error
+	// message in the logs; longer ones are cut, as the kubelet cuts them.
 	maxMessageLen = 1024
 	// maxNameLen bounds a pool or device name taken from a health report.
 	maxNameLen = 253
+	// maxHealthMessageSize bounds one health report as received: ample for
+	// maxDevices devices, and small enough that a plugin cannot make the
+	// handler decode, and walk under its lock, a report of any size.
+	maxHealthMessageSize = 256 << 10
 	// defaultHealthTimeout is how long a device's reported health holds when the
 	// plugin names no timeout of its own: the kubelet's default.
 	defaultHealthTimeout = 30 * time.Second
+	// maxHealthTimeout bounds the health check timeout a plugin may name.
+	maxHealthTimeout = time.Hour
 )
 
 // Options configure a Handler. The zero value of every field means the default
@@ -104,7 +110,16 @@ type Handler struct {
 	seq     uint64               // orders registrations: newest is highest
 	changed chan struct{}        // closed and replaced on every change; see notifyLocked
 
-	wg sync.WaitGroup // every instance goroutine
+	// registering holds the cancel function of every Register in flight, for
+	// Close to end them.
+	registering map[*context.CancelCauseFunc]struct{}
+
+	// observe, if set, is called with mu held at every change of state, before
+	// notifyLocked wakes the waiters: tests see every state through it, which
+	// the coalescing changed channel does not promise.
+	observe func()
+
+	wg sync.WaitGroup // every instance goroutine, and every Register in flight
 }
 
 // driver is one DRA driver and everything registered under its name.
@@ -120,8 +135,9 @@ type driver struct {
 	timer            *time.Timer // runs out the grace period after lostAt
 	timerGen         uint64      // invalidates a timer that fired while being stopped
 
-	devices  map[deviceKey]*device
-	overflow bool // a report named more devices than maxDevices; logged once
+	devices        map[deviceKey]*device
+	devicesDropped int  // devices named in reports while maxDevices were kept
+	overflow       bool // a report named more devices than maxDevices; logged once
 }
 
 // instance is one registration socket of a driver and its connection.
@@ -177,8 +193,13 @@ type Driver struct {
 	// for a driver whose instances have all gone, during the grace period.
 	Instances []Instance `json:"instances"`
 	// Devices are the devices whose health the driver reported, sorted by pool
-	// and device name.
+	// and device name. Names and messages are as the driver sent them, with
+	// characters that are not printable written as Go escapes (\n, \u202e),
+	// and cut to a bounded length.
 	Devices []DeviceHealth `json:"devices,omitempty"`
+	// DevicesDropped counts the new devices the driver's health reports named
+	// while 1024 devices were already kept, and so were not followed.
+	DevicesDropped int `json:"devicesDropped,omitempty"`
 }
 
 // Instance is a snapshot of one registered instance of a driver.
@@ -233,11 +254,12 @@ func New(opts Options) *Handler {
 		opts.CallTimeout = 10 * time.Second
 	}
 	h := &Handler{
-		opts:    opts,
-		log:     opts.Logger,
-		drivers: make(map[string]*driver),
-		sockets: make(map[string]*instance),
-		changed: make(chan struct{}),
+		opts:        opts,
+		log:         opts.Logger,
+		drivers:     make(map[string]*driver),
+		sockets:     make(map[string]*instance),
+		changed:     make(chan struct{}),
+		registering: make(map[*context.CancelCauseFunc]struct{}),
 	}
 	if opts.Registerer != nil {
 		h.collector = newCollector(h)
@@ -284,20 +306,36 @@ func check(p pluginmanager.Plugin) (service, health string, err error) {
 // Register connects to the plugin's endpoint and waits, within
 // Options.CallTimeout, for the connection to be ready; a plugin that is not
 // reachable is refused and retried by the manager. The instance then joins its
-// driver and, being the newest connected, serves it.
+// driver and, being the newest connected, serves it. Close ends a call in
+// flight, which then returns ErrClosed.
 func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	service, health, err := check(p)
 	if err != nil {
 		return pluginmanager.TerminalError(err)
 	}
+	ctx, cancelCall := context.WithCancelCause(ctx)
 	h.mu.Lock()
-	closed := h.closed
-	h.mu.Unlock()
-	if closed {
+	if h.closed {
+		h.mu.Unlock()
+		cancelCall(nil)
 		return ErrClosed
 	}
+	h.registering[&cancelCall] = struct{}{}
+	h.wg.Add(1)
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.registering, &cancelCall)
+		h.mu.Unlock()
+		cancelCall(nil)
+		h.wg.Done()
+	}()
+
 	conn, err := h.connect(ctx, p.Endpoint)
 	if err != nil {
+		if errors.Is(context.Cause(ctx), ErrClosed) {
+			return ErrClosed
+		}
 		return err
 	}
 
@@ -378,13 +416,16 @@ func (h *Handler) Deregister(ctx context.Context, p pluginmanager.Plugin) {
 	h.log.Info("DRA driver instance deregistered", "driver", p.Name, "socket", p.Socket)
 }
 
-// Close deregisters every instance, closes their connections and waits for
-// all the handler's goroutines. Register fails with ErrClosed afterwards. It
-// may be called more than once.
+// Close deregisters every instance, closes their connections, ends every
+// Register in flight and waits for them and all the handler's goroutines.
+// Register fails with ErrClosed afterwards. It may be called more than once.
 func (h *Handler) Close() {
 	h.mu.Lock()
 	first := !h.closed
 	h.closed = true
+	for cancel := range h.registering {
+		(*cancel)(ErrClosed)
+	}
 	var stop []*instance
 	for _, in := range h.sockets {
 		stop = append(stop, in)
@@ -506,6 +547,9 @@ func (d *driver) stopTimer() {
 
 // notifyLocked wakes whoever waits on changed (the tests).
 func (h *Handler) notifyLocked() {
+	if h.observe != nil {
+		h.observe()
+	}
 	close(h.changed)
 	h.changed = make(chan struct{})
 }
@@ -548,6 +592,7 @@ func (d *driver) snapshot(now time.Time) Driver {
 		Available:        d.available,
 		UnavailableSince: d.unavailableSince,
 		Instances:        make([]Instance, 0, len(d.instances)),
+		DevicesDropped:   d.devicesDropped,
 	}
 	if in := d.serving(); in != nil {
 		s.Serving = in.socket

@@ -1,21 +1,29 @@
 package dra
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -337,12 +345,38 @@ func TestRollingUpdate(t *testing.T) {
 		t.Errorf("the old instance is no longer connected: %+v", in)
 	}
 
+	// While the old instance stops and goes, the driver must be served
+	// throughout: every state it passes through is recorded, under the
+	// handler's lock, at the change itself.
+	var states []Driver
+	e.h.mu.Lock()
+	e.h.observe = func() {
+		d, ok := e.h.drivers[name]
+		if !ok {
+			states = append(states, Driver{Name: "(forgotten)"})
+			return
+		}
+		states = append(states, d.snapshot(time.Now()))
+	}
+	e.h.mu.Unlock()
 	oldHelper.Stop()
 	e.until("the old instance to be deregistered", func() bool {
 		d, _ := e.driver(name)
 		_, old := instanceOf(d, oldSocket)
 		return !old
 	})
+	e.h.mu.Lock()
+	e.h.observe = nil
+	seen := states
+	e.h.mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("no change of state recorded while the old instance went")
+	}
+	for i, s := range seen {
+		if !s.Available || s.Serving != newSocket {
+			t.Errorf("change %d of %d: driver = %+v, want available, served by %s throughout", i+1, len(seen), s, newSocket)
+		}
+	}
 	d, _ = e.driver(name)
 	if !d.Available || d.Serving != newSocket || len(d.Instances) != 1 || !d.UnavailableSince.IsZero() {
 		t.Fatalf("after the old instance stopped: driver = %+v, want available, served by %s", d, newSocket)
@@ -433,12 +467,14 @@ func TestRejected(t *testing.T) {
 		name, endpoint string
 		versions       []string
 		want           string
+		reason         pluginmanager.Reason // zero: validate (this handler's refusal)
 	}{
 		{"unsupported version", "/run/dra.sock", []string{"v2.DRAPlugin", "v1.DRAResourceHealth"},
-			`offers none of the DRA services supported (v1.DRAPlugin, v1beta1.DRAPlugin); it offers ["v2.DRAPlugin" "v1.DRAResourceHealth"]`},
-		{"no version", "/run/dra.sock", nil, "offers none of the DRA services supported"},
-		{"relative endpoint", "run/dra.sock", []string{"v1.DRAPlugin"}, `endpoint "run/dra.sock" is not an absolute path`},
-		{"long endpoint", "/" + strings.Repeat("x", 107), []string{"v1.DRAPlugin"}, "is 108 bytes long; a unix socket path must be shorter than 108"},
+			`offers none of the DRA services supported (v1.DRAPlugin, v1beta1.DRAPlugin); it offers ["v2.DRAPlugin" "v1.DRAResourceHealth"]`, ""},
+		{"no version", "/run/dra.sock", nil, "offers none of the DRA services supported", ""},
+		// The manager itself refuses a relative endpoint, before the handler sees it.
+		{"relative endpoint", "run/dra.sock", []string{"v1.DRAPlugin"}, `endpoint "run/dra.sock" is not an absolute path`, pluginmanager.ReasonInvalidInfo},
+		{"long endpoint", "/" + strings.Repeat("x", 107), []string{"v1.DRAPlugin"}, "is 108 bytes long; a unix socket path must be shorter than 108", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := plugin.Start(plugin.Config{
@@ -450,7 +486,8 @@ func TestRejected(t *testing.T) {
 			}
 			t.Cleanup(func() { s.Close() })
 			ps := e.state(s.Path(), pluginmanager.StateRejected)
-			if ps.Reason != pluginmanager.ReasonValidate || !strings.Contains(ps.LastError, tc.want) {
+			reason := cmp.Or(tc.reason, pluginmanager.ReasonValidate)
+			if ps.Reason != reason || !strings.Contains(ps.LastError, tc.want) {
 				t.Errorf("status = %+v, want an error containing %q", ps, tc.want)
 			}
 			if st, _ := s.Status(); st.Registered || !strings.Contains(st.Error, tc.want) {
@@ -520,12 +557,8 @@ func TestClosed(t *testing.T) {
 // Health reports are bounded: devices per driver, message length; a device
 // not refreshed within its timeout is Unknown.
 func TestHealthBounds(t *testing.T) {
-	// The instance is made by hand, without a connection or goroutines, so
-	// there is nothing for Close to stop.
 	h := New(Options{})
-	d := &driver{name: "a.example.com", instances: make(map[string]*instance), available: true, devices: make(map[deviceKey]*device)}
-	in := &instance{driver: d, socket: "/reg/a.sock"}
-	h.drivers[d.name], h.sockets[in.socket], d.instances[in.socket] = d, in, in
+	d, in := handMade(h)
 
 	var resp drahealthv1.NodeWatchResourcesResponse
 	for i := range maxDevices + 10 {
@@ -564,5 +597,377 @@ func TestHealthBounds(t *testing.T) {
 	}})
 	if devs := h.Drivers()[0].Devices; len(devs) != 1 || devs[0].Device != "new" || devs[0].Health != Unhealthy {
 		t.Errorf("devices = %+v, want only the new one", devs)
+	}
+}
+
+// handMade adds a driver and an instance to h by hand, without a connection
+// or goroutines, so there is nothing for Close to stop.
+func handMade(h *Handler) (*driver, *instance) {
+	d := &driver{name: "a.example.com", instances: make(map[string]*instance), available: true, devices: make(map[deviceKey]*device)}
+	in := &instance{driver: d, socket: "/reg/a.sock"}
+	h.mu.Lock()
+	h.drivers[d.name], h.sockets[in.socket], d.instances[in.socket] = d, in, in
+	h.mu.Unlock()
+	return d, in
+}
+
+// healthReport is a report of n healthy devices in pool, named prefix-NNNNN.
+func healthReport(pool, prefix string, n int, health drahealthv1.HealthStatus) *drahealthv1.NodeWatchResourcesResponse {
+	var resp drahealthv1.NodeWatchResourcesResponse
+	for i := range n {
+		resp.Devices = append(resp.Devices, &drahealthv1.DeviceHealth{
+			Device: &drahealthv1.DeviceIdentifier{PoolName: pool, DeviceName: fmt.Sprintf("%s-%05d", prefix, i)},
+			Health: health,
+		})
+	}
+	return &resp
+}
+
+// logs is a slog.Handler that keeps every record, for tests to look at.
+type logs struct {
+	mu      sync.Mutex
+	records []slog.Record
+	changed chan struct{} // closed and replaced at every record
+}
+
+func newLogs() *logs { return &logs{changed: make(chan struct{})} }
+
+func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logs) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logs) WithGroup(string) slog.Handler            { return l }
+
+func (l *logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r.Clone())
+	close(l.changed)
+	l.changed = make(chan struct{})
+	return nil
+}
+
+// find returns the records whose message is msg, and a channel closed at the
+// next record.
+func (l *logs) find(msg string) ([]slog.Record, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var found []slog.Record
+	for _, r := range l.records {
+		if r.Message == msg {
+			found = append(found, r)
+		}
+	}
+	return found, l.changed
+}
+
+// wait waits for a record whose message is msg, and returns it.
+func (l *logs) wait(t *testing.T, msg string) slog.Record {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		found, changed := l.find(msg)
+		if len(found) > 0 {
+			return found[0]
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no log %q within %s", msg, wait)
+		}
+	}
+}
+
+// attr returns the value of the record's attribute key, as a string.
+func attr(r slog.Record, key string) string {
+	var v string
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			v = a.Value.String()
+			return false
+		}
+		return true
+	})
+	return v
+}
+
+// A report naming many more devices than are kept is dealt with quickly,
+// holding the lock briefly: the devices kept are refreshed, the others
+// counted and dropped, and the overflow logged once.
+func TestHealthReportLarge(t *testing.T) {
+	logs := newLogs()
+	h := New(Options{Logger: slog.New(logs)})
+	d, in := handMade(h)
+
+	// The driver is at the cap, and its devices are fresh: there is nothing
+	// to prune to make room.
+	h.recordHealth(in, healthReport("pool", "kept", maxDevices, drahealthv1.HealthStatus_HEALTHY))
+
+	// 20,000 new devices, then the kept ones, now unhealthy.
+	resp := healthReport("pool", "new", 20_000, drahealthv1.HealthStatus_HEALTHY)
+	resp.Devices = append(resp.Devices, healthReport("pool", "kept", maxDevices, drahealthv1.HealthStatus_UNHEALTHY).Devices...)
+	for range 2 {
+		start := time.Now()
+		h.recordHealth(in, resp)
+		if took := time.Since(start); took > 100*time.Millisecond {
+			t.Errorf("a report of %d devices took %s, want under 100ms", len(resp.Devices), took)
+		}
+	}
+
+	ds := h.Drivers()
+	if len(ds) != 1 {
+		t.Fatalf("drivers = %d, want 1", len(ds))
+	}
+	if got := len(ds[0].Devices); got != maxDevices {
+		t.Errorf("%d devices kept, want %d", got, maxDevices)
+	}
+	for _, dev := range ds[0].Devices {
+		if !strings.HasPrefix(dev.Device, "kept-") || dev.Health != Unhealthy {
+			t.Errorf("device %+v, want only the kept ones, refreshed to Unhealthy", dev)
+			break
+		}
+	}
+	if ds[0].DevicesDropped != 2*20_000 {
+		t.Errorf("DevicesDropped = %d, want %d", ds[0].DevicesDropped, 2*20_000)
+	}
+	warned, _ := logs.find("DRA driver reports more devices than are kept; ignoring the rest")
+	if len(warned) != 1 || attr(warned[0], "dropped") != "20000" || attr(warned[0], "driver") != d.name {
+		t.Errorf("overflow logged %d times (%v), want once, with 20000 dropped", len(warned), warned)
+	}
+}
+
+// A device's health check timeout is bounded: a huge one neither overflows
+// nor keeps a device's health for ever.
+func TestHealthTimeoutBounded(t *testing.T) {
+	h := New(Options{})
+	d, in := handMade(h)
+	h.recordHealth(in, &drahealthv1.NodeWatchResourcesResponse{Devices: []*drahealthv1.DeviceHealth{{
+		Device:                    &drahealthv1.DeviceIdentifier{PoolName: "pool", DeviceName: "gpu-0"},
+		Health:                    drahealthv1.HealthStatus_HEALTHY,
+		HealthCheckTimeoutSeconds: math.MaxInt64,
+	}}})
+	if devs := h.Drivers()[0].Devices; len(devs) != 1 || devs[0].Health != Healthy {
+		t.Fatalf("devices = %+v, want gpu-0 Healthy", devs)
+	}
+	h.mu.Lock()
+	dev := d.devices[deviceKey{"pool", "gpu-0"}]
+	timeout := dev.timeout
+	dev.receivedAt = dev.receivedAt.Add(-maxHealthTimeout - time.Second)
+	h.mu.Unlock()
+	if timeout != maxHealthTimeout {
+		t.Errorf("timeout = %s, want %s", timeout, maxHealthTimeout)
+	}
+	if devs := h.Drivers()[0].Devices; devs[0].Health != Unknown {
+		t.Errorf("health past the bounded timeout = %s, want Unknown", devs[0].Health)
+	}
+}
+
+// A real driver whose health report is larger than the handler takes is
+// refused it, and the handler says so.
+func TestHealthReportTooLarge(t *testing.T) {
+	logs := newLogs()
+	e := start(t, Options{Logger: slog.New(logs)})
+	const name = "big.example.com"
+	var devices []kubeletplugin.DeviceHealth
+	for i := range 20_000 {
+		devices = append(devices, kubeletplugin.DeviceHealth{
+			PoolName: "pool-a", DeviceName: fmt.Sprintf("gpu-%05d", i), Health: kubeletplugin.HealthStatusHealthy,
+		})
+	}
+	e.startDriver(testDriver{devices: devices}, name, testenv.ShortDir(t, "drap"))
+	e.state(e.regSocket(name, ""), pluginmanager.StateRegistered)
+
+	r := logs.wait(t, "DRA health report too large; reopening the stream")
+	if attr(r, "driver") != name || !strings.Contains(attr(r, "error"), "ResourceExhausted") {
+		t.Errorf("logged %v", r)
+	}
+	if d, _ := e.driver(name); len(d.Devices) != 0 || !d.Available {
+		t.Errorf("driver = %+v, want available, without devices", d)
+	}
+}
+
+// Close ends a Register waiting for an endpoint that never becomes ready,
+// and leaves no goroutine behind.
+func TestCloseEndsRegisterInFlight(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	// The endpoint accepts connections and never speaks: gRPC waits for its
+	// preface, for as long as CallTimeout lets it.
+	endpoint := filepath.Join(testenv.ShortDir(t, "drae"), "dra.sock")
+	l, err := net.Listen("unix", endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	accepted := make(chan struct{}, 1)
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	defer func() {
+		l.Close()
+		<-acceptDone
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+
+	h := New(Options{CallTimeout: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	p := pluginmanager.Plugin{Type: Type, Name: "a.example.com", Endpoint: endpoint, Versions: []string{"v1.DRAPlugin"}, Socket: "/reg/a.sock"}
+	registerErr := make(chan error, 1)
+	go func() { registerErr <- h.Register(ctx, p) }()
+	select {
+	case <-accepted:
+	case <-time.After(wait):
+		t.Fatal("Register did not connect to the endpoint")
+	}
+
+	closed := make(chan struct{})
+	go func() {
+		h.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		t.Fatal("Close did not end the Register in flight")
+	}
+	select {
+	case err := <-registerErr:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Register = %v, want ErrClosed", err)
+		}
+	default:
+		t.Error("Close returned before Register did")
+	}
+	if ds := h.Drivers(); len(ds) != 0 {
+		t.Errorf("drivers = %+v, want none", ds)
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		n    int
+		want string
+	}{
+		{"plain", "gpu-0", 10, "gpu-0"},
+		{"space kept", "ECC errors on bank 3", 100, "ECC errors on bank 3"},
+		{"printable non-ASCII kept", "café 日本", 100, "café 日本"},
+		{"newline and tab", "a\nb\tc", 100, `a\nb\tc`},
+		{"terminal escape", "\x1b[31mred", 100, `\x1b[31mred`},
+		{"NUL and DEL", "a\x00b\x7f", 100, `a\x00b\x7f`},
+		{"C1 control", "a\u0085b\u009bc", 100, `a\u0085b\u009bc`},
+		{"bidi override", "abc\u202edcba", 100, `abc\u202edcba`},
+		{"bidi isolate", "\u2066x\u2069", 100, `\u2066x\u2069`},
+		{"zero width space", "a\u200bb", 100, `a\u200bb`},
+		{"line separator", "a\u2028b", 100, `a\u2028b`},
+		{"invalid UTF-8", "a\xffb\xc3", 100, `a\xffb\xc3`},
+		{"replacement character kept", "a\uFFFDb", 100, "a\uFFFDb"},
+		{"exactly n", "abcdefghij", 10, "abcdefghij"},
+		{"cut", "abcdefghijk", 10, "abcdefg..."},
+		{"cut at a character boundary", "ééééé", 8, "éé..."},
+		{"escape not cut in two", "abcdef\x1b\x1b", 10, "abcdef..."},
+		{"escape that fits", "abcdef\x1b", 10, `abcdef\x1b`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := printable(tc.in, tc.n)
+			if got != tc.want {
+				t.Errorf("printable(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+			}
+			if len(got) > tc.n || !utf8.ValidString(got) {
+				t.Errorf("printable(%q, %d) = %q: %d bytes, valid UTF-8 %v", tc.in, tc.n, got, len(got), utf8.ValidString(got))
+			}
+		})
+	}
+}
+
+// onlyPrintable reports whether s has nothing but printable characters and
+// spaces.
+func onlyPrintable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) < 0
+}
+
+// What a driver chooses (pool and device names, messages, its errors) is
+// shown and logged escaped and bounded.
+func TestHealthEscaped(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		pool, device, msg string
+		wantPool, wantDev string
+		wantMsg           string
+	}{
+		{"plain", "pool-a", "gpu-0", "ECC errors", "pool-a", "gpu-0", "ECC errors"},
+		{"terminal escapes", "pool\x1b[2J", "gpu\r0", "bad\x1b]0;pwned\x07",
+			`pool\x1b[2J`, `gpu\r0`, `bad\x1b]0;pwned\a`},
+		{"C1 and bidi", "pool\u009b", "gpu\u202e0", "\u2067hidden\u2069 \u0085",
+			`pool\u009b`, `gpu\u202e0`, `\u2067hidden\u2069 \u0085`},
+		{"invalid UTF-8", "pool\xff", "gpu\xc3", "msg\xfe",
+			`pool\xff`, `gpu\xc3`, `msg\xfe`},
+		{"long name, escaped", strings.Repeat("\x01", maxNameLen), "gpu-0", "",
+			strings.Repeat(`\x01`, (maxNameLen-3)/4) + "...", "gpu-0", ""},
+		{"long message, escaped", "pool-a", "gpu-0", strings.Repeat("\u202e", maxMessageLen),
+			"pool-a", "gpu-0", strings.Repeat(`\u202e`, (maxMessageLen-3)/6) + "..."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := New(Options{})
+			_, in := handMade(h)
+			h.recordHealth(in, &drahealthv1.NodeWatchResourcesResponse{Devices: []*drahealthv1.DeviceHealth{{
+				Device:  &drahealthv1.DeviceIdentifier{PoolName: tc.pool, DeviceName: tc.device},
+				Health:  drahealthv1.HealthStatus_UNHEALTHY,
+				Message: tc.msg,
+			}}})
+			devs := h.Drivers()[0].Devices
+			if len(devs) != 1 {
+				t.Fatalf("devices = %+v, want 1", devs)
+			}
+			dev := devs[0]
+			if dev.Pool != tc.wantPool || dev.Device != tc.wantDev || dev.Message != tc.wantMsg {
+				t.Errorf("device = %q %q %q, want %q %q %q", dev.Pool, dev.Device, dev.Message, tc.wantPool, tc.wantDev, tc.wantMsg)
+			}
+			if len(dev.Pool) > maxNameLen || len(dev.Device) > maxNameLen || len(dev.Message) > maxMessageLen {
+				t.Errorf("lengths %d, %d, %d exceed %d, %d, %d", len(dev.Pool), len(dev.Device), len(dev.Message), maxNameLen, maxNameLen, maxMessageLen)
+			}
+			b, err := json.Marshal(h.Drivers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !onlyPrintable(string(b)) {
+				t.Errorf("JSON has characters that are not printable: %q", b)
+			}
+		})
+	}
+
+	// An Unimplemented answer's message is the plugin's, and is logged
+	// escaped and bounded.
+	logs := newLogs()
+	h := New(Options{Logger: slog.New(logs)})
+	_, in := handMade(h)
+	in.healthService = "v1.DRAResourceHealth"
+	h.healthUnsupported(in, status.Error(codes.Unimplemented, "no\x1b[2J\u202e"+strings.Repeat("x", 10*maxMessageLen)))
+	found, _ := logs.find("DRA driver does not report device health")
+	if len(found) != 1 {
+		t.Fatalf("logged %d times, want once", len(found))
+	}
+	reason := attr(found[0], "reason")
+	if !strings.HasPrefix(reason, `no\x1b[2J\u202exxx`) || len(reason) > maxMessageLen || !onlyPrintable(reason) {
+		t.Errorf("reason logged %q (%d bytes), want it escaped and at most %d bytes", reason, len(reason), maxMessageLen)
 	}
 }
