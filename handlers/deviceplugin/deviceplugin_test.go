@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"reflect"
@@ -50,6 +51,7 @@ type devicePlugin struct {
 	mu             sync.Mutex
 	devices        []*api.Device
 	silent         bool          // ListAndWatch sends nothing
+	once           bool          // ListAndWatch ends the stream after its first list
 	stopped        bool          // ListAndWatch fails at once
 	devicesChanged chan struct{} // closed and replaced by set and stop
 	active         int           // ListAndWatch calls in progress
@@ -137,7 +139,7 @@ func (p *devicePlugin) ListAndWatch(_ *api.Empty, s api.DevicePlugin_ListAndWatc
 	defer p.setActive(-1)
 	for {
 		p.mu.Lock()
-		devs, silent, stopped, changed := p.devices, p.silent, p.stopped, p.devicesChanged
+		devs, silent, once, stopped, changed := p.devices, p.silent, p.once, p.stopped, p.devicesChanged
 		p.mu.Unlock()
 		if stopped {
 			return status.Error(codes.Unavailable, "device service stopped")
@@ -145,6 +147,9 @@ func (p *devicePlugin) ListAndWatch(_ *api.Empty, s api.DevicePlugin_ListAndWatc
 		if !silent {
 			if err := s.Send(&api.ListAndWatchResponse{Devices: devs}); err != nil {
 				return err
+			}
+			if once {
+				return nil
 			}
 		}
 		select {
@@ -272,6 +277,29 @@ func (e *env) until(what string, within time.Duration, cond func(map[string]devi
 			e.t.Fatalf("not within %s: %s; resources: %+v", within, what, byName)
 		}
 	}
+}
+
+// reconnects returns the value of plugd_deviceplugin_stream_reconnects_total
+// for resource, or -1 if there is no such series.
+func (e *env) reconnects(resource string) int {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "plugd_deviceplugin_stream_reconnects_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "resource" && l.GetValue() == resource {
+					return int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // resource returns the resource name, failing the test if there is none.
@@ -425,14 +453,17 @@ func TestRegisterOnRegistrationSocket(t *testing.T) {
 		t.Errorf("details devices = %v, want 2 Healthy, 1 Unhealthy", d.Devices)
 	}
 
-	// The socket is gone with the plugin: the resource is dropped at once.
+	// The socket is gone with the plugin: its devices are Unhealthy at once,
+	// and the resource waits for a new instance (see TestRestartWithinGracePeriod).
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool {
-		_, ok := rs[gpu]
-		return !ok
+	rs := e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool {
+		return allUnhealthy(rs[gpu])
 	})
+	if r := rs[gpu]; r.Connected || r.Dropped || r.LastError == "" || len(r.Devices) != 3 || r.Socket != s.Path() {
+		t.Errorf("resource = %+v, want its 3 devices kept, disconnected, with the reason", r)
+	}
 	dp.waitIdle(t)
 }
 
@@ -529,8 +560,152 @@ func TestDroppedAfterGracePeriod(t *testing.T) {
 	}
 }
 
+// A plugin that restarts removes its socket and creates a new one: the
+// resource stays throughout, its devices Unhealthy in between, and the new
+// instance takes it over with its own list.
+func TestRestartWithinGracePeriod(t *testing.T) {
+	e := newEnv(t, deviceplugin.Options{GracePeriod: wait})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-1", api.Healthy))
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
+	registered(t, s)
+	present := func(rs map[string]deviceplugin.Resource) {
+		t.Helper()
+		if _, ok := rs[gpu]; !ok {
+			t.Fatalf("resource gone during the restart: %+v", rs)
+		}
+	}
+
+	stopped := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rs := e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool {
+		present(rs)
+		return allUnhealthy(rs[gpu])
+	})
+	if r := rs[gpu]; r.Connected || r.Dropped || r.LastError == "" || len(r.Devices) != 2 || r.Socket != s.Path() {
+		t.Errorf("resource = %+v, want its 2 devices kept, disconnected, with the reason", r)
+	}
+	if err := testutil.CollectAndCompare(e.reg, strings.NewReader(`
+# HELP plugd_deviceplugin_connected 1 while the ListAndWatch stream of the instance serving the resource is up, 0 while it is redialed.
+# TYPE plugd_deviceplugin_connected gauge
+plugd_deviceplugin_connected{resource="example.com/gpu"} 0
+# HELP plugd_deviceplugin_devices Devices of each registered device plugin resource, by health.
+# TYPE plugd_deviceplugin_devices gauge
+plugd_deviceplugin_devices{health="Healthy",resource="example.com/gpu"} 0
+plugd_deviceplugin_devices{health="Unhealthy",resource="example.com/gpu"} 2
+`), "plugd_deviceplugin_connected", "plugd_deviceplugin_devices"); err != nil {
+		t.Error(err)
+	}
+	dp.waitIdle(t)
+
+	// It starts again on the same socket, with another inventory.
+	s2 := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-2", api.Healthy)).register})
+	rs = e.until("taken over", wait, func(rs map[string]deviceplugin.Resource) bool {
+		present(rs)
+		return rs[gpu].Connected
+	})
+	registered(t, s2)
+	if r := rs[gpu]; r.Dropped || r.LastError != "" || !reflect.DeepEqual(ids(r), []string{"gpu-0", "gpu-2"}) || allUnhealthy(r) || !r.Since.After(stopped) {
+		t.Errorf("resource = %+v, want the restarted plugin's healthy devices", r)
+	}
+	if d := e.details(s2.Path()); !d.Serving || !d.Connected || d.Devices[api.Healthy] != 2 {
+		t.Errorf("details = %+v, want serving, connected, 2 Healthy", d)
+	}
+}
+
+// Without a restart, the resource of a plugin whose socket went is dropped
+// after the grace period.
+func TestDeregisteredDroppedAfterGracePeriod(t *testing.T) {
+	const grace = 500 * time.Millisecond
+	e := newEnv(t, deviceplugin.Options{GracePeriod: grace})
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: newDevicePlugin(dev("gpu-0", api.Healthy)).register})
+	registered(t, s)
+
+	stopped := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[gpu]) })
+	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
+	if elapsed := time.Since(stopped); elapsed < grace {
+		t.Errorf("dropped %s after the socket went, before the %s grace period was over", elapsed, grace)
+	}
+	if n := testutil.CollectAndCount(e.reg); n != 0 {
+		t.Errorf("%d series for a dropped resource, want none", n)
+	}
+}
+
+// A plugin that sends one list and ends its stream, every time, is redialed
+// ever more slowly: the backoff is not started again by a stream that broke
+// as soon as it opened, and the warnings are rate-limited.
+func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
+	const (
+		initial  = 10 * time.Millisecond
+		maxDelay = 200 * time.Millisecond
+		window   = time.Second
+		// The delays before the reconnects are 10, 20, 40, 80, 160, 200,
+		// 200... ms, so there can be 8 within window (the 9th comes after
+		// 1.11s); 2 more for a late look at the count. Without backoff
+		// across streams there would be about 100.
+		maxInWindow = 10
+		// The sum of the delays before the 6th reconnect.
+		minToSixth = 510 * time.Millisecond
+	)
+	var logs testenv.Buffer
+	e := newEnv(t, deviceplugin.Options{
+		Logger:           slog.New(slog.NewTextHandler(&logs, nil)),
+		ReconnectBackoff: initial, ReconnectBackoffMax: maxDelay,
+		GracePeriod: wait,
+	})
+	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
+	dp.once = true
+	start := time.Now()
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
+	registered(t, s)
+
+	// Note when each reconnect is seen, for the window and until there
+	// are 6.
+	windowOver := time.NewTimer(time.Until(start.Add(window)))
+	defer windowOver.Stop()
+	deadline := time.After(wait)
+	var seen []time.Duration // since start
+	inWindow := -1
+	for inWindow < 0 || len(seen) < 6 {
+		changed := e.h.Changed()
+		for n := e.reconnects(gpu); len(seen) < n; {
+			seen = append(seen, time.Since(start))
+		}
+		select {
+		case <-changed:
+		case <-windowOver.C:
+			inWindow = e.reconnects(gpu)
+		case <-deadline:
+			t.Fatalf("only %d reconnects within %s", len(seen), wait)
+		}
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d reconnects within %s; the first 6 at %v", inWindow, window, seen[:6])
+
+	if inWindow > maxInWindow {
+		t.Errorf("%d reconnects within %s, want at most %d: the backoff does not grow", inWindow, window, maxInWindow)
+	}
+	if seen[5] < minToSixth {
+		t.Errorf("6th reconnect after %s, want at least %s: the backoff does not grow", seen[5], minToSixth)
+	}
+	if first, last := seen[1]-seen[0], seen[5]-seen[4]; last <= first {
+		t.Errorf("gap between reconnects %s after 5, %s after 1, want it grown", last, first)
+	}
+	// The first break is a warning, then at most one per maxDelay.
+	warned := strings.Count(logs.String(), `level=WARN msg="device plugin stream broke`)
+	if most := 1 + int(elapsed/maxDelay); warned == 0 || warned > most {
+		t.Errorf("%d warnings of a broken stream in %s, want 1 to %d", warned, elapsed, most)
+	}
+}
+
 func TestRollingUpdate(t *testing.T) {
-	e := newEnv(t, deviceplugin.Options{})
+	const grace = 200 * time.Millisecond
+	e := newEnv(t, deviceplugin.Options{GracePeriod: grace})
 	dpA := newDevicePlugin(dev("a-0", api.Healthy), dev("a-1", api.Healthy))
 	a := e.startPlugin(plugin.Config{Name: gpu, Socket: "a.sock", Services: dpA.register})
 	registered(t, a)
@@ -580,6 +755,7 @@ func TestRollingUpdate(t *testing.T) {
 	if r := e.resource(gpu); r.Socket != c.Path() || !r.Connected || r.Dropped {
 		t.Errorf("resource = %+v after the old instance went, want still served from c", r)
 	}
+	// The last one goes: the resource waits out the grace period, then goes.
 	c.Close()
 	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
 	if n := testutil.CollectAndCount(e.reg); n != 0 {
@@ -588,7 +764,7 @@ func TestRollingUpdate(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	e := newEnv(t, deviceplugin.Options{})
+	e := newEnv(t, deviceplugin.Options{GracePeriod: 100 * time.Millisecond})
 	dp := newDevicePlugin(dev("0", api.Healthy), dev("1", api.Unhealthy), dev("2", api.Healthy))
 	s := e.startPlugin(plugin.Config{Name: gpu, Services: dp.register, Socket: "gpu.sock"})
 	registered(t, s)
@@ -614,7 +790,7 @@ plugd_deviceplugin_stream_reconnects_total{resource="vendor.example/fpga"} 0
 		t.Error(err)
 	}
 
-	// A plugin's series go with it.
+	// A plugin's series go with it, once the grace period is over.
 	other.Close()
 	e.until("fpga gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 1 })
 	if n := testutil.CollectAndCount(e.reg); n != 4 {
@@ -742,6 +918,12 @@ func TestClose(t *testing.T) {
 	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
 	registered(t, s)
 	p := e.pluginStatus(s.Path(), pluginmanager.StateRegistered).Plugin
+	// A resource whose last instance went, in its grace period, goes too.
+	const fpga = "vendor.example/fpga"
+	other := e.startPlugin(plugin.Config{Name: fpga, Socket: "fpga.sock", Services: newDevicePlugin(dev("fpga-0", api.Healthy)).register})
+	registered(t, other)
+	other.Close()
+	e.until("fpga waiting for a new instance", wait, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[fpga]) })
 
 	e.h.Close()
 	e.h.Close()
@@ -789,13 +971,15 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("Close did not end the Register in flight")
 	}
+	// Close waited for Register to return, but its result reaches the
+	// channel a moment later: wait for it rather than expect it there.
 	select {
 	case err := <-registerErr:
 		if err == nil || !strings.Contains(err.Error(), "GetDevicePluginOptions: context canceled") {
 			t.Errorf("Register = %v, want it cancelled", err)
 		}
-	default:
-		t.Error("Close returned before Register did")
+	case <-time.After(wait):
+		t.Error("Register did not return")
 	}
 	if rs := h.Resources(); len(rs) != 0 {
 		t.Errorf("resources = %+v", rs)

@@ -27,8 +27,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 
 	// GracePeriod is how long a resource whose stream broke keeps its
-	// (Unhealthy) devices while the handler redials, before it is dropped.
-	// Zero means 30s.
+	// (Unhealthy) devices while the handler redials, before it is dropped;
+	// and how long a resource whose last instance deregistered keeps them,
+	// waiting for a new instance to register it. Zero means 30s.
 	GracePeriod time.Duration
 
 	// CallTimeout bounds each call to a plugin: GetDevicePluginOptions, and
@@ -36,8 +37,10 @@ type Options struct {
 	CallTimeout time.Duration
 
 	// ReconnectBackoff is the delay before redialing a plugin whose stream
-	// broke; it doubles after every failed attempt, up to ReconnectBackoffMax.
-	// Zero means 100ms and 5s.
+	// broke; it doubles after every failed attempt, and after every stream
+	// that breaks within ReconnectBackoffMax of opening, up to
+	// ReconnectBackoffMax. A stream that stayed up longer starts it again
+	// from ReconnectBackoff. Zero means 100ms and 5s.
 	ReconnectBackoff    time.Duration
 	ReconnectBackoffMax time.Duration
 }
@@ -64,7 +67,8 @@ func (o Options) withDefaults() Options {
 }
 
 // Resource is what the handler knows of one extended resource, as served by
-// its newest registered instance.
+// its newest registered instance, or, in the grace period after the last one
+// deregistered, as that one left it.
 type Resource struct {
 	// Name is the extended resource name, e.g. "vendor.example/gpu".
 	Name string `json:"name"`
@@ -80,8 +84,8 @@ type Resource struct {
 	Connected bool `json:"connected"`
 	// Dropped is set when the stream stayed down longer than the grace period.
 	Dropped bool `json:"dropped,omitempty"`
-	// LastError says why the stream broke or could not be re-established;
-	// empty while it is up.
+	// LastError says why the stream broke or could not be re-established, or
+	// that the instance deregistered; empty while it is up.
 	LastError string `json:"lastError,omitempty"`
 	// Since is when the resource entered its current state: connected,
 	// disconnected, dropped, or served by a new instance.
@@ -130,9 +134,21 @@ type resource struct {
 	name       string
 	instances  []*instance // in registration order: the last one serves
 	reconnects uint64      // streams re-established, for the metric
+
+	// left is the last instance, deregistered, while the resource waits for
+	// a new one during the grace period; expiry then drops the resource.
+	left   *instance
+	expiry *time.Timer
 }
 
-func (r *resource) serving() *instance { return r.instances[len(r.instances)-1] }
+// serving returns the instance whose state the resource shows: its newest
+// registered instance, or left while it has none.
+func (r *resource) serving() *instance {
+	if len(r.instances) == 0 {
+		return r.left
+	}
+	return r.instances[len(r.instances)-1]
+}
 
 // instance is one registered plugin socket. Its fields after done are guarded
 // by Handler.mu; its stream goroutine changes them only while gone is unset.
@@ -255,9 +271,11 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		r = &resource{name: p.Name}
 		h.resources[p.Name] = r
 	}
-	var previous *instance
-	if len(r.instances) > 0 {
-		previous = r.serving()
+	previous, restart := r.serving(), r.left != nil
+	if restart {
+		// The last instance deregistered within the grace period, as a
+		// restarting plugin's does: this one takes the resource over.
+		h.stopExpiryLocked(r)
 	}
 	r.instances = append(r.instances, inst)
 	inst.res = r
@@ -265,18 +283,24 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	h.wg.Go(func() { h.run(life, inst, s) })
 
 	log := h.log.With("resource", p.Name, "socket", p.Socket, "endpoint", p.Endpoint)
-	if previous != nil {
+	switch {
+	case restart:
+		log.Info("device plugin registered within the grace period; it takes over the resource", "devices", len(devs), "previous", previous.plugin.Socket)
+	case previous != nil:
 		log.Info("device plugin registered; it now serves the resource", "devices", len(devs), "previous", previous.plugin.Socket)
-	} else {
+	default:
 		log.Info("device plugin registered", "devices", len(devs))
 	}
 	return nil
 }
 
 // Deregister stops the plugin's stream and forgets it. If it served its
-// resource, the instance registered before it serves again; if there is
-// none, the resource is dropped at once, as the socket is gone. It waits,
-// until ctx is done, for the stream's goroutine to exit.
+// resource, the instance registered before it serves again. If there is
+// none, the resource stays, disconnected and with its devices Unhealthy, for
+// Options.GracePeriod: a new registration of the resource within that time,
+// as a restarting plugin makes, takes it over with its own device list;
+// without one, the resource is dropped then. It waits, until ctx is done,
+// for the stream's goroutine to exit.
 func (h *Handler) Deregister(ctx context.Context, p pluginmanager.Plugin) {
 	h.mu.Lock()
 	inst := h.instances[p.Socket]
@@ -297,8 +321,10 @@ func waitDone(ctx context.Context, inst *instance) {
 	}
 }
 
-// removeLocked stops inst and takes it out of its resource, dropping the
-// resource if it was the last instance. h.mu must be held.
+// removeLocked stops inst and takes it out of its resource. If it was the
+// last instance, the resource waits for a new one for the grace period, or
+// is dropped at once if the handler is closing or inst was dropped already.
+// h.mu must be held.
 func (h *Handler) removeLocked(inst *instance, why string) {
 	inst.gone = true
 	inst.cancel()
@@ -313,9 +339,23 @@ func (h *Handler) removeLocked(inst *instance, why string) {
 	r.instances = slices.DeleteFunc(r.instances, func(i *instance) bool { return i == inst })
 	log := h.log.With("resource", r.name, "socket", inst.plugin.Socket)
 	switch {
-	case len(r.instances) == 0:
+	case len(r.instances) == 0 && (h.closed || inst.dropped):
 		delete(h.resources, r.name)
 		log.Info("device plugin "+why+"; resource dropped", "devices", len(inst.devices))
+	case len(r.instances) == 0:
+		now := time.Now()
+		inst.connected = false
+		inst.devices = unhealthy(inst.devices)
+		inst.lastErr = "device plugin " + why
+		inst.since = now
+		r.left = inst
+		h.wg.Add(1) // the expiry's call, unless stopExpiryLocked stops it first
+		r.expiry = time.AfterFunc(h.opts.GracePeriod, func() {
+			defer h.wg.Done()
+			h.expireLeft(r, inst)
+		})
+		log.Info("device plugin "+why+"; its devices are Unhealthy until a new instance registers the resource",
+			"devices", len(inst.devices), "grace", h.opts.GracePeriod)
 	case wasServing:
 		next := r.serving()
 		next.since = time.Now()
@@ -323,6 +363,31 @@ func (h *Handler) removeLocked(inst *instance, why string) {
 	default:
 		log.Info("device plugin " + why)
 	}
+	h.notifyLocked()
+}
+
+// stopExpiryLocked ends the grace period of r, whose last instance
+// deregistered: it no longer shows that instance, and will not be dropped
+// for it. h.mu must be held.
+func (h *Handler) stopExpiryLocked(r *resource) {
+	if r.expiry.Stop() {
+		h.wg.Done() // the call that will not happen
+	}
+	r.left, r.expiry = nil, nil
+}
+
+// expireLeft drops r at the end of the grace period that began when inst,
+// its last instance, deregistered, unless a new instance registered it.
+func (h *Handler) expireLeft(r *resource, inst *instance) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.resources[r.name] != r || r.left != inst {
+		return
+	}
+	r.left, r.expiry = nil, nil
+	delete(h.resources, r.name)
+	h.log.Info("no new instance of the device plugin within the grace period; resource dropped",
+		"resource", r.name, "socket", inst.plugin.Socket, "grace", h.opts.GracePeriod)
 	h.notifyLocked()
 }
 
@@ -335,6 +400,13 @@ func (h *Handler) Close() {
 	h.closed = true
 	for _, inst := range h.instances {
 		h.removeLocked(inst, "stopped by Close")
+	}
+	for name, r := range h.resources { // those waiting for a new instance
+		if r.left != nil {
+			h.stopExpiryLocked(r)
+			delete(h.resources, name)
+			h.notifyLocked()
+		}
 	}
 	h.mu.Unlock()
 	if first && h.reg != nil {
@@ -360,7 +432,8 @@ func (h *Handler) notifyLocked() {
 }
 
 // Resources returns a snapshot of every registered resource, sorted by name.
-// A resource whose last instance deregistered is no longer in it.
+// A resource whose last instance deregistered stays in it, disconnected and
+// with its devices Unhealthy, for the grace period (see Deregister).
 func (h *Handler) Resources() []Resource {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -6,8 +6,9 @@ import (
 )
 
 // The handler's series, read from its state at scrape time. A resource label
-// takes only the names of registered, not dropped, resources: a plugin chooses
-// its name, and must not leave series behind when it goes.
+// takes only the names of resources that are registered (or within the grace
+// period after their last instance went) and not dropped: a plugin chooses its
+// name, and must not leave series behind once it is gone.
 var (
 	devicesDesc = prometheus.NewDesc("plugd_deviceplugin_devices",
 		"Devices of each registered device plugin resource, by health.",

@@ -189,19 +189,71 @@ func inventory(resp *api.ListAndWatchResponse) ([]Device, error) {
 
 // run owns inst's stream from Register until Deregister or Close cancel
 // life: it applies every device list, and when the stream breaks, redials.
+//
+// The backoff outlives a stream: one that breaks soon after it opened, as
+// that of a plugin that ends it after one list does, counts as a failed
+// attempt. Only a stream that stayed up longer than the longest delay
+// starts the backoff again, so that a plugin is redialed at most about once
+// per Options.ReconnectBackoffMax however it fails.
 func (h *Handler) run(life context.Context, inst *instance, s *session) {
 	defer close(inst.done)
+	b := backoff{initial: h.opts.ReconnectBackoff, max: h.opts.ReconnectBackoffMax}
+	b.reset()
+	warn := breakLog{every: h.opts.ReconnectBackoffMax}
 	for {
+		up := time.Now()
 		err := h.watch(inst, s)
 		s.close()
 		if life.Err() != nil {
 			return
 		}
-		h.lost(inst, err)
-		if s = h.redial(life, inst); s == nil {
+		if time.Since(up) > b.max {
+			b.reset()
+		}
+		h.lost(inst, err, &warn)
+		if s = h.redial(life, inst, &b, &warn); s == nil {
 			return
 		}
 	}
+}
+
+// backoff is the delay before the next redial of one instance.
+type backoff struct {
+	initial, max time.Duration
+	delay        time.Duration
+}
+
+// next returns the delay to wait now, and doubles the one after it.
+func (b *backoff) next() time.Duration {
+	d := b.delay
+	b.delay = min(2*d, b.max)
+	return d
+}
+
+func (b *backoff) reset() { b.delay = b.initial }
+
+// breakLog keeps a plugin whose stream keeps breaking from flooding the log:
+// the first break of an instance is a warning, and then at most one break
+// per interval, which tells how many breaks it stands for. The others, and
+// the reconnections after them, are logged at Debug level.
+type breakLog struct {
+	every  time.Duration
+	last   time.Time // of the last warning
+	breaks int       // since the last warning
+	quiet  bool      // the last break was not a warning
+}
+
+// note counts a break, and returns whether it is a warning and, if so, how
+// many breaks (this one included) happened since the previous warning.
+func (l *breakLog) note(now time.Time) (warn bool, breaks int) {
+	l.breaks++
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.quiet = true
+		return false, 0
+	}
+	breaks = l.breaks
+	l.last, l.breaks, l.quiet = now, 0, false
+	return true, breaks
 }
 
 // watch applies the device lists the stream sends until it breaks.
@@ -228,7 +280,7 @@ func (h *Handler) watch(inst *instance, s *session) error {
 // lost records that inst's stream broke: its devices turn Unhealthy until it
 // is back or the grace period is over. An instance that no longer serves its
 // resource is dropped at once: a newer one took over.
-func (h *Handler) lost(inst *instance, err error) {
+func (h *Handler) lost(inst *instance, err error, warn *breakLog) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if inst.gone {
@@ -243,25 +295,34 @@ func (h *Handler) lost(inst *instance, err error) {
 		inst.devices = nil
 		log.Info("stream of a replaced device plugin instance ended; instance dropped")
 	} else {
-		unhealthy := make([]Device, len(inst.devices))
-		for i, d := range inst.devices {
-			d.Health = api.Unhealthy
-			unhealthy[i] = d
+		inst.devices = unhealthy(inst.devices)
+		const msg = "device plugin stream broke; its devices are Unhealthy until it is back"
+		if ok, n := warn.note(inst.since); ok {
+			log.Warn(msg, "grace", h.opts.GracePeriod, "breaks", n)
+		} else {
+			log.Debug(msg, "grace", h.opts.GracePeriod)
 		}
-		inst.devices = unhealthy
-		log.Warn("device plugin stream broke; its devices are Unhealthy until it is back", "grace", h.opts.GracePeriod)
 	}
 	h.notifyLocked()
 }
 
-// redial tries to re-establish inst's stream with backoff until it succeeds
-// or life is done (then it returns nil). After the grace period, or as soon
-// as a newer instance serves the resource, it drops inst's devices, and keeps
-// trying.
-func (h *Handler) redial(life context.Context, inst *instance) *session {
-	delay := h.opts.ReconnectBackoff
+// unhealthy returns a copy of devs, all Unhealthy.
+func unhealthy(devs []Device) []Device {
+	out := make([]Device, len(devs))
+	for i, d := range devs {
+		d.Health = api.Unhealthy
+		out[i] = d
+	}
+	return out
+}
+
+// redial tries to re-establish inst's stream, waiting b's delay before each
+// attempt, until it succeeds or life is done (then it returns nil). After the
+// grace period, or as soon as a newer instance serves the resource, it drops
+// inst's devices, and keeps trying.
+func (h *Handler) redial(life context.Context, inst *instance, b *backoff, warn *breakLog) *session {
 	dropAt := time.Now().Add(h.opts.GracePeriod)
-	timer := time.NewTimer(delay)
+	timer := time.NewTimer(min(b.next(), h.opts.GracePeriod))
 	defer timer.Stop()
 	for {
 		select {
@@ -279,7 +340,7 @@ func (h *Handler) redial(life context.Context, inst *instance) *session {
 		s, devs, err := h.open(life, wait, inst.plugin.Endpoint)
 		cancel()
 		if err == nil {
-			if h.restore(inst, s, devs) {
+			if h.restore(inst, s, devs, warn.quiet) {
 				return s
 			}
 			s.close()
@@ -295,8 +356,7 @@ func (h *Handler) redial(life context.Context, inst *instance) *session {
 		}
 		h.mu.Unlock()
 
-		next := delay
-		delay = min(2*delay, h.opts.ReconnectBackoffMax)
+		next := b.next()
 		if !dropped {
 			next = max(0, min(next, time.Until(dropAt)))
 		}
@@ -330,8 +390,9 @@ func (h *Handler) expire(inst *instance, dropAt time.Time) bool {
 }
 
 // restore installs a re-established stream's state, and reports false if
-// inst was deregistered meanwhile.
-func (h *Handler) restore(inst *instance, s *session, devs []Device) bool {
+// inst was deregistered meanwhile. Quiet says the break was not warned of,
+// so neither is its end.
+func (h *Handler) restore(inst *instance, s *session, devs []Device, quiet bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if inst.gone {
@@ -345,8 +406,12 @@ func (h *Handler) restore(inst *instance, s *session, devs []Device) bool {
 	inst.devices = devs
 	inst.since = time.Now()
 	inst.res.reconnects++
-	h.log.Info("device plugin stream re-established", "resource", inst.plugin.Name, "socket", inst.plugin.Socket,
-		"devices", len(devs), "wasDropped", wasDropped)
+	log := h.log.With("resource", inst.plugin.Name, "socket", inst.plugin.Socket, "devices", len(devs), "wasDropped", wasDropped)
+	if quiet && !wasDropped {
+		log.Debug("device plugin stream re-established")
+	} else {
+		log.Info("device plugin stream re-established")
+	}
 	h.notifyLocked()
 	return true
 }
