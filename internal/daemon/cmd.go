@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,6 +56,7 @@ type options struct {
 	configPath string
 	fl         Config // values of the flags; only those set override the file
 	handlers   []string
+	peers      []string
 }
 
 func (o *options) bind(f *pflag.FlagSet) {
@@ -75,6 +77,13 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.DurationVar((*time.Duration)(&fl.Timeouts.Handler), "handler-timeout", 0, "deadline for each handler call (default 30s)")
 	f.BoolVar(&fl.DeregisterOnShutdown, "deregister-on-shutdown", false, "deregister every plugin when plugd stops")
 	f.DurationVar((*time.Duration)(&fl.ShutdownTimeout), "shutdown-timeout", 0, "bound on a clean shutdown (default 10s)")
+	f.DurationVar((*time.Duration)(&fl.Liveness.ProbeInterval), "probe-interval", 0, "ask each registered plugin GetInfo this often to see it is alive; negative disables (default 10s)")
+	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long (default 30s)")
+	f.StringArrayVar(&fl.Policy.EndpointRoots, "endpoint-root", nil, "confine plugins' endpoints to this directory; repeat for each (default: anywhere)")
+	f.StringArrayVar(&o.peers, "allowed-peer", nil, "TYPE=uid:N,gid:M,...: only processes running as these may serve plugins of TYPE (* for every other type); repeat for each type")
+	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory other users may write to")
+	f.DurationVar((*time.Duration)(&fl.Policy.RemoveStaleAfter), "remove-stale-after", 0, "remove a socket nobody listens on once it is older than this (default: never)")
+	f.IntVar(&fl.Policy.MaxSockets, "max-sockets", 0, "most sockets tracked (default 20000)")
 	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")
 	f.StringVar(&fl.Log.Level, "log-level", "", "debug, info, warn or error (default info)")
 }
@@ -104,6 +113,14 @@ var flagFields = map[string]func(dst *Config, src Config){
 	"shutdown-timeout":          func(d *Config, s Config) { d.ShutdownTimeout = s.ShutdownTimeout },
 	"log-format":                func(d *Config, s Config) { d.Log.Format = s.Log.Format },
 	"log-level":                 func(d *Config, s Config) { d.Log.Level = s.Log.Level },
+	"probe-interval":            func(d *Config, s Config) { d.Liveness.ProbeInterval = s.Liveness.ProbeInterval },
+	"unhealthy-grace":           func(d *Config, s Config) { d.Liveness.UnhealthyGrace = s.Liveness.UnhealthyGrace },
+	"endpoint-root":             func(d *Config, s Config) { d.Policy.EndpointRoots = s.Policy.EndpointRoots },
+	"allow-writable-registry-dir": func(d *Config, s Config) {
+		d.Policy.AllowWritableRegistryDir = s.Policy.AllowWritableRegistryDir
+	},
+	"remove-stale-after": func(d *Config, s Config) { d.Policy.RemoveStaleAfter = s.Policy.RemoveStaleAfter },
+	"max-sockets":        func(d *Config, s Config) { d.Policy.MaxSockets = s.Policy.MaxSockets },
 }
 
 // load reads the file (if any), lays the flags that were set over it, and
@@ -131,7 +148,45 @@ func (o *options) load(flags *pflag.FlagSet) (Config, error) {
 			cfg.Handlers = append(cfg.Handlers, HandlerConfig{Type: typ, Handler: name})
 		}
 	}
+	if len(o.peers) > 0 {
+		cfg.Policy.AllowedPeers = nil
+		for _, p := range o.peers {
+			rule, err := parsePeerRule(p)
+			if err != nil {
+				return cfg, err
+			}
+			cfg.Policy.AllowedPeers = append(cfg.Policy.AllowedPeers, rule)
+		}
+	}
 	return cfg.WithDefaults()
+}
+
+// parsePeerRule reads --allowed-peer TYPE=uid:0,gid:10.
+func parsePeerRule(s string) (PeerRule, error) {
+	bad := func() (PeerRule, error) {
+		return PeerRule{}, fmt.Errorf("--allowed-peer %q: write it as TYPE=uid:N,gid:M,... such as CSIPlugin=uid:0", s)
+	}
+	typ, list, ok := strings.Cut(s, "=")
+	if !ok || typ == "" {
+		return bad()
+	}
+	rule := PeerRule{Type: typ}
+	for item := range strings.SplitSeq(list, ",") {
+		kind, num, ok := strings.Cut(strings.TrimSpace(item), ":")
+		n, err := strconv.ParseUint(num, 10, 32)
+		if !ok || err != nil {
+			return bad()
+		}
+		switch kind {
+		case "uid":
+			rule.UIDs = append(rule.UIDs, uint32(n))
+		case "gid":
+			rule.GIDs = append(rule.GIDs, uint32(n))
+		default:
+			return bad()
+		}
+	}
+	return rule, nil
 }
 
 // serve runs the daemon until SIGTERM or SIGINT, reloading on SIGHUP.

@@ -53,7 +53,48 @@ type Config struct {
 	// ShutdownTimeout bounds a clean shutdown on SIGTERM or SIGINT. Default 10s.
 	ShutdownTimeout Duration `json:"shutdownTimeout,omitempty"`
 
+	Liveness LivenessConfig `json:"liveness,omitempty"`
+	Policy   PolicyConfig   `json:"policy,omitempty"`
+
 	Log LogConfig `json:"log,omitempty"`
+}
+
+// LivenessConfig says how registered plugins are checked to be alive.
+type LivenessConfig struct {
+	// ProbeInterval is how often each registered plugin is asked GetInfo
+	// (jittered). Default 10s; negative disables probing.
+	ProbeInterval Duration `json:"probeInterval,omitempty"`
+	// UnhealthyGrace is how long a plugin that stopped answering stays
+	// registered (Unhealthy) before it is deregistered. Default 30s; a
+	// handler's unhealthyGrace overrides it for its type.
+	UnhealthyGrace Duration `json:"unhealthyGrace,omitempty"`
+}
+
+// PolicyConfig keeps plugins in bounds.
+type PolicyConfig struct {
+	// EndpointRoots, if set, confines plugins' endpoints to these
+	// directories (symlinks resolved); the registration socket itself is
+	// always allowed.
+	EndpointRoots []string `json:"endpointRoots,omitempty"`
+	// AllowedPeers, if set, lists who may serve each plugin type's
+	// registration socket: the listening process's uid or gid (read with
+	// SO_PEERCRED) must be listed for the plugin's type, or for "*".
+	AllowedPeers []PeerRule `json:"allowedPeers,omitempty"`
+	// AllowWritableRegistryDir lets plugd use a registry directory other
+	// users may write to; refused by default.
+	AllowWritableRegistryDir bool `json:"allowWritableRegistryDir,omitempty"`
+	// RemoveStaleAfter, if set, removes a socket nobody listens on once it
+	// is older than this. Default: never.
+	RemoveStaleAfter Duration `json:"removeStaleAfter,omitempty"`
+	// MaxSockets bounds the sockets tracked. Default 20000.
+	MaxSockets int `json:"maxSockets,omitempty"`
+}
+
+// PeerRule is who may serve plugins of one type.
+type PeerRule struct {
+	Type string   `json:"type"` // a plugin type, or "*" for every type without a rule of its own
+	UIDs []uint32 `json:"uids,omitempty"`
+	GIDs []uint32 `json:"gids,omitempty"`
 }
 
 // HandlerConfig names the handler for one plugin type.
@@ -76,6 +117,8 @@ type HandlerConfig struct {
 	// its connection is still counted on before its driver or resource is
 	// reported unavailable. Default 30s.
 	GracePeriod Duration `json:"gracePeriod,omitempty"`
+	// UnhealthyGrace overrides liveness.unhealthyGrace for this type.
+	UnhealthyGrace Duration `json:"unhealthyGrace,omitempty"`
 	// Hook configures the hook handler.
 	Hook *HookConfig `json:"hook,omitempty"`
 }
@@ -243,6 +286,34 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(10 * time.Second)
 	}
+	seenPeers := map[string]bool{}
+	for i, r := range c.Policy.AllowedPeers {
+		switch {
+		case r.Type == "":
+			return c, fmt.Errorf("policy.allowedPeers[%d].type is empty: name a plugin type, or \"*\" for every type", i)
+		case seenPeers[r.Type]:
+			return c, fmt.Errorf("policy.allowedPeers[%d]: %q has a rule already", i, r.Type)
+		case len(r.UIDs) == 0 && len(r.GIDs) == 0:
+			return c, fmt.Errorf("policy.allowedPeers[%d] (%s) lists no uids or gids: it would refuse every plugin of the type", i, r.Type)
+		}
+		seenPeers[r.Type] = true
+	}
+	for i, root := range c.Policy.EndpointRoots {
+		if !filepath.IsAbs(root) {
+			return c, fmt.Errorf("policy.endpointRoots[%d] %q is not an absolute path", i, root)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"liveness.unhealthyGrace", c.Liveness.UnhealthyGrace}, {"policy.removeStaleAfter", c.Policy.RemoveStaleAfter}} {
+		if d.v < 0 {
+			return c, fmt.Errorf("%s is %s: it must be positive, or left out for the default", d.name, d.v)
+		}
+	}
+	if c.Policy.MaxSockets < 0 {
+		return c, fmt.Errorf("policy.maxSockets is %d: it must be positive (default 20000)", c.Policy.MaxSockets)
+	}
 	if c.ResyncInterval > 0 && c.ResyncInterval < Duration(time.Second) {
 		return c, fmt.Errorf("resyncInterval is %s: it must be at least 1s (default 30s), or negative to disable the walk", c.ResyncInterval)
 	}
@@ -303,6 +374,26 @@ func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) p
 		DeregisterOnShutdown: c.DeregisterOnShutdown,
 		Registerer:           reg,
 		EventBuffer:          streamBuffer,
+		ProbeInterval:        time.Duration(c.Liveness.ProbeInterval),
+		UnhealthyGrace:       time.Duration(c.Liveness.UnhealthyGrace),
+		EndpointRoots:        c.Policy.EndpointRoots,
+		AllowWritableDir:     c.Policy.AllowWritableRegistryDir,
+		RemoveStaleAfter:     time.Duration(c.Policy.RemoveStaleAfter),
+		MaxSockets:           c.Policy.MaxSockets,
+	}
+	for _, h := range c.Handlers {
+		if h.UnhealthyGrace > 0 {
+			if o.GracePeriods == nil {
+				o.GracePeriods = map[string]time.Duration{}
+			}
+			o.GracePeriods[h.Type] = time.Duration(h.UnhealthyGrace)
+		}
+	}
+	for _, r := range c.Policy.AllowedPeers {
+		if o.AllowedPeers == nil {
+			o.AllowedPeers = map[string]pluginmanager.Peers{}
+		}
+		o.AllowedPeers[r.Type] = pluginmanager.Peers{UIDs: r.UIDs, GIDs: r.GIDs}
 	}
 	return o
 }

@@ -341,4 +341,6 @@ var configFields = []struct {
 	{"deregisterOnShutdown", func(c Config) any { return c.DeregisterOnShutdown }},
 	{"shutdownTimeout", func(c Config) any { return c.ShutdownTimeout }},
 	{"log.format", func(c Config) any { return c.Log.Format }},
+	{"liveness", func(c Config) any { return c.Liveness }},
+	{"policy", func(c Config) any { return fmt.Sprintf("%+v", c.Policy) }}, // holds slices: compared as text
 }

@@ -255,6 +255,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"timeouts: {dial: abc}\n", "Config.timeouts.dial"},
 		{"shutdownTimeout: 30\n", "30 (a duration is written like"},
 		{"resyncInterval: 10ms\n", "resyncInterval is 10ms: it must be at least 1s"},
+		{"policy: {allowedPeers: [{type: CSIPlugin}]}\n", "policy.allowedPeers[0] (CSIPlugin) lists no uids or gids"},
+		{"policy: {allowedPeers: [{uids: [0]}]}\n", "policy.allowedPeers[0].type is empty"},
+		{"policy: {endpointRoots: [relative/dir]}\n", `policy.endpointRoots[0] "relative/dir" is not an absolute path`},
+		{"policy: {maxSockets: -1}\n", "policy.maxSockets is -1"},
+		{"liveness: {unhealthyGrace: -1s}\n", "liveness.unhealthyGrace is -1s"},
+		{"liveness: {probeInterval: often}\n", "Config.liveness.probeInterval"},
 		{"backoff: {initial: 1m, max: 1s}\n", "backoff.max (1s) is less than backoff.initial (1m0s)"},
 		{"timeouts: {dial: -1s}\n", "timeouts.dial is -1s"},
 		{"workers: -2\n", "workers is -2"},
@@ -477,5 +483,32 @@ func TestAPIStatesAreTheManagers(t *testing.T) {
 	}
 	if !slices.Equal(api.States, want) {
 		t.Errorf("api.States = %v, want %v", api.States, want)
+	}
+}
+
+func TestPolicyAndLivenessFromFlags(t *testing.T) {
+	var o options
+	flags := pflag.NewFlagSet("plugd", pflag.ContinueOnError)
+	o.bind(flags)
+	if err := flags.Parse([]string{"--registry-dir", "/r", "--allowed-peer", "CSIPlugin=uid:0,gid:10", "--allowed-peer", "*=uid:0",
+		"--endpoint-root", "/var/lib/kubelet/plugins", "--probe-interval", "5s", "--unhealthy-grace", "1m", "--max-sockets", "50"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.load(flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mo := cfg.managerOptions(nil, nil)
+	if p := mo.AllowedPeers["CSIPlugin"]; !slices.Equal(p.UIDs, []uint32{0}) || !slices.Equal(p.GIDs, []uint32{10}) {
+		t.Errorf("peers = %+v", mo.AllowedPeers)
+	}
+	if _, ok := mo.AllowedPeers["*"]; !ok || mo.ProbeInterval != 5*time.Second || mo.UnhealthyGrace != time.Minute ||
+		mo.MaxSockets != 50 || !slices.Equal(mo.EndpointRoots, []string{"/var/lib/kubelet/plugins"}) {
+		t.Errorf("manager options = %+v", mo)
+	}
+	if err := flags.Parse([]string{"--allowed-peer", "CSIPlugin=root"}); err == nil {
+		if _, err := o.load(flags); err == nil || !strings.Contains(err.Error(), "TYPE=uid:N,gid:M") {
+			t.Errorf("bad --allowed-peer: %v", err)
+		}
 	}
 }
