@@ -381,6 +381,8 @@ func TestExampleConfig(t *testing.T) {
 		"backoff.initial": "backoff-initial", "backoff.max": "backoff-max",
 		"timeouts.dial": "dial-timeout", "timeouts.getInfo": "get-info-timeout",
 		"timeouts.notify": "notify-timeout", "timeouts.handler": "handler-timeout",
+		"liveness.probeInterval": "probe-interval", "liveness.unhealthyGrace": "unhealthy-grace",
+		"policy.maxSockets": "max-sockets",
 	} {
 		want := flagDefault(t, flag)
 		if got := fmt.Sprint(getPath(raw, field)); !sameValue(got, want) {
@@ -388,6 +390,11 @@ func TestExampleConfig(t *testing.T) {
 		}
 	}
 	def.Workers, def.ResyncInterval, def.Backoff, def.Timeouts = full.Workers, full.ResyncInterval, full.Backoff, full.Timeouts
+	def.Liveness, def.Policy.MaxSockets = full.Liveness, full.Policy.MaxSockets
+	// An empty list in the file is the same as none.
+	if len(full.Policy.EndpointRoots) == 0 && len(full.Policy.AllowedPeers) == 0 {
+		def.Policy.EndpointRoots, def.Policy.AllowedPeers = full.Policy.EndpointRoots, full.Policy.AllowedPeers
+	}
 	if !reflect.DeepEqual(full, def) {
 		t.Errorf("%s differs from the defaults:\n file:     %+v\n defaults: %+v", configPath, full, def)
 	}
