@@ -205,6 +205,11 @@ func (m *Manager) Run(ctx context.Context) error {
 		w.Close()
 		return fmt.Errorf("pluginmanager: watching %s: %w", dir, err)
 	}
+	// The parent tells when the directory itself is removed or made again.
+	if err := w.Add(filepath.Dir(dir)); err != nil {
+		m.log.Warn("cannot watch the registry directory's parent: if the directory is removed and made again, the periodic resync will find it",
+			"dir", dir, "err", err)
+	}
 
 	var wg sync.WaitGroup
 	for range m.opts.Workers {

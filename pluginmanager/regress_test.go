@@ -265,3 +265,24 @@ func TestWorldWritableRegistryDirIsRefused(t *testing.T) {
 		t.Errorf("Run on a world-writable directory = %v", err)
 	}
 }
+
+// The registry directory removed and made again: its plugins are let go, and
+// plugins in the new one register at once, without waiting for a resync.
+func TestRegistryDirRemovedAndRecreated(t *testing.T) {
+	rec := newRecorder()
+	h := start(t, pluginmanager.Options{ResyncInterval: -1}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	before := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "before"})
+	h.status(before.Path(), pluginmanager.StateRegistered)
+
+	if err := os.RemoveAll(h.dir); err != nil {
+		t.Fatal(err)
+	}
+	h.gone(before.Path())
+	rec.waitCalls(t, "deregister before", 1)
+
+	if err := os.Mkdir(h.dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	after := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "after"})
+	h.status(after.Path(), pluginmanager.StateRegistered)
+}

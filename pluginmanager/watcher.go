@@ -124,6 +124,11 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 // handleFSEvent turns one fsnotify event into work. Events are only hints: the
 // worker reads the file as it is now and decides.
 func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
+	root := m.opts.Dir
+	if ev.Name == root || !within(ev.Name, root) {
+		m.handleRootEvent(w, ev)
+		return
+	}
 	name := filepath.Base(ev.Name)
 	if hidden(name) {
 		return
@@ -160,6 +165,35 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			w.forget(ev.Name)
 			m.enqueueUnder(ev.Name)
 		}
+	}
+}
+
+// handleRootEvent deals with the registry directory itself going and coming
+// back, as its parent directory's watch reports it. (The directory's own
+// deletion event can come much later: a socket still bound in it keeps it
+// alive in the kernel.)
+func (m *Manager) handleRootEvent(w *watcher, ev fsnotify.Event) {
+	root := m.opts.Dir
+	if ev.Name != root {
+		return // something else in the parent directory
+	}
+	fi, err := os.Lstat(root)
+	there := err == nil && fi.IsDir()
+	switch {
+	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
+		// Whatever is at the path now is not the directory we watched.
+		w.forget(root)
+		m.enqueueUnder(root)
+		if !there {
+			m.log.Warn("the registry directory was removed; its plugins are let go until it comes back", "dir", root)
+			return
+		}
+		m.log.Info("the registry directory was replaced", "dir", root)
+		m.resync(w)
+	case ev.Has(fsnotify.Create) && there:
+		m.log.Info("the registry directory is back", "dir", root)
+		w.forget(root) // a watch left on the old one, if its removal was not seen yet
+		m.resync(w)
 	}
 }
 
