@@ -5,14 +5,9 @@
 // where one plugin is enough. Every test asserts the final state, and that no
 // goroutine, file descriptor or socket file was left behind (checkLeaks).
 //
-// TODO: faults to cover next; their features were being built in
-// pluginmanager when this suite was written:
-//   - a plugin killed with SIGKILL: Unhealthy at once, deregistered after the
-//     grace period, registered again when it is restarted;
-//   - a socket whose listener's UID is not on the allow-list: refused, saying
-//     which rule refused it;
-//   - a plugin whose endpoint is outside the allowed roots: refused;
-//   - a group-writable registry directory: refused by Run.
+// Liveness and policy faults (a SIGKILLed plugin, a peer not on the
+// allow-list, an endpoint outside the allowed roots, a group-writable
+// directory) are in policy_test.go.
 package faults
 
 import (

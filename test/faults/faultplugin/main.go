@@ -54,6 +54,7 @@ func run() error {
 	typ := flag.String("type", "example.com/Fault", "plugin type sent in GetInfo")
 	name := flag.String("name", "fault", "plugin name sent in GetInfo (modes that break the name start from it)")
 	socket := flag.String("socket", "", "file name of the socket in -dir; empty means -name + \".sock\"")
+	endpoint := flag.String("endpoint", "", "endpoint sent in GetInfo by the modes that keep it (ok, hang-*); empty means the socket")
 	flag.Parse()
 	if *dir == "" {
 		return errors.New("-dir is required")
@@ -61,7 +62,7 @@ func run() error {
 	if *socket == "" {
 		*socket = *name + ".sock"
 	}
-	info, err := infoFor(*mode, *typ, *name)
+	info, err := infoFor(*mode, *typ, *name, *endpoint)
 	if err != nil {
 		return err
 	}
@@ -124,8 +125,8 @@ func run() error {
 }
 
 // infoFor is what GetInfo answers in mode.
-func infoFor(mode, typ, name string) (*registerapi.PluginInfo, error) {
-	info := &registerapi.PluginInfo{Type: typ, Name: name, SupportedVersions: []string{"1.0.0"}}
+func infoFor(mode, typ, name, endpoint string) (*registerapi.PluginInfo, error) {
+	info := &registerapi.PluginInfo{Type: typ, Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"}}
 	switch mode {
 	case "ok", "hang-getinfo", "hang-notify", "silent":
 	case "huge-name":
