@@ -17,6 +17,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Manager discovers plugins' registration sockets in a directory, registers each
@@ -523,6 +525,12 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		fmt.Errorf("no answer within %s", m.opts.GetInfoTimeout))
 	info, err := getInfo(infoCtx, conn)
 	cancel()
+	if status.Code(err) == codes.ResourceExhausted {
+		// An answer over the size cap is malformed, not unlucky: retrying
+		// would only make the plugin send it again.
+		m.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true)
+		return
+	}
 	if err != nil {
 		// A plugin that does not serve Registration at all will not start to by retrying.
 		m.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err))
@@ -631,7 +639,7 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 		m.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
 		return
 	}
-	delay := m.backoff(e, reason)
+	delay := m.backoff(e, reason, err)
 	e.status.State = StateFailed
 	if reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED) {
 		// A socket file nobody listens on: what a crashed plugin leaves.
@@ -648,10 +656,10 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 // backoff is the delay before the next attempt: BackoffInitial doubled for
 // each failure since the socket appeared, capped at BackoffMax, with up to
 // ±20% jitter so that plugins that failed together do not retry together.
-func (m *Manager) backoff(e *entry, reason Reason) time.Duration {
+func (m *Manager) backoff(e *entry, reason Reason, err error) time.Duration {
 	// A socket that refuses connections just after it appeared is most likely
 	// bound but not yet listening: look again very soon.
-	if reason == ReasonDial && e.status.Attempts == 1 && time.Since(e.status.Discovered) < time.Second {
+	if reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED) && e.status.Attempts == 1 && time.Since(e.status.Discovered) < time.Second {
 		return min(10*time.Millisecond, m.opts.BackoffInitial)
 	}
 	e.backoffs++

@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"fmt"
 	"strconv"
+	"syscall"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -106,6 +108,9 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 		switch {
 		case d.IsDir(): // WalkDir never follows a symlink, so this is a real directory
 			if err := w.fs.Add(path); err != nil {
+				if errors.Is(err, syscall.ENOSPC) {
+					err = fmt.Errorf("watching %s: the system's inotify watch limit is reached (raise fs.inotify.max_user_watches); sockets there are found by the periodic resync only: %w", path, err)
+				}
 				keep(err)
 			} else {
 				w.dirs[path] = true
