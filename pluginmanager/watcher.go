@@ -2,13 +2,13 @@ package pluginmanager
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"fmt"
 	"strconv"
-	"syscall"
 	"strings"
+	"syscall"
 	"unicode"
 	"unicode/utf8"
 
