@@ -34,7 +34,9 @@ type Call struct {
 }
 
 // Manager is a running plugin manager on a temporary registry directory. It
-// stops, and the directory is removed, when the test ends.
+// stops, and the directory is removed, when the test ends. Its Wait methods
+// share one event stream: call them from the test's goroutine, one at a
+// time; the other methods are safe from any goroutine.
 type Manager struct {
 	// Dir is the registry directory: the plugin under test puts its
 	// registration socket here.
