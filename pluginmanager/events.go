@@ -17,6 +17,8 @@ const (
 	EventDeregistered EventType = "Deregistered" // the handler let the plugin go
 	EventUnhealthy    EventType = "Unhealthy"    // a registered plugin stopped answering its liveness probe
 	EventHealthy      EventType = "Healthy"      // an Unhealthy plugin answers again, still registered
+	EventAnswering    EventType = "Answering"    // observe mode: the plugin answers (again)
+	EventNotAnswering EventType = "NotAnswering" // observe mode: the plugin stopped answering (or is Stale)
 	EventRemoved      EventType = "Removed"      // the socket file is gone and forgotten
 	EventLost         EventType = "Lost"         // this subscriber fell behind; Missed events were dropped
 )

@@ -294,3 +294,24 @@ func counterFrom(t *testing.T, reg *prometheus.Registry, name string) prometheus
 	}
 	return c
 }
+
+// pollUntil is until for conditions no event announces (an observer's
+// repeated looks at a plugin that keeps answering change no state): it looks
+// at the snapshot every 10ms, and fails the test at the deadline.
+func (h *harness) pollUntil(what string, cond func([]pluginmanager.PluginStatus) bool) {
+	h.t.Helper()
+	deadline := time.After(wait)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		snap := h.m.Plugins()
+		if cond(snap) {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			h.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
+		}
+	}
+}

@@ -132,7 +132,7 @@ func (m *Manager) ask(ctx context.Context, path string) (Plugin, error) {
 	conn, err := connect(dialCtx, path)
 	cancel()
 	if err != nil {
-		return Plugin{}, err
+		return Plugin{}, dialFailure{err}
 	}
 	defer conn.Close()
 	infoCtx, cancel := context.WithTimeoutCause(ctx, m.opts.GetInfoTimeout,

@@ -189,12 +189,17 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer m.events.shutdown()
 
 	dir := m.opts.Dir
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if m.opts.Observe {
+		// An observer changes nothing, not even by creating the directory.
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("pluginmanager: observing %s: it is not a directory (%v); an observer never creates it: point Options.Dir at the directory the other manager watches", dir, err)
+		}
+	} else if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("pluginmanager: creating the registry directory: %w", err)
 	}
 	if fi, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
-	} else if fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir {
+	} else if fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
 		return fmt.Errorf("pluginmanager: the registry directory %s is writable by users other than its owner (mode %v): they could put a socket there or replace a plugin's; remove that permission (chmod go-w %s), or set Options.AllowWritableDir",
 			dir, fi.Mode().Perm(), dir)
 	}
@@ -417,6 +422,17 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 			m.mu.Unlock() // over Options.MaxSockets
 			return
 		}
+	}
+	if m.opts.Observe {
+		// Observing: look at a new socket at once, then once per interval.
+		if e.status.State != StatePending && !e.probeDue {
+			m.mu.Unlock()
+			return
+		}
+		e.probeDue = false
+		m.mu.Unlock()
+		m.observe(ctx, path, e)
+		return
 	}
 	if e.probeDue {
 		e.probeDue = false

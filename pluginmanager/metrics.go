@@ -72,7 +72,7 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	// Every handled type reports every state, so that series do not vanish at zero.
 	for typ := range m.handlers {
-		for _, s := range []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy} {
+		for _, s := range m.statesLocked() {
 			counts[key{typ, s}] = 0
 		}
 	}
@@ -88,6 +88,10 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 // typeLabelLocked is the metric label for a plugin type. m.mu must be held.
 func (m *Manager) typeLabelLocked(typ string) string {
 	if _, ok := m.handlers[typ]; ok {
+		return typ
+	}
+	switch typ {
+	case "CSIPlugin", "DRAPlugin", "DevicePlugin": // the kubelet's: a fixed set, named even when observed
 		return typ
 	}
 	return otherType

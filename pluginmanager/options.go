@@ -55,6 +55,15 @@ type Options struct {
 	// SubscribeWithReplay. Zero means 1024.
 	EventHistory int
 
+	// Observe makes the manager an observer, for a node whose plugins
+	// another manager (a kubelet) registers: it discovers sockets and asks
+	// each GetInfo (at once, then every ProbeInterval), and reports what it
+	// sees (Answering, NotAnswering, Stale), but never notifies a plugin,
+	// never calls a handler, and never creates, removes or changes a file;
+	// the registry directory may be mounted read-only. Handlers added are
+	// not used.
+	Observe bool
+
 	// ProbeInterval is how often each registered plugin is asked GetInfo,
 	// with jitter, to tell a live plugin from a dead one. A plugin that fails
 	// a probe is Unhealthy at once; one that answers with different info is
@@ -161,6 +170,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ProbeInterval == 0 {
 		o.ProbeInterval = 10 * time.Second
+		if o.Observe {
+			o.ProbeInterval = 30 * time.Second // gentle: a node with hundreds of plugins sees no load
+		}
+	}
+	if o.Observe {
+		o.RemoveStaleAfter = 0 // an observer changes nothing
 	}
 	if o.UnhealthyGrace < 0 {
 		return o, fmt.Errorf("pluginmanager: Options.UnhealthyGrace is %s: it must be zero (default 30s) or positive", o.UnhealthyGrace)

@@ -20,6 +20,13 @@ const (
 	StateUnhealthy   State = "Unhealthy"   // registered, but stopped answering; deregistered after a grace period
 )
 
+// The states of a socket in observe mode (Options.Observe), which say what
+// was seen rather than what was decided.
+const (
+	StateAnswering    State = "Answering"    // it answered GetInfo at the last look
+	StateNotAnswering State = "NotAnswering" // it did not answer, or answered nonsense; Reason says which
+)
+
 // registered reports whether a handler holds the plugin in state s.
 func (s State) registered() bool { return s == StateRegistered || s == StateUnhealthy }
 
