@@ -34,7 +34,8 @@ type Plugin struct {
 	Socket   string   `json:"socket"`
 	// State is one of States: Pending, Registering, Registered, Failed,
 	// Stale (a socket nobody listens on), Rejected, Unhealthy (registered,
-	// but not answering its liveness probe).
+	// but not answering its liveness probe); a plugd in observe mode reports
+	// only Pending, Answering, NotAnswering and Stale.
 	State string `json:"state"`
 	// Reason is the step the last attempt failed at (dial, get_info,
 	// invalid_info, no_handler, validate, register, notify); LastError says why.
@@ -58,7 +59,7 @@ type Plugin struct {
 }
 
 // States are the states a plugin can be in, from the happy path to trouble.
-var States = []string{"Pending", "Registering", "Registered", "Failed", "Stale", "Rejected", "Unhealthy"}
+var States = []string{"Pending", "Registering", "Registered", "Failed", "Stale", "Rejected", "Unhealthy", "Answering", "NotAnswering"}
 
 // PluginList is the answer to GET /v1/plugins, sorted by ID.
 type PluginList struct {
@@ -72,7 +73,7 @@ type PluginList struct {
 type Event struct {
 	Seq    uint64    `json:"seq"`
 	Time   time.Time `json:"time"`
-	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost
+	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost; observing: Answering, NotAnswering
 	Plugin Plugin    `json:"plugin"`
 	Missed int       `json:"missed,omitempty"`
 }

@@ -150,6 +150,7 @@ func plugdArgs(t *testing.T, args []string) daemon.Config {
 		t.Fatalf("container args: --config is set, but the manifest mounts no configuration file")
 	}
 	cfg := daemon.Config{
+		Mode:        str("mode"),
 		RegistryDir: str("registry-dir"),
 		Status: daemon.StatusConfig{
 			Socket:           str("status-socket"),
@@ -211,7 +212,7 @@ func TestDaemonSet(t *testing.T) {
 			hostPaths[v.Name] = v.HostPath.Path
 		}
 	}
-	hostMount := func(what, path string) {
+	hostMount := func(what, path string, readOnly bool) {
 		t.Helper()
 		for _, vm := range c.VolumeMounts {
 			if !within(path, vm.MountPath) {
@@ -221,8 +222,8 @@ func TestDaemonSet(t *testing.T) {
 			switch {
 			case !ok:
 				t.Errorf("%s %s is on volume %q, which is not a hostPath", what, path, vm.Name)
-			case vm.ReadOnly:
-				t.Errorf("%s %s is on a read-only mount", what, path)
+			case vm.ReadOnly != readOnly:
+				t.Errorf("%s %s is on a mount with readOnly %v, want %v", what, path, vm.ReadOnly, readOnly)
 			case hp != vm.MountPath:
 				t.Errorf("%s: hostPath %s is mounted at %s; mount it at the same path, so that the paths plugd reports are valid on the node", what, hp, vm.MountPath)
 			}
@@ -233,8 +234,13 @@ func TestDaemonSet(t *testing.T) {
 	if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--registry-dir") }) {
 		t.Errorf("container args set no --registry-dir; the default is not on a hostPath")
 	}
-	hostMount("--registry-dir", cfg.RegistryDir)
-	hostMount("--status-socket", cfg.Status.Socket)
+	// On a Kubernetes node the kubelet registers plugins: plugd may only
+	// observe its directory, and cannot write to it.
+	if cfg.Mode != "observe" || cfg.RegistryDir != "/var/lib/kubelet/plugins_registry" {
+		t.Errorf("plugd runs in mode %s on %s; on a kubelet's node it must observe /var/lib/kubelet/plugins_registry", cfg.Mode, cfg.RegistryDir)
+	}
+	hostMount("--registry-dir", cfg.RegistryDir, true)
+	hostMount("--status-socket", cfg.Status.Socket, false)
 
 	// The status API's TCP port: declared, probed, scraped.
 	if cfg.Status.TCP == "" {

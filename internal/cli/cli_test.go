@@ -579,7 +579,7 @@ func TestUsageErrors(t *testing.T) {
 		says string
 	}{
 		{[]string{"wait", "--for", "registered"}, "plugctl wait", "wait needs at least one of --type, --name and --id"},
-		{[]string{"wait", "--name", "x"}, "plugctl wait", "wait needs --for: one of registered, rejected, failed, gone, present"},
+		{[]string{"wait", "--name", "x"}, "plugctl wait", "wait needs --for: one of registered, rejected, failed, stale, unhealthy, answering, not-answering, gone, present"},
 		{[]string{"wait", "--name", "x", "--for", "happy"}, "plugctl wait", `--for "happy" must be one of`},
 		{[]string{"wait", "--name", "x", "--for", "gone", "--timeout", "-1s"}, "plugctl wait", "--timeout -1s must be 0"},
 		{[]string{"wait", "--name", "x", "--for", "gone", "--timeout", "soon"}, "plugctl wait", `invalid argument "soon" for "--timeout"`},

@@ -14,10 +14,13 @@ import (
 )
 
 // waitConditions are what wait can wait for. The first three are states.
-var waitConditions = []string{"registered", "rejected", "failed", "gone", "present"}
+var waitConditions = []string{"registered", "rejected", "failed", "stale", "unhealthy", "answering", "not-answering", "gone", "present"}
 
 // waitStates maps the conditions that are states to the API's spelling.
-var waitStates = map[string]string{"registered": "Registered", "rejected": "Rejected", "failed": "Failed"}
+var waitStates = map[string]string{
+	"registered": "Registered", "rejected": "Rejected", "failed": "Failed", "stale": "Stale", "unhealthy": "Unhealthy",
+	"answering": "Answering", "not-answering": "NotAnswering", // what a plugd in observe mode reports
+}
 
 // maxDescribed bounds how many plugins a message lists.
 const maxDescribed = 10

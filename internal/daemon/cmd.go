@@ -62,6 +62,7 @@ type options struct {
 func (o *options) bind(f *pflag.FlagSet) {
 	fl := &o.fl
 	f.StringVar(&o.configPath, "config", "", "YAML configuration file; flags override its fields")
+	f.StringVar(&fl.Mode, "mode", "", "manage (register plugins, as the node's plugin manager) or observe (beside a kubelet: only look, never notify or write) (default manage)")
 	f.StringVar(&fl.RegistryDir, "registry-dir", "", "directory plugins put their registration sockets in (default "+defaultNote("registry")+")")
 	f.StringArrayVar(&o.handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER (accept); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
 	f.StringVar(&fl.Status.Socket, "status-socket", "", "unix socket of the status API, or none (default "+defaultNote("socket")+")")
@@ -98,6 +99,7 @@ func defaultNote(what string) string {
 // flagFields copies each flag's value into the configuration, if the flag was set.
 var flagFields = map[string]func(dst *Config, src Config){
 	"registry-dir":              func(d *Config, s Config) { d.RegistryDir = s.RegistryDir },
+	"mode":                      func(d *Config, s Config) { d.Mode = s.Mode },
 	"status-socket":             func(d *Config, s Config) { d.Status.Socket = s.Status.Socket },
 	"status-tcp":                func(d *Config, s Config) { d.Status.TCP = s.Status.TCP },
 	"status-allow-non-loopback": func(d *Config, s Config) { d.Status.AllowNonLoopback = s.Status.AllowNonLoopback },

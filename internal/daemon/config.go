@@ -23,6 +23,14 @@ import (
 // Config is plugd's configuration: a YAML file (--config), each field of which
 // a flag can also set. The zero value of a field means its default.
 type Config struct {
+	// Mode is "manage" (default): plugd registers the plugins with its
+	// handlers and tells them so, as the node's plugin manager; or
+	// "observe": beside a kubelet that registers them, plugd only looks
+	// (GetInfo every liveness.probeInterval, 30s by default), never tells a
+	// plugin anything, never calls a handler, and never writes to the
+	// registry directory, which may be mounted read-only.
+	Mode string `json:"mode,omitempty"`
+
 	// RegistryDir is the directory plugins put their registration sockets in.
 	// Default: $XDG_RUNTIME_DIR/plugd/plugins (or /run/plugd/plugins for root,
 	// or plugd-<uid>/plugins in the temporary directory). Set it to
@@ -239,6 +247,13 @@ func LoadConfig(path string) (Config, error) {
 // WithDefaults returns a copy of c with its zero fields set to their
 // defaults, or an error naming the first field whose value is not allowed.
 func (c Config) WithDefaults() (Config, error) {
+	switch c.Mode {
+	case "":
+		c.Mode = "manage"
+	case "manage", "observe":
+	default:
+		return c, fmt.Errorf("mode is %q: it must be manage (plugd registers plugins) or observe (beside a kubelet, plugd only looks)", c.Mode)
+	}
 	if c.RegistryDir == "" {
 		c.RegistryDir = api.DefaultRegistryDir()
 	}
@@ -380,6 +395,7 @@ func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) p
 		AllowWritableDir:     c.Policy.AllowWritableRegistryDir,
 		RemoveStaleAfter:     time.Duration(c.Policy.RemoveStaleAfter),
 		MaxSockets:           c.Policy.MaxSockets,
+		Observe:              c.Mode == "observe",
 	}
 	for _, h := range c.Handlers {
 		if h.UnhealthyGrace > 0 {

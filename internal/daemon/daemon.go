@@ -332,6 +332,7 @@ var configFields = []struct {
 	name string
 	get  func(Config) any
 }{
+	{"mode", func(c Config) any { return c.Mode }},
 	{"registryDir", func(c Config) any { return c.RegistryDir }},
 	{"status", func(c Config) any { return c.Status }},
 	{"workers", func(c Config) any { return c.Workers }},

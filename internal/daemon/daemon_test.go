@@ -478,7 +478,8 @@ func TestHandlerSettingsAreChecked(t *testing.T) {
 func TestAPIStatesAreTheManagers(t *testing.T) {
 	want := []string{}
 	for _, s := range []pluginmanager.State{pluginmanager.StatePending, pluginmanager.StateRegistering, pluginmanager.StateRegistered,
-		pluginmanager.StateFailed, pluginmanager.StateStale, pluginmanager.StateRejected, pluginmanager.StateUnhealthy} {
+		pluginmanager.StateFailed, pluginmanager.StateStale, pluginmanager.StateRejected, pluginmanager.StateUnhealthy,
+		pluginmanager.StateAnswering, pluginmanager.StateNotAnswering} {
 		want = append(want, string(s))
 	}
 	if !slices.Equal(api.States, want) {
