@@ -42,6 +42,18 @@ type Handler interface {
 	Deregister(ctx context.Context, p Plugin)
 }
 
+// Observer is a Handler that can also look at a plugin without taking it. In
+// observe mode (Options.Observe) the manager calls Observe after every GetInfo
+// that answered, and Forget when the plugin's socket is gone; it never calls
+// Validate, Register or Deregister then. Observe must only read: the plugin
+// belongs to another manager. Its error means the plugin's own service does
+// not answer as it should; the plugin is then NotAnswering, reason endpoint.
+type Observer interface {
+	Handler
+	Observe(ctx context.Context, p Plugin) error
+	Forget(p Plugin)
+}
+
 // HandlerFuncs is a Handler built from functions, like http.HandlerFunc. A nil
 // ValidateFunc or RegisterFunc accepts every plugin; a nil DeregisterFunc does nothing.
 type HandlerFuncs struct {
@@ -147,6 +159,7 @@ const (
 	ReasonNotify      Reason = "notify"       // the plugin could not be told it was registered
 	ReasonPolicy      Reason = "policy"       // a rule of the manager's options refused it (endpoint roots, peer credentials)
 	ReasonUnhealthy   Reason = "unhealthy"    // it stopped answering while registered
+	ReasonEndpoint    Reason = "endpoint"     // observe mode: its own service did not answer the handler's look
 )
 
 // handlerPanic is the error a recovered panic turns into.

@@ -413,8 +413,13 @@ func (m *Manager) reconcile(ctx context.Context, path string) {
 		m.mu.Lock()
 	}
 	if !present {
+		seen := e.status.Plugin
 		m.forgetLocked(path, e)
+		obs, _ := m.handlers[seen.Type].(Observer)
 		m.mu.Unlock()
+		if m.opts.Observe && obs != nil && seen.Type != "" {
+			obs.Forget(seen)
+		}
 		return
 	}
 	if e == nil || e.id != id {

@@ -29,6 +29,16 @@ func (m *Manager) statesLocked() []State {
 // no handler, nothing written. The next look is a probe interval away.
 func (m *Manager) observe(ctx context.Context, path string, e *entry) {
 	p, err := m.ask(ctx, path)
+	endpointFailed := false
+	if err == nil {
+		m.mu.Lock()
+		obs, _ := m.handlers[p.Type].(Observer)
+		m.mu.Unlock()
+		if obs != nil {
+			err = m.callHandler(ctx, e, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
+			endpointFailed = err != nil
+		}
+	}
 	if ctx.Err() != nil {
 		return // shutting down
 	}
@@ -48,6 +58,9 @@ func (m *Manager) observe(ctx context.Context, path string, e *entry) {
 	} else {
 		state, reason := StateNotAnswering, ReasonGetInfo
 		switch {
+		case endpointFailed:
+			e.status.Plugin = p
+			reason = ReasonEndpoint
 		case errors.Is(err, errInvalidInfo):
 			reason = ReasonInvalidInfo
 		case errors.Is(err, syscall.ECONNREFUSED):

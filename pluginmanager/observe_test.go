@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -222,5 +223,53 @@ func readOnlyMount(t *testing.T, dir string) {
 	})
 	if err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o600); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("the read-only mount accepts writes: %v", err)
+	}
+}
+
+// looker is an Observer: it counts looks and can say the endpoint is down.
+type looker struct {
+	pluginmanager.HandlerFuncs
+	looks, forgets atomic.Int32
+	down           atomic.Bool
+}
+
+func (l *looker) Observe(context.Context, pluginmanager.Plugin) error {
+	l.looks.Add(1)
+	if l.down.Load() {
+		return errors.New("the driver's Probe says not ready")
+	}
+	return nil
+}
+
+func (l *looker) Forget(pluginmanager.Plugin) { l.forgets.Add(1) }
+
+// In observe mode a handler that can look (an Observer) is asked to, after
+// every answered GetInfo, and is never asked to validate or register.
+func TestObserverHandlerLooks(t *testing.T) {
+	calls := atomic.Int32{}
+	l := &looker{HandlerFuncs: pluginmanager.HandlerFuncs{
+		ValidateFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
+		RegisterFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
+	}}
+	dir := testenv.ShortDir(t, "ob")
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": l})
+	p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
+	obs.status(p.Path(), pluginmanager.StateAnswering)
+
+	l.down.Store(true)
+	ev := obs.waitEvent(p.Path(), pluginmanager.EventNotAnswering)
+	if ev.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ev.Error, "not ready") {
+		t.Errorf("event = %+v, want NotAnswering for the endpoint", ev)
+	}
+	l.down.Store(false)
+	obs.waitEvent(p.Path(), pluginmanager.EventAnswering)
+
+	p.Close()
+	obs.gone(p.Path())
+	if calls.Load() != 0 || l.looks.Load() < 3 || l.forgets.Load() != 1 {
+		t.Errorf("validate/register calls %d, looks %d, forgets %d; want 0, at least 3, 1", calls.Load(), l.looks.Load(), l.forgets.Load())
+	}
+	if n := p.Notifications(); n != 0 {
+		t.Errorf("the observed plugin was told %d times", n)
 	}
 }
