@@ -134,7 +134,8 @@ func (m *Manager) Plugins() []PluginStatus {
 	m.mu.Unlock()
 	slices.SortFunc(out, func(a, b PluginStatus) int { return strings.Compare(a.Socket, b.Socket) })
 
-	// Mark the newest registered socket of each (type, name).
+	// Mark the newest registered socket of each (type, name), by the socket
+	// file's birth.
 	type key struct{ typ, name string }
 	newest := make(map[key]int)
 	for i, s := range out {
@@ -142,7 +143,9 @@ func (m *Manager) Plugins() []PluginStatus {
 			continue
 		}
 		k := key{s.Type, s.Name}
-		if j, ok := newest[k]; !ok || s.RegisteredSince.After(out[j].RegisteredSince) {
+		// The newest socket, not the latest registration: an old instance
+		// registered again after a blip must not look like the new one.
+		if j, ok := newest[k]; !ok || s.Created.After(out[j].Created) {
 			newest[k] = i
 		}
 	}

@@ -53,7 +53,8 @@ type PluginStatus struct {
 	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
 	// RegisteredSince is when the current registration succeeded.
 	RegisteredSince time.Time `json:"registeredSince,omitzero"`
-	// Newest is set on the most recently registered of several sockets that
-	// registered the same (type, name): during a rolling update, the new instance.
+	// Newest is set on the most recently created of several registered
+	// sockets with the same (type, name): during a rolling update, the new
+	// instance.
 	Newest bool `json:"newest,omitempty"`
 }
