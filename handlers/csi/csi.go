@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -84,8 +85,13 @@ type Instance struct {
 	MaxVolumes int64             `json:"maxVolumes"`
 	Topology   map[string]string `json:"topology,omitempty"`
 	// Capabilities are the node service capabilities, e.g. "STAGE_UNSTAGE_VOLUME".
-	Capabilities []string  `json:"capabilities"`
+	Capabilities []string `json:"capabilities"`
+	// RegisteredAt is when the instance was registered; for an observed one,
+	// when it was first seen answering.
 	RegisteredAt time.Time `json:"registeredAt"`
+	// Observed is set on an instance recorded by Observe: another manager (a
+	// kubelet) registered it, and this handler only looks at it.
+	Observed bool `json:"observed,omitempty"`
 }
 
 // New returns a Handler for opts. It panics if opts.Registerer refuses its
@@ -205,9 +211,28 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		return err
 	}
 
+	st := h.store(p, endpoint, raw, v, info, false)
+	h.log.Info("CSI driver registered", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint,
+		"version", raw, "vendorVersion", info.vendorVersion, "nodeID", info.nodeID,
+		"maxVolumes", info.maxVolumes, "topology", info.topology, "instances", st.instances)
+	return nil
+}
+
+// stored is what store did: how many instances the driver has now, and
+// whether the socket's record is new or says something new.
+type stored struct {
+	instances int
+	changed   bool
+}
+
+// store records the instance p.Socket announced, replacing any earlier record
+// of that socket (under any name). A registered instance becomes the active
+// one of its driver. An observed one that was already observed keeps its place
+// and first-seen time, so that looking again does not change which instance is
+// active.
+func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v version, info *nodeInfo, observed bool) stored {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seq++
 	r := &record{
 		Instance: Instance{
 			Socket:        p.Socket,
@@ -220,16 +245,42 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 			Topology:      info.topology,
 			Capabilities:  info.capabilities,
 			RegisteredAt:  time.Now(),
+			Observed:      observed,
 		},
 		version: v,
-		seq:     h.seq,
 	}
-	rs := slices.DeleteFunc(h.drivers[p.Name], func(r *record) bool { return r.Socket == p.Socket })
-	h.drivers[p.Name] = append(rs, r)
-	h.log.Info("CSI driver registered", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint,
-		"version", raw, "vendorVersion", info.vendorVersion, "nodeID", info.nodeID,
-		"maxVolumes", info.maxVolumes, "topology", info.topology, "instances", len(h.drivers[p.Name]))
-	return nil
+	rs := h.drivers[p.Name]
+	if i := slices.IndexFunc(rs, func(r *record) bool { return r.Socket == p.Socket }); observed && i >= 0 && rs[i].Observed {
+		prev := rs[i]
+		r.seq, r.RegisteredAt = prev.seq, prev.RegisteredAt
+		rs[i] = r
+		return stored{instances: len(rs), changed: !reflect.DeepEqual(prev.Instance, r.Instance)}
+	}
+	h.seq++
+	r.seq = h.seq
+	h.dropLocked(p.Socket)
+	h.drivers[p.Name] = append(h.drivers[p.Name], r)
+	return stored{instances: len(h.drivers[p.Name]), changed: true}
+}
+
+// dropLocked forgets every record of socket, under whatever name, and reports
+// whether there was one.
+func (h *Handler) dropLocked(socket string) bool {
+	dropped := false
+	for name, rs := range h.drivers {
+		n := len(rs)
+		rs = slices.DeleteFunc(rs, func(r *record) bool { return r.Socket == socket })
+		switch {
+		case len(rs) == n:
+			continue
+		case len(rs) == 0:
+			delete(h.drivers, name)
+		default:
+			h.drivers[name] = rs
+		}
+		dropped = true
+	}
+	return dropped
 }
 
 // Deregister forgets the instance registered from p.Socket. If other
@@ -260,7 +311,8 @@ func activeOf(rs []*record) *record {
 	return slices.MaxFunc(rs, func(a, b *record) int { return cmp.Compare(a.seq, b.seq) })
 }
 
-// Drivers returns a snapshot of the registered drivers, sorted by name. It is
+// Drivers returns a snapshot of the registered drivers (and, in observe mode,
+// the observed ones), sorted by name. It is
 // safe to call at any time; the result is the caller's to keep.
 func (h *Handler) Drivers() []Driver {
 	h.mu.Lock()
@@ -290,7 +342,7 @@ type details struct {
 // encodes to a JSON object for plugd's status API: the driver's name, whether
 // the instance is the active one, how many instances the driver has, and the
 // Instance's fields. It returns nil for a plugin this handler has not
-// registered. It is safe to call at any time.
+// registered (or observed answering). It is safe to call at any time.
 func (h *Handler) Details(p pluginmanager.Plugin) any {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -123,10 +123,11 @@ type Handler struct {
 
 	mu        sync.Mutex
 	closed    bool
-	seq       uint64               // registration order, to find the newest instance
-	instances map[string]*instance // by registration socket, including those still in Register
-	resources map[string]*resource // by name; only those with a registered instance
-	changed   chan struct{}        // closed and replaced on every change
+	seq       uint64                  // registration order, to find the newest instance
+	instances map[string]*instance    // by registration socket, including those still in Register
+	resources map[string]*resource    // by name; only those with a registered instance
+	changed   chan struct{}           // closed and replaced on every change
+	observed  map[string]*observation // by registration socket; observe mode only
 }
 
 // resource groups the registered instances of one resource name.
@@ -180,6 +181,7 @@ func New(opts Options) *Handler {
 		instances: make(map[string]*instance),
 		resources: make(map[string]*resource),
 		changed:   make(chan struct{}),
+		observed:  make(map[string]*observation),
 	}
 	if h.reg != nil {
 		h.reg.MustRegister(collector{h})
@@ -401,6 +403,7 @@ func (h *Handler) Close() {
 	for _, inst := range h.instances {
 		h.removeLocked(inst, "stopped by Close")
 	}
+	clear(h.observed)
 	for name, r := range h.resources { // those waiting for a new instance
 		if r.left != nil {
 			h.stopExpiryLocked(r)
@@ -485,14 +488,16 @@ type details struct {
 
 // Details describes the registered instance p as a value that encodes to a
 // JSON object: its resource, whether it serves it, whether its stream is up,
-// and its devices counted by health. It returns nil for a plugin that is not
-// (or not yet) registered with the handler.
+// and its devices counted by health. For a plugin seen in observe mode it
+// describes the last look instead (marked "observed": true), with the device
+// list then received. It returns nil for a plugin that is neither registered
+// with the handler nor observed.
 func (h *Handler) Details(p pluginmanager.Plugin) any {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	inst := h.instances[p.Socket]
 	if inst == nil || inst.res == nil || inst.plugin.Name != p.Name {
-		return nil
+		return h.observedDetailsLocked(p)
 	}
 	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
 	for _, d := range inst.devices {

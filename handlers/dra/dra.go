@@ -110,6 +110,9 @@ type Handler struct {
 	seq     uint64               // orders registrations: newest is highest
 	changed chan struct{}        // closed and replaced on every change; see notifyLocked
 
+	// observed holds what Observe saw, by registration socket; observe mode only.
+	observed map[string]*observation
+
 	// registering holds the cancel function of every Register in flight, for
 	// Close to end them.
 	registering map[*context.CancelCauseFunc]struct{}
@@ -259,6 +262,7 @@ func New(opts Options) *Handler {
 		drivers:     make(map[string]*driver),
 		sockets:     make(map[string]*instance),
 		changed:     make(chan struct{}),
+		observed:    make(map[string]*observation),
 		registering: make(map[*context.CancelCauseFunc]struct{}),
 	}
 	if opts.Registerer != nil {
@@ -435,6 +439,7 @@ func (h *Handler) Close() {
 	}
 	clear(h.sockets)
 	clear(h.drivers)
+	clear(h.observed)
 	h.notifyLocked()
 	h.mu.Unlock()
 
@@ -638,14 +643,15 @@ func (in *instance) snapshot() Instance {
 }
 
 // Details describes the instance registered at p's socket as an
-// *InstanceStatus, or returns nil if there is none. plugd's status API shows
-// it as the plugin's details.
+// *InstanceStatus, or, for a plugin seen in observe mode, the last look at it
+// as an *ObservedStatus; it returns nil if there is neither. plugd's status
+// API shows it as the plugin's details.
 func (h *Handler) Details(p pluginmanager.Plugin) any {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	in := h.sockets[p.Socket]
 	if in == nil {
-		return nil
+		return h.observedLocked(p)
 	}
 	return &InstanceStatus{
 		Driver:          in.driver.name,

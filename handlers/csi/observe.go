@@ -1,0 +1,77 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+var _ pluginmanager.Observer = (*Handler)(nil)
+
+// Observe looks at a driver another manager (a kubelet) registered, for a
+// manager in observe mode: it calls the driver's GetPluginInfo, Probe,
+// NodeGetCapabilities and NodeGetInfo, all read-only, each with a deadline of
+// Options.CallTimeout bounded by ctx, and records what it saw as an instance
+// marked Observed, so that Drivers and Details show it. It closes the
+// connection before it returns.
+//
+// Unlike Validate and Register, it refuses no instance for the sake of
+// another: two instances of a driver, as during a rolling restart, are both
+// recorded, the one first seen later being the active one. Its error names the
+// call that failed and why ("driver not ready" for a Probe that says so), or
+// what in the registrar's announcement is wrong; the socket's record is dropped
+// then, since the driver does not answer as it should. Called again for the
+// same socket, it replaces the record, keeping its first-seen time.
+func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
+	info, endpoint, raw, v, err := h.observe(ctx, p)
+	if err != nil {
+		h.mu.Lock()
+		dropped := h.dropLocked(p.Socket)
+		h.mu.Unlock()
+		if dropped {
+			h.log.Info("observed CSI driver does not answer", "driver", p.Name, "socket", p.Socket, "err", err)
+		}
+		return err
+	}
+	s := h.store(p, endpoint, raw, v, info, true)
+	if s.changed {
+		h.log.Info("CSI driver observed", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint,
+			"version", raw, "vendorVersion", info.vendorVersion, "nodeID", info.nodeID,
+			"maxVolumes", info.maxVolumes, "topology", info.topology, "instances", s.instances)
+	}
+	return nil
+}
+
+// observe checks what the registrar announced, as Validate does, and asks
+// the driver, as Register does.
+func (h *Handler) observe(ctx context.Context, p pluginmanager.Plugin) (_ *nodeInfo, endpoint, raw string, _ version, _ error) {
+	if err := checkName(p.Name); err != nil {
+		return nil, "", "", version{}, err
+	}
+	raw, v, ok := highestSupported(p.Versions)
+	if !ok {
+		return nil, "", "", version{}, fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x", p.Name, p.Versions, supportedMajor)
+	}
+	endpoint, err := endpointPath(p.Endpoint)
+	if err != nil {
+		return nil, "", "", version{}, err
+	}
+	info, err := h.query(ctx, p.Name, endpoint)
+	if err != nil {
+		return nil, "", "", version{}, err
+	}
+	return info, endpoint, raw, v, nil
+}
+
+// Forget drops what Observe recorded for p.Socket, under whatever name: the
+// socket is gone. It makes no call to the driver, and does nothing for a socket
+// it does not know.
+func (h *Handler) Forget(p pluginmanager.Plugin) {
+	h.mu.Lock()
+	dropped := h.dropLocked(p.Socket)
+	h.mu.Unlock()
+	if dropped {
+		h.log.Info("observed CSI driver gone", "driver", p.Name, "socket", p.Socket)
+	}
+}

@@ -1,0 +1,180 @@
+package csi_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plugd/plugd/handlers/csi"
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// startObserver runs a manager in observe mode, looking every 100ms, with h for
+// CSIPlugin, until the end of the test.
+func startObserver(t *testing.T, h *csi.Handler) *harness {
+	t.Helper()
+	dir := testenv.ShortDir(t, "reg")
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler(csi.Type, h)
+	hm := &harness{t: t, m: m, h: h, dir: dir, sub: m.Subscribe()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s of cancellation", wait)
+		}
+	})
+	return hm
+}
+
+// poll waits for cond, checking every 10ms: an observer publishes no event
+// when a look finds nothing new.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func jsonOf(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestObserve(t *testing.T) {
+	hm := startObserver(t, csi.New(csi.Options{}))
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+
+	s := hm.status(r.path, pluginmanager.StateAnswering)
+	want := wantInstance(r.path, d.path, "1.0.0")
+	want.Observed = true
+	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
+	if got := hm.h.Details(s.Plugin); got == nil || !strings.Contains(jsonOf(t, got), `"nodeID":"node-1"`) || !strings.Contains(jsonOf(t, got), `"observed":true`) {
+		t.Errorf("details = %s, want the observed node-1", jsonOf(t, got))
+	}
+
+	// Looked at again and again, the registrar is never told anything, and the
+	// record stays as it was.
+	first := hm.h.Drivers()[0].Active.RegisteredAt
+	var attempts int
+	poll(t, "3 more looks", func() bool {
+		for _, p := range hm.m.Plugins() {
+			if p.Socket == r.path {
+				attempts = p.Attempts
+			}
+		}
+		return attempts >= 4 && d.called("NodeGetInfo") >= 4
+	})
+	if n := len(r.all()); n != 0 {
+		t.Errorf("registrar notified %d times by an observer: %v", n, r.all())
+	}
+	if got := hm.h.Drivers()[0].Active.RegisteredAt; !got.Equal(first) {
+		t.Errorf("first-seen time moved from %s to %s", first, got)
+	}
+	for _, m := range []string{"GetPluginInfo", "Probe", "NodeGetCapabilities", "NodeGetInfo"} {
+		if n := d.called(m); n < 4 {
+			t.Errorf("%s called %d times, want one per look", m, n)
+		}
+	}
+
+	// A driver that is not ready does not answer as it should.
+	d.set(func(d *driver) { d.ready = false })
+	ev := hm.event(r.path, pluginmanager.EventNotAnswering, pluginmanager.ReasonEndpoint)
+	if !strings.Contains(ev.Error, "not ready") {
+		t.Errorf("NotAnswering error %q, want it to say not ready", ev.Error)
+	}
+	if s := hm.status(r.path, pluginmanager.StateNotAnswering); s.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(s.LastError, "not ready") {
+		t.Errorf("status = %s %q", s.Reason, s.LastError)
+	}
+	if got := hm.h.Details(r.plugin()); got != nil {
+		t.Errorf("details of a driver that does not answer = %s, want nil", jsonOf(t, got))
+	}
+
+	// Ready again, it answers again.
+	d.set(func(d *driver) { d.ready = true })
+	hm.status(r.path, pluginmanager.StateAnswering)
+	if ds := hm.h.Drivers(); len(ds) != 1 || ds[0].Active.NodeID != "node-1" || !ds[0].Active.Observed {
+		t.Errorf("drivers = %+v", ds)
+	}
+
+	// The registrar goes: the handler forgets the instance.
+	r.stop()
+	hm.gone(r.path)
+	if got := hm.h.Details(r.plugin()); got != nil {
+		t.Errorf("details = %s after the socket went, want nil", jsonOf(t, got))
+	}
+	checkDrivers(t, hm.h.Drivers())
+	if n := len(r.all()); n != 0 {
+		t.Errorf("registrar notified %d times by an observer: %v", n, r.all())
+	}
+}
+
+// Observing two live instances of a driver on one endpoint, which Validate
+// would refuse, records both; a socket that changes its name is recorded under
+// the new one only.
+func TestObserveTwoInstances(t *testing.T) {
+	ctx := context.Background()
+	h := csi.New(csi.Options{})
+	regDir := testenv.ShortDir(t, "reg")
+	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
+	a := pluginmanager.Plugin{Type: csi.Type, Name: driverName, Endpoint: d.path, Versions: []string{"1.0.0"}, Socket: filepath.Join(regDir, "a.sock")}
+	b := a
+	b.Socket = filepath.Join(regDir, "b.sock")
+	for _, p := range []pluginmanager.Plugin{a, b, a} {
+		if err := h.Observe(ctx, p); err != nil {
+			t.Fatalf("Observe(%s) = %v", p.Socket, err)
+		}
+	}
+	ia, ib := wantInstance(a.Socket, d.path, "1.0.0"), wantInstance(b.Socket, d.path, "1.0.0")
+	ia.Observed, ib.Observed = true, true
+	// Looking at a again does not make it active: b was first seen later.
+	checkDrivers(t, h.Drivers(), csi.Driver{Name: driverName, Active: ib, Instances: []csi.Instance{ia, ib}})
+
+	// A bad announcement is an error naming what is wrong, and drops the record.
+	bad := a
+	bad.Versions = []string{"0.3.0"}
+	if err := h.Observe(ctx, bad); err == nil || !strings.Contains(err.Error(), "none of which plugd supports") {
+		t.Errorf("Observe with versions %q = %v", bad.Versions, err)
+	}
+	checkDrivers(t, h.Drivers(), csi.Driver{Name: driverName, Active: ib, Instances: []csi.Instance{ib}})
+
+	// A name the driver does not answer to names GetPluginInfo.
+	other := b
+	other.Name = "other.example.com"
+	if err := h.Observe(ctx, other); err == nil || !strings.Contains(err.Error(), "GetPluginInfo") {
+		t.Errorf("Observe under another name = %v", err)
+	}
+	checkDrivers(t, h.Drivers())
+
+	h.Forget(b) // nothing left: nothing to do
+	if err := h.Observe(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	renamed := a
+	renamed.Name = "Other-Name" // the registrar's name changed; Forget finds the socket anyway
+	h.Forget(renamed)
+	checkDrivers(t, h.Drivers())
+}

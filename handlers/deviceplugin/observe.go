@@ -1,0 +1,130 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+var _ pluginmanager.Observer = (*Handler)(nil)
+
+// observation is what Observe last saw of a plugin socket that another
+// manager (a kubelet) registered: a snapshot, not a stream.
+type observation struct {
+	plugin  pluginmanager.Plugin
+	options PluginOptions
+	devices []Device
+	at      time.Time // of the last successful look
+	lastErr string    // of the last look, if it failed
+}
+
+// observedDetails is what Details returns for an observed plugin.
+type observedDetails struct {
+	Resource string `json:"resource"`
+	Endpoint string `json:"endpoint"`
+	// Observed is always true: this is a snapshot taken by observe mode, not
+	// a registration the handler keeps a stream to.
+	Observed  bool           `json:"observed"`
+	Devices   map[string]int `json:"devices"`   // counts by health
+	Inventory []Device       `json:"inventory"` // the first list of the last look, sorted by ID
+	Options   PluginOptions  `json:"options"`
+	LastError string         `json:"lastError,omitempty"`
+	// ObservedAt is when the inventory was taken.
+	ObservedAt time.Time `json:"observedAt,omitzero"`
+}
+
+// Observe looks at a device plugin another manager registered, only
+// reading: it dials the endpoint, calls GetDevicePluginOptions, opens a
+// ListAndWatch stream just long enough to receive the first device list,
+// closes it, and records that list for the socket, shown by Details. Each
+// call is bounded by ctx and by Options.CallTimeout, and the list by the
+// same bounds as Register's. The error names the call that failed.
+//
+// Unlike Register, it keeps no stream, starts no grace period and does not
+// make the plugin serve a resource: Resources does not show it.
+func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
+	if err := check(p); err != nil {
+		return h.observeFailed(p, err)
+	}
+	h.mu.Lock()
+	closed := h.closed
+	h.mu.Unlock()
+	if closed {
+		return errClosed
+	}
+	// open ties the stream to its first context: ending ctx ends it, and
+	// close ends it at once after the first list.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, devs, err := h.open(ctx, ctx, p.Endpoint)
+	if err != nil {
+		return h.observeFailed(p, err)
+	}
+	s.close()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return errClosed
+	}
+	h.observed[p.Socket] = &observation{plugin: p, options: s.options, devices: devs, at: time.Now()}
+	h.notifyLocked()
+	return nil
+}
+
+// observeFailed records that a look at p failed, keeping the last inventory
+// seen at its socket, and returns the error to report.
+func (h *Handler) observeFailed(p pluginmanager.Plugin, err error) error {
+	err = fmt.Errorf("observe device plugin %q at %s: %w", p.Name, p.Endpoint, err)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return err
+	}
+	o := h.observed[p.Socket]
+	if o == nil || o.plugin.Name != p.Name {
+		o = &observation{}
+		h.observed[p.Socket] = o
+	}
+	o.plugin = p
+	o.lastErr = printable(err.Error())
+	h.notifyLocked()
+	return err
+}
+
+// Forget drops what Observe recorded for p's socket: it is gone.
+func (h *Handler) Forget(p pluginmanager.Plugin) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.observed[p.Socket]; ok {
+		delete(h.observed, p.Socket)
+		h.notifyLocked()
+	}
+}
+
+// observedDetailsLocked returns Details of an observed plugin, or nil.
+// h.mu must be held.
+func (h *Handler) observedDetailsLocked(p pluginmanager.Plugin) any {
+	o := h.observed[p.Socket]
+	if o == nil || o.plugin.Name != p.Name {
+		return nil
+	}
+	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
+	for _, d := range o.devices {
+		counts[d.Health]++
+	}
+	return observedDetails{
+		Resource:   o.plugin.Name,
+		Endpoint:   o.plugin.Endpoint,
+		Observed:   true,
+		Devices:    counts,
+		Inventory:  cloneDevices(o.devices),
+		Options:    o.options,
+		LastError:  o.lastErr,
+		ObservedAt: o.at,
+	}
+}

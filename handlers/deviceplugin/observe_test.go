@@ -1,0 +1,165 @@
+package deviceplugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/plugd/plugd/handlers/deviceplugin"
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// newObserveEnv is newEnv with the manager in observe mode, looking every
+// 100ms.
+func newObserveEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), dir: testenv.ShortDir(t, "dpo")}
+	e.h = deviceplugin.New(deviceplugin.Options{Registerer: e.reg})
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler("DevicePlugin", e.h)
+	e.m = m
+	e.sub = m.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s", wait)
+		}
+		e.h.Close()
+		e.sub.Close()
+	})
+	return e
+}
+
+// observedDetails is Details of an observed plugin as plugd's status API
+// encodes it.
+type observedDetails struct {
+	Resource   string                `json:"resource"`
+	Endpoint   string                `json:"endpoint"`
+	Observed   bool                  `json:"observed"`
+	Devices    map[string]int        `json:"devices"`
+	Inventory  []deviceplugin.Device `json:"inventory"`
+	LastError  string                `json:"lastError"`
+	ObservedAt time.Time             `json:"observedAt"`
+}
+
+func (e *env) observed(p pluginmanager.Plugin) (observedDetails, bool) {
+	e.t.Helper()
+	d := e.h.Details(p)
+	if d == nil {
+		return observedDetails{}, false
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out observedDetails
+	if err := json.Unmarshal(b, &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out, true
+}
+
+// looks waits until the manager has looked at the socket at path at least n
+// more times than it had when called.
+func (e *env) looks(path string, n int) {
+	e.t.Helper()
+	from := -1
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		for _, p := range e.m.Plugins() {
+			if p.Socket != path {
+				continue
+			}
+			if from < 0 {
+				from = p.Attempts
+			}
+			if p.Attempts >= from+n {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("the manager did not look at %s %d more times within %s: %+v", filepath.Base(path), n, wait, e.m.Plugins())
+}
+
+// In observe mode the handler reads a device plugin's inventory once per
+// look, never keeps its stream, and the plugin is never told anything.
+func TestObserve(t *testing.T) {
+	e := newObserveEnv(t)
+	dp := newDevicePlugin(dev("gpu-1", "Broken"), dev("gpu-0", api.Healthy, 0))
+	endpoint := filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
+	srv := serveEndpoint(t, endpoint, dp)
+	reg := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
+
+	ps := e.pluginStatus(reg.Path(), pluginmanager.StateAnswering)
+	d, ok := e.observed(ps.Plugin)
+	if !ok {
+		t.Fatalf("no details of %s once it answers", reg.Path())
+	}
+	want := []deviceplugin.Device{{ID: "gpu-0", Health: api.Healthy, Topology: []int64{0}}, {ID: "gpu-1", Health: api.Unhealthy}}
+	if !d.Observed || d.Resource != gpu || d.Endpoint != endpoint || d.LastError != "" || d.ObservedAt.IsZero() ||
+		!reflect.DeepEqual(d.Inventory, want) || !reflect.DeepEqual(d.Devices, map[string]int{api.Healthy: 1, api.Unhealthy: 1}) {
+		t.Errorf("details = %+v, want the observed inventory %+v", d, want)
+	}
+
+	// Looking is reading: the plugin is never notified, no stream stays
+	// open, and the handler serves no resource.
+	e.looks(reg.Path(), 3)
+	if n := reg.Notifications(); n != 0 {
+		t.Errorf("the plugin was notified %d times, want none", n)
+	}
+	dp.waitIdle(t)
+	if rs := e.h.Resources(); len(rs) != 0 {
+		t.Errorf("resources = %+v, want none in observe mode", rs)
+	}
+	// A later look sees a changed inventory.
+	dp.set(dev("gpu-0", api.Unhealthy))
+	e.looks(reg.Path(), 2)
+	if d, _ := e.observed(ps.Plugin); len(d.Inventory) != 1 || d.Devices[api.Unhealthy] != 1 {
+		t.Errorf("details = %+v, want the new inventory", d)
+	}
+
+	// The device service stops while the registration socket still answers.
+	srv.Stop()
+	ps = e.pluginStatus(reg.Path(), pluginmanager.StateNotAnswering)
+	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "GetDevicePluginOptions") {
+		t.Errorf("status = %+v, want reason endpoint naming the call that failed", ps)
+	}
+	if n := reg.Notifications(); n != 0 {
+		t.Errorf("the plugin was notified %d times, want none", n)
+	}
+
+	// The socket goes: the handler forgets it.
+	if err := reg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.pluginGone(reg.Path())
+	// Forget runs just after the manager dropped the socket.
+	deadline := time.Now().Add(wait)
+	for e.h.Details(ps.Plugin) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("details after the socket went = %+v, want nil", e.h.Details(ps.Plugin))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,185 @@
+package dra
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// startObserving is start with the manager in observe mode, looking every
+// 100ms.
+func startObserving(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, dir: testenv.ShortDir(t, "drao"), reg: prometheus.NewPedanticRegistry()}
+	e.h = New(Options{Registerer: e.reg})
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler(Type, e.h)
+	e.m = m
+	e.sub = m.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Run did not return within %s", wait)
+		}
+		e.h.Close()
+		e.sub.Close()
+	})
+	return e
+}
+
+// serveGRPC serves a gRPC server without services on a unix socket at path,
+// as a DRA endpoint that only has to be reachable; Stop closes it.
+func serveGRPC(t *testing.T, path string) *grpc.Server {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serve %s: %v", path, err)
+		}
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return srv
+}
+
+// observedOf returns Details of p, as plugd's status API encodes it.
+func (e *env) observedOf(p pluginmanager.Plugin) (ObservedStatus, bool) {
+	e.t.Helper()
+	d := e.h.Details(p)
+	if d == nil {
+		return ObservedStatus{}, false
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out ObservedStatus
+	if err := json.Unmarshal(b, &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out, true
+}
+
+// looks waits until the manager has looked at the socket at path at least n
+// more times than it had when called.
+func (e *env) looks(path string, n int) {
+	e.t.Helper()
+	from := -1
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if p, ok := e.plugin(path); ok {
+			if from < 0 {
+				from = p.Attempts
+			}
+			if p.Attempts >= from+n {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("the manager did not look at %s %d more times within %s: %+v", filepath.Base(path), n, wait, e.m.Plugins())
+}
+
+// In observe mode the handler checks that a DRA driver's endpoint is
+// reachable, keeps no connection, and the plugin is never told anything.
+func TestObserve(t *testing.T) {
+	e := startObserving(t)
+	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
+	srv := serveGRPC(t, endpoint)
+	reg, err := plugin.Start(plugin.Config{
+		Dir: e.dir, Type: Type, Name: "seen.example.com", Endpoint: endpoint,
+		Versions: []string{"v2.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+
+	before := time.Now()
+	ps := e.state(reg.Path(), pluginmanager.StateAnswering)
+	d, ok := e.observedOf(ps.Plugin)
+	if !ok || !d.Observed || d.Driver != "seen.example.com" || d.Endpoint != endpoint || d.Service != "v1beta1.DRAPlugin" ||
+		!d.Reachable || d.ReachableAt.Before(before) || d.LastError != "" {
+		t.Errorf("details = %+v (%v), want observed, reachable, service v1beta1.DRAPlugin", d, ok)
+	}
+
+	e.looks(reg.Path(), 3)
+	if n := reg.Notifications(); n != 0 {
+		t.Errorf("the plugin was notified %d times, want none", n)
+	}
+	if ds := e.h.Drivers(); len(ds) != 0 {
+		t.Errorf("drivers = %+v, want none in observe mode", ds)
+	}
+
+	// The DRA service goes while the registration socket still answers.
+	srv.Stop()
+	ps = e.state(reg.Path(), pluginmanager.StateNotAnswering)
+	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, endpoint) {
+		t.Errorf("status = %+v, want reason endpoint naming %s", ps, endpoint)
+	}
+	if d, _ := e.observedOf(ps.Plugin); !d.Observed || d.Reachable || d.LastError == "" {
+		t.Errorf("details = %+v, want unreachable, with the reason", d)
+	}
+	if n := reg.Notifications(); n != 0 {
+		t.Errorf("the plugin was notified %d times, want none", n)
+	}
+
+	// The socket goes: the handler forgets it.
+	if err := reg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.until("the plugin to be forgotten", func() bool {
+		_, known := e.plugin(reg.Path())
+		return !known && e.h.Details(ps.Plugin) == nil
+	})
+}
+
+// A driver offering no supported DRA service is NotAnswering, and says why.
+func TestObserveUnsupportedService(t *testing.T) {
+	e := startObserving(t)
+	reg, err := plugin.Start(plugin.Config{
+		Dir: e.dir, Type: Type, Name: "new.example.com", Endpoint: "/run/dra.sock", Versions: []string{"v2.DRAPlugin"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	ps := e.state(reg.Path(), pluginmanager.StateNotAnswering)
+	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "offers none of the DRA services supported") {
+		t.Errorf("status = %+v, want reason endpoint, no supported service", ps)
+	}
+	if n := reg.Notifications(); n != 0 {
+		t.Errorf("the plugin was notified %d times, want none", n)
+	}
+}
