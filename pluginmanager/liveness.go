@@ -88,7 +88,11 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 			m.log.Info("plugin answers again", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name)
 		}
 		m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
+		watched := e.hang != nil
 		m.mu.Unlock()
+		if !watched {
+			m.armHangup(ctx, path, e)
+		}
 		return
 	}
 	if e.status.State == StateRegistered {
@@ -160,4 +164,40 @@ func (m *Manager) removeIfStaleLocked(e *entry) {
 		return
 	}
 	m.log.Info("removed a stale socket", "socket", e.status.Socket, "age", time.Since(e.status.Created).Round(time.Second))
+}
+
+// armHangup watches an idle connection to a registered plugin's socket, so
+// that its process going away is noticed at once (see hangups). It dials, so
+// m.mu must not be held.
+func (m *Manager) armHangup(ctx context.Context, path string, e *entry) {
+	if m.hangups == nil {
+		return
+	}
+	w, err := m.hangups.watch(ctx, path, m.opts.DialTimeout)
+	if err != nil {
+		m.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[path] != e || e.hang != nil {
+		m.hangups.unwatch(w) // replaced or gone meanwhile, or already watched
+		return
+	}
+	e.hang = w
+}
+
+// hungUp is told that a watched connection was hung up: the plugin is probed
+// at once.
+func (m *Manager) hungUp(w *hangup) {
+	m.mu.Lock()
+	e := m.entries[w.path]
+	if e == nil || e.hang != w {
+		m.mu.Unlock()
+		return
+	}
+	e.hang = nil
+	e.probeDue = true
+	m.mu.Unlock()
+	m.queue.add(w.path)
 }

@@ -31,6 +31,7 @@ type Manager struct {
 	events  *broker
 	metrics *metrics
 	started atomic.Bool
+	hangups *hangups      // nil unless liveness is on; set by Run before its goroutines start
 	synced  chan struct{} // closed after the first walk of the directory
 
 	// calls counts handler calls still running, including abandoned ones.
@@ -57,6 +58,7 @@ type entry struct {
 	backoffs int         // retries scheduled with backoff since the socket appeared
 	busy     bool        // an abandoned handler call for this socket is still running
 	probe    *time.Timer // next liveness probe of a registered plugin
+	hang     *hangup     // an idle connection that tells when the plugin's process goes
 	probeDue bool        // the probe timer fired: the worker probes instead of reconciling
 }
 
@@ -222,6 +224,16 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 
 	var wg sync.WaitGroup
+	if m.opts.ProbeInterval >= 0 && !m.opts.Observe {
+		h, err := newHangups(m.hungUp)
+		if err != nil {
+			w.Close()
+			return fmt.Errorf("pluginmanager: watching plugins' connections: %w", err)
+		}
+		m.hangups = h
+		wg.Go(h.run)
+		defer h.release()
+	}
 	for range m.opts.Workers {
 		wg.Go(func() { m.work(ctx) })
 	}
@@ -231,6 +243,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	<-ctx.Done()
 	m.queue.close()
 	w.Close()
+	if m.hangups != nil {
+		m.hangups.close()
+	}
 	wg.Wait()
 	m.shutdown(ctx)
 	m.log.Info("plugin manager stopped")
@@ -243,7 +258,7 @@ func (m *Manager) Run(ctx context.Context) error {
 func (m *Manager) shutdown(ctx context.Context) {
 	m.mu.Lock()
 	for _, e := range m.entries {
-		stopTimers(e)
+		m.stopTimers(e)
 	}
 	m.mu.Unlock()
 
@@ -480,7 +495,7 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 		e = &entry{}
 		m.entries[path] = e
 	}
-	stopTimers(e)
+	m.stopTimers(e)
 	e.id = id
 	e.backoffs = 0
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: time.Unix(id.sec, id.nsec)}
@@ -489,8 +504,12 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 	return e
 }
 
-// stopTimers stops e's pending retry and probe.
-func stopTimers(e *entry) {
+// stopTimers stops e's pending retry and probe, and its connection watch.
+func (m *Manager) stopTimers(e *entry) {
+	if e.hang != nil {
+		m.hangups.unwatch(e.hang)
+		e.hang = nil
+	}
 	if e.retry != nil {
 		e.retry.Stop()
 		e.retry = nil
@@ -503,7 +522,7 @@ func stopTimers(e *entry) {
 }
 
 func (m *Manager) forgetLocked(path string, e *entry) {
-	stopTimers(e)
+	m.stopTimers(e)
 	if m.overLimit {
 		// A place is free: find the sockets that were left untracked.
 		m.overLimit = false
@@ -606,6 +625,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 	notifyErr := notify(notifyCtx, conn, path, true, "")
 	cancel()
 
+	m.armHangup(ctx, path, e)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
@@ -711,6 +731,10 @@ func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) b
 	if e.probe != nil {
 		e.probe.Stop()
 		e.probe = nil
+	}
+	if e.hang != nil {
+		m.hangups.unwatch(e.hang)
+		e.hang = nil
 	}
 	e.probeDue = false
 	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
