@@ -8,13 +8,17 @@
 //
 // The manager is the real one (package pluginmanager) speaking the kubelet's
 // registration protocol over a real unix socket, with a handler that records
-// every call and accepts every plugin unless told to refuse one.
+// every call and accepts every plugin unless told to refuse one. The authors
+// of a handler run the same manager with their own handler through
+// NewManagerWith, and wait for a plugin by name (WaitState) or by socket
+// (WaitSocket).
 package plugintest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -26,6 +30,9 @@ import (
 
 // DefaultTimeout bounds each Wait of a Manager unless Manager.Timeout is set.
 const DefaultTimeout = 10 * time.Second
+
+// shutdownWait bounds the wait for the manager to stop at the end of a test.
+const shutdownWait = time.Minute
 
 // Call is one call of the recording handler.
 type Call struct {
@@ -61,26 +68,70 @@ func NewManager(t testing.TB, types ...string) *Manager {
 	if len(types) == 0 {
 		t.Fatal("plugintest.NewManager: name the plugin types to accept, such as \"CSIPlugin\" or your own type")
 	}
-	// A unix socket path must be shorter than 108 bytes, and t.TempDir's
-	// paths can be longer: keep the registry directory short.
-	dir, err := os.MkdirTemp("", "plugintest")
-	if err != nil {
-		t.Fatalf("plugintest: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-
-	mgr := &Manager{Dir: dir, t: t, refuse: map[string]error{}, failReg: map[string]error{}}
-	mgr.m, err = pluginmanager.New(pluginmanager.Options{
-		Dir: dir,
-		// A test wants a retry it can see, not one two minutes away.
-		BackoffInitial: 50 * time.Millisecond,
-		BackoffMax:     time.Second,
-	})
-	if err != nil {
-		t.Fatalf("plugintest: %v", err)
-	}
+	mgr := &Manager{refuse: map[string]error{}, failReg: map[string]error{}}
+	handlers := make(map[string]pluginmanager.Handler, len(types))
 	for _, typ := range types {
-		mgr.m.AddHandler(typ, recorder{mgr})
+		handlers[typ] = recorder{mgr}
+	}
+	mgr.start(t, pluginmanager.Options{}, handlers)
+	return mgr
+}
+
+// NewManagerWith starts the real manager with opts and handlers (by plugin
+// type, at least one), for the authors of a handler to test it against real
+// plugins. It stops when the test ends, as NewManager's does, and fails the
+// test if its Run returned an error.
+//
+// A zero opts.Dir means a fresh, short temporary registry directory, removed
+// when the test ends (a unix socket path must be shorter than 108 bytes, and
+// t.TempDir's can be longer). A zero BackoffInitial or BackoffMax is
+// shortened, as NewManager's are, so that a test sees a retry soon; every
+// other zero field keeps the manager's default.
+//
+// The Wait methods, Status and RemoveSocket work on its manager; the
+// recorder's methods (Calls, RefuseValidate and FailRegister) do not: only a
+// manager made by NewManager has the recording handler, and on one made by
+// NewManagerWith Calls returns nothing and the others have no effect.
+func NewManagerWith(t testing.TB, opts pluginmanager.Options, handlers map[string]pluginmanager.Handler) *Manager {
+	t.Helper()
+	if len(handlers) == 0 {
+		t.Fatal("plugintest.NewManagerWith: give at least one handler, by the plugin type it handles")
+	}
+	mgr := &Manager{refuse: map[string]error{}, failReg: map[string]error{}}
+	mgr.start(t, opts, handlers)
+	return mgr
+}
+
+// start runs the manager for NewManager and NewManagerWith, and returns once
+// it has walked its directory for the first time.
+func (mgr *Manager) start(t testing.TB, opts pluginmanager.Options, handlers map[string]pluginmanager.Handler) {
+	t.Helper()
+	mgr.t = t
+	if opts.Dir == "" {
+		// A unix socket path must be shorter than 108 bytes, and t.TempDir's
+		// paths can be longer: keep the registry directory short.
+		dir, err := os.MkdirTemp("", "plugintest")
+		if err != nil {
+			t.Fatalf("plugintest: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		opts.Dir = dir
+	}
+	mgr.Dir = opts.Dir
+	// A test wants a retry it can see, not one two minutes away.
+	if opts.BackoffInitial == 0 {
+		opts.BackoffInitial = 50 * time.Millisecond
+	}
+	if opts.BackoffMax == 0 {
+		opts.BackoffMax = time.Second
+	}
+	var err error
+	mgr.m, err = pluginmanager.New(opts)
+	if err != nil {
+		t.Fatalf("plugintest: %v", err)
+	}
+	for _, typ := range slices.Sorted(maps.Keys(handlers)) {
+		mgr.m.AddHandler(typ, handlers[typ])
 	}
 	mgr.sub = mgr.m.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -88,8 +139,15 @@ func NewManager(t testing.TB, types ...string) *Manager {
 	go func() { done <- mgr.m.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("plugintest: manager: %v", err)
+		// Bounded: a handler that ignores its context is the test's failure,
+		// not a hang until go test's own timeout.
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("plugintest: manager: %v", err)
+			}
+		case <-time.After(shutdownWait):
+			t.Errorf("plugintest: the manager did not stop within %s of the end of the test", shutdownWait)
 		}
 	})
 	select {
@@ -97,7 +155,6 @@ func NewManager(t testing.TB, types ...string) *Manager {
 	case err := <-done:
 		t.Fatalf("plugintest: manager stopped at start: %v", err)
 	}
-	return mgr
 }
 
 // Manager returns the underlying manager, for its snapshot and events.
@@ -161,6 +218,30 @@ func (m *Manager) WaitState(name string, state pluginmanager.State) pluginmanage
 	})
 	if err != nil {
 		m.t.Fatalf("plugintest: plugin %q is not %s after %s: %v; last status: %+v", name, state, m.timeout(), err, got)
+	}
+	return got
+}
+
+// WaitSocket waits until the plugin whose registration socket is at path is
+// in state and returns its status, as WaitState does for a plugin by name; it
+// fails the test, with the socket's last status, if that does not happen in
+// time. Use it when several sockets carry one plugin name, or when the test
+// knows the socket rather than the name.
+func (m *Manager) WaitSocket(path string, state pluginmanager.State) pluginmanager.PluginStatus {
+	m.t.Helper()
+	var got pluginmanager.PluginStatus
+	err := m.wait(func() bool {
+		for _, s := range m.m.Plugins() {
+			if s.Socket == path {
+				got = s
+				return s.State == state
+			}
+		}
+		got = pluginmanager.PluginStatus{}
+		return false
+	})
+	if err != nil {
+		m.t.Fatalf("plugintest: the socket %s is not %s after %s: %v; last status: %+v", path, state, m.timeout(), err, got)
 	}
 	return got
 }

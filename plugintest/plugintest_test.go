@@ -1,8 +1,10 @@
 package plugintest_test
 
 import (
+	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -59,5 +61,53 @@ func TestRegisterRefuseFailRemove(t *testing.T) {
 	}
 	if !slices.Equal(ops, []string{"validate", "register", "deregister"}) {
 		t.Errorf("calls for greeter = %q", ops)
+	}
+}
+
+// gate is a handler of a plugin author's own: it refuses plugins called
+// "bad" and counts registrations.
+type gate struct {
+	mu         sync.Mutex
+	registered []string
+}
+
+func (g *gate) Validate(_ context.Context, p pluginmanager.Plugin) error {
+	if p.Name == "bad" {
+		return errors.New("bad by name")
+	}
+	return nil
+}
+
+func (g *gate) Register(_ context.Context, p pluginmanager.Plugin) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.registered = append(g.registered, p.Name)
+	return nil
+}
+
+func (g *gate) Deregister(context.Context, pluginmanager.Plugin) {}
+
+func TestNewManagerWith(t *testing.T) {
+	g := &gate{}
+	m := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"example.com/Gate": g})
+	if m.Dir == "" {
+		t.Fatal("no registry directory")
+	}
+	good := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "good"})
+	bad := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "bad"})
+
+	if s := m.WaitSocket(good.Path(), pluginmanager.StateRegistered); s.Name != "good" || s.Socket != good.Path() {
+		t.Errorf("good: %+v", s)
+	}
+	if s := m.WaitSocket(bad.Path(), pluginmanager.StateRejected); s.LastError != "bad by name" {
+		t.Errorf("bad: %+v", s)
+	}
+	g.mu.Lock()
+	if !slices.Equal(g.registered, []string{"good"}) {
+		t.Errorf("registered %q", g.registered)
+	}
+	g.mu.Unlock()
+	if calls := m.Calls(); len(calls) != 0 {
+		t.Errorf("the recorder saw %+v on a manager with the author's handler", calls)
 	}
 }

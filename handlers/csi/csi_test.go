@@ -27,6 +27,7 @@ import (
 	"github.com/plugd/plugd/handlers/csi"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestMain(m *testing.M) {
@@ -269,28 +270,18 @@ type harness struct {
 // fast retries, until the end of the test.
 func start(t *testing.T, h *csi.Handler) *harness {
 	t.Helper()
-	dir := testenv.ShortDir(t, "reg")
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler(csi.Type, h)
-	hm := &harness{t: t, m: m, h: h, dir: dir, sub: m.Subscribe()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s of cancellation", wait)
-		}
-	})
-	return hm
+	return newHarness(t, h, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+}
+
+// newHarness runs a manager with opts and h for CSIPlugin, until the end of
+// the test. The harness has its own subscription, so that status and event
+// share one ordered stream.
+func newHarness(t *testing.T, h *csi.Handler, opts pluginmanager.Options) *harness {
+	t.Helper()
+	pm := plugintest.NewManagerWith(t, opts, map[string]pluginmanager.Handler{csi.Type: h})
+	pm.Timeout = wait
+	m := pm.Manager()
+	return &harness{t: t, m: m, h: h, dir: pm.Dir, sub: m.Subscribe()}
 }
 
 // until waits for cond to hold on the manager's snapshot, checking again on

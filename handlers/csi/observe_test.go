@@ -17,28 +17,7 @@ import (
 // CSIPlugin, until the end of the test.
 func startObserver(t *testing.T, h *csi.Handler) *harness {
 	t.Helper()
-	dir := testenv.ShortDir(t, "reg")
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler(csi.Type, h)
-	hm := &harness{t: t, m: m, h: h, dir: dir, sub: m.Subscribe()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s of cancellation", wait)
-		}
-	})
-	return hm
+	return newHarness(t, h, pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
 }
 
 // poll waits for cond, checking every 10ms: an observer publishes no event

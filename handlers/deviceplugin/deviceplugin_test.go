@@ -26,6 +26,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestMain(m *testing.M) {
@@ -165,6 +166,7 @@ func (p *devicePlugin) ListAndWatch(_ *api.Empty, s api.DevicePlugin_ListAndWatc
 type env struct {
 	t   *testing.T
 	h   *deviceplugin.Handler
+	pm  *plugintest.Manager
 	m   *pluginmanager.Manager
 	sub *pluginmanager.Subscription
 	reg *prometheus.Registry
@@ -173,36 +175,28 @@ type env struct {
 
 func newEnv(t *testing.T, opts deviceplugin.Options) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), dir: testenv.ShortDir(t, "dp")}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
 	opts.Registerer = e.reg
 	if opts.ReconnectBackoff == 0 {
 		opts.ReconnectBackoff = 10 * time.Millisecond
 		opts.ReconnectBackoffMax = 50 * time.Millisecond
 	}
 	e.h = deviceplugin.New(opts)
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler("DevicePlugin", e.h)
-	e.m = m
-	e.sub = m.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s", wait)
-		}
-		e.h.Close()
-	})
+	// Registered first, so run last: after the manager has stopped.
+	t.Cleanup(func() { e.h.Close() })
+	e.startManager(pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	return e
+}
+
+// startManager runs a manager with opts and e.h for DevicePlugin, until the
+// end of the test.
+func (e *env) startManager(opts pluginmanager.Options) {
+	e.t.Helper()
+	e.pm = plugintest.NewManagerWith(e.t, opts, map[string]pluginmanager.Handler{"DevicePlugin": e.h})
+	e.pm.Timeout = wait
+	e.m = e.pm.Manager()
+	e.dir = e.pm.Dir
+	e.sub = e.m.Subscribe()
 }
 
 // startPlugin registers a device plugin through the manager, its socket
@@ -312,24 +306,6 @@ func (e *env) resource(name string) deviceplugin.Resource {
 	}
 	e.t.Fatalf("no resource %s in %+v", name, e.h.Resources())
 	return deviceplugin.Resource{}
-}
-
-// pluginStatus waits for the socket at path to reach state in the manager.
-func (e *env) pluginStatus(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	e.t.Helper()
-	deadline := time.After(wait)
-	for {
-		for _, p := range e.m.Plugins() {
-			if p.Socket == path && p.State == state {
-				return p
-			}
-		}
-		select {
-		case <-e.sub.Events():
-		case <-deadline:
-			e.t.Fatalf("timed out waiting for %s to be %s; plugins: %+v", filepath.Base(path), state, e.m.Plugins())
-		}
-	}
 }
 
 // pluginGone waits until the manager has forgotten path.
@@ -522,7 +498,7 @@ plugd_deviceplugin_stream_reconnects_total{resource="example.com/gpu"} 1
 		t.Error(err)
 	}
 	// The manager saw none of it: the registration socket stayed up.
-	if s := e.pluginStatus(reg.Path(), pluginmanager.StateRegistered); s.Attempts != 1 {
+	if s := e.pm.WaitSocket(reg.Path(), pluginmanager.StateRegistered); s.Attempts != 1 {
 		t.Errorf("registration attempts = %d, want 1", s.Attempts)
 	}
 }
@@ -865,7 +841,7 @@ func TestRejected(t *testing.T) {
 			tc.cfg.Socket = fmt.Sprintf("bad%d.sock", i)
 			tc.cfg.OnStatus = func(st plugin.Status) { told <- st }
 			s := e.startPlugin(tc.cfg)
-			st := e.pluginStatus(s.Path(), pluginmanager.StateRejected)
+			st := e.pm.WaitSocket(s.Path(), pluginmanager.StateRejected)
 			if st.Reason != tc.reason || !strings.Contains(st.LastError, tc.contains) {
 				t.Errorf("rejected for %s %q, want %s saying %q", st.Reason, st.LastError, tc.reason, tc.contains)
 			}
@@ -893,7 +869,7 @@ func TestRegisterWaitsForFirstList(t *testing.T) {
 	dp.silent = true
 	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
 
-	st := e.pluginStatus(s.Path(), pluginmanager.StateFailed)
+	st := e.pm.WaitSocket(s.Path(), pluginmanager.StateFailed)
 	if st.Reason != pluginmanager.ReasonRegister || !strings.Contains(st.LastError, "ListAndWatch: no device list within 200ms") {
 		t.Errorf("failed for %s %q, want the wait for the first list", st.Reason, st.LastError)
 	}
@@ -917,7 +893,7 @@ func TestClose(t *testing.T) {
 	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
 	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
 	registered(t, s)
-	p := e.pluginStatus(s.Path(), pluginmanager.StateRegistered).Plugin
+	p := e.pm.WaitSocket(s.Path(), pluginmanager.StateRegistered).Plugin
 	// A resource whose last instance went, in its grace period, goes too.
 	const fpga = "vendor.example/fpga"
 	other := e.startPlugin(plugin.Config{Name: fpga, Socket: "fpga.sock", Services: newDevicePlugin(dev("fpga-0", api.Healthy)).register})

@@ -1,7 +1,6 @@
 package deviceplugin_test
 
 import (
-	"context"
 	"encoding/json"
 	"path/filepath"
 	"reflect"
@@ -22,31 +21,16 @@ import (
 // 100ms.
 func newObserveEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), dir: testenv.ShortDir(t, "dpo")}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
 	e.h = deviceplugin.New(deviceplugin.Options{Registerer: e.reg})
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler("DevicePlugin", e.h)
-	e.m = m
-	e.sub = m.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
+	// Registered first, so run last: after the manager has stopped.
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s", wait)
-		}
 		e.h.Close()
-		e.sub.Close()
+		if e.sub != nil {
+			e.sub.Close()
+		}
 	})
+	e.startManager(pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
 	return e
 }
 
@@ -111,7 +95,7 @@ func TestObserve(t *testing.T) {
 	srv := serveEndpoint(t, endpoint, dp)
 	reg := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
 
-	ps := e.pluginStatus(reg.Path(), pluginmanager.StateAnswering)
+	ps := e.pm.WaitSocket(reg.Path(), pluginmanager.StateAnswering)
 	d, ok := e.observed(ps.Plugin)
 	if !ok {
 		t.Fatalf("no details of %s once it answers", reg.Path())
@@ -141,7 +125,7 @@ func TestObserve(t *testing.T) {
 
 	// The device service stops while the registration socket still answers.
 	srv.Stop()
-	ps = e.pluginStatus(reg.Path(), pluginmanager.StateNotAnswering)
+	ps = e.pm.WaitSocket(reg.Path(), pluginmanager.StateNotAnswering)
 	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "GetDevicePluginOptions") {
 		t.Errorf("status = %+v, want reason endpoint naming the call that failed", ps)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestMain(m *testing.M) {
@@ -47,6 +48,7 @@ const wait = 20 * time.Second
 // env is a running manager with the DRA handler, on a fresh registry directory.
 type env struct {
 	t   *testing.T
+	pm  *plugintest.Manager
 	m   *pluginmanager.Manager
 	h   *Handler
 	reg *prometheus.Registry
@@ -58,37 +60,29 @@ type env struct {
 // stops the manager, then closes the handler.
 func start(t *testing.T, opts Options) *env {
 	t.Helper()
-	e := &env{t: t, dir: testenv.ShortDir(t, "drar"), reg: prometheus.NewPedanticRegistry()}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
 	opts.Registerer = e.reg
 	e.h = New(opts)
-	m, err := pluginmanager.New(pluginmanager.Options{
-		Dir:            e.dir,
-		BackoffInitial: 20 * time.Millisecond,
-		BackoffMax:     200 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler(Type, e.h)
-	e.m = m
-	e.sub = m.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s", wait)
-		}
-		e.h.Close()
-		e.sub.Close()
-	})
+	e.run(pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	return e
+}
+
+// run runs a manager with mopts and e.h for Type until the end of the test,
+// then closes the handler.
+func (e *env) run(mopts pluginmanager.Options) {
+	e.t.Helper()
+	// Registered first, so run last: after the manager has stopped.
+	e.t.Cleanup(func() {
+		e.h.Close()
+		if e.sub != nil {
+			e.sub.Close()
+		}
+	})
+	e.pm = plugintest.NewManagerWith(e.t, mopts, map[string]pluginmanager.Handler{Type: e.h})
+	e.pm.Timeout = wait
+	e.m = e.pm.Manager()
+	e.dir = e.pm.Dir
+	e.sub = e.m.Subscribe()
 }
 
 // until waits for cond, re-checking it whenever the handler's state changes
@@ -118,18 +112,6 @@ func (e *env) plugin(path string) (pluginmanager.PluginStatus, bool) {
 		}
 	}
 	return pluginmanager.PluginStatus{}, false
-}
-
-// state waits for the socket at path to reach state, and returns its status.
-func (e *env) state(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	e.t.Helper()
-	var got pluginmanager.PluginStatus
-	e.until(filepath.Base(path)+" to be "+string(state), func() bool {
-		var ok bool
-		got, ok = e.plugin(path)
-		return ok && got.State == state
-	})
-	return got
 }
 
 // driver returns the handler's snapshot of the named driver.
@@ -242,7 +224,7 @@ func TestRealDriver(t *testing.T) {
 	}}, name, testenv.ShortDir(t, "drap"))
 
 	socket := e.regSocket(name, "")
-	ps := e.state(socket, pluginmanager.StateRegistered)
+	ps := e.pm.WaitSocket(socket, pluginmanager.StateRegistered)
 	if st := helper.RegistrationStatus(); st == nil || !st.PluginRegistered {
 		t.Errorf("the plugin was not told it is registered: %+v", st)
 	}
@@ -326,7 +308,7 @@ func TestRollingUpdate(t *testing.T) {
 
 	oldHelper := e.startDriver(testDriver{}, name, data, kubeletplugin.RollingUpdate("pod-a"))
 	oldSocket := e.regSocket(name, "pod-a")
-	e.state(oldSocket, pluginmanager.StateRegistered)
+	e.pm.WaitSocket(oldSocket, pluginmanager.StateRegistered)
 	d, _ := e.driver(name)
 	if !d.Available || d.Serving != oldSocket {
 		t.Fatalf("with the old instance: driver = %+v, want available, served by %s", d, oldSocket)
@@ -334,7 +316,7 @@ func TestRollingUpdate(t *testing.T) {
 
 	e.startDriver(testDriver{}, name, data, kubeletplugin.RollingUpdate("pod-b"))
 	newSocket := e.regSocket(name, "pod-b")
-	if ps := e.state(newSocket, pluginmanager.StateRegistered); !ps.Newest {
+	if ps := e.pm.WaitSocket(newSocket, pluginmanager.StateRegistered); !ps.Newest {
 		t.Errorf("the manager does not mark the new instance newest: %+v", ps)
 	}
 	d, _ = e.driver(name)
@@ -403,7 +385,7 @@ func TestLostConnection(t *testing.T) {
 	svc := service()
 	e.startDriver(testDriver{}, name, data, kubeletplugin.DRAService(false))
 	socket := e.regSocket(name, "")
-	e.state(socket, pluginmanager.StateRegistered)
+	e.pm.WaitSocket(socket, pluginmanager.StateRegistered)
 
 	// This driver advertises the health service but answers Unimplemented,
 	// as kubeletplugin does for a driver without health reporting.
@@ -454,7 +436,7 @@ func TestRejected(t *testing.T) {
 
 	t.Run("bad name", func(t *testing.T) {
 		helper := e.startDriver(testDriver{}, "Bad_Driver", testenv.ShortDir(t, "drap"))
-		ps := e.state(e.regSocket("Bad_Driver", ""), pluginmanager.StateRejected)
+		ps := e.pm.WaitSocket(e.regSocket("Bad_Driver", ""), pluginmanager.StateRejected)
 		if ps.Reason != pluginmanager.ReasonValidate || !strings.Contains(ps.LastError, `driver name "Bad_Driver" is not a DNS subdomain`) {
 			t.Errorf("status = %+v", ps)
 		}
@@ -485,7 +467,7 @@ func TestRejected(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			ps := e.state(s.Path(), pluginmanager.StateRejected)
+			ps := e.pm.WaitSocket(s.Path(), pluginmanager.StateRejected)
 			reason := cmp.Or(tc.reason, pluginmanager.ReasonValidate)
 			if ps.Reason != reason || !strings.Contains(ps.LastError, tc.want) {
 				t.Errorf("status = %+v, want an error containing %q", ps, tc.want)
@@ -512,7 +494,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	ps := e.state(s.Path(), pluginmanager.StateFailed)
+	ps := e.pm.WaitSocket(s.Path(), pluginmanager.StateFailed)
 	if ps.Reason != pluginmanager.ReasonRegister || !strings.Contains(ps.LastError, endpoint) || !strings.Contains(ps.LastError, "no such file") {
 		t.Errorf("status = %+v, want a register failure naming %s and why", ps, endpoint)
 	}
@@ -773,7 +755,7 @@ func TestHealthReportTooLarge(t *testing.T) {
 		})
 	}
 	e.startDriver(testDriver{devices: devices}, name, testenv.ShortDir(t, "drap"))
-	e.state(e.regSocket(name, ""), pluginmanager.StateRegistered)
+	e.pm.WaitSocket(e.regSocket(name, ""), pluginmanager.StateRegistered)
 
 	r := logs.wait(t, "DRA health report too large; reopening the stream")
 	if attr(r, "driver") != name || !strings.Contains(attr(r, "error"), "ResourceExhausted") {

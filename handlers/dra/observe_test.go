@@ -1,7 +1,6 @@
 package dra
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net"
@@ -22,31 +21,9 @@ import (
 // 100ms.
 func startObserving(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, dir: testenv.ShortDir(t, "drao"), reg: prometheus.NewPedanticRegistry()}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
 	e.h = New(Options{Registerer: e.reg})
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: e.dir, Observe: true, ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler(Type, e.h)
-	e.m = m
-	e.sub = m.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s", wait)
-		}
-		e.h.Close()
-		e.sub.Close()
-	})
+	e.run(pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
 	return e
 }
 
@@ -127,7 +104,7 @@ func TestObserve(t *testing.T) {
 	t.Cleanup(func() { reg.Close() })
 
 	before := time.Now()
-	ps := e.state(reg.Path(), pluginmanager.StateAnswering)
+	ps := e.pm.WaitSocket(reg.Path(), pluginmanager.StateAnswering)
 	d, ok := e.observedOf(ps.Plugin)
 	if !ok || !d.Observed || d.Driver != "seen.example.com" || d.Endpoint != endpoint || d.Service != "v1beta1.DRAPlugin" ||
 		!d.Reachable || d.ReachableAt.Before(before) || d.LastError != "" {
@@ -144,7 +121,7 @@ func TestObserve(t *testing.T) {
 
 	// The DRA service goes while the registration socket still answers.
 	srv.Stop()
-	ps = e.state(reg.Path(), pluginmanager.StateNotAnswering)
+	ps = e.pm.WaitSocket(reg.Path(), pluginmanager.StateNotAnswering)
 	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, endpoint) {
 		t.Errorf("status = %+v, want reason endpoint naming %s", ps, endpoint)
 	}
@@ -175,7 +152,7 @@ func TestObserveUnsupportedService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	ps := e.state(reg.Path(), pluginmanager.StateNotAnswering)
+	ps := e.pm.WaitSocket(reg.Path(), pluginmanager.StateNotAnswering)
 	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "offers none of the DRA services supported") {
 		t.Errorf("status = %+v, want reason endpoint, no supported service", ps)
 	}

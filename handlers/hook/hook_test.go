@@ -1,7 +1,6 @@
 package hook_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestMain(m *testing.M) {
@@ -545,31 +545,16 @@ type harness struct {
 }
 
 // start runs a manager with fast test timings and h as the handler for typ,
-// and stops it at the end of the test, checking that Run returned.
+// and stops it at the end of the test, checking that Run returned. The
+// harness has its own subscription, so that status and event share one
+// ordered stream.
 func start(t *testing.T, h pluginmanager.Handler) *harness {
 	t.Helper()
-	dir := testenv.ShortDir(t, "hook")
-	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.AddHandler(typ, h)
-	hs := &harness{t: t, m: m, dir: dir, sub: m.Subscribe()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s of cancellation", wait)
-		}
-	})
-	return hs
+	pm := plugintest.NewManagerWith(t, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
+		map[string]pluginmanager.Handler{typ: h})
+	pm.Timeout = wait
+	m := pm.Manager()
+	return &harness{t: t, m: m, dir: pm.Dir, sub: m.Subscribe()}
 }
 
 // until waits for cond to hold on the manager's snapshot, re-checking on every
