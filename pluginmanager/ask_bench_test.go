@@ -1,0 +1,48 @@
+package pluginmanager
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+type benchInfo struct {
+	registerapi.UnimplementedRegistrationServer
+}
+
+func (benchInfo) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: "CSIPlugin", Name: "p", SupportedVersions: []string{"1.0.0"}}, nil
+}
+
+// BenchmarkAsk is the cost of one liveness probe: connect, GetInfo, close.
+func BenchmarkAsk(b *testing.B) {
+	dir, err := os.MkdirTemp("", "ask")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "p.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, benchInfo{})
+	go srv.Serve(l)
+	defer srv.Stop()
+	m, err := New(Options{Dir: dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.ask(context.Background(), path); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
