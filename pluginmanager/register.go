@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -18,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // Bounds on what a plugin may send. GetInfo's answer is small; anything larger
@@ -174,29 +175,9 @@ func endpointPath(endpoint string) string {
 }
 
 // printable makes a message from a plugin, or about one, safe to store and to
-// show: cut to maxErrorMessage bytes at a character boundary, and with every
-// character a terminal would act on (escape sequences, newlines) written as
-// a Go escape instead. A plugin chooses its GetInfo error and its socket's
+// show (see textsafe): a plugin chooses its GetInfo error and its socket's
 // name; neither may reach an operator's terminal raw.
-func printable(s string) string {
-	s = strings.ToValidUTF8(s, "")
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) >= 0 {
-		var b strings.Builder
-		for _, r := range s {
-			if unicode.IsPrint(r) || r == ' ' {
-				b.WriteRune(r)
-			} else {
-				q := strconv.QuoteRune(r)
-				b.WriteString(q[1 : len(q)-1])
-			}
-		}
-		s = b.String()
-	}
-	if len(s) > maxErrorMessage {
-		s = strings.ToValidUTF8(s[:maxErrorMessage], "")
-	}
-	return s
-}
+func printable(s string) string { return textsafe.Printable(s, maxErrorMessage) }
 
 // checkField enforces a length limit and printable characters without spaces.
 func checkField(name, v string, max int, required bool) error {

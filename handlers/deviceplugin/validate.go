@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // The rules of Kubernetes' IsQualifiedName and IsDNS1123Subdomain, which an
@@ -92,24 +93,5 @@ func checkDeviceID(id string) error {
 const maxErrorLen = 1024
 
 // printable makes an error message, which may quote a plugin, safe to store
-// and to show: valid UTF-8, with control characters escaped, and cut to
-// maxErrorLen bytes.
-func printable(s string) string {
-	s = strings.ToValidUTF8(s, "")
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) >= 0 {
-		var b strings.Builder
-		for _, r := range s {
-			if unicode.IsPrint(r) || r == ' ' {
-				b.WriteRune(r)
-			} else {
-				q := strconv.QuoteRune(r)
-				b.WriteString(q[1 : len(q)-1])
-			}
-		}
-		s = b.String()
-	}
-	if len(s) > maxErrorLen {
-		s = strings.ToValidUTF8(s[:maxErrorLen], "")
-	}
-	return s
-}
+// and to show, cut to maxErrorLen bytes.
+func printable(s string) string { return textsafe.Printable(s, maxErrorLen) }

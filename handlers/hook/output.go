@@ -1,10 +1,10 @@
 package hook
 
 import (
-	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 const (
@@ -41,27 +41,10 @@ func (t *tail) String() string {
 	return lastBytes(printable(string(b)), keepOutput)
 }
 
-// printable makes a hook's output safe to store and to show: trimmed of
-// surrounding space, and with every character a terminal would act on
-// (escape sequences, newlines) written as a Go escape, as the manager does
-// with what plugins send. A hook's output may come from anywhere, and reaches
-// an operator's terminal through plugd's status.
-func printable(s string) string {
-	s = strings.TrimSpace(strings.ToValidUTF8(s, "\uFFFD"))
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if unicode.IsPrint(r) || r == ' ' {
-			b.WriteRune(r)
-		} else {
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		}
-	}
-	return b.String()
-}
+// printable makes a hook's output safe to store and to show, trimmed of
+// surrounding space: a hook's output may come from anywhere, and reaches an
+// operator's terminal through plugd's status.
+func printable(s string) string { return textsafe.Escape(strings.TrimSpace(s)) }
 
 // lastBytes returns the end of s, at most n bytes of it, cut at a character
 // boundary: the end of a command's output is where it says why it failed.
