@@ -1,0 +1,620 @@
+// Package unaryconn makes unary gRPC calls over one HTTP/2 connection to a
+// unix socket, one call at a time, with no goroutine of its own.
+//
+// The plugin manager holds a connection to every registered plugin, so that a
+// liveness probe is one call on an open connection rather than a new gRPC
+// channel. A grpc-go ClientConn costs about half a millisecond of CPU to set
+// up and several goroutines for as long as it is open; with thousands of
+// plugins probed every few seconds that was most of the manager's idle cost,
+// and holding thousands of them open would cost more memory than the rest of
+// the manager. A Conn is a socket, a header decoder and a few counters; it
+// reads only while a call is in flight, so an idle one can be watched for a
+// hang-up by an epoll set shared by all (see SyscallConn).
+//
+// HTTP/2 framing and header compression are golang.org/x/net/http2's; this
+// package adds what a unary call needs on top of them: the gRPC message
+// prefix, the deadline sent as grpc-timeout, the status read from trailers,
+// flow-control credit, and answers to the peer's SETTINGS and PING. Failures
+// are gRPC status errors with the codes grpc-go would give.
+package unaryconn
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Limits on what the peer may send, whatever a caller allows.
+const (
+	maxFrameSize      = 16 << 10 // HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which we never raise
+	maxHeaderListSize = 16 << 10 // headers or trailers of one answer, grpc-message included
+	streamWindow      = 1 << 18  // our SETTINGS_INITIAL_WINDOW_SIZE: room for any answer a caller may accept
+	connWindow        = 1 << 20  // our connection-level receive window
+	defaultWindow     = 65535    // HTTP/2's initial window, until SETTINGS say otherwise
+	maxStreamID       = 1<<31 - 1
+)
+
+// MaxRecvSize is the largest answer a caller may accept: beyond it the
+// stream's flow-control window could not hold the answer.
+const MaxRecvSize = streamWindow - 5
+
+// Conn is one HTTP/2 connection carrying unary gRPC calls. Calls are made one
+// at a time; a call that finds another in flight waits for it.
+type Conn struct {
+	nc *net.UnixConn
+
+	mu          sync.Mutex
+	dec         *hpack.Decoder // the peer's header compression state, which lasts as long as the connection
+	rest        []byte         // bytes read past the last call's last frame
+	next        uint32         // the next stream ID
+	sendConn    int64          // what the peer's connection window lets us send
+	sendInit    int64          // the peer's SETTINGS_INITIAL_WINDOW_SIZE
+	credit      uint32         // DATA received and not yet given back to the peer's window
+	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
+	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
+	broken      error          // why no further call can be made; set once
+}
+
+// Dial connects to the unix socket at path and opens an HTTP/2 connection on
+// it, as a gRPC client does: it returns once the peer has answered with its
+// SETTINGS, so a socket that accepts and says nothing, or says something other
+// than HTTP/2, fails here, at ctx's deadline or at once.
+func Dial(ctx context.Context, path string) (*Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{
+		nc:        nc.(*net.UnixConn),
+		dec:       hpack.NewDecoder(4096, nil),
+		next:      1,
+		sendConn:  defaultWindow,
+		sendInit:  defaultWindow,
+		frameSize: maxFrameSize,
+	}
+	c.dec.SetMaxStringLength(maxHeaderListSize)
+	if err := c.handshake(ctx); err != nil {
+		c.nc.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("HTTP/2 handshake: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("HTTP/2 handshake: %w", err)
+	}
+	return c, nil
+}
+
+// handshake sends our connection preface and reads the peer's, which must
+// begin with SETTINGS. Our SETTINGS ACK goes out with the first call.
+func (c *Conn) handshake(ctx context.Context) error {
+	dl, _ := ctx.Deadline()
+	c.nc.SetDeadline(dl)
+	defer c.nc.SetDeadline(time.Time{})
+	defer c.cutOnDone(ctx)()
+
+	var b bytes.Buffer
+	b.WriteString(http2.ClientPreface)
+	fr := http2.NewFramer(&b, c.nc) // unbuffered reads: what follows SETTINGS stays in the socket
+	fr.SetMaxReadFrameSize(maxFrameSize)
+	fr.WriteSettings(
+		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize},
+	)
+	fr.WriteWindowUpdate(0, connWindow-defaultWindow)
+	if _, err := c.nc.Write(b.Bytes()); err != nil {
+		return err
+	}
+	f, err := fr.ReadFrame()
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("the peer closed the connection without a word")
+	}
+	if err != nil {
+		return fmt.Errorf("the peer is not an HTTP/2 server: %w", err)
+	}
+	sf, ok := f.(*http2.SettingsFrame)
+	if !ok || sf.IsAck() {
+		return fmt.Errorf("the peer is not an HTTP/2 server: its first frame is %v, not SETTINGS", f.Header().Type)
+	}
+	if _, err := c.settings(sf); err != nil {
+		return err
+	}
+	c.ackSettings = true
+	return nil
+}
+
+// settings applies the peer's SETTINGS and returns by how much they changed
+// the send window of streams.
+func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
+	err = f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			windowDelta += int64(s.Val) - c.sendInit
+			c.sendInit = int64(s.Val)
+		case http2.SettingMaxFrameSize:
+			c.frameSize = s.Val
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bad SETTINGS from the peer: %w", err)
+	}
+	return windowDelta, nil
+}
+
+// SyscallConn gives access to the socket, to ask the kernel who is at the
+// other end or to watch it for a hang-up while no call is in flight.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.nc.SyscallConn() }
+
+// Close closes the connection. A call in flight fails.
+func (c *Conn) Close() error { return c.nc.Close() }
+
+// Usable reports whether a call could be made: false once an error, the
+// peer's GOAWAY or a hang-up seen by a call left the connection unusable.
+func (c *Conn) Usable() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken == nil
+}
+
+// aLongTimeAgo is a deadline that makes a blocked read or write return now.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// cutOnDone makes the end of ctx cut short a read or write on the socket until
+// the returned func is called. That func waits for a cut already begun, which
+// context.AfterFunc's stop does not: left running, the cut could set its
+// deadline after the next call set its own, and fail that call.
+func (c *Conn) cutOnDone(ctx context.Context) (stop func()) {
+	cut := make(chan struct{})
+	stopCut := context.AfterFunc(ctx, func() {
+		c.nc.SetDeadline(aLongTimeAgo)
+		close(cut)
+	})
+	return func() {
+		if !stopCut() {
+			<-cut
+		}
+	}
+}
+
+// readers are reused between calls: an idle connection holds no buffer.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+
+// Invoke calls method (as "/package.Service/Method") with req and decodes the
+// answer into resp. An answer larger than maxRecv bytes (at most MaxRecvSize)
+// fails with codes.ResourceExhausted. The call ends at ctx's deadline, which
+// the peer is told, or when ctx is cancelled.
+func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Message, maxRecv int) error {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding the request: %v", err)
+	}
+	maxRecv = min(maxRecv, MaxRecvSize)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return status.Errorf(codes.Unavailable, "connection unusable: %v", c.broken)
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	if c.next > maxStreamID {
+		c.broken = errors.New("stream IDs exhausted")
+		return status.Errorf(codes.Unavailable, "connection unusable: %v", c.broken)
+	}
+	stream := c.next
+	c.next += 2
+
+	dl, hasDeadline := ctx.Deadline()
+	c.nc.SetDeadline(dl) // the zero time when there is none: no deadline
+	defer c.cutOnDone(ctx)()
+
+	call := call{c: c, stream: stream, maxRecv: maxRecv}
+	call.br = readers.Get().(*bufio.Reader)
+	if len(c.rest) > 0 {
+		call.br.Reset(io.MultiReader(bytes.NewReader(c.rest), c.nc))
+		c.rest = nil
+	} else {
+		call.br.Reset(c.nc)
+	}
+	defer call.release()
+
+	msg := make([]byte, 5+len(body))
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(body)))
+	copy(msg[5:], body)
+	var timeout string
+	if hasDeadline {
+		timeout = encodeTimeout(time.Until(dl))
+	}
+	answer, err := call.run(method, timeout, msg)
+	if err != nil {
+		if ctx.Err() != nil {
+			// The deadline or the cancellation cut the call short, not the peer.
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return err
+	}
+	if err := proto.Unmarshal(answer, resp); err != nil {
+		return status.Errorf(codes.Internal, "decoding the answer: %v", err)
+	}
+	return nil
+}
+
+// call is one unary call in flight.
+type call struct {
+	c       *Conn
+	stream  uint32
+	maxRecv int
+	br      *bufio.Reader
+	out     bytes.Buffer // frames to send
+	fr      *http2.Framer
+
+	headers bool   // the answer's headers have come
+	data    []byte // the answer's DATA, gRPC prefix included
+	window  int64  // what the peer's window for this stream lets us send
+}
+
+// release keeps what the reader took past the call's last frame for the next
+// call, and returns the reader to the pool. The bufio.Reader then holds no
+// reference to the connection.
+func (k *call) release() {
+	if n := k.br.Buffered(); n > 0 && k.c.broken == nil {
+		b, _ := k.br.Peek(n)
+		k.c.rest = bytes.Clone(b)
+	}
+	k.br.Reset(nil)
+	readers.Put(k.br)
+}
+
+// fail marks the connection unusable and returns the call's error.
+func (k *call) fail(code codes.Code, format string, args ...any) error {
+	err := status.Errorf(code, format, args...)
+	if k.c.broken == nil {
+		k.c.broken = err
+	}
+	return err
+}
+
+// run sends the request and reads frames until this call's stream ends.
+func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
+	c := k.c
+	k.fr = http2.NewFramer(&k.out, k.br)
+	k.fr.SetMaxReadFrameSize(maxFrameSize)
+	k.fr.ReadMetaHeaders = c.dec
+	k.fr.MaxHeaderListSize = maxHeaderListSize
+	k.window = c.sendInit
+
+	if c.ackSettings {
+		k.fr.WriteSettingsAck()
+		c.ackSettings = false
+	}
+	if c.credit > 0 {
+		k.fr.WriteWindowUpdate(0, c.credit)
+		c.credit = 0
+	}
+	k.fr.WriteHeaders(http2.HeadersFrameParam{
+		StreamID:      k.stream,
+		BlockFragment: requestHeaders(method, timeout),
+		EndHeaders:    true,
+	})
+	for {
+		// The request goes out in as many DATA frames as the peer's frame
+		// size and windows allow, each as soon as they allow it: a request
+		// that waited to fit in one frame would never be sent if larger.
+		for len(msg) > 0 {
+			n := min(int64(len(msg)), c.sendConn, k.window, int64(c.frameSize))
+			if n <= 0 {
+				break // until the peer's WINDOW_UPDATE
+			}
+			k.fr.WriteData(k.stream, n == int64(len(msg)), msg[:n])
+			c.sendConn -= n
+			k.window -= n
+			msg = msg[n:]
+		}
+		if err := k.flush(); err != nil {
+			return nil, err
+		}
+		f, err := k.fr.ReadFrame()
+		if err != nil {
+			return nil, k.readError(err)
+		}
+		done, err := k.handle(f)
+		if done || err != nil {
+			return k.answer(err)
+		}
+	}
+}
+
+// flush writes the frames queued so far.
+func (k *call) flush() error {
+	if k.out.Len() == 0 {
+		return nil
+	}
+	_, err := k.c.nc.Write(k.out.Bytes())
+	k.out.Reset()
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return k.fail(codes.DeadlineExceeded, "could not send before the deadline")
+	}
+	if err != nil {
+		return k.fail(codes.Unavailable, "sending: %v", err)
+	}
+	return nil
+}
+
+func (k *call) readError(err error) error {
+	var se http2.StreamError
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The socket's deadline is ctx's, which may not have fired yet.
+		return k.fail(codes.DeadlineExceeded, "no answer before the deadline")
+	case errors.As(err, &se) && se.StreamID == k.stream:
+		return k.fail(codes.Internal, "malformed answer: %v", err)
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return k.fail(codes.Internal, "the peer sent a frame larger than %d bytes", maxFrameSize)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return k.fail(codes.Unavailable, "connection closed before the answer")
+	}
+	return k.fail(codes.Unavailable, "reading the answer: %v", err)
+}
+
+// handle takes one frame. It reports done when this call's stream has ended;
+// a non-nil error with done false has broken the connection.
+func (k *call) handle(f http2.Frame) (done bool, err error) {
+	c := k.c
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return false, nil
+		}
+		delta, err := c.settings(f)
+		if err != nil {
+			return false, k.fail(codes.Internal, "%v", err)
+		}
+		k.window += delta
+		k.fr.WriteSettingsAck()
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			k.fr.WritePing(true, f.Data)
+		}
+	case *http2.WindowUpdateFrame:
+		switch f.StreamID {
+		case 0:
+			c.sendConn += int64(f.Increment)
+		case k.stream:
+			k.window += int64(f.Increment)
+		}
+	case *http2.GoAwayFrame:
+		c.broken = fmt.Errorf("the peer sent GOAWAY (%v)", f.ErrCode)
+		if k.stream > f.LastStreamID {
+			return true, status.Errorf(codes.Unavailable, "the peer is closing the connection (GOAWAY %v) and did not take the call", f.ErrCode)
+		}
+	case *http2.RSTStreamFrame:
+		if f.StreamID == k.stream {
+			return true, status.Errorf(resetCode(f.ErrCode), "the peer reset the stream: %v", f.ErrCode)
+		}
+	case *http2.DataFrame:
+		c.credit += f.Length
+		if f.StreamID != k.stream {
+			return false, nil // a late answer to a call given up on
+		}
+		if !k.headers {
+			return false, k.fail(codes.Internal, "DATA before the answer's headers")
+		}
+		if len(k.data)+len(f.Data()) > 5+k.maxRecv {
+			return false, k.fail(codes.ResourceExhausted, "the answer is larger than the %d bytes allowed", k.maxRecv)
+		}
+		k.data = append(k.data, f.Data()...)
+		if f.StreamEnded() {
+			return true, status.Error(codes.Internal, "the peer ended the stream without trailers")
+		}
+	case *http2.MetaHeadersFrame:
+		if f.StreamID != k.stream {
+			return false, nil
+		}
+		if f.Truncated {
+			return true, k.fail(codes.Internal, "the answer's headers are larger than %d bytes", maxHeaderListSize)
+		}
+		if !k.headers {
+			k.headers = true
+			if err := responseHeaders(f); err != nil {
+				if !f.StreamEnded() {
+					c.broken = err // the rest of the stream would follow
+				}
+				return true, err
+			}
+			if !f.StreamEnded() {
+				return false, nil
+			}
+			// Trailers-only: the status is in these headers.
+		} else if !f.StreamEnded() {
+			return true, k.fail(codes.Internal, "trailers without END_STREAM")
+		}
+		return true, trailerStatus(f)
+	case *http2.PushPromiseFrame:
+		return false, k.fail(codes.Internal, "the peer sent PUSH_PROMISE, which we disabled")
+	}
+	return false, nil
+}
+
+// answer is the message of a call that ended with status err.
+func (k *call) answer(err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	if len(k.data) < 5 {
+		return nil, status.Error(codes.Internal, "the peer ended the call without an answer")
+	}
+	if k.data[0] != 0 {
+		return nil, status.Error(codes.Internal, "the answer is compressed, which was not asked for")
+	}
+	n := binary.BigEndian.Uint32(k.data[1:5])
+	if int64(n) != int64(len(k.data)-5) {
+		return nil, status.Errorf(codes.Internal, "the answer is not one message (prefix says %d bytes, %d came)", n, len(k.data)-5)
+	}
+	return k.data[5:], nil
+}
+
+// requestHeaders encodes a call's headers. Every field is sent "never
+// indexed", which leaves the peer's decoding table as it is: the encoder
+// needs no state kept between calls.
+func requestHeaders(method, timeout string) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	field := func(name, value string) {
+		enc.WriteField(hpack.HeaderField{Name: name, Value: value, Sensitive: true})
+	}
+	field(":method", "POST")
+	field(":scheme", "http")
+	field(":path", method)
+	field(":authority", "localhost")
+	field("content-type", "application/grpc")
+	field("te", "trailers")
+	if timeout != "" {
+		field("grpc-timeout", timeout)
+	}
+	return b.Bytes()
+}
+
+// encodeTimeout writes d as gRPC's grpc-timeout: at most 8 digits and a unit.
+func encodeTimeout(d time.Duration) string {
+	if d <= 0 {
+		return "1n"
+	}
+	for _, u := range []struct {
+		d    time.Duration
+		unit string
+	}{{time.Nanosecond, "n"}, {time.Microsecond, "u"}, {time.Millisecond, "m"}, {time.Second, "S"}, {time.Minute, "M"}, {time.Hour, "H"}} {
+		// Rounded up, but not as (d+u.d-1)/u.d: that overflows for a
+		// duration near the largest, which time.Until gives a far deadline.
+		v := d / u.d
+		if d%u.d != 0 {
+			v++
+		}
+		if v < 1e8 {
+			return strconv.FormatInt(int64(v), 10) + u.unit
+		}
+	}
+	return "99999999H"
+}
+
+// responseHeaders checks an answer's first headers: HTTP 200 and gRPC's
+// content type, or an error with the code gRPC gives for what came instead.
+func responseHeaders(f *http2.MetaHeadersFrame) error {
+	st := f.PseudoValue("status")
+	if st != "200" {
+		code, err := strconv.Atoi(st)
+		if err != nil {
+			return status.Errorf(codes.Internal, "malformed HTTP status %q", st)
+		}
+		return status.Errorf(httpCode(code), "unexpected HTTP status %d", code)
+	}
+	var ct string
+	for _, hf := range f.RegularFields() {
+		if hf.Name == "content-type" {
+			ct = hf.Value
+		}
+	}
+	if ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
+		return status.Errorf(codes.Internal, "the answer's content-type %q is not gRPC's", ct)
+	}
+	return nil
+}
+
+// trailerStatus is the status the trailers carry.
+func trailerStatus(f *http2.MetaHeadersFrame) error {
+	var code, msg string
+	seen := false
+	for _, hf := range f.RegularFields() {
+		switch hf.Name {
+		case "grpc-status":
+			code, seen = hf.Value, true
+		case "grpc-message":
+			msg = decodeMessage(hf.Value)
+		}
+	}
+	if !seen {
+		return status.Error(codes.Internal, "the answer's trailers have no grpc-status")
+	}
+	n, err := strconv.ParseUint(code, 10, 32)
+	if err != nil {
+		return status.Errorf(codes.Internal, "malformed grpc-status %q", code)
+	}
+	if n == 0 {
+		return nil
+	}
+	return status.Error(codes.Code(n), msg)
+}
+
+// decodeMessage undoes the percent-encoding of grpc-message; a malformed
+// escape is kept as it came.
+func decodeMessage(s string) string {
+	if strings.IndexByte(s, '%') < 0 {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b = append(b, byte(v))
+				i += 2
+				continue
+			}
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+// resetCode is the gRPC code for a stream the peer reset, as grpc-go maps it.
+func resetCode(e http2.ErrCode) codes.Code {
+	switch e {
+	case http2.ErrCodeRefusedStream:
+		return codes.Unavailable
+	case http2.ErrCodeCancel:
+		return codes.Canceled
+	case http2.ErrCodeFlowControl, http2.ErrCodeEnhanceYourCalm:
+		return codes.ResourceExhausted
+	case http2.ErrCodeInadequateSecurity:
+		return codes.PermissionDenied
+	}
+	return codes.Internal
+}
+
+// httpCode is the gRPC code for an HTTP status other than 200, as the gRPC
+// specification maps it.
+func httpCode(s int) codes.Code {
+	switch s {
+	case 400:
+		return codes.Internal
+	case 401:
+		return codes.Unauthenticated
+	case 403:
+		return codes.PermissionDenied
+	case 404:
+		return codes.Unimplemented
+	case 429, 502, 503, 504:
+		return codes.Unavailable
+	}
+	return codes.Unknown
+}
