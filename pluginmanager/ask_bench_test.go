@@ -19,7 +19,10 @@ func (benchInfo) GetInfo(context.Context, *registerapi.InfoRequest) (*registerap
 	return &registerapi.PluginInfo{Type: "CSIPlugin", Name: "p", SupportedVersions: []string{"1.0.0"}}, nil
 }
 
-// BenchmarkAsk is the cost of one liveness probe: connect, GetInfo, close.
+// BenchmarkAsk is the cost of one liveness probe, client and in-process
+// server together: GetInfo on the connection the manager holds to each
+// registered plugin, and on a new connection, as when the plugin's server
+// closed the idle one or as the observer's look does.
 func BenchmarkAsk(b *testing.B) {
 	dir, err := os.MkdirTemp("", "ask")
 	if err != nil {
@@ -39,10 +42,29 @@ func BenchmarkAsk(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := m.ask(context.Background(), path); err != nil {
+	ctx := context.Background()
+
+	b.Run("held", func(b *testing.B) {
+		_, conn, err := m.ask(ctx, path, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, conn, err = m.ask(ctx, path, conn); err != nil {
+				b.Fatal(err)
+			}
+		}
+		conn.Close()
+	})
+	b.Run("new", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, conn, err := m.ask(ctx, path, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn.Close()
+		}
+	})
 }

@@ -1,26 +1,23 @@
 package pluginmanager
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
-	"io"
-	"net"
-	"os"
 	"sync"
-	"time"
 
-	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
+
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // hangups tells, at once, when the process behind a registered plugin's
 // socket goes away, which a periodic probe would only notice up to an
-// interval later. It holds one idle connection to each registered socket, and
-// a single epoll set (one goroutine for all of them, whatever their number)
-// reports when any is hung up. The plugin is then probed at once: one that
-// still answers (its server merely closed an idle connection) is watched
-// again; one that does not is Unhealthy.
+// interval later. The manager keeps the connection it registered each plugin
+// over, idle between probes, and a single epoll set (one goroutine for all of
+// them, whatever their number) reports when any is hung up. The plugin is
+// then probed at once: one that still answers (its server merely closed an
+// idle connection) is watched again, on a new connection; one that does not
+// is Unhealthy.
 type hangups struct {
 	epfd, wake int // the epoll set, and an eventfd in it that ends run
 	onHangup   func(*hangup)
@@ -35,7 +32,8 @@ type hangups struct {
 type hangup struct {
 	id   int32
 	path string
-	file *os.File // our end of the connection
+	conn *unaryconn.Conn
+	fd   int // conn's socket; only used while conn is open and in the set
 }
 
 func newHangups(onHangup func(*hangup)) (*hangups, error) {
@@ -56,46 +54,51 @@ func newHangups(onHangup func(*hangup)) (*hangups, error) {
 	return &hangups{epfd: epfd, wake: wake, onHangup: onHangup, byID: make(map[int32]*hangup)}, nil
 }
 
-// watch connects to the socket at path and watches the connection.
-func (h *hangups) watch(ctx context.Context, path string, timeout time.Duration) (*hangup, error) {
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.DialContext(ctx, "unix", path)
+// watch takes conn, idle, into the set. On error conn is closed. Only the
+// peer going away is watched for, not data: whatever the peer sends an idle
+// connection (a PING, a window update) waits in the socket for the next call.
+func (h *hangups) watch(path string, conn *unaryconn.Conn) (*hangup, error) {
+	raw, err := conn.SyscallConn()
 	if err != nil {
+		conn.Close()
 		return nil, err
 	}
-	// Open an HTTP/2 connection, as a gRPC client does, and go quiet. A
-	// connection that never sent the preface would sit in the plugin's gRPC
-	// handshake, which its server's Stop waits for; this one is an ordinary
-	// idle connection that the server closes whenever it likes.
-	c.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		c.Close()
-		return nil, err
-	}
-	if err := http2.NewFramer(c, nil).WriteSettings(); err != nil {
-		c.Close()
-		return nil, err
-	}
-	f, err := c.(*net.UnixConn).File() // a duplicate, ours to poll
-	c.Close()
-	if err != nil {
-		return nil, err
-	}
+	fd := -1
+	raw.Control(func(s uintptr) { fd = int(s) })
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		f.Close()
+		conn.Close()
 		return nil, errors.New("manager stopping")
 	}
 	h.next++
-	w := &hangup{id: h.next, path: path, file: f}
+	w := &hangup{id: h.next, path: path, conn: conn, fd: fd}
 	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR | unix.EPOLLONESHOT, Pad: w.id}
-	if err := unix.EpollCtl(h.epfd, unix.EPOLL_CTL_ADD, int(f.Fd()), &ev); err != nil {
-		f.Close()
+	if err := unix.EpollCtl(h.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		conn.Close()
 		return nil, err
 	}
 	h.byID[w.id] = w
 	return w, nil
+}
+
+// take removes w from the set and hands its connection back, for a probe to
+// use; nil if w was hung up or unwatched meanwhile. w may be nil.
+func (h *hangups) take(w *hangup) *unaryconn.Conn {
+	if w == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byID[w.id] != w {
+		return nil
+	}
+	delete(h.byID, w.id)
+	// Out of the set before anyone may close the socket: a closed
+	// descriptor's number can be reused, and deleting it then would touch
+	// whatever it had become.
+	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+	return w.conn
 }
 
 // unwatch stops watching w and closes its connection. w may be nil, and may
@@ -114,8 +117,8 @@ func (h *hangups) dropLocked(w *hangup) {
 		return
 	}
 	delete(h.byID, w.id)
-	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, int(w.file.Fd()), nil)
-	w.file.Close()
+	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+	w.conn.Close()
 }
 
 // run reports hang-ups until close is called.

@@ -7,14 +7,25 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // Liveness: every registered plugin has a probe timer of its own, so an idle
 // manager does no work per tick for all plugins; a probe is a GetInfo with a
 // deadline, run by the worker that holds the socket's path.
 
-// scheduleProbeLocked arms e's next probe in about d (±10%). m.mu must be held.
-func (m *Manager) scheduleProbeLocked(path string, e *entry, d time.Duration) {
+// scheduleProbeLocked arms e's next probe in about d (±10%). A routine probe
+// (batch) is put off to the next step of a grid a tenth of the probe interval
+// wide (at most a second): the probes due within one step then run together.
+// An idle Go process that wakes up spends several times a probe's own cost
+// on the wake-up (threads, timers, the poller); once a step for all the
+// plugins due in it, not once per plugin, keeps an idle manager idle. m.mu
+// must be held.
+func (m *Manager) scheduleProbeLocked(path string, e *entry, d time.Duration, batch bool) {
 	if m.opts.ProbeInterval < 0 {
 		return
 	}
@@ -22,6 +33,10 @@ func (m *Manager) scheduleProbeLocked(path string, e *entry, d time.Duration) {
 		e.probe.Stop()
 	}
 	d = time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
+	if step := min(m.opts.ProbeInterval/10, time.Second); batch && step > 0 {
+		now := time.Now()
+		d = now.Add(d).Truncate(step).Add(step).Sub(now)
+	}
 	e.probe = time.AfterFunc(d, func() {
 		m.mu.Lock()
 		e.probeDue = true
@@ -50,15 +65,22 @@ func samePlugin(a, b Plugin) bool {
 func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 	m.mu.Lock()
 	reg := e.reg
+	var held *unaryconn.Conn
+	if reg != nil && e.hang != nil {
+		held = m.hangups.take(e.hang)
+		e.hang = nil
+	}
 	m.mu.Unlock()
 	if reg == nil {
 		return
 	}
-	p, err := m.ask(ctx, path)
+	p, conn, err := m.ask(ctx, path, held)
 	if ctx.Err() != nil {
+		closeConn(conn)
 		return // shutting down
 	}
 	if err == nil && !samePlugin(p, reg.plugin) {
+		closeConn(conn)
 		m.log.Info("plugin answers with different info; registering it afresh", "socket", path,
 			"was", reg.plugin.Type+"/"+reg.plugin.Name, "now", p.Type+"/"+p.Name)
 		m.mu.Lock()
@@ -87,12 +109,9 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 			m.publishLocked(EventHealthy, e)
 			m.log.Info("plugin answers again", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name)
 		}
-		m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
-		watched := e.hang != nil
+		m.scheduleProbeLocked(path, e, m.opts.ProbeInterval, true)
 		m.mu.Unlock()
-		if !watched {
-			m.armHangup(ctx, path, e)
-		}
+		m.armHangup(ctx, path, e, conn)
 		return
 	}
 	if e.status.State == StateRegistered {
@@ -107,7 +126,7 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 	}
 	left := m.graceLocked(reg.plugin.Type) - now.Sub(e.status.UnhealthySince)
 	if left > 0 {
-		m.scheduleProbeLocked(path, e, min(m.opts.ProbeInterval, left))
+		m.scheduleProbeLocked(path, e, min(m.opts.ProbeInterval, left), false)
 		m.mu.Unlock()
 		return
 	}
@@ -129,16 +148,39 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 	m.publishLocked(EventFailed, e)
 }
 
-// ask dials the socket and asks GetInfo, each step with its deadline.
-func (m *Manager) ask(ctx context.Context, path string) (Plugin, error) {
+// ask asks the plugin at path who it is, with GetInfo's deadline: on conn if
+// that is open, else on a new connection, which it returns open with the
+// answer. A held connection that turns out closed (a plugin's server may
+// close idle connections, or be gone) is not an answer: a new one tells
+// which.
+func (m *Manager) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
+	if conn != nil {
+		p, err := m.askOn(ctx, conn, path)
+		if err == nil {
+			return p, conn, nil
+		}
+		conn.Close()
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return Plugin{}, nil, err
+		}
+	}
 	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
-	conn, err := connect(dialCtx, path)
+	conn, err := dial(dialCtx, path)
 	cancel()
 	if err != nil {
-		return Plugin{}, dialFailure{err}
+		return Plugin{}, nil, dialFailure{err}
 	}
-	defer conn.Close()
+	p, err := m.askOn(ctx, conn, path)
+	if err != nil {
+		conn.Close()
+		return Plugin{}, nil, err
+	}
+	return p, conn, nil
+}
+
+// askOn is GetInfo on conn, with its deadline, checked as at registration.
+func (m *Manager) askOn(ctx context.Context, conn *unaryconn.Conn, path string) (Plugin, error) {
 	infoCtx, cancel := context.WithTimeoutCause(ctx, m.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", m.opts.GetInfoTimeout))
 	defer cancel()
@@ -147,6 +189,13 @@ func (m *Manager) ask(ctx context.Context, path string) (Plugin, error) {
 		return Plugin{}, err
 	}
 	return pluginFromInfo(info, path)
+}
+
+// closeConn closes conn, which may be nil.
+func closeConn(conn *unaryconn.Conn) {
+	if conn != nil {
+		conn.Close()
+	}
 }
 
 // removeIfStaleLocked removes a Stale socket older than
@@ -166,22 +215,34 @@ func (m *Manager) removeIfStaleLocked(e *entry) {
 	m.log.Info("removed a stale socket", "socket", e.status.Socket, "age", time.Since(e.status.Created).Round(time.Second))
 }
 
-// armHangup watches an idle connection to a registered plugin's socket, so
-// that its process going away is noticed at once (see hangups). It dials, so
-// m.mu must not be held.
-func (m *Manager) armHangup(ctx context.Context, path string, e *entry) {
+// armHangup keeps conn, idle, to tell at once when a registered plugin's
+// process goes away (see hangups). A nil or unusable conn is replaced by a
+// new one, so armHangup may dial: m.mu must not be held.
+func (m *Manager) armHangup(ctx context.Context, path string, e *entry, conn *unaryconn.Conn) {
 	if m.hangups == nil {
+		closeConn(conn)
 		return
 	}
-	w, err := m.hangups.watch(ctx, path, m.opts.DialTimeout)
+	if conn == nil || !conn.Usable() {
+		closeConn(conn)
+		dialCtx, cancel := context.WithTimeout(ctx, m.opts.DialTimeout)
+		var err error
+		conn, err = dial(dialCtx, path)
+		cancel()
+		if err != nil {
+			m.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
+			return
+		}
+	}
+	w, err := m.hangups.watch(path, conn)
 	if err != nil {
 		m.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.entries[path] != e || e.hang != nil {
-		m.hangups.unwatch(w) // replaced or gone meanwhile, or already watched
+	if m.entries[path] != e || e.hang != nil || e.reg == nil {
+		m.hangups.unwatch(w) // replaced, gone or deregistered meanwhile, or already watched
 		return
 	}
 	e.hang = w

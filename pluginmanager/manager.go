@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // Manager discovers plugins' registration sockets in a directory, registers each
@@ -556,13 +557,15 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 
 	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
-	conn, who, err := connectPeer(dialCtx, path)
+	conn, err := dial(dialCtx, path)
 	cancel()
 	if err != nil {
 		m.fail(ctx, e, p, ReasonDial, err, false)
 		return
 	}
-	defer conn.Close()
+	who := peerOf(conn)
+	// From here, refuse takes conn, to tell the plugin; a registration keeps
+	// it for the liveness watch.
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, m.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", m.opts.GetInfoTimeout))
@@ -575,6 +578,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		return
 	}
 	if err != nil {
+		conn.Close()
 		// A plugin that does not serve Registration at all will not start to by retrying.
 		m.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err))
 		return
@@ -622,10 +626,10 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
 		fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
-	notifyErr := notify(notifyCtx, conn, path, true, "")
+	conn, notifyErr := notify(notifyCtx, conn, path, true, "")
 	cancel()
 
-	m.armHangup(ctx, path, e)
+	m.armHangup(ctx, path, e, conn)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
@@ -641,20 +645,25 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 		m.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	m.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
-	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
+	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval, true)
 	m.publishLocked(EventRegistered, e)
 	m.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", e.status.Attempts)
 }
 
-// refuse tells the plugin it was not registered, then records the failure.
-func (m *Manager) refuse(ctx context.Context, conn *grpc.ClientConn, e *entry, p Plugin, reason Reason, err error, terminal bool) {
+// refuse tells the plugin, over conn, that it was not registered, then
+// records the failure. conn is closed.
+func (m *Manager) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool) {
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
-		if nerr := notify(notifyCtx, conn, p.Socket, false, err.Error()); nerr != nil {
+		used, nerr := notify(notifyCtx, conn, p.Socket, false, err.Error())
+		if nerr != nil {
 			m.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
 		}
+		closeConn(used)
 		cancel()
+	} else {
+		conn.Close()
 	}
 	m.fail(ctx, e, p, reason, err, terminal)
 }

@@ -28,7 +28,8 @@ func (m *Manager) statesLocked() []State {
 // observe asks a plugin who it is, and records what it saw: no notification,
 // no handler, nothing written. The next look is a probe interval away.
 func (m *Manager) observe(ctx context.Context, path string, e *entry) {
-	p, err := m.ask(ctx, path)
+	p, conn, err := m.ask(ctx, path, nil)
+	closeConn(conn) // looks are far apart: no connection is kept between them
 	endpointFailed := false
 	if err == nil {
 		m.mu.Lock()
@@ -79,5 +80,5 @@ func (m *Manager) observe(ctx context.Context, path string, e *entry) {
 			m.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "err", e.status.LastError)
 		}
 	}
-	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval)
+	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval, true)
 }

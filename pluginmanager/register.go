@@ -2,23 +2,18 @@ package pluginmanager
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"unicode"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/textsafe"
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // Bounds on what a plugin may send. GetInfo's answer is small; anything larger
@@ -33,82 +28,31 @@ const (
 	maxErrorMessage = 1024 // the reason sent back to a plugin
 )
 
-// connect opens a gRPC connection to the unix socket at path and waits, until
-// ctx is done, for it to be ready. A refused connection fails at once with the
-// dialer's error.
-func connect(ctx context.Context, path string) (*grpc.ClientConn, error) {
-	conn, _, err := connectPeer(ctx, path)
-	return conn, err
-}
-
 // peer is who listens on a socket, as the kernel says (SO_PEERCRED).
 type peer struct {
 	pid, uid, gid uint32
 	known         bool
 }
 
-// connectPeer is connect, also reporting who listens on the socket.
-func connectPeer(ctx context.Context, path string) (*grpc.ClientConn, peer, error) {
-	var (
-		mu      sync.Mutex
-		dialErr error
-		who     peer
-	)
-	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", path)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			dialErr = err
-			return nil, err
-		}
-		who = peerOf(c)
-		return c, nil
-	}
-	// The dialer ignores the target, so a constant one keeps a path that
-	// gRPC would parse (a '?', a '#', a control character) out of its way.
-	conn, err := grpc.NewClient("passthrough:///registration-socket",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithAuthority("localhost"),
-		grpc.WithContextDialer(dialer),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxInfoBytes)),
-	)
+// dial opens a connection to the registration socket at path: an HTTP/2
+// connection on which GetInfo, NotifyRegistrationStatus and later the
+// liveness probes are made (see unaryconn for why not a grpc-go ClientConn).
+// A refused connection fails at once with the dialer's error; one that is not
+// answered fails at ctx's deadline, with its cause.
+func dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+	conn, err := unaryconn.Dial(ctx, path)
 	if err != nil {
-		return nil, peer{}, fmt.Errorf("connect %s: %w", path, err)
-	}
-	conn.Connect()
-	for {
-		s := conn.GetState()
-		switch s {
-		case connectivity.Ready:
-			mu.Lock()
-			defer mu.Unlock()
-			return conn, who, nil
-		case connectivity.TransientFailure, connectivity.Shutdown:
-			conn.Close()
-			mu.Lock()
-			err := dialErr
-			mu.Unlock()
-			if err == nil {
-				err = errors.New("connection failed")
-			}
-			return nil, peer{}, fmt.Errorf("connect %s: %w", path, err)
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
 		}
-		if !conn.WaitForStateChange(ctx, s) {
-			conn.Close()
-			return nil, peer{}, fmt.Errorf("connect %s: %w", path, context.Cause(ctx))
-		}
+		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
+	return conn, nil
 }
 
-// peerOf asks the kernel who is at the other end of a unix connection.
-func peerOf(c net.Conn) peer {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return peer{}
-	}
-	raw, err := uc.SyscallConn()
+// peerOf asks the kernel who is at the other end of a connection.
+func peerOf(c *unaryconn.Conn) peer {
+	raw, err := c.SyscallConn()
 	if err != nil {
 		return peer{}
 	}
@@ -121,10 +65,20 @@ func peerOf(c net.Conn) peer {
 	return who
 }
 
+// The registration service's methods, as gRPC names them on the wire.
+const (
+	methodGetInfo = "/pluginregistration.Registration/GetInfo"
+	methodNotify  = "/pluginregistration.Registration/NotifyRegistrationStatus"
+)
+
 // getInfo asks the plugin who it is.
-func getInfo(ctx context.Context, conn *grpc.ClientConn) (*registerapi.PluginInfo, error) {
-	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
-	return info, wrapRPC(ctx, "GetInfo", err)
+func getInfo(ctx context.Context, conn *unaryconn.Conn) (*registerapi.PluginInfo, error) {
+	info := new(registerapi.PluginInfo)
+	err := conn.Invoke(ctx, methodGetInfo, &registerapi.InfoRequest{}, info, maxInfoBytes)
+	if err != nil {
+		return nil, wrapRPC(ctx, "GetInfo", err)
+	}
+	return info, nil
 }
 
 // unimplemented reports whether the plugin does not serve the Registration
@@ -199,9 +153,11 @@ func checkField(name, v string, max int, required bool) error {
 }
 
 // notify tells the plugin whether it was registered. It uses the connection
-// GetInfo went over while that is still ready; if a slow handler let it die,
-// it dials again rather than fail.
-func notify(ctx context.Context, conn *grpc.ClientConn, path string, registered bool, reason string) error {
+// GetInfo went over while that is still usable; if the plugin closed it (a
+// slow handler let it idle), it dials again rather than fail. conn is
+// notify's: it returns the connection it used, open, or nil, and closes any
+// other.
+func notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
@@ -209,21 +165,28 @@ func notify(ctx context.Context, conn *grpc.ClientConn, path string, registered 
 	// the cut above, or a handler's error, may have broken that.
 	reason = strings.ToValidUTF8(reason, "")
 	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
-	var err error
-	if conn.GetState() == connectivity.Ready {
-		_, err = registerapi.NewRegistrationClient(conn).NotifyRegistrationStatus(ctx, req)
-		if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
-			return wrapRPC(ctx, "NotifyRegistrationStatus", err)
+	if conn.Usable() {
+		err := conn.Invoke(ctx, methodNotify, req, &registerapi.RegistrationStatusResponse{}, maxInfoBytes)
+		if err == nil {
+			return conn, nil
 		}
-		// The connection broke under us, which a ready state could not yet show.
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			conn.Close()
+			return nil, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+		}
+		// The connection broke under us.
 	}
-	fresh, err := connect(ctx, path)
+	conn.Close()
+	fresh, err := dial(ctx, path)
 	if err != nil {
-		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
+		return nil, fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
-	defer fresh.Close()
-	_, err = registerapi.NewRegistrationClient(fresh).NotifyRegistrationStatus(ctx, req)
-	return wrapRPC(ctx, "NotifyRegistrationStatus", err)
+	err = fresh.Invoke(ctx, methodNotify, req, &registerapi.RegistrationStatusResponse{}, maxInfoBytes)
+	if err != nil {
+		fresh.Close()
+		return nil, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+	}
+	return fresh, nil
 }
 
 // wrapRPC names the failed call, and prefers the deadline's cause, which says
