@@ -42,14 +42,14 @@ func buildManagers(dir string, names []string) error {
 type launch struct {
 	bin     string // directory of the manager binaries
 	name    string // plugd, plugd-noprobe or kubelet
-	profile string // if set, the manager writes a CPU profile of its run here
+	profile string // if set, the manager writes profiles of its run to this path + ".cpu.pprof" and ".heap.pprof"
 }
 
 // command returns the command line that runs the manager on dir.
 func (l launch) command(dir string) (string, []string) {
 	args := []string{"-dir", dir}
 	if l.profile != "" {
-		args = append(args, "-cpuprofile", l.profile)
+		args = append(args, "-cpuprofile", l.profile+".cpu.pprof", "-memprofile", l.profile+".heap.pprof")
 	}
 	pkg := l.name
 	if l.name == plugdNoProbe {

@@ -66,7 +66,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.IntVar(&cfg.churnBase, "churn-base", 100, "plugins registered during the churn scenario")
 	fs.DurationVar(&cfg.timeout, "timeout", 2*time.Minute, "longest wait for plugins to be registered before the benchmark fails")
 	fs.StringVar(&cfg.jsonPath, "json", "", "also write every run and the medians as JSON to this file")
-	fs.StringVar(&cfg.profiles, "cpuprofile", "", "write a CPU profile of each manager process into this directory (for go tool pprof)")
+	fs.StringVar(&cfg.profiles, "profiles", "", "write a CPU profile of each manager process's run, and a heap profile at its end, into this directory (for go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -175,7 +175,7 @@ func runAll(cfg *config, bin string) ([]result, error) {
 			for _, name := range order {
 				l := launch{bin: bin, name: name}
 				if cfg.profiles != "" {
-					l.profile = filepath.Join(cfg.profiles, fmt.Sprintf("run%d-%s-%s.pprof", r, st.scenario, name))
+					l.profile = filepath.Join(cfg.profiles, fmt.Sprintf("run%d-%s-%s", r, st.scenario, name))
 				}
 				began := time.Now()
 				res, err := runStep(r, st, l, cfg.timeout)

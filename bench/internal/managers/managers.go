@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"syscall"
 )
@@ -36,19 +37,20 @@ type Manager interface {
 func Main(m Manager) {
 	dir := flag.String("dir", "", "registry directory to watch (required)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile := flag.String("memprofile", "", "write a heap profile to this file at the end of the run")
 	flag.Parse()
 	if *dir == "" || flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "usage: %s -dir DIR [flags]\n", os.Args[0])
 		flag.PrintDefaults()
 		os.Exit(2)
 	}
-	if err := run(m, *dir, *profile); err != nil {
+	if err := run(m, *dir, *profile, *memProfile); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
 }
 
-func run(m Manager, dir, profile string) (err error) {
+func run(m Manager, dir, profile, memProfile string) (err error) {
 	if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
@@ -63,7 +65,31 @@ func run(m Manager, dir, profile string) (err error) {
 			err = errors.Join(err, f.Close())
 		}()
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	signalled, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return m.Run(ctx, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	var heapErr error
+	go func() {
+		<-signalled.Done()
+		if memProfile != "" {
+			// Before the manager lets its plugins go.
+			heapErr = writeHeapProfile(memProfile)
+		}
+		cancel()
+	}()
+	err = m.Run(ctx, dir)
+	<-ctx.Done()
+	return errors.Join(err, heapErr)
+}
+
+// writeHeapProfile writes what is in use when the run is asked to end, with
+// every plugin still registered (the benchmark stops the manager before
+// its plugins).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // the profile shows the heap as of the last collection
+	return errors.Join(pprof.WriteHeapProfile(f), f.Close())
 }
