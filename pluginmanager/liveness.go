@@ -19,30 +19,69 @@ import (
 // deadline, run by the worker that holds the socket's path.
 
 // scheduleProbeLocked arms e's next probe in about d (±10%). A routine probe
-// (batch) is put off to the next step of a grid a tenth of the probe interval
-// wide (at most a second): the probes due within one step then run together.
-// An idle Go process that wakes up spends several times a probe's own cost
-// on the wake-up (threads, timers, the poller); once a step for all the
-// plugins due in it, not once per plugin, keeps an idle manager idle. m.mu
-// must be held.
+// (batch) is put off to the end of its step of a grid a tenth of the probe
+// interval wide (at most a second), and the probes due in one step start
+// together, from one timer. An idle Go process that wakes up spends several
+// times a probe's own cost on the wake-up (threads, timers, the poller); once
+// a step for all the plugins due in it, not once per plugin, keeps an idle
+// manager idle. m.mu must be held.
 func (m *Manager) scheduleProbeLocked(path string, e *entry, d time.Duration, batch bool) {
 	if m.opts.ProbeInterval < 0 {
 		return
 	}
+	e.stopProbe()
+	d = time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
+	step := min(m.opts.ProbeInterval/10, time.Second)
+	if !batch || step <= 0 {
+		e.probe = time.AfterFunc(d, func() {
+			m.mu.Lock()
+			e.probeDue = true
+			m.mu.Unlock()
+			m.queue.add(path)
+		})
+		return
+	}
+	n := time.Now().Add(d).UnixNano()/int64(step) + 1
+	if len(m.batches[n]) == 0 {
+		time.AfterFunc(time.Until(time.Unix(0, n*int64(step))), func() { m.startBatch(n) })
+	}
+	m.batches[n] = append(m.batches[n], batched{path, e})
+	e.probeStep = n
+}
+
+// batched is a plugin whose probe is due at the end of a step.
+type batched struct {
+	path string
+	e    *entry
+}
+
+// startBatch queues the probes due at the end of step n; those rescheduled
+// or stopped since are no longer due then.
+func (m *Manager) startBatch(n int64) {
+	m.mu.Lock()
+	due := m.batches[n]
+	delete(m.batches, n)
+	paths := make([]string, 0, len(due))
+	for _, b := range due {
+		if b.e.probeStep == n {
+			b.e.probeStep = 0
+			b.e.probeDue = true
+			paths = append(paths, b.path)
+		}
+	}
+	m.mu.Unlock()
+	for _, path := range paths {
+		m.queue.add(path)
+	}
+}
+
+// stopProbe cancels e's next probe, batched or not.
+func (e *entry) stopProbe() {
 	if e.probe != nil {
 		e.probe.Stop()
+		e.probe = nil
 	}
-	d = time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
-	if step := min(m.opts.ProbeInterval/10, time.Second); batch && step > 0 {
-		now := time.Now()
-		d = now.Add(d).Truncate(step).Add(step).Sub(now)
-	}
-	e.probe = time.AfterFunc(d, func() {
-		m.mu.Lock()
-		e.probeDue = true
-		m.mu.Unlock()
-		m.queue.add(path)
-	})
+	e.probeStep = 0
 }
 
 // graceLocked is how long a plugin of type typ may stay Unhealthy.
@@ -159,8 +198,12 @@ func (m *Manager) ask(ctx context.Context, path string, conn *unaryconn.Conn) (P
 		if err == nil {
 			return p, conn, nil
 		}
+		// Only a connection the plugin closed is worth another try; a
+		// plugin that answered, even with an error, or that let the
+		// deadline pass, has said what it has to say.
+		closed := !conn.Usable() && status.Code(err) == codes.Unavailable
 		conn.Close()
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		if !closed || ctx.Err() != nil {
 			return Plugin{}, nil, err
 		}
 	}

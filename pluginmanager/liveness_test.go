@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -165,5 +167,93 @@ func TestStaleSocketIsReportedAndOptionallyRemoved(t *testing.T) {
 	h.waitEvent(path, pluginmanager.EventRemoved)
 	if _, ok := statPath(path); ok {
 		t.Error("the stale socket is still there")
+	}
+}
+
+// connCounter counts the connections a plugin's gRPC server accepts.
+type connCounter struct{ conns chan struct{} }
+
+func (c connCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (c connCounter) HandleRPC(context.Context, stats.RPCStats)                       {}
+func (c connCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (c connCounter) HandleConn(_ context.Context, s stats.ConnStats) {
+	if _, ok := s.(*stats.ConnBegin); ok {
+		c.conns <- struct{}{}
+	}
+}
+
+// counting is moody, also telling of each GetInfo it answers.
+type counting struct {
+	*moody
+	calls chan struct{}
+}
+
+func (p counting) GetInfo(ctx context.Context, r *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	p.calls <- struct{}{}
+	return p.moody.GetInfo(ctx, r)
+}
+
+// Probes go over the connection the plugin registered over: the plugin sees
+// one connection, however many times it is asked.
+func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
+	h := start(t, pluginmanager.Options{ProbeInterval: 20 * time.Millisecond},
+		map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	path := filepath.Join(h.dir, "held.sock")
+	p := counting{
+		moody: &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "held", SupportedVersions: []string{"1.0.0"}}},
+		calls: make(chan struct{}, 100),
+	}
+	cc := connCounter{conns: make(chan struct{}, 100)}
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) }, grpc.StatsHandler(cc))
+	h.status(path, pluginmanager.StateRegistered)
+
+	deadline := time.After(wait)
+	for i := 0; i < 10; i++ { // the registration's GetInfo, then probes
+		select {
+		case <-p.calls:
+		case <-deadline:
+			t.Fatalf("%d GetInfo calls, want 10", i)
+		}
+	}
+	if n := len(cc.conns); n != 1 {
+		t.Errorf("the plugin accepted %d connections for 10 GetInfo calls, want 1", n)
+	}
+}
+
+// A plugin whose server closes connections (here, at their maximum age) is
+// asked again on a new connection the moment it does: it stays Registered,
+// without a word to its handler, and with no probe due for an hour.
+func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
+	rec := newRecorder()
+	h := start(t, pluginmanager.Options{ProbeInterval: time.Hour},
+		map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	path := filepath.Join(h.dir, "aging.sock")
+	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "aging", SupportedVersions: []string{"1.0.0"}}}
+	cc := connCounter{conns: make(chan struct{}, 100)}
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) },
+		grpc.StatsHandler(cc),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 30 * time.Millisecond, MaxConnectionAgeGrace: 10 * time.Millisecond}))
+	h.status(path, pluginmanager.StateRegistered)
+
+	deadline := time.After(wait)
+	// grpc-go closes a connection a second after telling the client it will
+	// (GOAWAY), unless the client closes it first.
+	for i := 0; i < 3; i++ {
+		select {
+		case <-cc.conns:
+		case <-deadline:
+			t.Fatalf("the plugin accepted %d connections, want 3: closed connections are not replaced", i)
+		}
+	}
+	for len(h.sub.Events()) > 0 {
+		if ev := <-h.sub.Events(); ev.Plugin.Socket == path && ev.Type != pluginmanager.EventDiscovered && ev.Type != pluginmanager.EventRegistered {
+			t.Errorf("event %s (%s), want none after registration", ev.Type, ev.Error)
+		}
+	}
+	h.status(path, pluginmanager.StateRegistered)
+	if got := rec.Calls(); len(got) != 2 {
+		t.Errorf("handler calls = %q, want only the first validate and register", got)
 	}
 }

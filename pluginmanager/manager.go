@@ -40,11 +40,12 @@ type Manager struct {
 
 	mu               sync.Mutex
 	handlers         map[string]Handler
-	entries          map[string]*entry // by socket path: what is on disk, and what is registered
-	lastLimitWarning time.Time         // when the MaxSockets limit was last logged
-	overLimit        bool              // sockets were left untracked: look again when one goes
-	rescan           chan struct{}     // asks the watch loop for a walk of the directory
-	roots            []string          // Options.EndpointRoots, resolved
+	entries          map[string]*entry   // by socket path: what is on disk, and what is registered
+	batches          map[int64][]batched // routine probes, by the step they are due at the end of
+	lastLimitWarning time.Time           // when the MaxSockets limit was last logged
+	overLimit        bool                // sockets were left untracked: look again when one goes
+	rescan           chan struct{}       // asks the watch loop for a walk of the directory
+	roots            []string            // Options.EndpointRoots, resolved
 }
 
 // entry is one socket path: the file found there (desired state), the
@@ -52,15 +53,16 @@ type Manager struct {
 // reports. Only the worker holding the path in the queue changes id and reg;
 // everything is read and written under Manager.mu.
 type entry struct {
-	id       fileID
-	reg      *registration // nil unless the handler holds this socket's plugin
-	status   PluginStatus
-	retry    *time.Timer // pending retry of a Failed socket
-	backoffs int         // retries scheduled with backoff since the socket appeared
-	busy     bool        // an abandoned handler call for this socket is still running
-	probe    *time.Timer // next liveness probe of a registered plugin
-	hang     *hangup     // an idle connection that tells when the plugin's process goes
-	probeDue bool        // the probe timer fired: the worker probes instead of reconciling
+	id        fileID
+	reg       *registration // nil unless the handler holds this socket's plugin
+	status    PluginStatus
+	retry     *time.Timer // pending retry of a Failed socket
+	backoffs  int         // retries scheduled with backoff since the socket appeared
+	busy      bool        // an abandoned handler call for this socket is still running
+	probe     *time.Timer // next liveness probe of a registered plugin, unless batched
+	probeStep int64       // the step whose batch holds e's next probe (see scheduleProbeLocked); 0 if none
+	hang      *hangup     // an idle connection that tells when the plugin's process goes
+	probeDue  bool        // the probe timer fired: the worker probes instead of reconciling
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -89,6 +91,7 @@ func New(opts Options) (*Manager, error) {
 		metrics:  newMetrics(),
 		handlers: make(map[string]Handler),
 		entries:  make(map[string]*entry),
+		batches:  make(map[int64][]batched),
 		roots:    resolveRoots(o.EndpointRoots),
 		rescan:   make(chan struct{}, 1),
 	}
@@ -515,10 +518,7 @@ func (m *Manager) stopTimers(e *entry) {
 		e.retry.Stop()
 		e.retry = nil
 	}
-	if e.probe != nil {
-		e.probe.Stop()
-		e.probe = nil
-	}
+	e.stopProbe()
 	e.probeDue = false
 }
 
@@ -737,10 +737,7 @@ func (m *Manager) deregister(ctx context.Context, e *entry, reg *registration) b
 	if e.status.State.registered() {
 		e.status.State = StatePending
 	}
-	if e.probe != nil {
-		e.probe.Stop()
-		e.probe = nil
-	}
+	e.stopProbe()
 	if e.hang != nil {
 		m.hangups.unwatch(e.hang)
 		e.hang = nil
