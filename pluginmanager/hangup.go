@@ -54,9 +54,7 @@ func newHangups(onHangup func(*hangup)) (*hangups, error) {
 	return &hangups{epfd: epfd, wake: wake, onHangup: onHangup, byID: make(map[int32]*hangup)}, nil
 }
 
-// watch takes conn, idle, into the set. On error conn is closed. Only the
-// peer going away is watched for, not data: whatever the peer sends an idle
-// connection (a PING, a window update) waits in the socket for the next call.
+// watch takes conn, idle, into the set. On error conn is closed.
 func (h *hangups) watch(path string, conn *unaryconn.Conn) (*hangup, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
@@ -73,7 +71,7 @@ func (h *hangups) watch(path string, conn *unaryconn.Conn) (*hangup, error) {
 	}
 	h.next++
 	w := &hangup{id: h.next, path: path, conn: conn, fd: fd}
-	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR | unix.EPOLLONESHOT, Pad: w.id}
+	ev := unix.EpollEvent{Events: watchedEvents, Pad: w.id}
 	if err := unix.EpollCtl(h.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		conn.Close()
 		return nil, err
@@ -121,7 +119,16 @@ func (h *hangups) dropLocked(w *hangup) {
 	w.conn.Close()
 }
 
-// run reports hang-ups until close is called.
+// watchedEvents are what the set waits for on each connection: the peer
+// going, or the peer saying something (see run). One-shot: a connection is
+// re-armed only once what it said has been handled.
+const watchedEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR | unix.EPOLLONESHOT
+
+// run reports hang-ups until close is called. A connection the peer wrote to
+// while idle is handed to unaryconn's Idle: a PING is answered and the
+// connection watched again; a GOAWAY (a plugin's server stopping, or closing
+// idle connections) counts as a hang-up, and the connection is closed at once,
+// which a gracefully stopping server waits for.
 func (h *hangups) run() {
 	events := make([]unix.EpollEvent, 64)
 	for {
@@ -132,19 +139,39 @@ func (h *hangups) run() {
 		if err != nil {
 			return
 		}
-		var hung []*hangup
+		var hung, spoke []*hangup
 		h.mu.Lock()
 		for _, ev := range events[:n] {
 			if ev.Pad == -1 {
 				h.mu.Unlock()
 				return // close
 			}
-			if w := h.byID[ev.Pad]; w != nil {
+			w := h.byID[ev.Pad]
+			switch {
+			case w == nil:
+			case ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0:
 				h.dropLocked(w)
 				hung = append(hung, w)
+			default:
+				spoke = append(spoke, w)
 			}
 		}
 		h.mu.Unlock()
+		for _, w := range spoke {
+			// Outside h.mu: Idle may wait a moment to write. A connection
+			// dropped meanwhile fails Idle and is not re-armed: only one
+			// still in the set is, whose descriptor is still its own.
+			usable := w.conn.Idle()
+			h.mu.Lock()
+			if h.byID[w.id] == w {
+				ev := unix.EpollEvent{Events: watchedEvents, Pad: w.id}
+				if !usable || unix.EpollCtl(h.epfd, unix.EPOLL_CTL_MOD, w.fd, &ev) != nil {
+					h.dropLocked(w)
+					hung = append(hung, w)
+				}
+			}
+			h.mu.Unlock()
+		}
 		for _, w := range hung {
 			h.onHangup(w)
 		}

@@ -257,3 +257,27 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 		t.Errorf("handler calls = %q, want only the first validate and register", got)
 	}
 }
+
+// A registered plugin's gRPC server stopping gracefully is not held up by
+// the connection the manager keeps: GracefulStop waits for every connection
+// to close, and grpc-go, having sent GOAWAY and a PING to an idle one, waits
+// seconds for an answer before it closes it by itself.
+func TestGracefulStopOfARegisteredPluginIsNotHeldUp(t *testing.T) {
+	h := start(t, pluginmanager.Options{ProbeInterval: time.Hour},
+		map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	path := filepath.Join(h.dir, "graceful.sock")
+	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "graceful", SupportedVersions: []string{"1.0.0"}}}
+	srv := serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
+	h.status(path, pluginmanager.StateRegistered)
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		srv.GracefulStop()
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second): // grpc-go alone takes 6 s
+		t.Fatal("GracefulStop of a registered plugin's server took over 2s: the manager's connection held it up")
+	}
+}

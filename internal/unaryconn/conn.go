@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -177,6 +178,112 @@ func (c *Conn) Usable() bool {
 	return c.broken == nil
 }
 
+// maxIdleBytes bounds what Idle keeps of a frame not yet complete.
+const maxIdleBytes = 9 + maxFrameSize
+
+// Idle handles what the peer sent while no call was in flight, reading only
+// what has already arrived: PINGs and SETTINGS are answered, window updates
+// taken. It reports whether the connection is still usable: a GOAWAY, the
+// peer's hang-up, or anything a peer should not send on an idle connection
+// (an answer, when no call is in flight) leaves it unusable.
+//
+// A caller watching idle connections for readability calls it when one is
+// readable: a gRPC server that is stopping gracefully sends GOAWAY and a
+// PING, and holds the connection, and its Stop, until the PING is answered
+// or the connection closed.
+func (c *Conn) Idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return false
+	}
+	raw, err := c.nc.SyscallConn()
+	if err != nil {
+		c.broken = err
+		return false
+	}
+	var buf [4096]byte
+	// At most 64 KiB a call: a peer that never stops talking gets its turn
+	// again when its socket is found readable again, after the others'.
+	for range 16 {
+		if c.broken != nil {
+			return false
+		}
+		var n int
+		var rerr error
+		err := raw.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf[:], unix.MSG_DONTWAIT)
+			return true // never wait: only what has arrived
+		})
+		switch {
+		case err != nil:
+			c.broken = err
+		case rerr == unix.EAGAIN || rerr == unix.EINTR:
+			return c.idleFrames()
+		case rerr != nil:
+			c.broken = rerr
+		case n == 0:
+			c.broken = errors.New("the peer closed the connection")
+		default:
+			c.rest = append(c.rest, buf[:n]...)
+			if !c.idleFrames() {
+				return false
+			}
+		}
+	}
+	return c.broken == nil
+}
+
+// idleFrames handles the complete frames in c.rest, keeping the rest of an
+// incomplete one for later. c.mu must be held.
+func (c *Conn) idleFrames() bool {
+	r := bytes.NewReader(c.rest)
+	k := call{c: c}
+	k.fr = http2.NewFramer(&k.out, r)
+	k.fr.SetMaxReadFrameSize(maxFrameSize)
+	for r.Len() >= 9 {
+		b := c.rest[len(c.rest)-r.Len():]
+		if size := int(b[0])<<16 | int(b[1])<<8 | int(b[2]); size > maxFrameSize {
+			c.broken = fmt.Errorf("the peer sent a frame of %d bytes", size)
+			return false
+		} else if r.Len() < 9+size {
+			break
+		}
+		f, err := k.fr.ReadFrame()
+		if err != nil {
+			c.broken = fmt.Errorf("reading what the peer sent an idle connection: %w", err)
+			return false
+		}
+		switch f.(type) {
+		case *http2.SettingsFrame, *http2.PingFrame, *http2.WindowUpdateFrame, *http2.GoAwayFrame:
+			k.handle(f)
+		case *http2.PriorityFrame, *http2.UnknownFrame:
+		default:
+			c.broken = fmt.Errorf("the peer sent %v on an idle connection", f.Header().Type)
+			return false
+		}
+	}
+	c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
+	if len(c.rest) > maxIdleBytes {
+		c.broken = errors.New("the peer sent more than a frame")
+		return false
+	}
+	if len(c.rest) == 0 {
+		c.rest = nil
+	}
+	// A peer that sends PINGs and reads nothing would fill the socket; the
+	// caller, watching many connections, must not wait long on one.
+	c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
+	defer c.nc.SetWriteDeadline(time.Time{})
+	if err := k.flush(); err != nil {
+		return false
+	}
+	return c.broken == nil
+}
+
+// idleWriteTimeout bounds Idle's answers to the peer.
+const idleWriteTimeout = 100 * time.Millisecond
+
 // aLongTimeAgo is a deadline that makes a blocked read or write return now.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -227,7 +334,8 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 	c.next += 2
 
 	dl, hasDeadline := ctx.Deadline()
-	c.nc.SetDeadline(dl) // the zero time when there is none: no deadline
+	c.nc.SetDeadline(dl)                // the zero time when there is none: no deadline
+	defer c.nc.SetDeadline(time.Time{}) // after the cut below has stopped: Idle reads with none
 	defer c.cutOnDone(ctx)()
 
 	call := call{c: c, stream: stream, maxRecv: maxRecv}
@@ -285,6 +393,11 @@ func (k *call) release() {
 	}
 	k.br.Reset(nil)
 	readers.Put(k.br)
+	if len(k.c.rest) > 0 && k.c.broken == nil {
+		// What came after the answer (a PING, a GOAWAY) will not make the
+		// socket readable again: handle it now.
+		k.c.idleFrames()
+	}
 }
 
 // fail marks the connection unusable and returns the call's error.

@@ -1049,3 +1049,128 @@ func TestHostilePeer(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleGracefulStop: a server stopping gracefully sends an idle
+// connection GOAWAY (and a PING) and waits; Idle finds the connection
+// unusable, and closing it lets GracefulStop end at once.
+func TestIdleGracefulStop(t *testing.T) {
+	srv, path := newServer(t, registration{})
+	t.Cleanup(srv.Stop)
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Idle() {
+		t.Fatal("Idle on a quiet connection: not usable")
+	}
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	waitReadable(t, c)
+	if c.Idle() {
+		t.Error("Idle after GOAWAY: still usable")
+	}
+	c.Close()
+	select {
+	case <-stopped:
+	case <-time.After(time.Second): // grpc-go waits 5 s for an answer to its PING, then 1 s more
+		t.Fatal("GracefulStop did not end within 1s of the connection closing")
+	}
+}
+
+// TestIdlePing: PINGs sent to an idle connection are answered, even when a
+// frame arrives in pieces; an answer when no call is in flight breaks the
+// connection.
+func TestIdlePing(t *testing.T) {
+	step := make(chan string)
+	next := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.answer(p.readRequest(getInfo, true), peerInfo)
+		<-next // not in the same read as the answer: see TestPingAfterAnswer
+
+		p.check(p.fr.WritePing(false, [8]byte{'w', 'h', 'o', 'l', 'e'}))
+		ack := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
+		step <- fmt.Sprintf("ack %v %s", ack.IsAck(), bytes.TrimRight(ack.Data[:], "\x00"))
+
+		var b bytes.Buffer
+		http2.NewFramer(&b, nil).WritePing(false, [8]byte{'s', 'p', 'l', 'i', 't'})
+		_, err := p.nc.Write(b.Bytes()[:10])
+		p.check(err)
+		step <- "half"
+		<-next
+		_, err = p.nc.Write(b.Bytes()[10:])
+		p.check(err)
+		ack = p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
+		step <- fmt.Sprintf("ack %v %s", ack.IsAck(), bytes.TrimRight(ack.Data[:], "\x00"))
+
+		p.headers(99, true, okHeaders...)
+		step <- "headers"
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	idle := func(want bool) {
+		t.Helper()
+		waitReadable(t, c)
+		if got := c.Idle(); got != want {
+			t.Fatalf("Idle() = %v, want %v (%v)", got, want, c.broken)
+		}
+	}
+	next <- struct{}{}
+	idle(true)
+	if got := recv(t, step); got != "ack true whole" {
+		t.Errorf("the peer got %q, want a PING ACK with its data", got)
+	}
+	if got := recv(t, step); got != "half" {
+		t.Fatal(got)
+	}
+	idle(true) // half a frame: kept for later
+	next <- struct{}{}
+	idle(true)
+	if got := recv(t, step); got != "ack true split" {
+		t.Errorf("the peer got %q, want a PING ACK with its data", got)
+	}
+	if got := recv(t, step); got != "headers" {
+		t.Fatal(got)
+	}
+	idle(false)
+	if c.Usable() {
+		t.Error("usable after an answer to no call")
+	}
+}
+
+// TestPingAfterAnswer: a PING that came with the answer, read with it, is
+// answered before the call returns: the socket will not be readable again
+// for it.
+func TestPingAfterAnswer(t *testing.T) {
+	acked := make(chan bool)
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.headers(s, false, okHeaders...)
+		p.message(s, peerInfo)
+		p.buf.Reset()
+		p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
+		var b bytes.Buffer
+		fr := http2.NewFramer(&b, nil)
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: p.buf.Bytes(), EndHeaders: true, EndStream: true})
+		fr.WritePing(false, [8]byte{'a', 'f', 't', 'e', 'r'})
+		_, err := p.nc.Write(b.Bytes()) // trailers and PING in one write
+		p.check(err)
+		ack := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
+		acked <- ack.IsAck() && string(bytes.TrimRight(ack.Data[:], "\x00")) == "after"
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	if !recv(t, acked) {
+		t.Error("the PING that came with the answer was not acknowledged with its data")
+	}
+}
