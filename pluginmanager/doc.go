@@ -33,6 +33,12 @@
 // Every RPC and every handler call has a deadline, and everything a plugin
 // sends is bounded in size.
 //
+// A registered plugin is watched (Options.ProbeInterval): the manager keeps
+// the connection it registered over open, so a plugin whose process dies is
+// Unhealthy the moment the kernel hangs that connection up, and asks GetInfo
+// on it periodically to catch a wedged one. The kubelet never looks at a
+// registered plugin again.
+//
 // Several sockets may register the same (type, name), as the old and new
 // instances of a driver do during a rolling update; each is its own
 // registration, and PluginStatus.Newest marks the most recent.

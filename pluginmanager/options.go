@@ -65,12 +65,15 @@ type Options struct {
 	Observe bool
 
 	// ProbeInterval is how often each registered plugin is asked GetInfo,
-	// with jitter, to tell a live plugin from a dead one. Between probes the
-	// manager keeps one idle connection to each registered socket: when the
-	// plugin's process goes, the kernel hangs it up and the plugin is probed
-	// at once. A plugin that fails a probe is Unhealthy at once; one that
-	// answers with different info is a new plugin. Zero means 10s (30s when
-	// observing); negative disables both probes and the connection watch.
+	// with jitter, to tell a live plugin from a dead one; probes due within
+	// a tenth of it (at most a second) run together. The manager keeps the
+	// connection each plugin registered over open, and probes over it; idle
+	// between probes, it tells at once when the plugin's process goes (the
+	// kernel hangs it up) and the plugin is probed then. A plugin that
+	// closes it is asked again on a new one. A plugin that fails a probe is
+	// Unhealthy at once; one that answers with different info is a new
+	// plugin. Zero means 10s (30s when observing, which keeps no
+	// connection); negative disables both probes and the connection watch.
 	ProbeInterval time.Duration
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
