@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"time"
 )
 
 // The managers under test, by the name the benchmark reports them under.
@@ -38,6 +39,17 @@ func buildManagers(dir string, names []string) error {
 	return nil
 }
 
+// probeInterval is the liveness probe interval plugd runs with: its
+// default, passed explicitly so that the table's label says what ran.
+const probeInterval = 10 * time.Second
+
+// probeSettle is how long after a burst plugd's probing reaches its steady
+// state: a plugin's first probe comes up to 10% later than the interval
+// (jitter), then up to a tenth of it more (probes are batched on that grid).
+// An idle window that began sooner would see only some of the first probes,
+// and how many would depend on where the grid fell.
+const probeSettle = probeInterval + probeInterval/10 + probeInterval/10
+
 // launch says which manager a session runs, and how.
 type launch struct {
 	bin     string // directory of the manager binaries
@@ -52,7 +64,10 @@ func (l launch) command(dir string) (string, []string) {
 		args = append(args, "-cpuprofile", l.profile+".cpu.pprof", "-memprofile", l.profile+".heap.pprof")
 	}
 	pkg := l.name
-	if l.name == plugdNoProbe {
+	switch l.name {
+	case plugd:
+		args = append(args, "-probe-interval="+probeInterval.String())
+	case plugdNoProbe:
 		pkg = plugd
 		args = append(args, "-probe-interval=-1ns")
 	}

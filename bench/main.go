@@ -61,7 +61,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.DurationVar(&cfg.gap, "gap", time.Second, "a one-at-a-time plugin appears after a random pause below this, so that it lands at a random point of the kubelet's 1s loop")
 	fs.StringVar(&burstList, "burst", "1000,5000", "plugin counts for the burst and idle scenarios, comma-separated (empty skips them)")
 	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "window over which idle CPU is measured after each burst (0 skips idle)")
-	fs.DurationVar(&cfg.settle, "settle", time.Second, "pause between a burst's last registration and the idle window")
+	fs.DurationVar(&cfg.settle, "settle", time.Second, "pause between a burst's last registration and the idle window (for plugd with probing on, at least its steady state, 12s)")
 	fs.IntVar(&cfg.churn, "churn", 10, "sockets removed and re-created one at a time in the churn scenario (0 skips it)")
 	fs.IntVar(&cfg.churnBase, "churn-base", 100, "plugins registered during the churn scenario")
 	fs.DurationVar(&cfg.timeout, "timeout", 2*time.Minute, "longest wait for plugins to be registered before the benchmark fails")

@@ -122,7 +122,7 @@ func table(cfg *config, m medianSet) []row {
 		add("churn: re-registered p99 (ms)", "churn", "p99_ms", plugd, target{})
 	}
 	if cfg.idle > 0 {
-		probing := []struct{ as, label string }{{plugd, "probing 10s"}, {plugdNoProbe, "probing off"}}
+		probing := []struct{ as, label string }{{plugd, "probing " + probeInterval.String()}, {plugdNoProbe, "probing off"}}
 		for _, n := range cfg.bursts {
 			sc := burstScenario(n)
 			for _, p := range probing {

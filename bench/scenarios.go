@@ -193,6 +193,9 @@ func burst(n int, settle, window time.Duration) func(*session) (map[string]float
 			"load_cpu_s": (load1 - load0).Seconds(),
 		}
 		if window > 0 {
+			if s.mgr.name == plugd {
+				settle = max(settle, probeSettle)
+			}
 			cpu, rss, err := s.idle(settle, window)
 			if err != nil {
 				return nil, err
