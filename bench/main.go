@@ -55,7 +55,7 @@ func main() {
 func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	cfg := &config{}
 	var managerList, burstList string
-	fs.IntVar(&cfg.runs, "runs", 5, "runs of every scenario for each manager; the table shows medians over runs")
+	fs.IntVar(&cfg.runs, "runs", 4, "runs of every scenario for each manager; the table shows medians over runs")
 	fs.StringVar(&managerList, "managers", plugd+","+kubelet, "managers to measure: plugd, kubelet, or both")
 	fs.IntVar(&cfg.latency, "latency", 25, "plugins placed one at a time in the latency scenario (0 skips it)")
 	fs.DurationVar(&cfg.gap, "gap", time.Second, "a one-at-a-time plugin appears after a random pause below this, so that it lands at a random point of the kubelet's 1s loop")
