@@ -69,7 +69,10 @@ func (h *hangups) watch(path string, conn *unaryconn.Conn) (*hangup, error) {
 		conn.Close()
 		return nil, errors.New("manager stopping")
 	}
-	h.next++
+	// An id is 32 bits (epoll's data), reused after 2^32 watches: skip
+	// the ones in use and the eventfd's -1.
+	for h.next++; h.next == -1 || h.byID[h.next] != nil; h.next++ {
+	}
 	w := &hangup{id: h.next, path: path, conn: conn, fd: fd}
 	ev := unix.EpollEvent{Events: watchedEvents, Pad: w.id}
 	if err := unix.EpollCtl(h.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
@@ -97,6 +100,14 @@ func (h *hangups) take(w *hangup) *unaryconn.Conn {
 	// whatever it had become.
 	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
 	return w.conn
+}
+
+// watching reports whether w is still in the set: not hung up, taken or
+// unwatched.
+func (h *hangups) watching(w *hangup) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.byID[w.id] == w
 }
 
 // unwatch stops watching w and closes its connection. w may be nil, and may

@@ -276,6 +276,11 @@ func (m *Manager) armHangup(ctx context.Context, path string, e *entry, conn *un
 			m.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
 			return
 		}
+		// No call went over it: Idle sends what the handshake still owes.
+		if !conn.Idle() {
+			conn.Close()
+			return
+		}
 	}
 	w, err := m.hangups.watch(path, conn)
 	if err != nil {
@@ -286,6 +291,12 @@ func (m *Manager) armHangup(ctx context.Context, path string, e *entry, conn *un
 	defer m.mu.Unlock()
 	if m.entries[path] != e || e.hang != nil || e.reg == nil {
 		m.hangups.unwatch(w) // replaced, gone or deregistered meanwhile, or already watched
+		return
+	}
+	if !m.hangups.watching(w) {
+		// Hung up before e held it: hungUp, not knowing w, let it pass.
+		e.probeDue = true
+		m.queue.add(path)
 		return
 	}
 	e.hang = w

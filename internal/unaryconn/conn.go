@@ -192,7 +192,12 @@ const maxIdleBytes = 9 + maxFrameSize
 // PING, and holds the connection, and its Stop, until the PING is answered
 // or the connection closed.
 func (c *Conn) Idle() bool {
-	c.mu.Lock()
+	if !c.mu.TryLock() {
+		// A call is in flight: it reads what came itself. Idle is meant
+		// for a goroutine watching many connections, which must not wait
+		// out one call's deadline.
+		return true
+	}
 	defer c.mu.Unlock()
 	if c.broken != nil {
 		return false
@@ -254,10 +259,17 @@ func (c *Conn) idleFrames() bool {
 			c.broken = fmt.Errorf("reading what the peer sent an idle connection: %w", err)
 			return false
 		}
-		switch f.(type) {
+		switch f := f.(type) {
 		case *http2.SettingsFrame, *http2.PingFrame, *http2.WindowUpdateFrame, *http2.GoAwayFrame:
 			k.handle(f)
 		case *http2.PriorityFrame, *http2.UnknownFrame:
+		case *http2.RSTStreamFrame:
+			// A server may reset a stream it has answered in full (RFC
+			// 9113 §8.1): harmless for a stream of ours that has ended.
+			if f.StreamID >= c.next {
+				c.broken = fmt.Errorf("the peer reset stream %d, which was never opened", f.StreamID)
+				return false
+			}
 		default:
 			c.broken = fmt.Errorf("the peer sent %v on an idle connection", f.Header().Type)
 			return false
@@ -270,6 +282,13 @@ func (c *Conn) idleFrames() bool {
 	}
 	if len(c.rest) == 0 {
 		c.rest = nil
+	}
+	if c.ackSettings {
+		// Normally sent with the first call; a connection left idle
+		// before one must not leave the peer's SETTINGS unacknowledged
+		// (some servers close such a connection after a while).
+		k.fr.WriteSettingsAck()
+		c.ackSettings = false
 	}
 	// A peer that sends PINGs and reads nothing would fill the socket; the
 	// caller, watching many connections, must not wait long on one.
@@ -528,8 +547,13 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 		}
 	case *http2.DataFrame:
 		c.credit += f.Length
+		if c.credit > connWindow {
+			return false, k.fail(codes.Internal, "the peer sent more than the flow-control window allows")
+		}
 		if f.StreamID != k.stream {
-			return false, nil // a late answer to a call given up on
+			// Every call that ends before its stream does breaks the
+			// connection, so no earlier stream has anything left to say.
+			return false, k.fail(codes.Internal, "the peer sent DATA on stream %d, which is not the call's", f.StreamID)
 		}
 		if !k.headers {
 			return false, k.fail(codes.Internal, "DATA before the answer's headers")

@@ -1174,3 +1174,106 @@ func TestPingAfterAnswer(t *testing.T) {
 		t.Error("the PING that came with the answer was not acknowledged with its data")
 	}
 }
+
+// TestIdleRSTAfterAnswer: a server may reset a stream it has answered in
+// full; on an idle connection that is no reason to drop it. A reset of a
+// stream never opened is.
+func TestIdleRSTAfterAnswer(t *testing.T) {
+	next := make(chan uint32)
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.answer(s, peerInfo)
+		<-next
+		p.check(p.fr.WriteRSTStream(s, http2.ErrCodeNo))
+		<-next
+		p.check(p.fr.WriteRSTStream(s+2, http2.ErrCodeNo))
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	next <- 0
+	waitReadable(t, c)
+	if !c.Idle() {
+		t.Errorf("unusable after RST_STREAM(NO_ERROR) of an answered stream: %v", c.broken)
+	}
+	next <- 0
+	waitReadable(t, c)
+	if c.Idle() {
+		t.Error("usable after RST_STREAM of a stream never opened")
+	}
+}
+
+// TestIdleDoesNotWaitForACall: Idle is for a goroutine that watches many
+// connections; a call in flight on this one must not hold it up.
+func TestIdleDoesNotWaitForACall(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	c := dial(t, serve(t, registration{getInfo: func(context.Context) (*registerapi.PluginInfo, error) {
+		close(started)
+		<-release
+		return peerInfo, nil
+	}}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := info(c, wait, 1<<16)
+		done <- err
+	}()
+	<-started
+	returned := make(chan bool)
+	go func() { returned <- c.Idle() }()
+	select {
+	case usable := <-returned:
+		if !usable {
+			t.Error("Idle during a call: unusable")
+		}
+	case <-time.After(wait):
+		t.Error("Idle waited for the call in flight")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}
+
+// TestIdleAcknowledgesSettings: a connection dialed and left idle, with no
+// call, still acknowledges the peer's SETTINGS when Idle runs.
+func TestIdleAcknowledgesSettings(t *testing.T) {
+	acked := make(chan bool)
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		preface := make([]byte, len(http2.ClientPreface))
+		_, err := io.ReadFull(p.nc, preface)
+		p.check(err)
+		p.started = true
+		f := p.readUntil(func(f http2.Frame) bool { sf, ok := f.(*http2.SettingsFrame); return ok && sf.IsAck() })
+		acked <- f != nil
+		p.drain()
+	})
+	c := dial(t, path)
+	if !c.Idle() {
+		t.Fatal(c.broken)
+	}
+	if !recv(t, acked) {
+		t.Error("no SETTINGS ACK")
+	}
+}
+
+// TestDataOnAnotherStream: DATA for a stream that is not the call's breaks
+// the connection: every earlier stream has ended.
+func TestDataOnAnotherStream(t *testing.T) {
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.headers(s, false, okHeaders...)
+		p.fr.WriteData(s+2, false, []byte("stray"))
+		p.drain()
+	})
+	c := dial(t, path)
+	_, err := info(c, wait, 1<<16)
+	wantCode(t, err, codes.Internal)
+	if c.Usable() {
+		t.Error("usable after DATA on another stream")
+	}
+}
