@@ -91,15 +91,22 @@ func (h *hangups) take(w *hangup) *unaryconn.Conn {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.byID[w.id] != w {
+	if !h.removeLocked(w) {
 		return nil
 	}
-	delete(h.byID, w.id)
-	// Out of the set before anyone may close the socket: a closed
-	// descriptor's number can be reused, and deleting it then would touch
-	// whatever it had become.
-	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
 	return w.conn
+}
+
+// removeLocked takes w out of the set, and reports whether it was in it. It
+// must come before anyone may close w's socket: a closed descriptor's number
+// can be reused, and deleting it then would touch whatever it had become.
+func (h *hangups) removeLocked(w *hangup) bool {
+	if h.byID[w.id] != w {
+		return false
+	}
+	delete(h.byID, w.id)
+	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+	return true
 }
 
 // watching reports whether w is still in the set: not hung up, taken or
@@ -122,12 +129,9 @@ func (h *hangups) unwatch(w *hangup) {
 }
 
 func (h *hangups) dropLocked(w *hangup) {
-	if h.byID[w.id] != w {
-		return
+	if h.removeLocked(w) {
+		w.conn.Close()
 	}
-	delete(h.byID, w.id)
-	unix.EpollCtl(h.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
-	w.conn.Close()
 }
 
 // watchedEvents are what the set waits for on each connection: the peer

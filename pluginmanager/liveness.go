@@ -14,9 +14,11 @@ import (
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
-// Liveness: every registered plugin has a probe timer of its own, so an idle
-// manager does no work per tick for all plugins; a probe is a GetInfo with a
-// deadline, run by the worker that holds the socket's path.
+// Liveness: every registered plugin has its next probe scheduled (batched
+// with the others due in the same step), so an idle manager does no work per
+// tick for all plugins; a probe is a GetInfo with a deadline, on the
+// connection the plugin registered over, run by the worker that holds the
+// socket's path.
 
 // scheduleProbeLocked arms e's next probe in about d (±10%). A routine probe
 // (batch) is put off to the end of its step of a grid a tenth of the probe
@@ -207,10 +209,7 @@ func (m *Manager) ask(ctx context.Context, path string, conn *unaryconn.Conn) (P
 			return Plugin{}, nil, err
 		}
 	}
-	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
-		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
-	conn, err := dial(dialCtx, path)
-	cancel()
+	conn, err := m.dial(ctx, path)
 	if err != nil {
 		return Plugin{}, nil, dialFailure{err}
 	}
@@ -268,10 +267,8 @@ func (m *Manager) armHangup(ctx context.Context, path string, e *entry, conn *un
 	}
 	if conn == nil || !conn.Usable() {
 		closeConn(conn)
-		dialCtx, cancel := context.WithTimeout(ctx, m.opts.DialTimeout)
 		var err error
-		conn, err = dial(dialCtx, path)
-		cancel()
+		conn, err = m.dial(ctx, path)
 		if err != nil {
 			m.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
 			return

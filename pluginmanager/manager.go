@@ -555,10 +555,7 @@ func (m *Manager) dueLocked(e *entry) bool {
 func (m *Manager) register(ctx context.Context, path string, e *entry) {
 	p := Plugin{Socket: path}
 
-	dialCtx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
-		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
-	conn, err := dial(dialCtx, path)
-	cancel()
+	conn, err := m.dial(ctx, path)
 	if err != nil {
 		m.fail(ctx, e, p, ReasonDial, err, false)
 		return
@@ -626,7 +623,7 @@ func (m *Manager) register(ctx context.Context, path string, e *entry) {
 
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
 		fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
-	conn, notifyErr := notify(notifyCtx, conn, path, true, "")
+	conn, notifyErr := m.notify(notifyCtx, conn, path, true, "")
 	cancel()
 
 	m.armHangup(ctx, path, e, conn)
@@ -656,7 +653,7 @@ func (m *Manager) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p 
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, m.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", m.opts.NotifyTimeout))
-		used, nerr := notify(notifyCtx, conn, p.Socket, false, err.Error())
+		used, nerr := m.notify(notifyCtx, conn, p.Socket, false, err.Error())
 		if nerr != nil {
 			m.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
 		}

@@ -34,12 +34,15 @@ type peer struct {
 	known         bool
 }
 
-// dial opens a connection to the registration socket at path: an HTTP/2
-// connection on which GetInfo, NotifyRegistrationStatus and later the
-// liveness probes are made (see unaryconn for why not a grpc-go ClientConn).
-// A refused connection fails at once with the dialer's error; one that is not
-// answered fails at ctx's deadline, with its cause.
-func dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+// dial opens a connection to the registration socket at path, within
+// DialTimeout: an HTTP/2 connection on which GetInfo, NotifyRegistrationStatus
+// and later the liveness probes are made (see unaryconn for why not a
+// grpc-go ClientConn). A refused connection fails at once with the dialer's
+// error; one that is not answered fails at the deadline, with its cause.
+func (m *Manager) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
+		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
+	defer cancel()
 	conn, err := unaryconn.Dial(ctx, path)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -157,7 +160,7 @@ func checkField(name, v string, max int, required bool) error {
 // slow handler let it idle), it dials again rather than fail. conn is
 // notify's: it returns the connection it used, open, or nil, and closes any
 // other.
-func notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
+func (m *Manager) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
@@ -177,7 +180,7 @@ func notify(ctx context.Context, conn *unaryconn.Conn, path string, registered b
 		// The connection broke under us.
 	}
 	conn.Close()
-	fresh, err := dial(ctx, path)
+	fresh, err := m.dial(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
