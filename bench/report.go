@@ -100,6 +100,12 @@ func ratioAtMost(limit float64, text string) target {
 	return target{text: text, needsKubelet: true, met: func(p, k float64) bool { return p/k <= limit }}
 }
 
+// idleFloor is the idle CPU (% of a core) below which a growth figure is not
+// judged: under a millisecond in a 10 s window is the Go runtime's own
+// housekeeping (plugd with probing off does nothing per plugin), and the
+// ratio of two such figures is noise.
+const idleFloor = 0.01
+
 // table makes the rows for the scenarios cfg ran.
 func table(cfg *config, m medianSet) []row {
 	var figs []figure
@@ -140,7 +146,11 @@ func table(cfg *config, m medianSet) []row {
 			lo, hi := cfg.bursts[0], cfg.bursts[len(cfg.bursts)-1]
 			linear := float64(hi) / float64(lo)
 			growth := func(as string) float64 {
-				return m.get(burstScenario(hi), as, "idle_cpu_pct") / m.get(burstScenario(lo), as, "idle_cpu_pct")
+				small := m.get(burstScenario(lo), as, "idle_cpu_pct")
+				if small < idleFloor {
+					return math.NaN() // shown as "-": nothing measurable grows
+				}
+				return m.get(burstScenario(hi), as, "idle_cpu_pct") / small
 			}
 			for _, p := range probing {
 				figs = append(figs, figure{
