@@ -94,6 +94,11 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 	c.dec.SetMaxStringLength(maxHeaderListSize)
 	if err := c.handshake(ctx); err != nil {
 		c.nc.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The socket's deadline is ctx's (or ctx's end cut it short),
+			// and may fire a moment before ctx reports it.
+			<-ctx.Done()
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("HTTP/2 handshake: %w", ctx.Err())
 		}
@@ -177,9 +182,6 @@ func (c *Conn) Usable() bool {
 	defer c.mu.Unlock()
 	return c.broken == nil
 }
-
-// maxIdleBytes bounds what Idle keeps of a frame not yet complete.
-const maxIdleBytes = 9 + maxFrameSize
 
 // Idle handles what the peer sent while no call was in flight, reading only
 // what has already arrived: PINGs and SETTINGS are answered, window updates
@@ -275,13 +277,11 @@ func (c *Conn) idleFrames() bool {
 			return false
 		}
 	}
-	c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
-	if len(c.rest) > maxIdleBytes {
-		c.broken = errors.New("the peer sent more than a frame")
-		return false
-	}
-	if len(c.rest) == 0 {
+	// What is left is less than a frame (its size was checked above).
+	if r.Len() == 0 {
 		c.rest = nil
+	} else {
+		c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
 	}
 	if c.ackSettings {
 		// Normally sent with the first call; a connection left idle
@@ -290,15 +290,21 @@ func (c *Conn) idleFrames() bool {
 		k.fr.WriteSettingsAck()
 		c.ackSettings = false
 	}
-	// A peer that sends PINGs and reads nothing would fill the socket; the
-	// caller, watching many connections, must not wait long on one.
-	c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
-	defer c.nc.SetWriteDeadline(time.Time{})
-	if err := k.flush(); err != nil {
-		return false
+	if k.out.Len() > 0 {
+		// A peer that sends PINGs and reads nothing would fill the socket;
+		// the caller, watching many connections, must not wait long on one.
+		c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
+		defer c.nc.SetWriteDeadline(time.Time{})
+		if err := k.flush(); err != nil {
+			return false
+		}
 	}
 	return c.broken == nil
 }
+
+// deadlineSkew is how far ahead of our deadline a peer's reset of the stream
+// is taken for the peer enforcing that deadline.
+const deadlineSkew = 50 * time.Millisecond
 
 // idleWriteTimeout bounds Idle's answers to the peer.
 const idleWriteTimeout = 100 * time.Millisecond
@@ -379,6 +385,13 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 		if ctx.Err() != nil {
 			// The deadline or the cancellation cut the call short, not the peer.
 			return status.FromContextError(ctx.Err()).Err()
+		}
+		if status.Code(err) == codes.Canceled && hasDeadline && time.Until(dl) < deadlineSkew {
+			// The peer enforces the deadline it was sent on its own clock
+			// and resets the stream (CANCEL) when it passes, which may be a
+			// moment before ours does. grpc-go reports that as the
+			// deadline too.
+			return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
 		}
 		return err
 	}

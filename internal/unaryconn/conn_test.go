@@ -723,6 +723,13 @@ func (p *peer) readData(s uint32) {
 	}
 }
 
+// readPing reads frames up to a PING and says what it was: "ack true
+// DATA" for an acknowledgement of the PING whose data was DATA.
+func (p *peer) readPing() string {
+	f := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
+	return fmt.Sprintf("ack %v %s", f.IsAck(), bytes.TrimRight(f.Data[:], "\x00"))
+}
+
 // drain reads until the client closes the connection.
 func (p *peer) drain() { io.Copy(io.Discard, p.nc) }
 
@@ -1092,8 +1099,7 @@ func TestIdlePing(t *testing.T) {
 		<-next // not in the same read as the answer: see TestPingAfterAnswer
 
 		p.check(p.fr.WritePing(false, [8]byte{'w', 'h', 'o', 'l', 'e'}))
-		ack := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
-		step <- fmt.Sprintf("ack %v %s", ack.IsAck(), bytes.TrimRight(ack.Data[:], "\x00"))
+		step <- p.readPing()
 
 		var b bytes.Buffer
 		http2.NewFramer(&b, nil).WritePing(false, [8]byte{'s', 'p', 'l', 'i', 't'})
@@ -1103,8 +1109,7 @@ func TestIdlePing(t *testing.T) {
 		<-next
 		_, err = p.nc.Write(b.Bytes()[10:])
 		p.check(err)
-		ack = p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
-		step <- fmt.Sprintf("ack %v %s", ack.IsAck(), bytes.TrimRight(ack.Data[:], "\x00"))
+		step <- p.readPing()
 
 		p.headers(99, true, okHeaders...)
 		step <- "headers"
@@ -1162,8 +1167,7 @@ func TestPingAfterAnswer(t *testing.T) {
 		fr.WritePing(false, [8]byte{'a', 'f', 't', 'e', 'r'})
 		_, err := p.nc.Write(b.Bytes()) // trailers and PING in one write
 		p.check(err)
-		ack := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame)
-		acked <- ack.IsAck() && string(bytes.TrimRight(ack.Data[:], "\x00")) == "after"
+		acked <- p.readPing() == "ack true after"
 		p.drain()
 	})
 	c := dial(t, path)
@@ -1179,7 +1183,7 @@ func TestPingAfterAnswer(t *testing.T) {
 // full; on an idle connection that is no reason to drop it. A reset of a
 // stream never opened is.
 func TestIdleRSTAfterAnswer(t *testing.T) {
-	next := make(chan uint32)
+	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
 		s := p.readRequest(getInfo, true)
@@ -1194,12 +1198,12 @@ func TestIdleRSTAfterAnswer(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	next <- 0
+	next <- struct{}{}
 	waitReadable(t, c)
 	if !c.Idle() {
 		t.Errorf("unusable after RST_STREAM(NO_ERROR) of an answered stream: %v", c.broken)
 	}
-	next <- 0
+	next <- struct{}{}
 	waitReadable(t, c)
 	if c.Idle() {
 		t.Error("usable after RST_STREAM of a stream never opened")
@@ -1275,5 +1279,34 @@ func TestDataOnAnotherStream(t *testing.T) {
 	wantCode(t, err, codes.Internal)
 	if c.Usable() {
 		t.Error("usable after DATA on another stream")
+	}
+}
+
+// TestPeerCancelAtTheDeadline: a server enforcing the grpc-timeout it was
+// sent resets the stream (CANCEL) when it passes on its clock, which may be
+// a moment before ours: that is the deadline, not a cancellation. A reset
+// well before the deadline stays Canceled.
+func TestPeerCancelAtTheDeadline(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // when the peer resets, from the request
+		want  codes.Code
+	}{
+		{"at the deadline", timeout - 20*time.Millisecond, codes.DeadlineExceeded},
+		{"long before", 0, codes.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := rawPeer(t, func(p *peer) {
+				p.hello()
+				s := p.readRequest(getInfo, true)
+				<-time.After(tc.after) // the server's own deadline timer
+				p.check(p.fr.WriteRSTStream(s, http2.ErrCodeCancel))
+				p.drain()
+			})
+			c := dial(t, path)
+			_, err := info(c, timeout, 1<<16)
+			wantCode(t, err, tc.want)
+		})
 	}
 }
