@@ -71,6 +71,8 @@ type Conn struct {
 	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
 	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
 	broken      error          // why no further call can be made; set once
+
+	now func() time.Time // the clock; tests set their own
 }
 
 // Dial connects to the unix socket at path and opens an HTTP/2 connection on
@@ -90,6 +92,7 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 		sendConn:  defaultWindow,
 		sendInit:  defaultWindow,
 		frameSize: maxFrameSize,
+		now:       time.Now,
 	}
 	c.dec.SetMaxStringLength(maxHeaderListSize)
 	if err := c.handshake(ctx); err != nil {
@@ -378,7 +381,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 	copy(msg[5:], body)
 	var timeout string
 	if hasDeadline {
-		timeout = encodeTimeout(time.Until(dl))
+		timeout = encodeTimeout(dl.Sub(c.now()))
 	}
 	answer, err := call.run(method, timeout, msg)
 	if err != nil {
@@ -386,7 +389,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 			// The deadline or the cancellation cut the call short, not the peer.
 			return status.FromContextError(ctx.Err()).Err()
 		}
-		if status.Code(err) == codes.Canceled && hasDeadline && time.Until(dl) < deadlineSkew {
+		if status.Code(err) == codes.Canceled && hasDeadline && dl.Sub(c.now()) < deadlineSkew {
 			// The peer enforces the deadline it was sent on its own clock
 			// and resets the stream (CANCEL) when it passes, which may be a
 			// moment before ours does. grpc-go reports that as the

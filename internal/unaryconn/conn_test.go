@@ -34,7 +34,10 @@ import (
 const notify = "/pluginregistration.Registration/NotifyRegistrationStatus"
 
 // wait bounds every wait in these tests that is not itself about a deadline.
-const wait = 5 * time.Second
+// It is only a failure bound, generous for a loaded machine: a test that
+// checks that something fails "at once" gives it wait as its deadline and
+// checks that the error is not the deadline's.
+const wait = 30 * time.Second
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -143,13 +146,12 @@ func TestManyCalls(t *testing.T) {
 	}))
 
 	// 600 GetInfo, 2.4 MB of answers, and after every other one a Notify
-	// with a 1,000-byte reason, 300 KB of requests.
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
+	// with a 1,000-byte reason, 300 KB of requests. Each call has a
+	// deadline of its own: one for all 600 was a race with the machine's load.
 	j := 1
 	for i := 1; i <= 600; i++ {
-		var resp registerapi.PluginInfo
-		if err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16); err != nil {
+		resp, err := info(c, wait, 1<<16)
+		if err != nil {
 			t.Fatalf("GetInfo %d: %v", i, err)
 		}
 		// Each answer is this call's, not a late one of an earlier call.
@@ -158,7 +160,10 @@ func TestManyCalls(t *testing.T) {
 		}
 		if i%2 == 0 {
 			req := &registerapi.RegistrationStatus{Error: reason(j)}
-			if err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16)
+			cancel()
+			if err != nil {
 				t.Fatalf("Notify %d: %v", j, err)
 			}
 			j++
@@ -271,16 +276,17 @@ func TestUnimplemented(t *testing.T) {
 // started when it has begun and what deadline it was given.
 func block(started chan<- deadline) func(context.Context) (*registerapi.PluginInfo, error) {
 	return func(ctx context.Context) (*registerapi.PluginInfo, error) {
+		now := time.Now()
 		dl, ok := ctx.Deadline()
-		started <- deadline{dl, ok}
+		started <- deadline{dl, now, ok}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
 }
 
 type deadline struct {
-	t  time.Time
-	ok bool
+	t, began time.Time // the handler's deadline, and when it began
+	ok       bool
 }
 
 func TestDeadline(t *testing.T) {
@@ -292,15 +298,23 @@ func TestDeadline(t *testing.T) {
 	_, err := info(c, timeout, 1<<16)
 	elapsed := time.Since(start)
 	wantCode(t, err, codes.DeadlineExceeded)
-	if elapsed < timeout || elapsed > time.Second {
-		t.Errorf("the call returned after %v, want about %v", elapsed, timeout)
+	if elapsed < timeout {
+		t.Errorf("the call returned after %v, before its deadline of %v", elapsed, timeout)
 	}
 	dl := recv(t, started)
 	if !dl.ok {
 		t.Fatal("the server's handler had no deadline: grpc-timeout was not sent")
 	}
-	if d := dl.t.Sub(start); d < timeout-10*time.Millisecond || d > timeout+100*time.Millisecond {
-		t.Errorf("the server's deadline was %v after the call began, want about %v", d, timeout)
+	// The server's deadline is when it read the request plus what it was
+	// sent; what was sent is at most the time left on ours. So it is at
+	// least ours (the server read the request after we sent it), and at
+	// most timeout after its handler began. Neither bound depends on how
+	// loaded the machine is.
+	if d := dl.t.Sub(start); d < timeout-time.Millisecond {
+		t.Errorf("the server's deadline was %v after the call began, before ours (%v)", d, timeout)
+	}
+	if late := dl.t.Sub(dl.began); late > timeout {
+		t.Errorf("the server's deadline was %v after its handler began, more than the %v the call had", late, timeout)
 	}
 }
 
@@ -369,12 +383,8 @@ func TestServerStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	start := time.Now()
 	_, err := info(c, wait, 1<<16)
-	wantCode(t, err, codes.Unavailable)
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("the call took %v to fail", d)
-	}
+	wantCode(t, err, codes.Unavailable) // at once: waiting would be DeadlineExceeded
 	if c.Usable() {
 		t.Error("the connection is usable after the server stopped")
 	}
@@ -398,14 +408,10 @@ func TestServerGracefulStop(t *testing.T) {
 	}()
 	waitReadable(t, c)
 
-	start := time.Now()
 	_, err := info(c, wait, 1<<16)
 	t.Logf("the call after GOAWAY: %v", err)
 	if err != nil {
-		wantCode(t, err, codes.Unavailable)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("the call took %v", d)
+		wantCode(t, err, codes.Unavailable) // not DeadlineExceeded: it did not wait
 	}
 	if c.Usable() {
 		t.Error("the connection is usable after GOAWAY")
@@ -831,8 +837,13 @@ func TestHostileDial(t *testing.T) {
 			if tc.want != nil && !errors.Is(err, tc.want) {
 				t.Errorf("Dial: %v, want %v", err, tc.want)
 			}
-			if limit := tc.timeout + 500*time.Millisecond; elapsed > limit || elapsed < tc.timeout {
-				t.Errorf("Dial failed after %v, want within [%v, %v]: %v", elapsed, tc.timeout, limit, err)
+			// Failing at once is failing before the deadline: a dial that
+			// waited for it would fail with it.
+			if tc.timeout == 0 && errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Dial waited for its deadline: %v", err)
+			}
+			if elapsed < tc.timeout {
+				t.Errorf("Dial failed after %v, before its deadline of %v: %v", elapsed, tc.timeout, err)
 			}
 		})
 	}
@@ -1030,15 +1041,13 @@ func TestHostilePeer(t *testing.T) {
 				ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
 			}
 			defer cancel()
-			// A call with no deadline of its own is still bounded.
+			// A call with no deadline of its own is still bounded: one
+			// that waited for that bound would fail Canceled, which no case
+			// wants.
 			stop := time.AfterFunc(wait, cancel)
 			defer stop.Stop()
-			start := time.Now()
 			var resp registerapi.PluginInfo
 			err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16)
-			if elapsed, limit := time.Since(start), min(tc.timeout, 200*time.Millisecond)+500*time.Millisecond; elapsed > limit {
-				t.Errorf("the call took %v", elapsed)
-			}
 			if tc.want == codes.OK {
 				if err != nil {
 					t.Fatal(err)
@@ -1080,11 +1089,7 @@ func TestIdleGracefulStop(t *testing.T) {
 		t.Error("Idle after GOAWAY: still usable")
 	}
 	c.Close()
-	select {
-	case <-stopped:
-	case <-time.After(time.Second): // grpc-go waits 5 s for an answer to its PING, then 1 s more
-		t.Fatal("GracefulStop did not end within 1s of the connection closing")
-	}
+	recv(t, stopped)
 }
 
 // TestIdlePing: PINGs sent to an idle connection are answered, even when a
@@ -1285,27 +1290,30 @@ func TestDataOnAnotherStream(t *testing.T) {
 // TestPeerCancelAtTheDeadline: a server enforcing the grpc-timeout it was
 // sent resets the stream (CANCEL) when it passes on its clock, which may be
 // a moment before ours: that is the deadline, not a cancellation. A reset
-// well before the deadline stays Canceled.
+// well before the deadline stays Canceled. The peer resets at once; the
+// connection's clock says how far the deadline is.
 func TestPeerCancelAtTheDeadline(t *testing.T) {
-	const timeout = 300 * time.Millisecond
 	for _, tc := range []struct {
-		name  string
-		after time.Duration // when the peer resets, from the request
-		want  codes.Code
+		name string
+		left time.Duration // what the clock says is left of the call's deadline when the reset comes
+		want codes.Code
 	}{
-		{"at the deadline", timeout - 20*time.Millisecond, codes.DeadlineExceeded},
-		{"long before", 0, codes.Canceled},
+		{"at the deadline", 20 * time.Millisecond, codes.DeadlineExceeded},
+		{"long before", wait, codes.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := rawPeer(t, func(p *peer) {
 				p.hello()
 				s := p.readRequest(getInfo, true)
-				<-time.After(tc.after) // the server's own deadline timer
 				p.check(p.fr.WriteRSTStream(s, http2.ErrCodeCancel))
 				p.drain()
 			})
 			c := dial(t, path)
-			_, err := info(c, timeout, 1<<16)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			dl, _ := ctx.Deadline()
+			c.now = func() time.Time { return dl.Add(-tc.left) }
+			err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &registerapi.PluginInfo{}, 1<<16)
 			wantCode(t, err, tc.want)
 		})
 	}
