@@ -132,15 +132,18 @@ func (c *Conn) handshake(ctx context.Context) error {
 		return err
 	}
 	f, err := fr.ReadFrame()
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return errors.New("the peer closed the connection without a word")
+	if errors.Is(err, io.EOF) {
+		return hangupError("the peer closed the connection without a word")
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
 	}
 	if err != nil {
-		return fmt.Errorf("the peer is not an HTTP/2 server: %w", err)
+		return frameError("the peer is not an HTTP/2 server", err)
 	}
 	sf, ok := f.(*http2.SettingsFrame)
 	if !ok || sf.IsAck() {
-		return fmt.Errorf("the peer is not an HTTP/2 server: its first frame is %v, not SETTINGS", f.Header().Type)
+		return protocolError("the peer is not an HTTP/2 server: its first frame is %v, not SETTINGS", f.Header().Type)
 	}
 	if _, err := c.settings(sf); err != nil {
 		return err
@@ -166,7 +169,7 @@ func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("bad SETTINGS from the peer: %w", err)
+		return 0, protocolError("bad SETTINGS from the peer: %v", err)
 	}
 	return windowDelta, nil
 }
@@ -233,7 +236,7 @@ func (c *Conn) Idle() bool {
 		case rerr != nil:
 			c.broken = rerr
 		case n == 0:
-			c.broken = errors.New("the peer closed the connection")
+			c.broken = hangupError("the peer closed the connection")
 		default:
 			c.rest = append(c.rest, buf[:n]...)
 			if !c.idleFrames() {
@@ -254,14 +257,14 @@ func (c *Conn) idleFrames() bool {
 	for r.Len() >= 9 {
 		b := c.rest[len(c.rest)-r.Len():]
 		if size := int(b[0])<<16 | int(b[1])<<8 | int(b[2]); size > maxFrameSize {
-			c.broken = fmt.Errorf("the peer sent a frame of %d bytes", size)
+			c.broken = protocolError("the peer sent a frame of %d bytes", size)
 			return false
 		} else if r.Len() < 9+size {
 			break
 		}
 		f, err := k.fr.ReadFrame()
 		if err != nil {
-			c.broken = fmt.Errorf("reading what the peer sent an idle connection: %w", err)
+			c.broken = frameError("reading what the peer sent an idle connection", err)
 			return false
 		}
 		switch f := f.(type) {
@@ -272,11 +275,11 @@ func (c *Conn) idleFrames() bool {
 			// A server may reset a stream it has answered in full (RFC
 			// 9113 §8.1): harmless for a stream of ours that has ended.
 			if f.StreamID >= c.next {
-				c.broken = fmt.Errorf("the peer reset stream %d, which was never opened", f.StreamID)
+				c.broken = protocolError("the peer reset stream %d, which was never opened", f.StreamID)
 				return false
 			}
 		default:
-			c.broken = fmt.Errorf("the peer sent %v on an idle connection", f.Header().Type)
+			c.broken = protocolError("the peer sent %v on an idle connection", f.Header().Type)
 			return false
 		}
 	}
@@ -342,21 +345,21 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) 
 func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Message, maxRecv int) error {
 	body, err := proto.Marshal(req)
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding the request: %v", err)
+		return newError(codes.Internal, nil, "encoding the request: %v", err)
 	}
 	maxRecv = min(maxRecv, MaxRecvSize)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken != nil {
-		return status.Errorf(codes.Unavailable, "connection unusable: %v", c.broken)
+		return unusable(c.broken)
 	}
 	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
+		return contextError(err)
 	}
 	if c.next > maxStreamID {
-		c.broken = errors.New("stream IDs exhausted")
-		return status.Errorf(codes.Unavailable, "connection unusable: %v", c.broken)
+		c.broken = hangupError("stream IDs exhausted")
+		return unusable(c.broken)
 	}
 	stream := c.next
 	c.next += 2
@@ -384,24 +387,27 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 		timeout = encodeTimeout(dl.Sub(c.now()))
 	}
 	answer, err := call.run(method, timeout, msg)
-	if err != nil {
-		if ctx.Err() != nil {
-			// The deadline or the cancellation cut the call short, not the peer.
-			return status.FromContextError(ctx.Err()).Err()
+	if err == nil {
+		if err := proto.Unmarshal(answer, resp); err != nil {
+			return also(protocolError("decoding the answer: %v", err), ErrMaybeDelivered)
 		}
-		if status.Code(err) == codes.Canceled && hasDeadline && dl.Sub(c.now()) < deadlineSkew {
-			// The peer enforces the deadline it was sent on its own clock
-			// and resets the stream (CANCEL) when it passes, which may be a
-			// moment before ours does. grpc-go reports that as the
-			// deadline too.
-			return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
-		}
-		return err
+		return nil
 	}
-	if err := proto.Unmarshal(answer, resp); err != nil {
-		return status.Errorf(codes.Internal, "decoding the answer: %v", err)
+	if ctx.Err() != nil {
+		// The deadline or the cancellation cut the call short, not the peer.
+		err = contextError(ctx.Err())
+	} else if status.Code(err) == codes.Canceled && hasDeadline && dl.Sub(c.now()) < deadlineSkew {
+		// The peer enforces the deadline it was sent on its own clock and
+		// resets the stream (CANCEL) when it passes, which may be a moment
+		// before ours does. grpc-go reports that as the deadline too.
+		err = contextError(context.DeadlineExceeded)
 	}
-	return nil
+	var ce *callError
+	if call.sent && errors.As(err, &ce) && !ce.unprocessed {
+		// Not the peer's answer, and the peer had the whole request.
+		err = also(err, ErrMaybeDelivered)
+	}
+	return err
 }
 
 // call is one unary call in flight.
@@ -416,6 +422,9 @@ type call struct {
 	headers bool   // the answer's headers have come
 	data    []byte // the answer's DATA, gRPC prefix included
 	window  int64  // what the peer's window for this stream lets us send
+
+	last bool // k.out holds the request's last DATA frame
+	sent bool // the whole request was written to the socket
 }
 
 // release keeps what the reader took past the call's last frame for the next
@@ -435,9 +444,8 @@ func (k *call) release() {
 	}
 }
 
-// fail marks the connection unusable and returns the call's error.
-func (k *call) fail(code codes.Code, format string, args ...any) error {
-	err := status.Errorf(code, format, args...)
+// fail marks the connection unusable because of err, and returns it.
+func (k *call) fail(err *callError) error {
 	if k.c.broken == nil {
 		k.c.broken = err
 	}
@@ -475,7 +483,8 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 			if n <= 0 {
 				break // until the peer's WINDOW_UPDATE
 			}
-			k.fr.WriteData(k.stream, n == int64(len(msg)), msg[:n])
+			k.last = n == int64(len(msg))
+			k.fr.WriteData(k.stream, k.last, msg[:n])
 			c.sendConn -= n
 			k.window -= n
 			msg = msg[n:]
@@ -502,28 +511,41 @@ func (k *call) flush() error {
 	_, err := k.c.nc.Write(k.out.Bytes())
 	k.out.Reset()
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return k.fail(codes.DeadlineExceeded, "could not send before the deadline")
+		return k.fail(newError(codes.DeadlineExceeded, context.DeadlineExceeded, "could not send before the deadline"))
 	}
 	if err != nil {
-		return k.fail(codes.Unavailable, "sending: %v", err)
+		// A write cut short did not deliver the request's last byte,
+		// which ends its buffer: the peer cannot have acted on it.
+		return k.fail(hangupError("sending: %v", err))
+	}
+	if k.last {
+		k.sent, k.last = true, false
 	}
 	return nil
 }
 
 func (k *call) readError(err error) error {
-	var se http2.StreamError
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// The socket's deadline is ctx's, which may not have fired yet.
-		return k.fail(codes.DeadlineExceeded, "no answer before the deadline")
-	case errors.As(err, &se) && se.StreamID == k.stream:
-		return k.fail(codes.Internal, "malformed answer: %v", err)
-	case errors.Is(err, http2.ErrFrameTooLarge):
-		return k.fail(codes.Internal, "the peer sent a frame larger than %d bytes", maxFrameSize)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return k.fail(codes.Unavailable, "connection closed before the answer")
+		return k.fail(newError(codes.DeadlineExceeded, context.DeadlineExceeded, "no answer before the deadline"))
 	}
-	return k.fail(codes.Unavailable, "reading the answer: %v", err)
+	return k.fail(frameError("reading the answer", err))
+}
+
+// frameError classifies an error of Framer.ReadFrame: the peer breaking
+// HTTP/2, or the connection failing under it.
+func frameError(doing string, err error) *callError {
+	var se http2.StreamError
+	var ce http2.ConnectionError
+	switch {
+	case errors.As(err, &se), errors.As(err, &ce):
+		return protocolError("%s: malformed: %v", doing, err)
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return protocolError("%s: the peer sent a frame larger than %d bytes", doing, maxFrameSize)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return hangupError("%s: the peer closed the connection", doing)
+	}
+	return hangupError("%s: %v", doing, err)
 }
 
 // handle takes one frame. It reports done when this call's stream has ended;
@@ -537,7 +559,7 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 		}
 		delta, err := c.settings(f)
 		if err != nil {
-			return false, k.fail(codes.Internal, "%v", err)
+			return false, k.fail(err.(*callError))
 		}
 		k.window += delta
 		k.fr.WriteSettingsAck()
@@ -553,40 +575,42 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			k.window += int64(f.Increment)
 		}
 	case *http2.GoAwayFrame:
-		c.broken = fmt.Errorf("the peer sent GOAWAY (%v)", f.ErrCode)
+		c.broken = goAwayError(f)
 		if k.stream > f.LastStreamID {
-			return true, status.Errorf(codes.Unavailable, "the peer is closing the connection (GOAWAY %v) and did not take the call", f.ErrCode)
+			e := goAwayError(f)
+			e.unprocessed = true
+			return true, e
 		}
 	case *http2.RSTStreamFrame:
 		if f.StreamID == k.stream {
-			return true, status.Errorf(resetCode(f.ErrCode), "the peer reset the stream: %v", f.ErrCode)
+			return true, resetError(f.ErrCode)
 		}
 	case *http2.DataFrame:
 		c.credit += f.Length
 		if c.credit > connWindow {
-			return false, k.fail(codes.Internal, "the peer sent more than the flow-control window allows")
+			return false, k.fail(protocolError("the peer sent more than the flow-control window allows"))
 		}
 		if f.StreamID != k.stream {
 			// Every call that ends before its stream does breaks the
 			// connection, so no earlier stream has anything left to say.
-			return false, k.fail(codes.Internal, "the peer sent DATA on stream %d, which is not the call's", f.StreamID)
+			return false, k.fail(protocolError("the peer sent DATA on stream %d, which is not the call's", f.StreamID))
 		}
 		if !k.headers {
-			return false, k.fail(codes.Internal, "DATA before the answer's headers")
+			return false, k.fail(protocolError("DATA before the answer's headers"))
 		}
 		if len(k.data)+len(f.Data()) > 5+k.maxRecv {
-			return false, k.fail(codes.ResourceExhausted, "the answer is larger than the %d bytes allowed", k.maxRecv)
+			return false, k.fail(newError(codes.ResourceExhausted, nil, "the answer is larger than the %d bytes allowed", k.maxRecv))
 		}
 		k.data = append(k.data, f.Data()...)
 		if f.StreamEnded() {
-			return true, status.Error(codes.Internal, "the peer ended the stream without trailers")
+			return true, protocolError("the peer ended the stream without trailers")
 		}
 	case *http2.MetaHeadersFrame:
 		if f.StreamID != k.stream {
 			return false, nil
 		}
 		if f.Truncated {
-			return true, k.fail(codes.Internal, "the answer's headers are larger than %d bytes", maxHeaderListSize)
+			return true, k.fail(protocolError("the answer's headers are larger than %d bytes", maxHeaderListSize))
 		}
 		if !k.headers {
 			k.headers = true
@@ -601,11 +625,11 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			}
 			// Trailers-only: the status is in these headers.
 		} else if !f.StreamEnded() {
-			return true, k.fail(codes.Internal, "trailers without END_STREAM")
+			return true, k.fail(protocolError("trailers without END_STREAM"))
 		}
 		return true, trailerStatus(f)
 	case *http2.PushPromiseFrame:
-		return false, k.fail(codes.Internal, "the peer sent PUSH_PROMISE, which we disabled")
+		return false, k.fail(protocolError("the peer sent PUSH_PROMISE, which we disabled"))
 	}
 	return false, nil
 }
@@ -616,14 +640,14 @@ func (k *call) answer(err error) ([]byte, error) {
 		return nil, err
 	}
 	if len(k.data) < 5 {
-		return nil, status.Error(codes.Internal, "the peer ended the call without an answer")
+		return nil, protocolError("the peer ended the call without an answer")
 	}
 	if k.data[0] != 0 {
-		return nil, status.Error(codes.Internal, "the answer is compressed, which was not asked for")
+		return nil, protocolError("the answer is compressed, which was not asked for")
 	}
 	n := binary.BigEndian.Uint32(k.data[1:5])
 	if int64(n) != int64(len(k.data)-5) {
-		return nil, status.Errorf(codes.Internal, "the answer is not one message (prefix says %d bytes, %d came)", n, len(k.data)-5)
+		return nil, protocolError("the answer is not one message (prefix says %d bytes, %d came)", n, len(k.data)-5)
 	}
 	return k.data[5:], nil
 }
@@ -678,7 +702,7 @@ func responseHeaders(f *http2.MetaHeadersFrame) error {
 	if st != "200" {
 		code, err := strconv.Atoi(st)
 		if err != nil {
-			return status.Errorf(codes.Internal, "malformed HTTP status %q", st)
+			return protocolError("malformed HTTP status %q", st)
 		}
 		return status.Errorf(httpCode(code), "unexpected HTTP status %d", code)
 	}
@@ -689,7 +713,7 @@ func responseHeaders(f *http2.MetaHeadersFrame) error {
 		}
 	}
 	if ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
-		return status.Errorf(codes.Internal, "the answer's content-type %q is not gRPC's", ct)
+		return protocolError("the answer's content-type %q is not gRPC's", ct)
 	}
 	return nil
 }
@@ -707,11 +731,11 @@ func trailerStatus(f *http2.MetaHeadersFrame) error {
 		}
 	}
 	if !seen {
-		return status.Error(codes.Internal, "the answer's trailers have no grpc-status")
+		return protocolError("the answer's trailers have no grpc-status")
 	}
 	n, err := strconv.ParseUint(code, 10, 32)
 	if err != nil {
-		return status.Errorf(codes.Internal, "malformed grpc-status %q", code)
+		return protocolError("malformed grpc-status %q", code)
 	}
 	if n == 0 {
 		return nil
@@ -737,6 +761,39 @@ func decodeMessage(s string) string {
 		b = append(b, s[i])
 	}
 	return string(b)
+}
+
+// resetError is the failure of a call whose stream the peer reset.
+func resetError(e http2.ErrCode) *callError {
+	err := newError(resetCode(e), nil, "the peer reset the stream: %v", e)
+	switch {
+	case e == http2.ErrCodeRefusedStream:
+		// RFC 9113 §8.7: the stream was not processed; a retry is safe.
+		err.unprocessed = true
+	case blamesUs(e):
+		err.kinds = []error{ErrProtocol}
+	}
+	return err
+}
+
+// goAwayError is the peer's GOAWAY, with its code and debug data.
+func goAwayError(f *http2.GoAwayFrame) *callError {
+	err := hangupError("the peer sent GOAWAY (%v, last stream %d): %q", f.ErrCode, f.LastStreamID, f.DebugData())
+	if blamesUs(f.ErrCode) {
+		err.kinds = append(err.kinds, ErrProtocol)
+	}
+	return err
+}
+
+// blamesUs reports whether an RST_STREAM or GOAWAY error code says that our
+// side broke HTTP/2 (or that the peer failed to understand it).
+func blamesUs(e http2.ErrCode) bool {
+	switch e {
+	case http2.ErrCodeProtocol, http2.ErrCodeInternal, http2.ErrCodeFlowControl,
+		http2.ErrCodeStreamClosed, http2.ErrCodeFrameSize, http2.ErrCodeCompression:
+		return true
+	}
+	return false
 }
 
 // resetCode is the gRPC code for a stream the peer reset, as grpc-go maps it.
