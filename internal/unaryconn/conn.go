@@ -70,6 +70,7 @@ type Conn struct {
 	credit      uint32         // DATA received and not yet given back to the peer's window
 	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
 	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
+	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
 	broken      error          // why no further call can be made; set once
 
 	now func() time.Time // the clock; tests set their own
@@ -165,6 +166,12 @@ func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
 			c.sendInit = int64(s.Val)
 		case http2.SettingMaxFrameSize:
 			c.frameSize = s.Val
+		case http2.SettingHeaderTableSize:
+			// RFC 7541 §4.2: the next header block must begin with a
+			// dynamic table size update at most this. nghttp2 refuses a
+			// block without one (COMPRESSION_ERROR) once the size has
+			// been lowered; we send one whatever the value.
+			c.tableUpdate = true
 		}
 		return nil
 	})
@@ -469,9 +476,11 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 		k.fr.WriteWindowUpdate(0, c.credit)
 		c.credit = 0
 	}
+	block := requestHeaders(method, timeout, c.tableUpdate)
+	c.tableUpdate = false
 	k.fr.WriteHeaders(http2.HeadersFrameParam{
 		StreamID:      k.stream,
-		BlockFragment: requestHeaders(method, timeout),
+		BlockFragment: block,
 		EndHeaders:    true,
 	})
 	for {
@@ -654,10 +663,14 @@ func (k *call) answer(err error) ([]byte, error) {
 
 // requestHeaders encodes a call's headers. Every field is sent "never
 // indexed", which leaves the peer's decoding table as it is: the encoder
-// needs no state kept between calls.
-func requestHeaders(method, timeout string) []byte {
+// needs no state kept between calls. sizeUpdate begins the block with a
+// dynamic table size update to 0: our encoder uses no table.
+func requestHeaders(method, timeout string, sizeUpdate bool) []byte {
 	var b bytes.Buffer
 	enc := hpack.NewEncoder(&b)
+	if sizeUpdate {
+		enc.SetMaxDynamicTableSizeLimit(0) // written with the first field
+	}
 	field := func(name, value string) {
 		enc.WriteField(hpack.HeaderField{Name: name, Value: value, Sensitive: true})
 	}

@@ -580,8 +580,9 @@ type peer struct {
 	enc *hpack.Encoder
 	buf bytes.Buffer // the encoder's output
 
-	started bool // the client's preface has been read
-	acks    int  // SETTINGS ACKs read
+	started     bool              // the client's preface has been read
+	acks        int               // SETTINGS ACKs read
+	lastRequest map[string]string // the last request's headers
 }
 
 // rawPeer listens on a new unix socket, runs script on the first connection
@@ -659,16 +660,7 @@ func (p *peer) readUntil(want func(http2.Frame) bool) http2.Frame {
 // stream. deadline says whether the call had one.
 func (p *peer) readHeaders(method string, deadline bool) uint32 {
 	if !p.started {
-		p.started = true
-		preface := make([]byte, len(http2.ClientPreface))
-		_, err := io.ReadFull(p.nc, preface)
-		p.check(err)
-		if string(preface) != http2.ClientPreface {
-			p.fatalf("got preface %q", preface)
-		}
-		if f, ok := p.readFrame().(*http2.SettingsFrame); !ok || f.IsAck() {
-			p.fatalf("the client's first frame is %v, not SETTINGS", f)
-		}
+		p.readPreface()
 	}
 	f := p.readUntil(func(f http2.Frame) bool {
 		switch f.(type) {
@@ -685,6 +677,7 @@ func (p *peer) readHeaders(method string, deadline bool) uint32 {
 	for _, hf := range h.Fields {
 		got[hf.Name] = hf.Value
 	}
+	p.lastRequest = got
 	for name, want := range map[string]string{
 		":method":      "POST",
 		":path":        method,
@@ -703,6 +696,20 @@ func (p *peer) readHeaders(method string, deadline bool) uint32 {
 		p.t.Errorf("malformed grpc-timeout %q", timeout)
 	}
 	return h.StreamID
+}
+
+// readPreface reads the client's preface and its SETTINGS.
+func (p *peer) readPreface() {
+	p.started = true
+	preface := make([]byte, len(http2.ClientPreface))
+	_, err := io.ReadFull(p.nc, preface)
+	p.check(err)
+	if string(preface) != http2.ClientPreface {
+		p.fatalf("got preface %q", preface)
+	}
+	if f, ok := p.readFrame().(*http2.SettingsFrame); !ok || f.IsAck() {
+		p.fatalf("the client's first frame is %v, not SETTINGS", f)
+	}
 }
 
 // readRequest reads a request, as readHeaders and then up to its last DATA.
