@@ -45,7 +45,7 @@ import (
 // Limits on what the peer may send, whatever a caller allows.
 const (
 	maxFrameSize      = 16 << 10 // HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which we never raise
-	maxHeaderListSize = 16 << 10 // headers or trailers of one answer, grpc-message included
+	maxHeaderListSize = 16 << 20 // headers or trailers of one answer, decoded, as HTTP/2 counts them: grpc-go's client default
 	streamWindow      = 1 << 18  // our SETTINGS_INITIAL_WINDOW_SIZE: room for any answer a caller may accept
 	connWindow        = 1 << 20  // our connection-level receive window
 	defaultWindow     = 65535    // HTTP/2's initial window, until SETTINGS say otherwise

@@ -4,9 +4,20 @@ package unaryconn
 // 12): each test here failed before the fix it is named after.
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 // TestHeaderTableSizeZero: a peer that sets SETTINGS_HEADER_TABLE_SIZE to 0,
@@ -43,5 +54,78 @@ func TestHeaderTableSizeZero(t *testing.T) {
 		if _, err := info(c, wait, 1<<16); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
+	}
+}
+
+// TestLargeTrailers: trailers of 20 KiB come in a HEADERS frame and a
+// CONTINUATION (our frames are at most 16 KiB), and are taken.
+func TestLargeTrailers(t *testing.T) {
+	msg := strings.Repeat("{}", 10<<10) // which Huffman coding would not shorten: 20 KiB on the wire
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.headers(s, false, okHeaders...)
+		p.message(s, peerInfo)
+		p.buf.Reset()
+		p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "9"})
+		p.enc.WriteField(hpack.HeaderField{Name: "grpc-message", Value: msg})
+		block := p.buf.Bytes()
+		p.check(p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: block[:16<<10], EndStream: true}))
+		p.check(p.fr.WriteContinuation(s, true, block[16<<10:]))
+		p.drain()
+	})
+	c := dial(t, path)
+	_, err := info(c, wait, 1<<16)
+	wantCode(t, err, codes.FailedPrecondition)
+	if got := status.Convert(err).Message(); got != msg {
+		t.Errorf("got a message of %d bytes, want %d", len(got), len(msg))
+	}
+	if !c.Usable() {
+		t.Error("unusable after large trailers")
+	}
+}
+
+// TestLargeMetadataGRPCGo: grpc-go's server refuses (RST_STREAM
+// INTERNAL_ERROR) to send headers larger than the client's
+// SETTINGS_MAX_HEADER_LIST_SIZE; 20 KiB of trailers and headers must fit.
+func TestLargeMetadataGRPCGo(t *testing.T) {
+	big := strings.Repeat("v", 20<<10)
+	c := dial(t, serve(t, registration{getInfo: func(ctx context.Context) (*registerapi.PluginInfo, error) {
+		grpc.SetHeader(ctx, metadata.Pairs("x-big-header", big))
+		grpc.SetTrailer(ctx, metadata.Pairs("x-big-trailer", big))
+		return peerInfo, nil
+	}}))
+	resp, err := info(c, wait, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(resp, peerInfo) {
+		t.Errorf("got %v", resp)
+	}
+}
+
+// TestHeaderListBound: headers are bounded, at grpc-go's client default
+// (16 MiB decoded). An HPACK "bomb", one 4 KiB entry of the dynamic table
+// referred to thousands of times, costs the peer a few bytes each.
+func TestHeaderListBound(t *testing.T) {
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.headers(s, false, okHeaders...)
+		p.message(s, peerInfo)
+		var b bytes.Buffer
+		enc := hpack.NewEncoder(&b)
+		enc.WriteField(hpack.HeaderField{Name: "x-bomb", Value: strings.Repeat("b", 4000)})
+		// The entry just indexed is dynamic index 1: HPACK index 62.
+		refs := bytes.Repeat([]byte{0x80 | 62}, (maxHeaderListSize/4000)+100)
+		block := append(b.Bytes(), refs...)
+		p.check(p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: block[:min(len(block), 16<<10)], EndHeaders: len(block) <= 16<<10, EndStream: true}))
+		p.drain()
+	})
+	c := dial(t, path)
+	_, err := info(c, wait, 1<<16)
+	wantCode(t, err, codes.Internal)
+	if !errors.Is(err, ErrProtocol) {
+		t.Errorf("%v is not ErrProtocol", err)
 	}
 }
