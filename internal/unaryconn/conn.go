@@ -21,6 +21,7 @@ package unaryconn
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -430,6 +431,8 @@ type call struct {
 	data    []byte // the answer's DATA, gRPC prefix included
 	window  int64  // what the peer's window for this stream lets us send
 
+	encoding string // the answer's grpc-encoding
+
 	last bool // k.out holds the request's last DATA frame
 	sent bool // the whole request was written to the socket
 }
@@ -623,7 +626,9 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 		}
 		if !k.headers {
 			k.headers = true
-			if err := responseHeaders(f); err != nil {
+			enc, err := responseHeaders(f)
+			k.encoding = enc
+			if err != nil {
 				if !f.StreamEnded() {
 					c.broken = err // the rest of the stream would follow
 				}
@@ -651,14 +656,43 @@ func (k *call) answer(err error) ([]byte, error) {
 	if len(k.data) < 5 {
 		return nil, protocolError("the peer ended the call without an answer")
 	}
-	if k.data[0] != 0 {
-		return nil, protocolError("the answer is compressed, which was not asked for")
-	}
 	n := binary.BigEndian.Uint32(k.data[1:5])
 	if int64(n) != int64(len(k.data)-5) {
 		return nil, protocolError("the answer is not one message (prefix says %d bytes, %d came)", n, len(k.data)-5)
 	}
-	return k.data[5:], nil
+	switch {
+	case k.data[0] == 0:
+		return k.data[5:], nil
+	case k.data[0] != 1:
+		return nil, protocolError("the answer's message has flags %#x, which gRPC does not define", k.data[0])
+	case k.encoding == "gzip":
+		return gunzip(k.data[5:], k.maxRecv)
+	case k.encoding == "" || k.encoding == "identity":
+		return nil, protocolError("the answer is compressed, but its grpc-encoding is %q", k.encoding)
+	}
+	return nil, protocolError("the answer is compressed with %q, which was not offered (grpc-accept-encoding: %s)", k.encoding, acceptEncoding)
+}
+
+// acceptEncoding is what we offer as grpc-accept-encoding: a server may
+// compress its answers with gzip, as it may to grpc-go's client, which
+// offers what is registered (gzip, where grpc/encoding/gzip is imported).
+// Some servers compress whatever the client offers.
+const acceptEncoding = "gzip"
+
+// gunzip decompresses an answer, of at most max bytes.
+func gunzip(b []byte, max int) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, protocolError("the answer's gzip is malformed: %v", err)
+	}
+	out, err := io.ReadAll(io.LimitReader(zr, int64(max)+1))
+	if err != nil {
+		return nil, protocolError("the answer's gzip is malformed: %v", err)
+	}
+	if len(out) > max {
+		return nil, newError(codes.ResourceExhausted, nil, "the answer, decompressed, is larger than the %d bytes allowed", max)
+	}
+	return out, nil
 }
 
 // requestHeaders encodes a call's headers. Every field is sent "never
@@ -680,6 +714,7 @@ func requestHeaders(method, timeout string, sizeUpdate bool) []byte {
 	field(":authority", "localhost")
 	field("content-type", "application/grpc")
 	field("te", "trailers")
+	field("grpc-accept-encoding", acceptEncoding)
 	if timeout != "" {
 		field("grpc-timeout", timeout)
 	}
@@ -710,25 +745,29 @@ func encodeTimeout(d time.Duration) string {
 
 // responseHeaders checks an answer's first headers: HTTP 200 and gRPC's
 // content type, or an error with the code gRPC gives for what came instead.
-func responseHeaders(f *http2.MetaHeadersFrame) error {
+// It returns the answer's grpc-encoding.
+func responseHeaders(f *http2.MetaHeadersFrame) (encoding string, err error) {
 	st := f.PseudoValue("status")
 	if st != "200" {
 		code, err := strconv.Atoi(st)
 		if err != nil {
-			return protocolError("malformed HTTP status %q", st)
+			return "", protocolError("malformed HTTP status %q", st)
 		}
-		return status.Errorf(httpCode(code), "unexpected HTTP status %d", code)
+		return "", status.Errorf(httpCode(code), "unexpected HTTP status %d", code)
 	}
 	var ct string
 	for _, hf := range f.RegularFields() {
-		if hf.Name == "content-type" {
+		switch hf.Name {
+		case "content-type":
 			ct = hf.Value
+		case "grpc-encoding":
+			encoding = hf.Value
 		}
 	}
 	if ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
-		return protocolError("the answer's content-type %q is not gRPC's", ct)
+		return "", protocolError("the answer's content-type %q is not gRPC's", ct)
 	}
-	return nil
+	return encoding, nil
 }
 
 // trailerStatus is the status the trailers carry.

@@ -5,7 +5,9 @@ package unaryconn
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -127,5 +129,84 @@ func TestHeaderListBound(t *testing.T) {
 	wantCode(t, err, codes.Internal)
 	if !errors.Is(err, ErrProtocol) {
 		t.Errorf("%v is not ErrProtocol", err)
+	}
+}
+
+// gzipped is m as a gRPC message compressed with gzip.
+func gzipped(t *testing.T, m []byte) []byte {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.Write(m)
+	zw.Close()
+	return append(binary.BigEndian.AppendUint32([]byte{1}, uint32(b.Len())), b.Bytes()...)
+}
+
+// TestForcedGzip: a server that compresses its answers whatever it is told.
+func TestForcedGzip(t *testing.T) {
+	c := dial(t, serve(t, registration{}, grpc.RPCCompressor(grpc.NewGZIPCompressor())))
+	resp, err := info(c, wait, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Name != "p" {
+		t.Errorf("got %v", resp)
+	}
+}
+
+// TestGzip: what a gzip answer may be, sent by a scripted peer, which also
+// checks that the request advertises gzip as grpc-go's does.
+func TestGzip(t *testing.T) {
+	plain, _ := proto.Marshal(peerInfo)
+	bomb := bytes.Repeat([]byte{0}, 10<<20)
+	for _, tc := range []struct {
+		name     string
+		encoding string
+		message  []byte // with its prefix
+		want     codes.Code
+		protocol bool
+	}{
+		{"gzip", "gzip", gzipped(t, plain), codes.OK, false},
+		{"gzip, uncompressed message", "gzip", append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(plain))), plain...), codes.OK, false},
+		{"bomb", "gzip", gzipped(t, bomb), codes.ResourceExhausted, false},
+		{"corrupt", "gzip", append(binary.BigEndian.AppendUint32([]byte{1}, 4), "oops"...), codes.Internal, true},
+		{"unknown encoding", "snappy", gzipped(t, plain), codes.Internal, true},
+		{"compressed, no encoding", "", gzipped(t, plain), codes.Internal, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := rawPeer(t, func(p *peer) {
+				p.hello()
+				s := p.readRequest(getInfo, true)
+				if got := p.lastRequest["grpc-accept-encoding"]; got != "gzip" {
+					p.t.Errorf("grpc-accept-encoding is %q, want gzip", got)
+				}
+				h := okHeaders
+				if tc.encoding != "" {
+					h = append(h[:len(h):len(h)], "grpc-encoding", tc.encoding)
+				}
+				p.headers(s, false, h...)
+				for m := tc.message; len(m) > 0; {
+					n := min(len(m), 16<<10)
+					p.check(p.fr.WriteData(s, false, m[:n]))
+					m = m[n:]
+				}
+				p.headers(s, true, "grpc-status", "0")
+				p.drain()
+			})
+			c := dial(t, path)
+			resp, err := info(c, wait, 1<<16)
+			if tc.want == codes.OK {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !proto.Equal(resp, peerInfo) {
+					t.Errorf("got %v", resp)
+				}
+				return
+			}
+			wantCode(t, err, tc.want)
+			if errors.Is(err, ErrProtocol) != tc.protocol {
+				t.Errorf("errors.Is(%v, ErrProtocol) = %v", err, !tc.protocol)
+			}
+		})
 	}
 }
