@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -70,6 +71,7 @@ type Conn struct {
 	sendInit    int64          // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	credit      uint32         // DATA received and not yet given back to the peer's window
 	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
+	maxStreams  uint32         // the peer's SETTINGS_MAX_CONCURRENT_STREAMS
 	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
 	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
 	broken      error          // why no further call can be made; set once
@@ -88,13 +90,14 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 		return nil, err
 	}
 	c := &Conn{
-		nc:        nc.(*net.UnixConn),
-		dec:       hpack.NewDecoder(4096, nil),
-		next:      1,
-		sendConn:  defaultWindow,
-		sendInit:  defaultWindow,
-		frameSize: maxFrameSize,
-		now:       time.Now,
+		nc:         nc.(*net.UnixConn),
+		dec:        hpack.NewDecoder(4096, nil),
+		next:       1,
+		sendConn:   defaultWindow,
+		sendInit:   defaultWindow,
+		frameSize:  maxFrameSize,
+		maxStreams: math.MaxUint32, // unlimited until the peer says
+		now:        time.Now,
 	}
 	c.dec.SetMaxStringLength(maxHeaderListSize)
 	if err := c.handshake(ctx); err != nil {
@@ -167,6 +170,8 @@ func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
 			c.sendInit = int64(s.Val)
 		case http2.SettingMaxFrameSize:
 			c.frameSize = s.Val
+		case http2.SettingMaxConcurrentStreams:
+			c.maxStreams = s.Val
 		case http2.SettingHeaderTableSize:
 			// RFC 7541 §4.2: the next header block must begin with a
 			// dynamic table size update at most this. nghttp2 refuses a
@@ -479,6 +484,9 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 		k.fr.WriteWindowUpdate(0, c.credit)
 		c.credit = 0
 	}
+	if err := k.waitForStream(); err != nil {
+		return nil, err
+	}
 	block := requestHeaders(method, timeout, c.tableUpdate)
 	c.tableUpdate = false
 	k.fr.WriteHeaders(http2.HeadersFrameParam{
@@ -513,6 +521,38 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 			return k.answer(err)
 		}
 	}
+}
+
+// waitForStream waits until the peer allows a stream. A peer may allow none
+// for a while (SETTINGS_MAX_CONCURRENT_STREAMS 0) and raise the limit
+// later; grpc-go's client waits for that within the call's deadline, and so
+// do we, answering what the peer sends meanwhile. Every earlier stream has
+// ended (a call that ends before its stream breaks the connection), so one
+// is allowed whenever the limit is not 0.
+func (k *call) waitForStream() error {
+	c := k.c
+	for c.maxStreams == 0 {
+		if err := k.flush(); err != nil {
+			return err
+		}
+		f, err := k.fr.ReadFrame()
+		if err != nil {
+			return k.readError(err)
+		}
+		if f.Header().StreamID == k.stream {
+			return k.fail(protocolError("the peer sent %v on stream %d, which was not opened", f.Header().Type, k.stream))
+		}
+		if _, err := k.handle(f); err != nil {
+			return err
+		}
+		if c.broken != nil {
+			// A GOAWAY came: the stream will never be allowed.
+			e := unusable(c.broken)
+			e.unprocessed = true
+			return e
+		}
+	}
+	return nil
 }
 
 // flush writes the frames queued so far.

@@ -110,7 +110,7 @@ func also(err error, kind error) error {
 // unusable is the error of a call made on a connection that an earlier
 // failure (why) left unusable: nothing was sent, so it matches what why
 // matches except ErrMaybeDelivered.
-func unusable(why error) error {
+func unusable(why error) *callError {
 	e := hangupError("connection unusable: %v", why)
 	e.kinds = nil
 	var ce *callError

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -209,4 +210,46 @@ func TestGzip(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMaxConcurrentStreamsZero: a peer that allows no stream until it says
+// otherwise. The call waits for the raise, reading what the peer sends
+// meanwhile (a PING here, whose ACK must come before any HEADERS), and opens
+// its stream only then.
+func TestMaxConcurrentStreamsZero(t *testing.T) {
+	path := rawPeer(t, func(p *peer) {
+		p.hello(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 0})
+		p.readPreface()
+		p.check(p.fr.WritePing(false, [8]byte{'w', 'a', 'i', 't'}))
+		f := p.readUntil(func(f http2.Frame) bool {
+			switch f.(type) {
+			case *http2.PingFrame, *http2.MetaHeadersFrame:
+				return true
+			}
+			return false
+		})
+		if h, ok := f.(*http2.MetaHeadersFrame); ok {
+			p.t.Errorf("the client opened stream %d, beyond SETTINGS_MAX_CONCURRENT_STREAMS 0", h.StreamID)
+			p.check(p.fr.WriteRSTStream(h.StreamID, http2.ErrCodeRefusedStream))
+			p.drain()
+			return
+		}
+		p.hello(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 1})
+		s := p.readRequest(getInfo, true)
+		p.answer(s, peerInfo)
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+
+	// Never raised: the deadline, and nothing was sent.
+	c = dial(t, rawPeer(t, func(p *peer) {
+		p.hello(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 0})
+		p.drain()
+	}))
+	_, err := info(c, 200*time.Millisecond, 1<<16)
+	wantCode(t, err, codes.DeadlineExceeded)
+	wantKinds(t, err, "DeadlineExceeded")
 }
