@@ -665,6 +665,14 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			return true, k.fail(protocolError("the answer's headers are larger than %d bytes", maxHeaderListSize))
 		}
 		if !k.headers {
+			if st := f.PseudoValue("status"); len(st) == 3 && st[0] == '1' {
+				// An interim answer (103 Early Hints, say): the real one
+				// follows (RFC 9113 §8.1). grpc-go skips them too.
+				if f.StreamEnded() {
+					return true, protocolError("an informational answer (HTTP %s) ended the stream", st)
+				}
+				return false, nil
+			}
 			k.headers = true
 			enc, err := responseHeaders(f)
 			k.encoding = enc

@@ -253,3 +253,28 @@ func TestMaxConcurrentStreamsZero(t *testing.T) {
 	wantCode(t, err, codes.DeadlineExceeded)
 	wantKinds(t, err, "DeadlineExceeded")
 }
+
+// TestInterimResponse: 1xx headers (103 Early Hints here) come before the
+// answer's and are skipped, as grpc-go does; one that ends the stream is
+// malformed.
+func TestInterimResponse(t *testing.T) {
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.headers(s, false, ":status", "103", "link", "</style.css>; rel=preload")
+		p.answer(s, peerInfo)
+		s = p.readRequest(getInfo, true)
+		p.headers(s, true, ":status", "100")
+		p.drain()
+	})
+	c := dial(t, path)
+	resp, err := info(c, wait, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(resp, peerInfo) {
+		t.Errorf("got %v", resp)
+	}
+	_, err = info(c, wait, 1<<16)
+	wantCode(t, err, codes.Internal)
+}
