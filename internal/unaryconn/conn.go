@@ -30,6 +30,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,7 @@ type Conn struct {
 	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
 	maxStreams  uint32         // the peer's SETTINGS_MAX_CONCURRENT_STREAMS
 	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
+	goAway      *callError     // the peer's GOAWAY, if one came
 	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
 	broken      error          // why no further call can be made; set once
 
@@ -577,11 +579,24 @@ func (k *call) flush() error {
 }
 
 func (k *call) readError(err error) error {
+	var e *callError
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// The socket's deadline is ctx's, which may not have fired yet.
-		return k.fail(newError(codes.DeadlineExceeded, context.DeadlineExceeded, "no answer before the deadline"))
+		e = newError(codes.DeadlineExceeded, context.DeadlineExceeded, "no answer before the deadline")
+	} else {
+		e = frameError("reading the answer", err)
 	}
-	return k.fail(frameError("reading the answer", err))
+	if g := k.c.goAway; g != nil {
+		// The GOAWAY said why the connection is ending: keep it.
+		kinds := slices.Clip(e.kinds)
+		for _, kind := range g.kinds {
+			if !slices.Contains(kinds, kind) {
+				kinds = append(kinds, kind)
+			}
+		}
+		e = &callError{st: status.Newf(e.st.Code(), "%s, after %s", e.st.Message(), g.st.Message()), kinds: kinds}
+	}
+	return k.fail(e)
 }
 
 // frameError classifies an error of Framer.ReadFrame: the peer breaking
@@ -627,7 +642,8 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			k.window += int64(f.Increment)
 		}
 	case *http2.GoAwayFrame:
-		c.broken = goAwayError(f)
+		c.goAway = goAwayError(f)
+		c.broken = c.goAway
 		if k.stream > f.LastStreamID {
 			e := goAwayError(f)
 			e.unprocessed = true

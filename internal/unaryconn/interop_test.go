@@ -278,3 +278,38 @@ func TestInterimResponse(t *testing.T) {
 	_, err = info(c, wait, 1<<16)
 	wantCode(t, err, codes.Internal)
 }
+
+// TestGoAway: a GOAWAY that does not cover the call fails it at once (a
+// call that waited would fail with the deadline), retryable, with the
+// GOAWAY's code and debug data; one that covers it lets the answer come,
+// and if the connection drops instead, the error says so.
+func TestGoAway(t *testing.T) {
+	c := dial(t, rawPeer(t, func(p *peer) {
+		p.hello()
+		p.readRequest(notify, true)
+		p.check(p.fr.WriteGoAway(0, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings")))
+		p.drain()
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	err := c.Invoke(ctx, notify, &registerapi.RegistrationStatus{}, &registerapi.RegistrationStatusResponse{}, 1<<16)
+	wantCode(t, err, codes.Unavailable)
+	wantKinds(t, err, "ErrHangup")
+	for _, want := range []string{"ENHANCE_YOUR_CALM", "too_many_pings"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v does not say %s", err, want)
+		}
+	}
+
+	c = dial(t, rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(notify, true)
+		p.check(p.fr.WriteGoAway(s, http2.ErrCodeInternal, []byte("shutting down")))
+	}))
+	err = c.Invoke(ctx, notify, &registerapi.RegistrationStatus{}, &registerapi.RegistrationStatusResponse{}, 1<<16)
+	wantCode(t, err, codes.Unavailable)
+	wantKinds(t, err, "ErrHangup", "ErrMaybeDelivered", "ErrProtocol")
+	if !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("%v does not say what the GOAWAY said", err)
+	}
+}
