@@ -1,21 +1,24 @@
 // Package unaryconn makes unary gRPC calls over one HTTP/2 connection to a
-// unix socket, one call at a time, with no goroutine of its own.
+// unix socket, one call at a time, and watches the connection while it is
+// idle.
 //
-// The plugin manager holds a connection to every registered plugin, so that a
-// liveness probe is one call on an open connection rather than a new gRPC
-// channel. A grpc-go ClientConn costs about half a millisecond of CPU to set
-// up and several goroutines for as long as it is open; with thousands of
-// plugins probed every few seconds that was most of the manager's idle cost,
-// and holding thousands of them open would cost more memory than the rest of
-// the manager. A Conn is a socket, a header decoder and a few counters; it
-// reads only while a call is in flight, so an idle one can be watched for a
-// hang-up by an epoll set shared by all (see SyscallConn).
+// The plugin manager holds a connection to every registered plugin, to hear
+// at once when the plugin goes away, and to call it again cheaply. A grpc-go
+// ClientConn costs about half a millisecond of CPU to set up and five
+// goroutines and about 45 KiB for as long as it is open, the standard
+// library's HTTP/2 ClientConn one goroutine and about 20 KiB; a Conn, while
+// no call is in flight, is a socket, a header decoder and a few counters,
+// and, once watched (Watch), one goroutine blocked in a small read: about
+// 3 KiB. bench/README.md has the figures, measured side by side.
 //
 // HTTP/2 framing and header compression are golang.org/x/net/http2's; this
 // package adds what a unary call needs on top of them: the gRPC message
-// prefix, the deadline sent as grpc-timeout, the status read from trailers,
-// flow-control credit, and answers to the peer's SETTINGS and PING. Failures
-// are gRPC status errors with the codes grpc-go would give.
+// prefix (gzip answers included), the deadline sent as grpc-timeout, the
+// status read from trailers, flow-control credit, and answers to the peer's
+// SETTINGS and PING. Failures are gRPC status errors with the codes grpc-go
+// would give, and match sentinels that say what to do next (ErrProtocol,
+// ErrHangup, ErrMaybeDelivered, ErrFlood). Whatever it does not speak is
+// ErrProtocol: a caller then makes the call with grpc-go.
 package unaryconn
 
 import (
@@ -34,12 +37,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -60,10 +63,18 @@ const (
 const MaxRecvSize = streamWindow - 5
 
 // Conn is one HTTP/2 connection carrying unary gRPC calls. Calls are made one
-// at a time; a call that finds another in flight waits for it.
+// at a time; a call that finds another in flight waits for it. All methods
+// are safe for concurrent use.
 type Conn struct {
-	nc *net.UnixConn
+	nc        *net.UnixConn
+	closeOnce sync.Once // closes nc: Close, or the watch at a hang-up
+	closeErr  error
 
+	callMu sync.Mutex // held for a call's length: one at a time
+
+	// mu guards what follows. A call holds it while it runs; the watch
+	// goroutine (see Watch) holds it while it handles what it read, not
+	// while it waits to read.
 	mu          sync.Mutex
 	dec         *hpack.Decoder // the peer's header compression state, which lasts as long as the connection
 	rest        []byte         // bytes read past the last call's last frame
@@ -77,6 +88,12 @@ type Conn struct {
 	goAway      *callError     // the peer's GOAWAY, if one came
 	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
 	broken      error          // why no further call can be made; set once
+	closed      bool           // Close was called
+	closing     atomic.Bool    // Close was called: set before it closes the socket, which the watch may see first
+
+	onHangup func(error) // Watch's callback, while the connection is watched
+	w        *watch      // the watch goroutine reading the idle connection, if one runs
+	flood    bucket      // what the peer may still send a watched connection
 
 	now func() time.Time // the clock; tests set their own
 }
@@ -193,72 +210,35 @@ func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
 // other end or to watch it for a hang-up while no call is in flight.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.nc.SyscallConn() }
 
-// Close closes the connection. A call in flight fails.
-func (c *Conn) Close() error { return c.nc.Close() }
+// Close closes the connection. A call in flight fails; a watch ends without
+// calling its onHangup (unless it was already doing so: Close and a hang-up
+// may cross). Close returns once the watch goroutine has let go of the
+// connection, and may be called more than once, and from onHangup.
+func (c *Conn) Close() error {
+	c.closing.Store(true)
+	err := c.closeSocket() // first, without c.mu: a call in flight fails at once
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.broken == nil {
+		c.broken = hangupError("closed by this side")
+	}
+	c.stopWatchLocked()
+	return err
+}
+
+// closeSocket closes the socket, once, and returns what that first close
+// returned.
+func (c *Conn) closeSocket() error {
+	c.closeOnce.Do(func() { c.closeErr = c.nc.Close() })
+	return c.closeErr
+}
 
 // Usable reports whether a call could be made: false once an error, the
 // peer's GOAWAY or a hang-up seen by a call left the connection unusable.
 func (c *Conn) Usable() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.broken == nil
-}
-
-// Idle handles what the peer sent while no call was in flight, reading only
-// what has already arrived: PINGs and SETTINGS are answered, window updates
-// taken. It reports whether the connection is still usable: a GOAWAY, the
-// peer's hang-up, or anything a peer should not send on an idle connection
-// (an answer, when no call is in flight) leaves it unusable.
-//
-// A caller watching idle connections for readability calls it when one is
-// readable: a gRPC server that is stopping gracefully sends GOAWAY and a
-// PING, and holds the connection, and its Stop, until the PING is answered
-// or the connection closed.
-func (c *Conn) Idle() bool {
-	if !c.mu.TryLock() {
-		// A call is in flight: it reads what came itself. Idle is meant
-		// for a goroutine watching many connections, which must not wait
-		// out one call's deadline.
-		return true
-	}
-	defer c.mu.Unlock()
-	if c.broken != nil {
-		return false
-	}
-	raw, err := c.nc.SyscallConn()
-	if err != nil {
-		c.broken = err
-		return false
-	}
-	var buf [4096]byte
-	// At most 64 KiB a call: a peer that never stops talking gets its turn
-	// again when its socket is found readable again, after the others'.
-	for range 16 {
-		if c.broken != nil {
-			return false
-		}
-		var n int
-		var rerr error
-		err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf[:], unix.MSG_DONTWAIT)
-			return true // never wait: only what has arrived
-		})
-		switch {
-		case err != nil:
-			c.broken = err
-		case rerr == unix.EAGAIN || rerr == unix.EINTR:
-			return c.idleFrames()
-		case rerr != nil:
-			c.broken = rerr
-		case n == 0:
-			c.broken = hangupError("the peer closed the connection")
-		default:
-			c.rest = append(c.rest, buf[:n]...)
-			if !c.idleFrames() {
-				return false
-			}
-		}
-	}
 	return c.broken == nil
 }
 
@@ -351,6 +331,8 @@ func (c *Conn) cutOnDone(ctx context.Context) (stop func()) {
 }
 
 // readers are reused between calls: an idle connection holds no buffer.
+// (The one a call uses reads ahead; what it read past the call's end is
+// kept in Conn.rest.)
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
 // Invoke calls method (as "/package.Service/Method") with req and decodes the
@@ -364,8 +346,17 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 	}
 	maxRecv = min(maxRecv, MaxRecvSize)
 
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.stopWatchLocked()
+	defer c.resumeWatchLocked() // after invoke's own deferred work
+	return c.invoke(ctx, method, body, resp, maxRecv)
+}
+
+// invoke is Invoke once the call has the connection to itself.
+func (c *Conn) invoke(ctx context.Context, method string, body []byte, resp proto.Message, maxRecv int) error {
 	if c.broken != nil {
 		return unusable(c.broken)
 	}
@@ -381,7 +372,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, req, resp proto.Messag
 
 	dl, hasDeadline := ctx.Deadline()
 	c.nc.SetDeadline(dl)                // the zero time when there is none: no deadline
-	defer c.nc.SetDeadline(time.Time{}) // after the cut below has stopped: Idle reads with none
+	defer c.nc.SetDeadline(time.Time{}) // after the cut below has stopped: the watch reads with none
 	defer c.cutOnDone(ctx)()
 
 	call := call{c: c, stream: stream, maxRecv: maxRecv}
