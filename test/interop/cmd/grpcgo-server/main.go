@@ -7,14 +7,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
-	"strings"
-	"sync"
 	"syscall"
 
 	"google.golang.org/grpc"
@@ -22,88 +19,61 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/test/interop/internal/server"
 )
 
-type server struct {
+type registration struct {
 	registerapi.UnimplementedRegistrationServer
-	info         *registerapi.PluginInfo
-	trailerBytes int
-	notifyError  string
+	server.Config
 }
 
-var out struct {
-	sync.Mutex
-	enc *json.Encoder
-}
-
-func emit(ev map[string]any) {
-	out.Lock()
-	defer out.Unlock()
-	out.enc.Encode(ev)
-}
-
-func (s *server) trailer(ctx context.Context) {
-	if s.trailerBytes > 0 {
-		grpc.SetTrailer(ctx, metadata.Pairs("x-interop-big", strings.Repeat("{}", s.trailerBytes/2))) // what Huffman coding does not shorten
+func (r *registration) trailer(ctx context.Context) {
+	if r.TrailerBytes > 0 {
+		grpc.SetTrailer(ctx, metadata.Pairs("x-interop-big", server.BigTrailer(r.TrailerBytes)))
 	}
 }
 
-func (s *server) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	emit(map[string]any{"event": "GetInfo"})
-	s.trailer(ctx)
-	return s.info, nil
+func (r *registration) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	server.Emit("GetInfo", nil)
+	r.trailer(ctx)
+	return r.Info, nil
 }
 
-func (s *server) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	emit(map[string]any{"event": "NotifyRegistrationStatus", "registered": st.PluginRegistered, "error": st.Error})
-	s.trailer(ctx)
-	if s.notifyError != "" {
-		return nil, status.Error(codes.FailedPrecondition, s.notifyError)
+func (r *registration) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	server.Emit("NotifyRegistrationStatus", map[string]any{"registered": st.PluginRegistered, "error": st.Error})
+	r.trailer(ctx)
+	if r.NotifyError != "" {
+		return nil, status.Error(codes.FailedPrecondition, r.NotifyError)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
 func main() {
-	out.enc = json.NewEncoder(os.Stdout)
-	socket := flag.String("socket", "", "unix socket to listen on")
-	typ := flag.String("type", "CSIPlugin", "PluginInfo.type")
-	name := flag.String("name", "interop.example.com", "PluginInfo.name")
-	endpoint := flag.String("endpoint", "", "PluginInfo.endpoint")
-	versions := flag.String("versions", "", "PluginInfo.supported_versions, comma-separated")
-	gzip := flag.Bool("gzip", false, "compress every answer with gzip, whatever the client offers")
-	trailerBytes := flag.Int("trailer-bytes", 0, "a trailer of this many bytes on every answer")
-	notifyError := flag.String("notify-error", "", "answer NotifyRegistrationStatus with this error")
+	config := server.Flags()
 	flag.Parse()
-
-	s := &server{
-		info:         &registerapi.PluginInfo{Type: *typ, Name: *name, Endpoint: *endpoint},
-		trailerBytes: *trailerBytes,
-		notifyError:  *notifyError,
-	}
-	if *versions != "" {
-		s.info.SupportedVersions = strings.Split(*versions, ",")
-	}
+	r := &registration{Config: config()}
 	var opts []grpc.ServerOption
-	if *gzip {
+	if r.Gzip {
 		opts = append(opts, grpc.RPCCompressor(grpc.NewGZIPCompressor())) //nolint:staticcheck // the forcing one, on purpose
 	}
-	l, err := net.Listen("unix", *socket)
+	l, err := net.Listen("unix", r.Socket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	srv := grpc.NewServer(opts...)
-	registerapi.RegisterRegistrationServer(srv, s)
+	registerapi.RegisterRegistrationServer(srv, r)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
 	go func() {
 		<-sigs
 		srv.GracefulStop()
 	}()
-	emit(map[string]any{"event": "listening"})
+	server.Emit("listening", nil)
 	if err := srv.Serve(l); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	emit(map[string]any{"event": "stopped"})
+	server.Emit("stopped", nil)
 }

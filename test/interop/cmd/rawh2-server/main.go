@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -29,41 +27,26 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/test/interop/internal/server"
 )
 
 var (
-	scenario     = flag.String("scenario", "", "how to misbehave (see package interop)")
-	socket       = flag.String("socket", "", "unix socket to listen on")
-	typ          = flag.String("type", "CSIPlugin", "PluginInfo.type")
-	name         = flag.String("name", "interop.example.com", "PluginInfo.name")
-	endpoint     = flag.String("endpoint", "", "PluginInfo.endpoint")
-	versions     = flag.String("versions", "", "PluginInfo.supported_versions, comma-separated")
-	gzipAll      = flag.Bool("gzip", false, "compress every answer with gzip (as -scenario gzip)")
-	trailerBytes = flag.Int("trailer-bytes", 0, "a trailer of this many bytes on every answer")
-	notifyError  = flag.String("notify-error", "", "answer NotifyRegistrationStatus with this error")
+	scenario = flag.String("scenario", "", "how to misbehave (see package interop)")
+	config   server.Config
 )
 
-var out struct {
-	sync.Mutex
-	enc *json.Encoder
-}
-
-func emit(ev map[string]any) {
-	out.Lock()
-	defer out.Unlock()
-	out.enc.Encode(ev)
-}
-
 func main() {
-	out.enc = json.NewEncoder(os.Stdout)
+	flags := server.Flags()
 	flag.Parse()
+	config = flags()
 	if *scenario == "trailers-20k" {
-		*trailerBytes = 20 << 10
+		config.TrailerBytes = 20 << 10
 	}
 	if *scenario == "gzip" {
-		*gzipAll = true
+		config.Gzip = true
 	}
-	l, err := net.Listen("unix", *socket)
+	l, err := net.Listen("unix", config.Socket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -81,10 +64,10 @@ func main() {
 			c.nc.Close()
 		}
 		mu.Unlock()
-		emit(map[string]any{"event": "stopped"})
+		server.Emit("stopped", nil)
 		os.Exit(0)
 	}()
-	emit(map[string]any{"event": "listening"})
+	server.Emit("listening", nil)
 	for i := 0; ; i++ {
 		nc, err := l.Accept()
 		if err != nil {
@@ -223,7 +206,7 @@ func (c *conn) serve() error {
 					return err
 				}
 			case *scenario == "ping":
-				emit(map[string]any{"event": "ping-ack", "message": string(bytes.TrimRight(f.Data[:], "\x00"))})
+				server.Emit("ping-ack", map[string]any{"message": string(bytes.TrimRight(f.Data[:], "\x00"))})
 			}
 		case *http2.HeadersFrame:
 			r, err := c.readHeaders(f)
@@ -276,7 +259,7 @@ func (c *conn) readHeaders(f *http2.HeadersFrame) (*request, error) {
 		// nghttp2, having lowered its table to 0, requires the HPACK
 		// dynamic table size update (to 0: 0x20) at the start of the
 		// first header block after, and fails the connection without one.
-		emit(map[string]any{"event": "compression-error"})
+		server.Emit("compression-error", nil)
 		c.write(func(fr *http2.Framer) error {
 			return fr.WriteGoAway(0, http2.ErrCodeCompression, []byte("expected a dynamic table size update"))
 		})
@@ -288,7 +271,7 @@ func (c *conn) readHeaders(f *http2.HeadersFrame) (*request, error) {
 	}
 	c.last.Store(f.StreamID)
 	if *scenario == "max-streams-0" && !c.raised {
-		emit(map[string]any{"event": "refused"})
+		server.Emit("refused", nil)
 		return nil, c.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream) })
 	}
 	r := &request{stream: f.StreamID}
@@ -313,9 +296,9 @@ func (c *conn) handle(r *request) error {
 	status, message := "0", ""
 	switch r.path {
 	case "/pluginregistration.Registration/GetInfo":
-		emit(map[string]any{"event": "GetInfo", "accept_encoding": r.accepts})
+		server.Emit("GetInfo", map[string]any{"accept_encoding": r.accepts})
 		if *scenario == "goaway-error" && c.index == 0 && !c.answered {
-			emit(map[string]any{"event": "goaway"})
+			server.Emit("goaway", nil)
 			c.answered = true // the next call on this connection is answered
 			last := uint32(0) // the streams before this one: not this one
 			if r.stream > 2 {
@@ -325,23 +308,19 @@ func (c *conn) handle(r *request) error {
 				return fr.WriteGoAway(last, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings"))
 			})
 		}
-		info := &registerapi.PluginInfo{Type: *typ, Name: *name, Endpoint: *endpoint}
-		if *versions != "" {
-			info.SupportedVersions = strings.Split(*versions, ",")
-		}
-		answer = info
+		answer = config.Info
 	case "/pluginregistration.Registration/NotifyRegistrationStatus":
 		var st registerapi.RegistrationStatus
 		if err := proto.Unmarshal(msg, &st); err != nil {
 			return err
 		}
-		emit(map[string]any{"event": "NotifyRegistrationStatus", "registered": st.PluginRegistered, "error": st.Error})
+		server.Emit("NotifyRegistrationStatus", map[string]any{"registered": st.PluginRegistered, "error": st.Error})
 		if *scenario == "drop-after-notify" {
 			return c.nc.Close()
 		}
 		answer = &registerapi.RegistrationStatusResponse{}
-		if *notifyError != "" {
-			status, message = "9", *notifyError
+		if config.NotifyError != "" {
+			status, message = "9", config.NotifyError
 		}
 	default:
 		return c.headers(r.stream, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "12", "grpc-message", "unknown method "+r.path)
@@ -358,7 +337,7 @@ func (c *conn) handle(r *request) error {
 		return err
 	}
 	flag := byte(0)
-	if *gzipAll {
+	if config.Gzip {
 		h = append(h, "grpc-encoding", "gzip")
 		var b bytes.Buffer
 		zw := gzip.NewWriter(&b)
@@ -377,8 +356,8 @@ func (c *conn) handle(r *request) error {
 	if message != "" {
 		t = append(t, "grpc-message", message)
 	}
-	if *trailerBytes > 0 {
-		t = append(t, "x-interop-big", strings.Repeat("{}", *trailerBytes/2)) // what Huffman coding does not shorten
+	if config.TrailerBytes > 0 {
+		t = append(t, "x-interop-big", server.BigTrailer(config.TrailerBytes))
 	}
 	if err := c.headers(r.stream, true, t...); err != nil {
 		return err
@@ -427,6 +406,6 @@ func (c *conn) afterFirstAnswer(stream uint32) {
 		for c.write(frame) == nil {
 			n++
 		}
-		emit(map[string]any{"event": "flood-end", "frames": n})
+		server.Emit("flood-end", map[string]any{"frames": n})
 	}()
 }
