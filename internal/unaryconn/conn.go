@@ -208,7 +208,8 @@ func (c *Conn) settings(f *http2.SettingsFrame) (windowDelta int64, err error) {
 }
 
 // SyscallConn gives access to the socket, to ask the kernel who is at the
-// other end or to watch it for a hang-up while no call is in flight.
+// other end (SO_PEERCRED). Watch, not the socket, is how to learn of a
+// hang-up.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.nc.SyscallConn() }
 
 // Close closes the connection. A call in flight fails; a watch ends without
@@ -293,8 +294,9 @@ func (c *Conn) idleFrames() bool {
 		c.ackSettings = false
 	}
 	if k.out.Len() > 0 {
-		// A peer that sends PINGs and reads nothing would fill the socket;
-		// the caller, watching many connections, must not wait long on one.
+		// A peer that sends PINGs and reads nothing would fill the socket:
+		// neither Idle's caller, watching many connections, nor a call
+		// taking the socket from the watch may wait long on it.
 		c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
 		defer c.nc.SetWriteDeadline(time.Time{})
 		if err := k.flush(); err != nil {
