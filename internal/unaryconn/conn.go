@@ -19,7 +19,7 @@
 // SETTINGS and PING. Failures are gRPC status errors with the codes grpc-go
 // would give, and match sentinels that say what to do next (ErrProtocol,
 // ErrHangup, ErrMaybeDelivered, ErrFlood). Whatever it does not speak is
-// ErrProtocol: a caller then makes the call with grpc-go.
+// ErrProtocol: a caller then makes the call with grpc-go (InvokeGRPC).
 package unaryconn
 
 import (
