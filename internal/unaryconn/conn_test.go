@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,7 +33,10 @@ import (
 const notify = "/pluginregistration.Registration/NotifyRegistrationStatus"
 
 // wait bounds every wait in these tests that is not itself about a deadline.
-const wait = 5 * time.Second
+// It is only a failure bound, generous for a loaded machine: a test that
+// checks that something fails "at once" gives it wait as its deadline and
+// checks that the error is not the deadline's.
+const wait = 30 * time.Second
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -143,13 +145,12 @@ func TestManyCalls(t *testing.T) {
 	}))
 
 	// 600 GetInfo, 2.4 MB of answers, and after every other one a Notify
-	// with a 1,000-byte reason, 300 KB of requests.
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
+	// with a 1,000-byte reason, 300 KB of requests. Each call has a
+	// deadline of its own: one for all 600 was a race with the machine's load.
 	j := 1
 	for i := 1; i <= 600; i++ {
-		var resp registerapi.PluginInfo
-		if err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16); err != nil {
+		resp, err := info(c, wait, 1<<16)
+		if err != nil {
 			t.Fatalf("GetInfo %d: %v", i, err)
 		}
 		// Each answer is this call's, not a late one of an earlier call.
@@ -158,7 +159,10 @@ func TestManyCalls(t *testing.T) {
 		}
 		if i%2 == 0 {
 			req := &registerapi.RegistrationStatus{Error: reason(j)}
-			if err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16)
+			cancel()
+			if err != nil {
 				t.Fatalf("Notify %d: %v", j, err)
 			}
 			j++
@@ -271,16 +275,17 @@ func TestUnimplemented(t *testing.T) {
 // started when it has begun and what deadline it was given.
 func block(started chan<- deadline) func(context.Context) (*registerapi.PluginInfo, error) {
 	return func(ctx context.Context) (*registerapi.PluginInfo, error) {
+		now := time.Now()
 		dl, ok := ctx.Deadline()
-		started <- deadline{dl, ok}
+		started <- deadline{dl, now, ok}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
 }
 
 type deadline struct {
-	t  time.Time
-	ok bool
+	t, began time.Time // the handler's deadline, and when it began
+	ok       bool
 }
 
 func TestDeadline(t *testing.T) {
@@ -292,15 +297,23 @@ func TestDeadline(t *testing.T) {
 	_, err := info(c, timeout, 1<<16)
 	elapsed := time.Since(start)
 	wantCode(t, err, codes.DeadlineExceeded)
-	if elapsed < timeout || elapsed > time.Second {
-		t.Errorf("the call returned after %v, want about %v", elapsed, timeout)
+	if elapsed < timeout {
+		t.Errorf("the call returned after %v, before its deadline of %v", elapsed, timeout)
 	}
 	dl := recv(t, started)
 	if !dl.ok {
 		t.Fatal("the server's handler had no deadline: grpc-timeout was not sent")
 	}
-	if d := dl.t.Sub(start); d < timeout-10*time.Millisecond || d > timeout+100*time.Millisecond {
-		t.Errorf("the server's deadline was %v after the call began, want about %v", d, timeout)
+	// The server's deadline is when it read the request plus what it was
+	// sent; what was sent is at most the time left on ours. So it is at
+	// least ours (the server read the request after we sent it), and at
+	// most timeout after its handler began. Neither bound depends on how
+	// loaded the machine is.
+	if d := dl.t.Sub(start); d < timeout-time.Millisecond {
+		t.Errorf("the server's deadline was %v after the call began, before ours (%v)", d, timeout)
+	}
+	if late := dl.t.Sub(dl.began); late > timeout {
+		t.Errorf("the server's deadline was %v after its handler began, more than the %v the call had", late, timeout)
 	}
 }
 
@@ -369,76 +382,10 @@ func TestServerStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	start := time.Now()
 	_, err := info(c, wait, 1<<16)
-	wantCode(t, err, codes.Unavailable)
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("the call took %v to fail", d)
-	}
+	wantCode(t, err, codes.Unavailable) // at once: waiting would be DeadlineExceeded
 	if c.Usable() {
 		t.Error("the connection is usable after the server stopped")
-	}
-}
-
-// TestServerGracefulStop makes a call after the server sent GOAWAY to an idle
-// connection. grpc-go's first GOAWAY is a warning that still lets streams
-// begin (the last stream ID is the largest), so the call may be answered;
-// either way the connection is then unusable and nothing hangs.
-func TestServerGracefulStop(t *testing.T) {
-	srv, path := newServer(t, registration{})
-	t.Cleanup(srv.Stop)
-	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	stopped := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(stopped)
-	}()
-	waitReadable(t, c)
-
-	start := time.Now()
-	_, err := info(c, wait, 1<<16)
-	t.Logf("the call after GOAWAY: %v", err)
-	if err != nil {
-		wantCode(t, err, codes.Unavailable)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("the call took %v", d)
-	}
-	if c.Usable() {
-		t.Error("the connection is usable after GOAWAY")
-	}
-	_, err = info(c, wait, 1<<16)
-	wantCode(t, err, codes.Unavailable)
-
-	c.Close()
-	recv(t, stopped)
-}
-
-// waitReadable waits until the peer has sent c something: GOAWAY, here.
-func waitReadable(t *testing.T, c *Conn) {
-	t.Helper()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int
-	err = rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			n, err = unix.Poll(fds, int(wait/time.Millisecond))
-			if !errors.Is(err, unix.EINTR) {
-				return
-			}
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n == 0 {
-		t.Fatal("timed out waiting for the server's GOAWAY")
 	}
 }
 
@@ -574,8 +521,9 @@ type peer struct {
 	enc *hpack.Encoder
 	buf bytes.Buffer // the encoder's output
 
-	started bool // the client's preface has been read
-	acks    int  // SETTINGS ACKs read
+	started     bool              // the client's preface has been read
+	acks        int               // SETTINGS ACKs read
+	lastRequest map[string]string // the last request's headers
 }
 
 // rawPeer listens on a new unix socket, runs script on the first connection
@@ -653,16 +601,7 @@ func (p *peer) readUntil(want func(http2.Frame) bool) http2.Frame {
 // stream. deadline says whether the call had one.
 func (p *peer) readHeaders(method string, deadline bool) uint32 {
 	if !p.started {
-		p.started = true
-		preface := make([]byte, len(http2.ClientPreface))
-		_, err := io.ReadFull(p.nc, preface)
-		p.check(err)
-		if string(preface) != http2.ClientPreface {
-			p.fatalf("got preface %q", preface)
-		}
-		if f, ok := p.readFrame().(*http2.SettingsFrame); !ok || f.IsAck() {
-			p.fatalf("the client's first frame is %v, not SETTINGS", f)
-		}
+		p.readPreface()
 	}
 	f := p.readUntil(func(f http2.Frame) bool {
 		switch f.(type) {
@@ -679,6 +618,7 @@ func (p *peer) readHeaders(method string, deadline bool) uint32 {
 	for _, hf := range h.Fields {
 		got[hf.Name] = hf.Value
 	}
+	p.lastRequest = got
 	for name, want := range map[string]string{
 		":method":      "POST",
 		":path":        method,
@@ -697,6 +637,20 @@ func (p *peer) readHeaders(method string, deadline bool) uint32 {
 		p.t.Errorf("malformed grpc-timeout %q", timeout)
 	}
 	return h.StreamID
+}
+
+// readPreface reads the client's preface and its SETTINGS.
+func (p *peer) readPreface() {
+	p.started = true
+	preface := make([]byte, len(http2.ClientPreface))
+	_, err := io.ReadFull(p.nc, preface)
+	p.check(err)
+	if string(preface) != http2.ClientPreface {
+		p.fatalf("got preface %q", preface)
+	}
+	if f, ok := p.readFrame().(*http2.SettingsFrame); !ok || f.IsAck() {
+		p.fatalf("the client's first frame is %v, not SETTINGS", f)
+	}
 }
 
 // readRequest reads a request, as readHeaders and then up to its last DATA.
@@ -831,8 +785,13 @@ func TestHostileDial(t *testing.T) {
 			if tc.want != nil && !errors.Is(err, tc.want) {
 				t.Errorf("Dial: %v, want %v", err, tc.want)
 			}
-			if limit := tc.timeout + 500*time.Millisecond; elapsed > limit || elapsed < tc.timeout {
-				t.Errorf("Dial failed after %v, want within [%v, %v]: %v", elapsed, tc.timeout, limit, err)
+			// Failing at once is failing before the deadline: a dial that
+			// waited for it would fail with it.
+			if tc.timeout == 0 && errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Dial waited for its deadline: %v", err)
+			}
+			if elapsed < tc.timeout {
+				t.Errorf("Dial failed after %v, before its deadline of %v: %v", elapsed, tc.timeout, err)
 			}
 		})
 	}
@@ -1030,15 +989,13 @@ func TestHostilePeer(t *testing.T) {
 				ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
 			}
 			defer cancel()
-			// A call with no deadline of its own is still bounded.
+			// A call with no deadline of its own is still bounded: one
+			// that waited for that bound would fail Canceled, which no case
+			// wants.
 			stop := time.AfterFunc(wait, cancel)
 			defer stop.Stop()
-			start := time.Now()
 			var resp registerapi.PluginInfo
 			err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16)
-			if elapsed, limit := time.Since(start), min(tc.timeout, 200*time.Millisecond)+500*time.Millisecond; elapsed > limit {
-				t.Errorf("the call took %v", elapsed)
-			}
 			if tc.want == codes.OK {
 				if err != nil {
 					t.Fatal(err)
@@ -1054,98 +1011,6 @@ func TestHostilePeer(t *testing.T) {
 			}
 			c.Close() // which ends the script's drain
 		})
-	}
-}
-
-// TestIdleGracefulStop: a server stopping gracefully sends an idle
-// connection GOAWAY (and a PING) and waits; Idle finds the connection
-// unusable, and closing it lets GracefulStop end at once.
-func TestIdleGracefulStop(t *testing.T) {
-	srv, path := newServer(t, registration{})
-	t.Cleanup(srv.Stop)
-	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	if !c.Idle() {
-		t.Fatal("Idle on a quiet connection: not usable")
-	}
-	stopped := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(stopped)
-	}()
-	waitReadable(t, c)
-	if c.Idle() {
-		t.Error("Idle after GOAWAY: still usable")
-	}
-	c.Close()
-	select {
-	case <-stopped:
-	case <-time.After(time.Second): // grpc-go waits 5 s for an answer to its PING, then 1 s more
-		t.Fatal("GracefulStop did not end within 1s of the connection closing")
-	}
-}
-
-// TestIdlePing: PINGs sent to an idle connection are answered, even when a
-// frame arrives in pieces; an answer when no call is in flight breaks the
-// connection.
-func TestIdlePing(t *testing.T) {
-	step := make(chan string)
-	next := make(chan struct{})
-	path := rawPeer(t, func(p *peer) {
-		p.hello()
-		p.answer(p.readRequest(getInfo, true), peerInfo)
-		<-next // not in the same read as the answer: see TestPingAfterAnswer
-
-		p.check(p.fr.WritePing(false, [8]byte{'w', 'h', 'o', 'l', 'e'}))
-		step <- p.readPing()
-
-		var b bytes.Buffer
-		http2.NewFramer(&b, nil).WritePing(false, [8]byte{'s', 'p', 'l', 'i', 't'})
-		_, err := p.nc.Write(b.Bytes()[:10])
-		p.check(err)
-		step <- "half"
-		<-next
-		_, err = p.nc.Write(b.Bytes()[10:])
-		p.check(err)
-		step <- p.readPing()
-
-		p.headers(99, true, okHeaders...)
-		step <- "headers"
-		p.drain()
-	})
-	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	idle := func(want bool) {
-		t.Helper()
-		waitReadable(t, c)
-		if got := c.Idle(); got != want {
-			t.Fatalf("Idle() = %v, want %v (%v)", got, want, c.broken)
-		}
-	}
-	next <- struct{}{}
-	idle(true)
-	if got := recv(t, step); got != "ack true whole" {
-		t.Errorf("the peer got %q, want a PING ACK with its data", got)
-	}
-	if got := recv(t, step); got != "half" {
-		t.Fatal(got)
-	}
-	idle(true) // half a frame: kept for later
-	next <- struct{}{}
-	idle(true)
-	if got := recv(t, step); got != "ack true split" {
-		t.Errorf("the peer got %q, want a PING ACK with its data", got)
-	}
-	if got := recv(t, step); got != "headers" {
-		t.Fatal(got)
-	}
-	idle(false)
-	if c.Usable() {
-		t.Error("usable after an answer to no call")
 	}
 }
 
@@ -1179,91 +1044,6 @@ func TestPingAfterAnswer(t *testing.T) {
 	}
 }
 
-// TestIdleRSTAfterAnswer: a server may reset a stream it has answered in
-// full; on an idle connection that is no reason to drop it. A reset of a
-// stream never opened is.
-func TestIdleRSTAfterAnswer(t *testing.T) {
-	next := make(chan struct{})
-	path := rawPeer(t, func(p *peer) {
-		p.hello()
-		s := p.readRequest(getInfo, true)
-		p.answer(s, peerInfo)
-		<-next
-		p.check(p.fr.WriteRSTStream(s, http2.ErrCodeNo))
-		<-next
-		p.check(p.fr.WriteRSTStream(s+2, http2.ErrCodeNo))
-		p.drain()
-	})
-	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	next <- struct{}{}
-	waitReadable(t, c)
-	if !c.Idle() {
-		t.Errorf("unusable after RST_STREAM(NO_ERROR) of an answered stream: %v", c.broken)
-	}
-	next <- struct{}{}
-	waitReadable(t, c)
-	if c.Idle() {
-		t.Error("usable after RST_STREAM of a stream never opened")
-	}
-}
-
-// TestIdleDoesNotWaitForACall: Idle is for a goroutine that watches many
-// connections; a call in flight on this one must not hold it up.
-func TestIdleDoesNotWaitForACall(t *testing.T) {
-	started, release := make(chan struct{}), make(chan struct{})
-	c := dial(t, serve(t, registration{getInfo: func(context.Context) (*registerapi.PluginInfo, error) {
-		close(started)
-		<-release
-		return peerInfo, nil
-	}}))
-	done := make(chan error, 1)
-	go func() {
-		_, err := info(c, wait, 1<<16)
-		done <- err
-	}()
-	<-started
-	returned := make(chan bool)
-	go func() { returned <- c.Idle() }()
-	select {
-	case usable := <-returned:
-		if !usable {
-			t.Error("Idle during a call: unusable")
-		}
-	case <-time.After(wait):
-		t.Error("Idle waited for the call in flight")
-	}
-	close(release)
-	if err := <-done; err != nil {
-		t.Error(err)
-	}
-}
-
-// TestIdleAcknowledgesSettings: a connection dialed and left idle, with no
-// call, still acknowledges the peer's SETTINGS when Idle runs.
-func TestIdleAcknowledgesSettings(t *testing.T) {
-	acked := make(chan bool)
-	path := rawPeer(t, func(p *peer) {
-		p.hello()
-		preface := make([]byte, len(http2.ClientPreface))
-		_, err := io.ReadFull(p.nc, preface)
-		p.check(err)
-		p.started = true
-		f := p.readUntil(func(f http2.Frame) bool { sf, ok := f.(*http2.SettingsFrame); return ok && sf.IsAck() })
-		acked <- f != nil
-		p.drain()
-	})
-	c := dial(t, path)
-	if !c.Idle() {
-		t.Fatal(c.broken)
-	}
-	if !recv(t, acked) {
-		t.Error("no SETTINGS ACK")
-	}
-}
-
 // TestDataOnAnotherStream: DATA for a stream that is not the call's breaks
 // the connection: every earlier stream has ended.
 func TestDataOnAnotherStream(t *testing.T) {
@@ -1285,27 +1065,30 @@ func TestDataOnAnotherStream(t *testing.T) {
 // TestPeerCancelAtTheDeadline: a server enforcing the grpc-timeout it was
 // sent resets the stream (CANCEL) when it passes on its clock, which may be
 // a moment before ours: that is the deadline, not a cancellation. A reset
-// well before the deadline stays Canceled.
+// well before the deadline stays Canceled. The peer resets at once; the
+// connection's clock says how far the deadline is.
 func TestPeerCancelAtTheDeadline(t *testing.T) {
-	const timeout = 300 * time.Millisecond
 	for _, tc := range []struct {
-		name  string
-		after time.Duration // when the peer resets, from the request
-		want  codes.Code
+		name string
+		left time.Duration // what the clock says is left of the call's deadline when the reset comes
+		want codes.Code
 	}{
-		{"at the deadline", timeout - 20*time.Millisecond, codes.DeadlineExceeded},
-		{"long before", 0, codes.Canceled},
+		{"at the deadline", 20 * time.Millisecond, codes.DeadlineExceeded},
+		{"long before", wait, codes.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := rawPeer(t, func(p *peer) {
 				p.hello()
 				s := p.readRequest(getInfo, true)
-				<-time.After(tc.after) // the server's own deadline timer
 				p.check(p.fr.WriteRSTStream(s, http2.ErrCodeCancel))
 				p.drain()
 			})
 			c := dial(t, path)
-			_, err := info(c, timeout, 1<<16)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			dl, _ := ctx.Deadline()
+			c.now = func() time.Time { return dl.Add(-tc.left) }
+			err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &registerapi.PluginInfo{}, 1<<16)
 			wantCode(t, err, tc.want)
 		})
 	}

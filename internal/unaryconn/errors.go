@@ -1,0 +1,128 @@
+package unaryconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// What went wrong, for a caller to branch on with errors.Is. Every error of
+// a call is also a gRPC status error (status.Code works on it), with the
+// code grpc-go would give; these say what the code alone cannot.
+//
+// A plugin's own failure, the status in its answer's trailers (or an HTTP
+// status other than 200), matches none of them: the plugin answered. A
+// refused or missing socket is Dial's error, matching syscall.ECONNREFUSED
+// or syscall.ENOENT. The end of the call's context matches
+// context.DeadlineExceeded or context.Canceled.
+var (
+	// ErrProtocol: the peer sent something unaryconn does not speak, or
+	// said (RST_STREAM or GOAWAY with PROTOCOL_ERROR, COMPRESSION_ERROR,
+	// INTERNAL_ERROR and the like) that unaryconn broke the protocol.
+	// unaryconn speaks only what a unary call needs; grpc-go speaks all
+	// of gRPC, so a caller that gets ErrProtocol retries the call with
+	// grpc-go (on a new connection) before it blames the plugin. Check
+	// ErrMaybeDelivered first for a call that must not be repeated.
+	ErrProtocol = errors.New("beyond what unaryconn speaks")
+
+	// ErrHangup: the peer closed or reset the connection, or sent GOAWAY.
+	// The connection is unusable; a new one may work.
+	ErrHangup = errors.New("the peer hung up")
+
+	// ErrMaybeDelivered: the whole request was sent and then the call
+	// failed without the peer's answer (a hang-up, the deadline, a reset,
+	// a malformed answer). The peer may have acted on it: a call that must
+	// not be made twice for one decision, like NotifyRegistrationStatus,
+	// must not be sent again. An error without it was certainly not acted
+	// on, or is the peer's own answer.
+	ErrMaybeDelivered = errors.New("the request may have been delivered")
+
+	// ErrFlood: the peer sent an idle, watched connection more than an
+	// idle connection needs (see Watch). The connection is closed. Log it
+	// once and back off before dialing again.
+	ErrFlood = errors.New("the peer flooded an idle connection")
+)
+
+// callError is a failure that unaryconn itself found (not the peer's
+// status): a gRPC status, and the sentinels above it matches.
+type callError struct {
+	st    *status.Status
+	kinds []error
+	// unprocessed: the peer said it did not act on the request
+	// (REFUSED_STREAM, or a GOAWAY that does not cover the stream), so
+	// ErrMaybeDelivered does not apply even though it was sent.
+	unprocessed bool
+}
+
+func (e *callError) Error() string {
+	return fmt.Sprintf("rpc error: code = %s desc = %s", e.st.Code(), e.st.Message())
+}
+
+// GRPCStatus makes status.FromError and status.Code see the status.
+func (e *callError) GRPCStatus() *status.Status { return e.st }
+
+// Unwrap gives the sentinels, for errors.Is.
+func (e *callError) Unwrap() []error { return e.kinds }
+
+// newError is a failure with code, matching kind (which may be nil).
+func newError(code codes.Code, kind error, format string, args ...any) *callError {
+	e := &callError{st: status.Newf(code, format, args...)}
+	if kind != nil {
+		e.kinds = []error{kind}
+	}
+	return e
+}
+
+// protocolError is a failure to understand the peer.
+func protocolError(format string, args ...any) *callError {
+	return newError(codes.Internal, ErrProtocol, format, args...)
+}
+
+// hangupError is the peer going away.
+func hangupError(format string, args ...any) *callError {
+	return newError(codes.Unavailable, ErrHangup, format, args...)
+}
+
+// contextError is the end of a call's context, as grpc-go reports it.
+func contextError(err error) *callError {
+	code := codes.Canceled
+	if errors.Is(err, context.DeadlineExceeded) {
+		code = codes.DeadlineExceeded
+	}
+	return newError(code, err, "%v", err)
+}
+
+// also adds kind to what err matches, if err is one of ours.
+func also(err error, kind error) error {
+	var ce *callError
+	if !errors.As(err, &ce) || slices.Contains(ce.kinds, kind) {
+		return err
+	}
+	c := *ce
+	c.kinds = append(slices.Clip(ce.kinds), kind)
+	return &c
+}
+
+// unusable is the error of a call made on a connection that an earlier
+// failure (why) left unusable: nothing was sent, so it matches what why
+// matches except ErrMaybeDelivered.
+func unusable(why error) *callError {
+	e := hangupError("connection unusable: %v", why)
+	e.kinds = nil
+	var ce *callError
+	if errors.As(why, &ce) {
+		for _, k := range ce.kinds {
+			if k != ErrMaybeDelivered && !slices.Contains(e.kinds, k) {
+				e.kinds = append(e.kinds, k)
+			}
+		}
+	}
+	if len(e.kinds) == 0 {
+		e.kinds = []error{ErrHangup}
+	}
+	return e
+}

@@ -1,0 +1,219 @@
+package unaryconn
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Watch keeps an idle connection alive and tells when it ends: one
+// goroutine, blocked in a read of the socket, answers the peer's PINGs and
+// SETTINGS and takes its window updates, and calls onHangup once when the
+// connection ends while idle, with an error that matches
+//
+//   - ErrHangup: the peer closed or reset the connection, or sent GOAWAY
+//     (a server stopping, or closing idle connections);
+//   - ErrFlood: the peer sent more than an idle connection needs (more
+//     than about 100 frames at once, or 10 a second, sustained);
+//   - ErrProtocol: the peer sent what it may not send an idle connection
+//     (an answer, when no call is in flight).
+//
+// The connection is closed by then (a gracefully stopping gRPC server waits
+// for that). onHangup runs on the watch goroutine and may call any method
+// of c, Close included; it may run while, or just after, a racing Close
+// returns, but is never called for what Close did.
+//
+// A call made on a watched connection takes the socket from the watch and
+// gives it back when it ends: what the watch had read of a frame is the
+// call's to finish, and what the call read past its answer is the watch's.
+// A call that leaves the connection unusable (its error says why, or
+// Usable reports false after it) ends the watch with it, and onHangup is not
+// called: the caller has heard already.
+//
+// Watch returns an error, and never calls onHangup, if c is unusable or
+// already watched. It does not block (beyond waiting for a call in flight).
+//
+// This is what pluginmanager's hang-up detection is to use instead of its
+// Linux epoll set (hangup.go) and Idle: Watch works on every platform, and
+// bounds what a peer may send.
+//
+// What watching costs a connection: a goroutine's smallest stack (2 KiB)
+// and about 1 KiB of heap; 3.6 KiB of resident memory each at 5,000
+// connections (bench/cmd/heldconns measures it; bench/README.md has it).
+func (c *Conn) Watch(onHangup func(err error)) error {
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return unusable(c.broken)
+	}
+	if c.onHangup != nil {
+		return errors.New("unaryconn: the connection is already watched")
+	}
+	if onHangup == nil {
+		onHangup = func(error) {}
+	}
+	c.onHangup = onHangup
+	c.flood = bucket{tokens: floodBurst, last: c.now()}
+	c.resumeWatchLocked()
+	return nil
+}
+
+// watch is one run of the watch goroutine: from Watch, or the end of a call,
+// to a hang-up, Close, or the next call.
+type watch struct {
+	stop bool          // a call or Close wants the socket back; c.mu guards it
+	done chan struct{} // closed when the goroutine no longer touches the socket
+	hdr  [9]byte       // what it reads into while nothing of a frame has come
+}
+
+// What a watched connection's peer may send: one token a read that returns
+// something (a frame takes one or two), floodBurst at once, refilled at
+// floodRate a second. A gRPC server sends an idle connection a few frames in
+// its life (SETTINGS, a window update, keepalive PINGs, GOAWAY); the floods
+// of issue 13 (WINDOW_UPDATE, RST_STREAM, unknown frames, large SETTINGS,
+// a frame a byte at a time) cost over half a core per plugin unbounded.
+const (
+	floodBurst = 200
+	floodRate  = 20
+)
+
+// testHookWatchRead, if set, is called after each read of the watch.
+var testHookWatchRead atomic.Pointer[func(n int)]
+
+// bucket is a token bucket.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// take takes a token at now, if there is one.
+func (b *bucket) take(now time.Time) bool {
+	b.tokens = min(floodBurst, b.tokens+now.Sub(b.last).Seconds()*floodRate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// resumeWatchLocked starts the watch goroutine on a watched connection that
+// is still usable; a watched connection that is not is no longer watched.
+func (c *Conn) resumeWatchLocked() {
+	if c.onHangup == nil || c.w != nil {
+		return
+	}
+	if c.broken != nil || c.closed {
+		c.onHangup = nil
+		return
+	}
+	w := &watch{done: make(chan struct{})}
+	c.w = w
+	go c.watch(w)
+}
+
+// stopWatchLocked takes the socket back from the watch goroutine, if one
+// runs, and waits until it has let go. It unlocks c.mu meanwhile: callers
+// that must not let another call in hold c.callMu.
+func (c *Conn) stopWatchLocked() {
+	w := c.w
+	if w == nil {
+		return
+	}
+	w.stop = true
+	c.nc.SetReadDeadline(aLongTimeAgo) // cuts its read short; the call sets its own
+	c.mu.Unlock()
+	<-w.done
+	c.mu.Lock()
+}
+
+// watch reads the idle connection until a call takes it back, Close, or a
+// hang-up. It reads exactly what completes the frame at hand, no further, so
+// that nothing of what follows is read on its behalf while it waits: the
+// peer's next frame stays in the socket for whoever reads next.
+func (c *Conn) watch(w *watch) {
+	c.mu.Lock()
+	for {
+		if w.stop || c.closed || c.closing.Load() {
+			c.w = nil
+			close(w.done)
+			c.mu.Unlock()
+			return
+		}
+		// Whole frames the last call read past its answer, or that came
+		// complete; an incomplete one is kept.
+		if !c.idleFrames() {
+			c.hangupLocked(w, c.broken)
+			return
+		}
+		n0 := len(c.rest)
+		need := 9 - n0
+		if n0 >= 9 {
+			need = 9 + (int(c.rest[0])<<16 | int(c.rest[1])<<8 | int(c.rest[2])) - n0
+		}
+		if n0 == 0 {
+			c.rest = w.hdr[:0] // no allocation while waiting for a frame
+		} else if cap(c.rest)-n0 < need {
+			c.rest = append(make([]byte, 0, n0+need), c.rest...)
+		}
+		buf := c.rest[n0 : n0+need]
+		c.mu.Unlock()
+
+		got, err := c.readWatched(buf)
+
+		c.mu.Lock()
+		c.rest = c.rest[:n0+got]
+		if len(c.rest) == 0 {
+			c.rest = nil
+		}
+		if w.stop || c.closed || c.closing.Load() {
+			continue // handed back, with what was read of the frame
+		}
+		if err != nil {
+			c.hangupLocked(w, err)
+			return
+		}
+	}
+}
+
+// readWatched fills buf from the socket. It fails with ErrFlood as soon as
+// the peer has sent more than the bucket allows.
+func (c *Conn) readWatched(buf []byte) (int, error) {
+	got := 0
+	for got < len(buf) {
+		n, err := c.nc.Read(buf[got:])
+		got += n
+		if hook := testHookWatchRead.Load(); hook != nil {
+			(*hook)(n)
+		}
+		if n > 0 && !c.flood.take(c.now()) {
+			return got, newError(codes.Unavailable, ErrFlood,
+				"the peer sent an idle connection more than it needs (over %d frames at once, or %d a second); closed it",
+				floodBurst/2, floodRate/2)
+		}
+		if err != nil {
+			return got, frameError("watching the idle connection", err)
+		}
+	}
+	return got, nil
+}
+
+// hangupLocked ends the watch on a hang-up: the connection is closed and
+// onHangup called, after c.mu is released.
+func (c *Conn) hangupLocked(w *watch, err error) {
+	if c.broken == nil {
+		c.broken = err
+	}
+	err = c.broken
+	c.closeSocket()
+	onHangup := c.onHangup
+	c.onHangup = nil
+	c.w = nil
+	close(w.done)
+	c.mu.Unlock()
+	onHangup(err)
+}

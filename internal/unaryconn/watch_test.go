@@ -1,0 +1,387 @@
+package unaryconn
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+)
+
+// watched starts watching c and returns where its hang-up will be reported.
+func watched(t *testing.T, c *Conn) <-chan error {
+	t.Helper()
+	hung := make(chan error, 1)
+	if err := c.Watch(func(err error) { hung <- err }); err != nil {
+		t.Fatal(err)
+	}
+	return hung
+}
+
+// noHangup fails the test if the watch has reported a hang-up.
+func noHangup(t *testing.T, hung <-chan error) {
+	t.Helper()
+	select {
+	case err := <-hung:
+		t.Fatalf("hang-up: %v", err)
+	default:
+	}
+}
+
+// TestWatchPing: a watched idle connection answers PINGs, whole or arriving
+// in pieces, and takes a GOAWAY for a hang-up, closing the connection.
+func TestWatchPing(t *testing.T) {
+	step := make(chan string)
+	next := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.answer(p.readRequest(getInfo, true), peerInfo)
+		<-next
+		p.check(p.fr.WritePing(false, [8]byte{'w', 'h', 'o', 'l', 'e'}))
+		step <- p.readPing()
+
+		var b bytes.Buffer
+		http2.NewFramer(&b, nil).WritePing(false, [8]byte{'s', 'p', 'l', 'i', 't'})
+		for _, part := range [][]byte{b.Bytes()[:4], b.Bytes()[4:12], b.Bytes()[12:]} {
+			_, err := p.nc.Write(part)
+			p.check(err)
+			<-next
+		}
+		step <- p.readPing()
+
+		<-next
+		p.check(p.fr.WriteGoAway(1, http2.ErrCodeNo, []byte("bye")))
+		p.drain() // until the client closes the connection
+		step <- "closed"
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, c)
+	next <- struct{}{}
+	if got := recv(t, step); got != "ack true whole" {
+		t.Errorf("the peer got %q, want a PING ACK with its data", got)
+	}
+	next <- struct{}{}
+	next <- struct{}{}
+	next <- struct{}{}
+	if got := recv(t, step); got != "ack true split" {
+		t.Errorf("the peer got %q, want a PING ACK with its data", got)
+	}
+	noHangup(t, hung)
+	next <- struct{}{}
+	err := recv(t, hung)
+	if !errors.Is(err, ErrHangup) || !strings.Contains(err.Error(), "bye") {
+		t.Errorf("hang-up %v, want ErrHangup with the GOAWAY's debug data", err)
+	}
+	if got := recv(t, step); got != "closed" {
+		t.Error(got)
+	}
+	if c.Usable() {
+		t.Error("usable after GOAWAY")
+	}
+	_, err = info(c, wait, 1<<16)
+	wantCode(t, err, codes.Unavailable)
+}
+
+// TestWatchServerStop: a server's end is seen at once, with no call.
+func TestWatchServerStop(t *testing.T) {
+	for _, graceful := range []bool{false, true} {
+		srv, path := newServer(t, registration{})
+		t.Cleanup(srv.Stop)
+		c := dial(t, path)
+		if _, err := info(c, wait, 1<<16); err != nil {
+			t.Fatal(err)
+		}
+		hung := watched(t, c)
+		stopped := make(chan struct{})
+		go func() {
+			if graceful {
+				srv.GracefulStop() // ends because the watch closes the connection
+			} else {
+				srv.Stop()
+			}
+			close(stopped)
+		}()
+		if err := recv(t, hung); !errors.Is(err, ErrHangup) {
+			t.Errorf("graceful %v: hang-up %v, not ErrHangup", graceful, err)
+		}
+		recv(t, stopped)
+	}
+}
+
+// TestWatchCalls: calls on a watched connection take it from the watch and
+// give it back, with the server's PINGs and window updates coming between
+// (grpc-go's server sends them as it answers).
+func TestWatchCalls(t *testing.T) {
+	c := dial(t, serve(t, registration{}))
+	hung := watched(t, c)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range 100 {
+				if _, err := info(c, wait, 1<<16); err != nil {
+					t.Errorf("call %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	noHangup(t, hung)
+	if !c.Usable() {
+		t.Fatal("unusable")
+	}
+	c.Close()
+	c.mu.Lock()
+	if c.w != nil {
+		t.Error("the watch goroutine runs after Close")
+	}
+	c.mu.Unlock()
+	noHangup(t, hung)
+}
+
+// TestWatchHandover: a call that begins while the watch has read part of a
+// frame finishes reading the frame itself, and answers it.
+func TestWatchHandover(t *testing.T) {
+	reads := make(chan int, 16)
+	setReadHook(t, reads)
+	acked := make(chan string, 1)
+	wrote, next := make(chan struct{}), make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.answer(p.readRequest(getInfo, true), peerInfo)
+		<-next // not read ahead by the call
+		var b bytes.Buffer
+		http2.NewFramer(&b, nil).WritePing(false, [8]byte{'h', 'a', 'l', 'f'})
+		_, err := p.nc.Write(b.Bytes()[:5])
+		p.check(err)
+		close(wrote)
+		s := p.readRequest(getInfo, true) // the call has the socket
+		_, err = p.nc.Write(b.Bytes()[5:])
+		p.check(err)
+		acked <- p.readPing()
+		p.answer(s, peerInfo)
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, c)
+	next <- struct{}{}
+	<-wrote
+	if n := recv(t, reads); n != 5 {
+		t.Fatalf("the watch read %d bytes, want the 5 sent", n)
+	}
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, acked); got != "ack true half" {
+		t.Errorf("the peer got %q, want the PING acknowledged", got)
+	}
+	noHangup(t, hung)
+}
+
+// setReadHook has the watch tell reads how much each read returned, until
+// the test ends; a report nobody waits for is dropped.
+func setReadHook(t *testing.T, reads chan<- int) {
+	hook := func(n int) {
+		select {
+		case reads <- n:
+		default:
+		}
+	}
+	testHookWatchRead.Store(&hook)
+	t.Cleanup(func() { testHookWatchRead.Store(nil) })
+}
+
+// TestWatchAnswerWhenIdle: what may only come in answer to a call breaks a
+// watched idle connection.
+func TestWatchAnswerWhenIdle(t *testing.T) {
+	next := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.answer(s, peerInfo)
+		<-next // not read ahead by the call
+		p.headers(s+2, true, okHeaders...)
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, c)
+	next <- struct{}{}
+	if err := recv(t, hung); !errors.Is(err, ErrProtocol) {
+		t.Errorf("hang-up %v, not ErrProtocol", err)
+	}
+}
+
+// TestWatchEndedByACall: a call that leaves the connection unusable (the
+// server answers, and sends GOAWAY) ends the watch without a hang-up: its
+// caller can tell.
+func TestWatchEndedByACall(t *testing.T) {
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.check(p.fr.WriteGoAway(s, http2.ErrCodeNo, nil))
+		p.answer(s, peerInfo)
+		p.drain()
+	})
+	c := dial(t, path)
+	hung := watched(t, c)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	if c.Usable() {
+		t.Fatal("usable after GOAWAY")
+	}
+	c.mu.Lock()
+	running := c.w != nil || c.onHangup != nil
+	c.mu.Unlock()
+	if running {
+		t.Error("still watched")
+	}
+	noHangup(t, hung)
+	if err := c.Watch(func(error) {}); err == nil {
+		t.Error("Watch of an unusable connection succeeded")
+	}
+}
+
+func TestWatchTwice(t *testing.T) {
+	c := dial(t, serve(t, registration{}))
+	watched(t, c)
+	if err := c.Watch(func(error) {}); err == nil {
+		t.Error("a second Watch succeeded")
+	}
+}
+
+// TestWatchFlood: a peer that floods an idle connection has it closed with
+// ErrFlood, after the bucket's burst (the clock stands still here, so that
+// nothing refills it); one that sends as much, slowly enough, keeps it.
+func TestWatchFlood(t *testing.T) {
+	frame := func(write func(fr *http2.Framer)) []byte {
+		var b bytes.Buffer
+		write(http2.NewFramer(&b, nil))
+		return b.Bytes()
+	}
+	settings := make([]http2.Setting, 16<<10/6)
+	for i := range settings {
+		settings[i] = http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: uint32(i)}
+	}
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		// oneByte writes the frames a byte at a time, each once the last is read.
+		oneByte bool
+	}{
+		{"WINDOW_UPDATE", frame(func(fr *http2.Framer) { fr.WriteWindowUpdate(0, 1) }), false},
+		{"RST_STREAM", frame(func(fr *http2.Framer) { fr.WriteRSTStream(1, http2.ErrCodeNo) }), false},
+		{"unknown", frame(func(fr *http2.Framer) { fr.WriteRawFrame(0xfa, 0, 0, bytes.Repeat([]byte{1}, 16<<10)) }), false},
+		{"SETTINGS", frame(func(fr *http2.Framer) { fr.WriteSettings(settings...) }), false},
+		{"PING a byte at a time", frame(func(fr *http2.Framer) { fr.WritePing(false, [8]byte{}) }), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var reads chan int
+			if tc.oneByte {
+				reads = make(chan int, 1)
+				setReadHook(t, reads)
+			}
+			flooded, start := make(chan struct{}), make(chan struct{})
+			sent := make(chan int, 1)
+			path := rawPeer(t, func(p *peer) {
+				p.hello()
+				p.answer(p.readRequest(getInfo, true), peerInfo)
+				<-start      // not read ahead by the call
+				go p.drain() // the acks
+				n := 0
+				defer func() { sent <- n }()
+				for ; n < 100*floodBurst; n++ {
+					if tc.oneByte {
+						for i := range tc.frame {
+							if _, err := p.nc.Write(tc.frame[i : i+1]); err != nil {
+								return
+							}
+							select {
+							case <-reads:
+							case <-flooded:
+								return
+							}
+						}
+					} else if _, err := p.nc.Write(tc.frame); err != nil {
+						return // closed: flood over
+					}
+				}
+			})
+			c := dial(t, path)
+			if _, err := info(c, wait, 1<<16); err != nil {
+				t.Fatal(err)
+			}
+			frozen := time.Now()
+			c.now = func() time.Time { return frozen }
+			hung := watched(t, c)
+			close(start)
+			err := recv(t, hung)
+			close(flooded)
+			if !errors.Is(err, ErrFlood) {
+				t.Fatalf("hang-up %v, not ErrFlood", err)
+			}
+			if n := recv(t, sent); n > floodBurst+100 {
+				// What the socket's buffers held when the watch
+				// stopped reading, beyond the burst: bounded by them.
+				t.Logf("the peer wrote %d frames before it found the connection closed", n)
+			}
+			_, err = info(c, wait, 1<<16)
+			wantCode(t, err, codes.Unavailable)
+			if !errors.Is(err, ErrFlood) {
+				t.Errorf("a call after the flood: %v, want ErrFlood", err)
+			}
+		})
+	}
+}
+
+// TestWatchBusyButBounded: 2,000 PINGs at the sustained rate the bucket
+// allows (the clock moves a read's worth of refill a read) keep the
+// connection, and are all answered.
+func TestWatchBusyButBounded(t *testing.T) {
+	const pings = 2000
+	acks := make(chan int, 1)
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.answer(p.readRequest(getInfo, true), peerInfo)
+		n := 0
+		for i := range pings {
+			p.check(p.fr.WritePing(false, [8]byte(binary.BigEndian.AppendUint64(nil, uint64(i)))))
+			if f, ok := p.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.PingFrame); return ok }).(*http2.PingFrame); ok && f.IsAck() {
+				n++
+			}
+		}
+		acks <- n
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	clock := time.Now()
+	c.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(time.Second / floodRate)
+		return clock
+	}
+	hung := watched(t, c)
+	if n := recv(t, acks); n != pings {
+		t.Errorf("%d PINGs acknowledged, want %d", n, pings)
+	}
+	noHangup(t, hung)
+}
