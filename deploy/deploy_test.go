@@ -366,8 +366,16 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, field := range jsonFields(reflect.TypeFor[daemon.Config](), "") {
+		if field == "kubernetes" {
+			continue // present means on: shown commented out, checked below
+		}
 		if !hasPath(raw, field) {
 			t.Errorf("%s does not show field %s", configPath, field)
+		}
+	}
+	for _, field := range append([]string{"kubernetes"}, jsonFields(reflect.TypeFor[daemon.KubernetesConfig](), "")...) {
+		if !regexp.MustCompile(`(?m)^#\s+` + field + `:`).Match(b) {
+			t.Errorf("%s does not show field kubernetes.%s in its commented kubernetes section", configPath, field)
 		}
 	}
 
