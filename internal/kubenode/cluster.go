@@ -30,6 +30,12 @@ type NodeCondition struct {
 	Since   time.Time `json:"since,omitzero"`
 }
 
+// Owned says whether c is a condition plugd writes.
+func Owned(c corev1.NodeCondition) bool {
+	_, _, ok := parseMessage(c.Message)
+	return ok
+}
+
 // Summarize tells, from the nodes' conditions, each expected plugin's
 // readiness across them, sorted by type and name. A condition is plugd's
 // when its message is in plugd's form ("plugd: TYPE NAME: ..."); a node

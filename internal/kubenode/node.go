@@ -19,8 +19,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
+	resourcev1client "k8s.io/client-go/kubernetes/typed/resource/v1"
+	storagev1client "k8s.io/client-go/kubernetes/typed/storage/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -70,7 +72,11 @@ type Config struct {
 type Node struct {
 	cfg         Config
 	log         *slog.Logger
-	client      kubernetes.Interface
+	core        corev1client.CoreV1Interface
+	storage     storagev1client.StorageV1Interface
+	resource    resourcev1client.ResourceV1Interface
+	events      eventsv1client.EventsV1Interface
+	scheme      *runtime.Scheme // for event references to the Node
 	taintKey    string
 	taintEffect corev1.TaintEffect
 	grace       time.Duration
@@ -139,8 +145,21 @@ func New(cfg Config) (*Node, error) {
 	// Protobuf: the Node is the largest object plugd reads.
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
-	if n.client, err = kubernetes.NewForConfig(rc); err != nil {
+	// The typed clients of the groups plugd reads, rather than the whole
+	// clientset: a third of the size in plugd's binary.
+	if n.core, err = corev1client.NewForConfig(rc); err == nil {
+		if n.storage, err = storagev1client.NewForConfig(rc); err == nil {
+			if n.resource, err = resourcev1client.NewForConfig(rc); err == nil {
+				n.events, err = eventsv1client.NewForConfig(rc)
+			}
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	n.scheme = runtime.NewScheme()
+	if err := corev1.AddToScheme(n.scheme); err != nil {
+		return nil, err
 	}
 	n.buildSources()
 	n.m = newMetrics(n, cfg.Registerer)
@@ -166,7 +185,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 func (n *Node) buildSources() {
 	name := n.cfg.NodeName
 	byName := fields.OneTermEqualSelector("metadata.name", name).String()
-	nodes, csi, rs := n.client.CoreV1().Nodes(), n.client.StorageV1().CSINodes(), n.client.ResourceV1().ResourceSlices()
+	nodes, csi, rs := n.core.Nodes(), n.storage.CSINodes(), n.resource.ResourceSlices()
 	n.node = newSource("list and watch Node "+name, "get, list, watch nodes", byName, &corev1.Node{}, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
@@ -214,12 +233,12 @@ func (n *Node) Run(ctx context.Context) error {
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
-	bc := events.NewBroadcaster(&events.EventSinkImpl{Interface: n.client.EventsV1()})
+	bc := events.NewBroadcaster(&events.EventSinkImpl{Interface: n.events})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
 		n.log.Warn("Kubernetes events will not be recorded", "err", err)
 	}
-	l := &loop{n: n, rec: bc.NewRecorder(scheme.Scheme, "plugd"), written: map[string]written{}, disagree: map[key]*disagreement{}}
+	l := &loop{n: n, rec: bc.NewRecorder(n.scheme, "plugd"), written: map[string]written{}, disagree: map[key]*disagreement{}}
 	n.log.Info("Kubernetes: watching this node's objects", "node", n.cfg.NodeName, "expected", len(n.cfg.Expect))
 
 	timer := time.NewTimer(0)
@@ -386,7 +405,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if !l.write(ctx, now, "patch nodes/status of "+n.cfg.NodeName, "patch nodes/status", func(ctx context.Context) error {
 			patch, err := conditionsPatch(set)
 			if err == nil {
-				_, err = n.client.CoreV1().Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status")
+				_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status")
 			}
 			return err
 		}) {
@@ -404,7 +423,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		patch, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect)
 		if has && err == nil {
 			if !l.write(ctx, now, "remove the taint "+n.cfg.RemoveTaint+" from Node "+n.cfg.NodeName, "patch nodes", func(ctx context.Context) error {
-				_, err := n.client.CoreV1().Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "plugd"})
+				_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "plugd"})
 				return err
 			}) {
 				return earliest(next, l.nextWrite)
