@@ -65,7 +65,8 @@ func startDaemon(t *testing.T) *env {
 			{Type: "CSIPlugin", Handler: "accept"},
 			{Type: "DevicePlugin", Handler: "accept"},
 		},
-		Doctor: daemon.DoctorConfig{KubeletRoots: []string{filepath.Join(tmp, "no-kubelet")}},
+		// Nothing of the machine the tests run on: no kubelet roots, no processes.
+		Doctor: daemon.DoctorConfig{KubeletRoots: []string{filepath.Join(tmp, "no-kubelet")}, ProcDir: "none"},
 	}, logs)
 	if err != nil {
 		t.Fatal(err)

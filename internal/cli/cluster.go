@@ -71,6 +71,7 @@ func (a *app) cluster(ctx context.Context, kubeconfig, kubeContext, output strin
 		return fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}
 	rc.UserAgent = "plugctl/" + cliVersion()
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json" // Nodes are large
 	client, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -118,6 +119,11 @@ type DoctorConfig struct {
 	// searched for sockets that belong in registryDir. Default: the
 	// upstream, MicroK8s, k0s and k3s roots.
 	KubeletRoots []string `json:"kubeletRoots,omitempty"`
+	// ProcDir is where the running processes are listed, to find a
+	// kubelet and the --root-dir it uses. Default /proc (on Linux; a pod
+	// without hostPID sees only its own processes there: mount the host's
+	// /proc and point here); "none" skips the search.
+	ProcDir string `json:"procDir,omitempty"`
 }
 
 // LivenessConfig says how registered plugins are checked to be alive.
@@ -411,6 +417,9 @@ func (c Config) WithDefaults() (Config, error) {
 	}
 	if err := c.checkKubernetes(); err != nil {
 		return c, err
+	}
+	if c.Doctor.ProcDir == "" && runtime.GOOS == "linux" {
+		c.Doctor.ProcDir = "/proc"
 	}
 	if len(c.Doctor.KubeletRoots) == 0 {
 		c.Doctor.KubeletRoots = nil // an empty list is the default

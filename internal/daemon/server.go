@@ -112,11 +112,15 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	cfg := d.Config()
 	in := doctor.Input{RegistryDir: cfg.RegistryDir, KubeletRoots: cfg.Doctor.KubeletRoots}
-	if runtime.GOOS == "linux" {
-		in.ProcDir = "/proc"
+	if cfg.Doctor.ProcDir != "none" {
+		in.ProcDir = cfg.Doctor.ProcDir
 	}
 	for _, e := range cfg.Expect {
-		in.Expect = append(in.Expect, doctor.Expected{Type: e.Type, Name: e.Name, Condition: e.Condition})
+		x := doctor.Expected{Type: e.Type, Name: e.Name}
+		if d.kube != nil {
+			x.Condition = e.Condition // only written with Kubernetes
+		}
+		in.Expect = append(in.Expect, x)
 	}
 	for _, s := range d.m.Plugins() {
 		kubelet := d.kubeletView(s)

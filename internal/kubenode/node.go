@@ -186,13 +186,13 @@ func (n *Node) buildSources() {
 	name := n.cfg.NodeName
 	byName := fields.OneTermEqualSelector("metadata.name", name).String()
 	nodes, csi, rs := n.core.Nodes(), n.storage.CSINodes(), n.resource.ResourceSlices()
-	n.node = newSource("list and watch Node "+name, "get, list, watch nodes", byName, &corev1.Node{}, n.log,
+	n.node = newSource("Node "+name, "get, list, watch nodes", byName, &corev1.Node{}, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
-	n.csiNode = newSource("list and watch CSINode "+name, "get, list, watch csinodes.storage.k8s.io", byName, &storagev1.CSINode{}, n.log,
+	n.csiNode = newSource("CSINode "+name, "get, list, watch csinodes.storage.k8s.io", byName, &storagev1.CSINode{}, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return csi.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return csi.Watch(ctx, o) })
-	n.slices = newSource("list and watch ResourceSlices of node "+name, "get, list, watch resourceslices.resource.k8s.io",
+	n.slices = newSource("ResourceSlices of node "+name, "get, list, watch resourceslices.resource.k8s.io",
 		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
@@ -440,6 +440,9 @@ func (l *loop) write(ctx context.Context, now time.Time, op, perm string, do fun
 	n := l.n
 	ctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
 	err := do(ctx)
+	if ctx.Err() != nil && err != nil {
+		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+	}
 	cancel()
 	metric := "patch_node_status"
 	if perm == "patch nodes" {
@@ -458,9 +461,6 @@ func (l *loop) write(ctx context.Context, now time.Time, op, perm string, do fun
 			n.log.Info("Kubernetes API: writing again", "operation", op, "troubleSince", was.Since)
 		}
 		return true
-	}
-	if c := context.Cause(ctx); ctx.Err() != nil && c != nil {
-		err = fmt.Errorf("%w (%w)", err, c)
 	}
 	p := classify(op, perm, err, now)
 	n.m.apiErrors.WithLabelValues(metric, p.Reason).Inc()
@@ -503,7 +503,11 @@ func (l *loop) record(node *corev1.Node, e event) {
 	if len(note) > 1000 {
 		note = note[:1000]
 	}
-	l.rec.Eventf(node, nil, e.typ, e.reason, action, "%s", note)
+	// A reference without the Node's resourceVersion, which changes with
+	// every status update: with it no two events would be alike, and none
+	// would fold into a series.
+	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
+	l.rec.Eventf(ref, nil, e.typ, e.reason, action, "%s", note)
 }
 
 // disagreements records an event for each plugin whose socket and kubelet

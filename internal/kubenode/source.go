@@ -81,12 +81,13 @@ type source struct {
 	problem *Problem // nil while reads work; guarded by mu
 }
 
-// newSource builds the informer of the objects list and watch return, with
-// the field selector sel applied to every request.
-func newSource(op, perm, sel string, example runtime.Object, log *slog.Logger,
+// newSource builds the informer of the objects list and watch return (what
+// names them, such as "CSINode node-a"), with the field selector sel applied
+// to every request.
+func newSource(what, perm, sel string, example runtime.Object, log *slog.Logger,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *source {
-	s := &source{op: op, perm: perm, log: log}
+	s := &source{op: "list and watch " + what, perm: perm, log: log}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
@@ -101,7 +102,7 @@ func newSource(op, perm, sel string, example runtime.Object, log *slog.Logger,
 			return w, err
 		},
 	}
-	s.inf = cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ObjectDescription: op})
+	s.inf = cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ObjectDescription: what})
 	// The reflector retries with backoff; its own handler would log every
 	// failure, where plugd logs each change of state once.
 	_ = s.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
