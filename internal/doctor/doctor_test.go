@@ -30,18 +30,6 @@ func listen(t *testing.T, path string) net.Listener {
 	return l
 }
 
-// staleSocket leaves a socket file at path that nobody listens on, as a
-// plugin that crashed does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	l.Close()
-}
-
 // serveGRPC serves s on path until the test ends.
 func serveGRPC(t *testing.T, path string, s *grpc.Server) {
 	t.Helper()
@@ -82,11 +70,11 @@ func TestCheck(t *testing.T) {
 	}
 	p := func(name string) string { return filepath.Join(reg, name) }
 
-	staleSocket(t, p("stale.sock"))
-	staleSocket(t, p("old.sock"))
+	testenv.DeadSocket(t, p("stale.sock"))
+	testenv.DeadSocket(t, p("old.sock"))
 	listen(t, p("new.sock"))
 	listen(t, p("csi.sock"))
-	staleSocket(t, filepath.Join(dir, "dead-endpoint.sock"))
+	testenv.DeadSocket(t, filepath.Join(dir, "dead-endpoint.sock"))
 	listen(t, filepath.Join(other, "plugins_registry", "lost.sock"))
 	unimplemented := grpc.NewServer() // serves nothing: every method is Unimplemented
 	serveGRPC(t, filepath.Join(dir, "dra-a.sock"), unimplemented)
