@@ -586,3 +586,61 @@ func TestFindings(t *testing.T) {
 		t.Errorf("a plugin has a kubelet view without Kubernetes: %+v", p.Kubelet)
 	}
 }
+
+// With an API server that does not answer, everything local works: plugins
+// register, the status API serves them, their kubelet view says why it is
+// Unknown, the doctor lists the trouble, and Run stops cleanly (goleak
+// checks that the informers stopped too).
+func TestKubernetesUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nobody listens there now: connections are refused
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://%s", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, addr)), 0o600)
+	r := runDaemon(t, Config{Kubernetes: &KubernetesConfig{Kubeconfig: kubeconfig, NodeName: "node-a"},
+		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "csi.example.com"}}, Doctor: DoctorConfig{ProcDir: "none"}})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	r.waitFor(t, "csi.sock", "Registered")
+	deadline := time.Now().Add(wait)
+	for {
+		p, err := r.client.Plugin(context.Background(), "csi.sock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := p.Kubelet; k != nil && k.State == api.KubeletUnknown && k.Reason == "APIUnavailable" {
+			if !strings.Contains(k.Message, "connection refused") {
+				t.Errorf("kubelet view: %+v", k)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubelet view: %+v", p.Kubelet)
+		}
+		time.Sleep(10 * time.Millisecond) // the poll's pace: a view has no event
+	}
+	fs, err := r.client.Findings(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var api []string
+	for _, f := range fs {
+		if f.Check == "kubernetes-api" {
+			api = append(api, f.Summary)
+		}
+	}
+	if len(api) != 3 {
+		t.Errorf("kubernetes-api findings: %q; want one per read (Node, CSINode, ResourceSlices)", api)
+	}
+	if n := strings.Count(r.logs.String(), "Kubernetes API: cannot read"); n != 3 {
+		t.Errorf("logged the trouble %d times, want once per read:\n%s", n, r.logs)
+	}
+}
