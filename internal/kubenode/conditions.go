@@ -199,10 +199,31 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 }
 
 // conditionsPatch is the strategic merge patch of the Node's status that
-// sets the conditions in set, and only them: the list merges by type, so
-// every condition of others (the kubelet's, node-problem-detector's) stays.
-func conditionsPatch(set []corev1.NodeCondition) ([]byte, error) {
-	return json.Marshal(map[string]any{"status": map[string]any{"conditions": set}})
+// sets the conditions in set and deletes those of the types in drop, and
+// touches no other: the list merges by type, so every condition of others
+// (the kubelet's, node-problem-detector's) stays.
+func conditionsPatch(set []corev1.NodeCondition, drop []string) ([]byte, error) {
+	items := make([]any, 0, len(set)+len(drop))
+	for _, c := range set {
+		items = append(items, c)
+	}
+	for _, typ := range drop {
+		items = append(items, map[string]string{"type": typ, "$patch": "delete"})
+	}
+	return json.Marshal(map[string]any{"status": map[string]any{"conditions": items}})
+}
+
+// unexpected are the conditions on n that plugd wrote (Owned) for plugins
+// it no longer expects: a condition left True for a plugin nobody checks
+// any more would keep telling readiness rules it is ready.
+func unexpected(n *corev1.Node, expect []Expectation) []string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		if Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
+			out = append(out, string(c.Type))
+		}
+	}
+	return out
 }
 
 // nodeCondition is v as the Node condition of type typ, given the one the

@@ -171,7 +171,11 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 		nodeCondition("c1", verdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
 		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
 	}
-	patch, err := conditionsPatch(set)
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")})
+	if got := unexpected(n, []Expectation{{Condition: "c1"}, {Condition: "c2"}}); len(got) != 1 || got[0] != "gone" {
+		t.Errorf("unexpected = %q; want only plugd's condition of a plugin it no longer expects", got)
+	}
+	patch, err := conditionsPatch(set, []string{"gone"})
 	if err != nil {
 		t.Fatal(err)
 	}

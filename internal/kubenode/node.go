@@ -364,8 +364,14 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	n.publish(views, now)
 
 	next := l.disagreements(now, socks, views, snap.node)
-	if len(n.cfg.Expect) == 0 || snap.nodeProblem != nil || snap.node == nil {
+	if snap.nodeProblem != nil || snap.node == nil {
 		return next
+	}
+	var drop []string
+	for _, typ := range unexpected(snap.node, n.cfg.Expect) {
+		if w, ok := l.written[typ]; !ok || w.seq != n.nodeEvents.Load() {
+			drop = append(drop, typ) // not already deleted and not yet seen so
+		}
 	}
 	allReady := true
 	var set []corev1.NodeCondition
@@ -395,15 +401,16 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 			notes = append(notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.message + " (" + v.reason + ")"})
 		}
 	}
-	if len(set) > 0 || (allReady && n.taintKey != "") {
+	allReady = allReady && len(n.cfg.Expect) > 0
+	if len(set) > 0 || len(drop) > 0 || (allReady && n.taintKey != "") {
 		if now.Before(l.nextWrite) {
 			return earliest(next, l.nextWrite)
 		}
 	}
-	if len(set) > 0 {
+	if len(set) > 0 || len(drop) > 0 {
 		seq := n.nodeEvents.Load()
 		if !l.write(ctx, now, "patch nodes/status of "+n.cfg.NodeName, "patch nodes/status", func(ctx context.Context) error {
-			patch, err := conditionsPatch(set)
+			patch, err := conditionsPatch(set, drop)
 			if err == nil {
 				_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status")
 			}
@@ -414,6 +421,10 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		for _, c := range set {
 			l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
 			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+		}
+		for _, typ := range drop {
+			l.written[typ] = written{seq: seq}
+			n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
 		}
 		for _, e := range notes {
 			l.record(snap.node, e)

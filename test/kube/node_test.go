@@ -300,6 +300,22 @@ doctor: {kubeletRoots: [%s]}
 		})
 	})
 
+	t.Run("a plugin no longer expected takes its condition with it", func(t *testing.T) {
+		pd.stop(t)
+		fewer := strings.Replace(config, "  - {type: DRAPlugin, name: "+draName+"}\n", "", 1)
+		if fewer == config {
+			t.Fatal("the DRA expectation is not in the configuration")
+		}
+		pd = startPlugd(top, dir, fewer)
+		eventually(t, "the DRA driver's condition gone", func() (bool, string) {
+			n := getNode(t, node)
+			return condition(n, draCond) == nil && condition(n, csiCond) != nil && condition(n, "example.com/KernelDeadlock") != nil, fmt.Sprint(len(n.Status.Conditions))
+		})
+		pd.stop(t)
+		pd = startPlugd(top, dir, config)
+		waitCondition(t, node, draCond, corev1.ConditionTrue, "PluginReady")
+	})
+
 	t.Run("the API server goes away and comes back", func(t *testing.T) {
 		cp.StopAPIServer()
 		restarted := false
