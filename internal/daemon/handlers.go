@@ -36,8 +36,11 @@ type handlerFacts struct {
 
 func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
 	var f handlerFacts
+	if p.Type != "CSIPlugin" && p.Type != "DevicePlugin" {
+		return f
+	}
 	det := d.details(p)
-	if det == nil || (p.Type != "CSIPlugin" && p.Type != "DevicePlugin") {
+	if det == nil {
 		return f
 	}
 	b, err := json.Marshal(det)
