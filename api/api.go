@@ -7,6 +7,7 @@
 //	GET /v1/plugins[?type=T&name=N&state=S]   PluginList
 //	GET /v1/plugins/{id}                      Plugin (id: the socket's path inside the registry directory)
 //	GET /v1/events[?replay=N]                 a stream of Event, one JSON object per line
+//	GET /v1/findings                          FindingList: what plugctl doctor prints
 //	GET /v1/version                           Version
 //	GET /metrics                              Prometheus metrics
 //	GET /healthz                              200 while the daemon runs
@@ -56,6 +57,71 @@ type Plugin struct {
 	// node info, a device plugin's devices and their health, a hook's last
 	// run), as a JSON object; absent if the handler reports nothing.
 	Details any `json:"details,omitempty"`
+	// Kubelet is what the Kubernetes API says the node's kubelet made of
+	// this plugin; absent unless plugd is connected to Kubernetes and the
+	// plugin has said who it is.
+	Kubelet *KubeletView `json:"kubelet,omitempty"`
+}
+
+// KubeletView is the kubelet's side of a plugin, as read from the API
+// server: the node's CSINode drivers for a CSI driver, the Node's capacity
+// for a device plugin, the node's ResourceSlices for a DRA driver.
+type KubeletView struct {
+	// State is one of KubeletStates.
+	State string `json:"state"`
+	// Reason is a CamelCase word saying why (NotInCSINode, NodeIDMismatch,
+	// NoResourceSlices, APIUnavailable, Forbidden, ...); Message says it
+	// for a person.
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Since is when plugd first saw this state and reason.
+	Since time.Time `json:"since,omitzero"`
+}
+
+// The states of a KubeletView.
+const (
+	KubeletRegistered    = "Registered"    // the kubelet has the plugin
+	KubeletNotRegistered = "NotRegistered" // the API shows the kubelet does not have it
+	KubeletUnknown       = "Unknown"       // the API cannot tell (no ResourceSlices, API unreachable, forbidden)
+)
+
+// KubeletStates are the states a KubeletView can be in.
+var KubeletStates = []string{KubeletRegistered, KubeletNotRegistered, KubeletUnknown}
+
+// Finding is one problem (or observation) plugctl doctor reports.
+type Finding struct {
+	// Severity is one of Severities.
+	Severity string `json:"severity"`
+	// Check names the test that found it, a stable word scripts may
+	// match: stale-socket, socket-permission, endpoint-dead,
+	// versions-refused, health-service-missing, duplicate-dead,
+	// socket-path-too-long, other-kubelet-root, kubelet-not-registered,
+	// expected-missing, kubernetes-api.
+	Check string `json:"check"`
+	// Type, Name and Socket say which plugin it is about, as far as known;
+	// all empty for a finding about plugd or the node.
+	Type   string `json:"type,omitempty"`
+	Name   string `json:"name,omitempty"`
+	Socket string `json:"socket,omitempty"`
+	// Summary is one line; Evidence the facts it rests on; Remedy what to do.
+	Summary  string   `json:"summary"`
+	Evidence []string `json:"evidence,omitempty"`
+	Remedy   string   `json:"remedy,omitempty"`
+}
+
+// The severities of a Finding, from least to most serious.
+const (
+	SeverityInfo    = "info"
+	SeverityWarning = "warning"
+	SeverityError   = "error"
+)
+
+// Severities are the severities a Finding can have, least serious first.
+var Severities = []string{SeverityInfo, SeverityWarning, SeverityError}
+
+// FindingList is the answer to GET /v1/findings, most serious first.
+type FindingList struct {
+	Findings []Finding `json:"findings"`
 }
 
 // States are the states a plugin can be in, from the happy path to trouble.

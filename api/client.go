@@ -64,6 +64,17 @@ func (c *Client) Plugin(ctx context.Context, id string) (Plugin, error) {
 	return p, err
 }
 
+// Findings runs plugd's checks of its plugins and node (plugctl doctor) and
+// returns what they found, most serious first. It takes as long as the
+// checks do: a few seconds at most.
+func (c *Client) Findings(ctx context.Context) ([]Finding, error) {
+	var list FindingList
+	if err := c.get(ctx, "/v1/findings", &list); err != nil {
+		return nil, err
+	}
+	return list.Findings, nil
+}
+
 // Version asks the daemon what it is.
 func (c *Client) Version(ctx context.Context) (Version, error) {
 	var v Version

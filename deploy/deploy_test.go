@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -26,9 +27,10 @@ import (
 )
 
 const (
-	manifestPath = "kubernetes/daemonset.yaml"
-	unitPath     = "systemd/plugd.service"
-	configPath   = "systemd/config.yaml"
+	manifestPath  = "kubernetes/daemonset.yaml"
+	taintRBACPath = "kubernetes/remove-taint-rbac.yaml"
+	unitPath      = "systemd/plugd.service"
+	configPath    = "systemd/config.yaml"
 )
 
 // splitDocuments splits a multi-document YAML file on the lines that are
@@ -62,6 +64,9 @@ func splitDocuments(b []byte) [][]byte {
 type manifests struct {
 	namespaces      []corev1.Namespace
 	serviceAccounts []corev1.ServiceAccount
+	configMaps      []corev1.ConfigMap
+	clusterRoles    []rbacv1.ClusterRole
+	bindings        []rbacv1.ClusterRoleBinding
 	daemonSets      []appsv1.DaemonSet
 }
 
@@ -69,7 +74,7 @@ type manifests struct {
 // kind. A field the type does not have (a typo, a field at the wrong level), a
 // duplicate key or a kind this test does not know fails the test: the API
 // server would reject or silently drop them.
-func loadManifests(t *testing.T) manifests {
+func loadManifests(t *testing.T, manifestPath string) manifests {
 	t.Helper()
 	b, err := os.ReadFile(manifestPath)
 	if err != nil {
@@ -89,6 +94,15 @@ func loadManifests(t *testing.T) manifests {
 		case "v1 ServiceAccount":
 			m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
 			obj = &m.serviceAccounts[len(m.serviceAccounts)-1]
+		case "v1 ConfigMap":
+			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
+			obj = &m.configMaps[len(m.configMaps)-1]
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			m.clusterRoles = append(m.clusterRoles, rbacv1.ClusterRole{})
+			obj = &m.clusterRoles[len(m.clusterRoles)-1]
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			m.bindings = append(m.bindings, rbacv1.ClusterRoleBinding{})
+			obj = &m.bindings[len(m.bindings)-1]
 		case "apps/v1 DaemonSet":
 			m.daemonSets = append(m.daemonSets, appsv1.DaemonSet{})
 			obj = &m.daemonSets[len(m.daemonSets)-1]
@@ -112,57 +126,106 @@ func loadManifests(t *testing.T) manifests {
 			t.Fatalf("%s: document %d (%s), as kubectl sends it: %v", manifestPath, i+1, tm.Kind, err)
 		}
 	}
-	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.daemonSets) != 1 {
-		t.Fatalf("%s: want one Namespace, one ServiceAccount and one DaemonSet; have %d, %d and %d",
-			manifestPath, len(m.namespaces), len(m.serviceAccounts), len(m.daemonSets))
-	}
 	return m
 }
 
-// plugdArgs parses the container's args with plugd's own flags, so that a
-// misspelt or removed flag fails here rather than in a crash-looping pod, and
-// returns the configuration they make.
-func plugdArgs(t *testing.T, args []string) daemon.Config {
+// rules flattens RBAC rules into "group resource verb" triples.
+func rules(rs []rbacv1.PolicyRule) []string {
+	var out []string
+	for _, r := range rs {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					out = append(out, g+" "+res+" "+v)
+				}
+			}
+		}
+		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+			out = append(out, fmt.Sprintf("unexpected %+v", r))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// plugdRules is every permission plugd needs, and no more: reading its
+// node's Node, CSINode and ResourceSlices, patching its Node's conditions,
+// and recording events.
+var plugdRules = []string{
+	" nodes get", " nodes list", " nodes watch", " nodes/status patch",
+	"events.k8s.io events create", "events.k8s.io events patch",
+	"resource.k8s.io resourceslices get", "resource.k8s.io resourceslices list", "resource.k8s.io resourceslices watch",
+	"storage.k8s.io csinodes get", "storage.k8s.io csinodes list", "storage.k8s.io csinodes watch",
+}
+
+// checkBinding checks that b binds the ClusterRole role to sa.
+func checkBinding(t *testing.T, b rbacv1.ClusterRoleBinding, role string, sa corev1.ServiceAccount) {
 	t.Helper()
-	f := daemon.Command().Flags()
-	if err := f.Parse(args); err != nil {
-		t.Fatalf("container args %q: %v", args, err)
+	if b.RoleRef.APIGroup != rbacv1.GroupName || b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != role {
+		t.Errorf("ClusterRoleBinding %s binds %+v, want ClusterRole %s", b.Name, b.RoleRef, role)
 	}
-	if f.NArg() != 0 {
-		t.Fatalf("container args: plugd takes no arguments, only flags; have %q", f.Args())
+	want := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}
+	if len(b.Subjects) != 1 || b.Subjects[0] != want {
+		t.Errorf("ClusterRoleBinding %s binds %+v, want only %+v", b.Name, b.Subjects, want)
 	}
-	str := func(name string) string {
-		v, err := f.GetString(name)
-		if err != nil {
+}
+
+func TestRBAC(t *testing.T) {
+	m := loadManifests(t, manifestPath)
+	if len(m.clusterRoles) != 1 || len(m.bindings) != 1 {
+		t.Fatalf("%s: want one ClusterRole and one ClusterRoleBinding; have %d and %d", manifestPath, len(m.clusterRoles), len(m.bindings))
+	}
+	if got := rules(m.clusterRoles[0].Rules); !slices.Equal(got, plugdRules) {
+		t.Errorf("ClusterRole %s grants %q;\nplugd needs exactly %q", m.clusterRoles[0].Name, got, plugdRules)
+	}
+	checkBinding(t, m.bindings[0], m.clusterRoles[0].Name, m.serviceAccounts[0])
+
+	taint := loadManifests(t, taintRBACPath)
+	if len(taint.clusterRoles) != 1 || len(taint.bindings) != 1 || len(taint.daemonSets)+len(taint.serviceAccounts) != 0 {
+		t.Fatalf("%s: want one ClusterRole and its binding only", taintRBACPath)
+	}
+	if got := rules(taint.clusterRoles[0].Rules); !slices.Equal(got, []string{" nodes patch"}) {
+		t.Errorf("%s grants %q; removing a taint needs only patch on nodes", taintRBACPath, got)
+	}
+	checkBinding(t, taint.bindings[0], taint.clusterRoles[0].Name, m.serviceAccounts[0])
+}
+
+// plugdArgs loads the configuration plugd would run with, given the
+// container's args and env and the ConfigMap its --config names (mounted at
+// mountPath), so that a misspelt or removed flag, or a bad configuration,
+// fails here rather than in a crash-looping pod.
+func plugdArgs(t *testing.T, c corev1.Container, cm *corev1.ConfigMap, mountPath string) daemon.Config {
+	t.Helper()
+	args := slices.Clone(c.Args)
+	for i, a := range args {
+		path, ok := strings.CutPrefix(a, "--config=")
+		if !ok {
+			continue
+		}
+		rel, err := filepath.Rel(mountPath, path)
+		if cm == nil || err != nil || strings.HasPrefix(rel, "..") {
+			t.Fatalf("container args: --config=%s is not in the ConfigMap mounted at %s", path, mountPath)
+		}
+		data, ok := cm.Data[rel]
+		if !ok {
+			t.Fatalf("--config=%s: the ConfigMap %s has no key %s", path, cm.Name, rel)
+		}
+		local := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(local, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		return v
+		args[i] = "--config=" + local
 	}
-	allow, err := f.GetBool("status-allow-non-loopback")
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = "<" + e.ValueFrom.FieldRef.FieldPath + ">"
+		}
+	}
+	cfg, err := daemon.LoadArgs(args, func(k string) string { return env[k] })
 	if err != nil {
-		t.Fatal(err)
-	}
-	shutdown, err := f.GetDuration("shutdown-timeout")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if str("config") != "" {
-		t.Fatalf("container args: --config is set, but the manifest mounts no configuration file")
-	}
-	cfg := daemon.Config{
-		Mode:        str("mode"),
-		RegistryDir: str("registry-dir"),
-		Status: daemon.StatusConfig{
-			Socket:           str("status-socket"),
-			TCP:              str("status-tcp"),
-			AllowNonLoopback: allow,
-		},
-		ShutdownTimeout: daemon.Duration(shutdown),
-		Log:             daemon.LogConfig{Format: str("log-format"), Level: str("log-level")},
-	}
-	cfg, err = cfg.WithDefaults()
-	if err != nil {
-		t.Fatalf("container args %q: plugd would refuse them: %v", args, err)
+		t.Fatalf("container args %q: plugd would refuse them: %v", c.Args, err)
 	}
 	return cfg
 }
@@ -174,7 +237,11 @@ func within(path, dir string) bool {
 }
 
 func TestDaemonSet(t *testing.T) {
-	m := loadManifests(t)
+	m := loadManifests(t, manifestPath)
+	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.daemonSets) != 1 || len(m.configMaps) != 1 {
+		t.Fatalf("%s: want one Namespace, ServiceAccount, ConfigMap and DaemonSet; have %d, %d, %d and %d",
+			manifestPath, len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets))
+	}
 	ns, sa, ds := m.namespaces[0], m.serviceAccounts[0], m.daemonSets[0]
 
 	if ds.Name != "plugd" || ds.Namespace != ns.Name || sa.Namespace != ns.Name {
@@ -203,7 +270,34 @@ func TestDaemonSet(t *testing.T) {
 	if len(c.Command) != 0 {
 		t.Fatalf("the container sets command %q: the image's entrypoint is plugd, and the args are its flags", c.Command)
 	}
-	cfg := plugdArgs(t, c.Args)
+	var cm *corev1.ConfigMap
+	configMount := ""
+	for _, v := range pod.Volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		if v.ConfigMap.Name != m.configMaps[0].Name || m.configMaps[0].Namespace != ns.Name {
+			t.Errorf("volume %s is ConfigMap %s, the manifest defines %s/%s", v.Name, v.ConfigMap.Name, m.configMaps[0].Namespace, m.configMaps[0].Name)
+		}
+		cm = &m.configMaps[0]
+		for _, vm := range c.VolumeMounts {
+			if vm.Name == v.Name {
+				configMount = vm.MountPath
+			}
+		}
+	}
+	cfg := plugdArgs(t, c, cm, configMount)
+
+	// The Kubernetes side: its own Node, by the downward API, with the
+	// ServiceAccount's token.
+	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "<spec.nodeName>" || cfg.Kubernetes.Kubeconfig != "" {
+		t.Errorf("plugd's kubernetes settings are %+v; want in-cluster, with the node name from spec.nodeName", cfg.Kubernetes)
+	}
+	for _, a := range []*bool{sa.AutomountServiceAccountToken, pod.AutomountServiceAccountToken} {
+		if a != nil && !*a {
+			t.Errorf("automountServiceAccountToken is false: plugd needs its ServiceAccount's token to read its Node")
+		}
+	}
 
 	// Volumes by name, and the mount that holds a path.
 	hostPaths := map[string]string{}
@@ -366,8 +460,16 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, field := range jsonFields(reflect.TypeFor[daemon.Config](), "") {
+		if field == "kubernetes" {
+			continue // present means on: shown commented out, checked below
+		}
 		if !hasPath(raw, field) {
 			t.Errorf("%s does not show field %s", configPath, field)
+		}
+	}
+	for _, field := range append([]string{"kubernetes"}, jsonFields(reflect.TypeFor[daemon.KubernetesConfig](), "")...) {
+		if !regexp.MustCompile(`(?m)^#\s+` + field + `:`).Match(b) {
+			t.Errorf("%s does not show field kubernetes.%s in its commented kubernetes section", configPath, field)
 		}
 	}
 

@@ -3,7 +3,9 @@
 // It talks to the daemon only through package api, so it works with any plugd
 // that serves that API, on its unix socket or over TCP (--address), and it can
 // be tested without exiting the process: Run takes the arguments and output
-// streams and returns the exit code.
+// streams and returns the exit code. One command, cluster, talks to the
+// Kubernetes API server instead, with client-go, and reads the conditions
+// plugd writes on every node.
 package cli
 
 import (
@@ -31,6 +33,8 @@ const (
 	ExitError   = 1 // it could not: plugd unreachable, plugin not found, a bad answer
 	ExitUsage   = 2 // the command line is wrong
 	ExitTimeout = 3 // wait: the condition was not met in time
+	// ExitFindings is doctor's: it found something at warning or above.
+	ExitFindings = 4
 )
 
 // Version is plugctl's version, set at build time with
@@ -115,7 +119,8 @@ Exit codes:
   0  success
   1  error: plugd unreachable, plugin not found, an answer plugctl cannot use
   2  usage error: unknown command, bad flag or value
-  3  wait: the condition was not met before --timeout`,
+  3  wait: the condition was not met before --timeout
+  4  doctor: a warning or an error was found`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		PersistentPreRunE: a.checkGlobalFlags,
@@ -129,7 +134,7 @@ Exit codes:
 	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "how long to wait for each answer from plugd")
 	a.global = f
 
-	root.AddCommand(a.listCommand(), a.getCommand(), a.watchCommand(), a.waitCommand(), a.versionCommand())
+	root.AddCommand(a.listCommand(), a.getCommand(), a.watchCommand(), a.waitCommand(), a.doctorCommand(), a.clusterCommand(), a.versionCommand())
 	return root
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
@@ -64,6 +65,8 @@ func startDaemon(t *testing.T) *env {
 			{Type: "CSIPlugin", Handler: "accept"},
 			{Type: "DevicePlugin", Handler: "accept"},
 		},
+		// Nothing of the machine the tests run on: no kubelet roots, no processes.
+		Doctor: daemon.DoctorConfig{KubeletRoots: []string{filepath.Join(tmp, "no-kubelet")}, ProcDir: "none"},
 	}, logs)
 	if err != nil {
 		t.Fatal(err)
@@ -640,4 +643,79 @@ func TestEnvironment(t *testing.T) {
 	if r := run("--socket", e.sock, "version"); r.code != ExitOK {
 		t.Errorf("--socket does not win over $%s: %+v", envAddress, r)
 	}
+}
+
+// plugctl doctor prints plugd's findings and says by its exit code whether
+// any is a warning or worse; --min-severity and -o json shape the output.
+func TestDoctor(t *testing.T) {
+	e := startDaemon(t)
+	r := e.run("doctor")
+	r.want(t, ExitOK)
+	if !strings.Contains(r.stdout, "plugd found nothing wrong") {
+		t.Errorf("doctor on a clean node:\n%s", r.stdout)
+	}
+	e.plugin(t, "CSIPlugin", "csi.example.com") // offers "v1", which is no CSI version
+	e.mustRun(t, "wait", "--id", csiID, "--for", "registered")
+	r = e.run("doctor")
+	r.want(t, ExitFindings, "found 1 error")
+	for _, s := range []string{"ERROR  versions-refused  CSIPlugin csi.example.com  " + filepath.Join(e.dir, csiID), "  - versions: [v1]", "  remedy: ", "\n1 error\n"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("doctor does not print %q:\n%s", s, r.stdout)
+		}
+	}
+	r = e.run("doctor", "-o", "json", "--min-severity", "error")
+	var list api.FindingList
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list.Findings) != 1 || list.Findings[0].Check != "versions-refused" {
+		t.Errorf("doctor -o json: %v\n%s", err, r.stdout)
+	}
+	e.run("doctor", "--min-severity", "loud").want(t, ExitUsage, `--min-severity "loud" must be one of info, warning, error`)
+}
+
+// With plugd connected to Kubernetes, the table has a KUBELET column; -o
+// wide gives its reason. Without, the table is as it always was.
+func TestKubeletColumn(t *testing.T) {
+	now := time.Now()
+	plain := []api.Plugin{{ID: "a.sock", Type: "CSIPlugin", Name: "a", State: "Answering"}}
+	if h := pluginTable(plain, false, now).header; slices.Contains(h, "KUBELET") {
+		t.Errorf("header %q without Kubernetes", h)
+	}
+	kube := []api.Plugin{
+		{ID: "a.sock", Type: "CSIPlugin", Name: "a", State: "Answering", Kubelet: &api.KubeletView{State: "NotRegistered", Reason: "NotInCSINode"}},
+		{ID: "b.sock", State: "Pending"},
+	}
+	var b strings.Builder
+	pluginTable(kube, false, now).write(&b, 0)
+	if lines := strings.Split(b.String(), "\n"); !strings.HasPrefix(lines[0], "ID       TYPE        NAME   STATE       KUBELET         AGE") ||
+		!strings.Contains(lines[1], "Answering   NotRegistered") || !strings.Contains(lines[2], "Pending     -") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	b.Reset()
+	pluginTable(kube, true, now).write(&b, 0)
+	if !strings.Contains(b.String(), "NotRegistered(NotInCSINode)") {
+		t.Errorf("wide table:\n%s", b.String())
+	}
+}
+
+func TestClusterTable(t *testing.T) {
+	now := time.Now()
+	v := ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []kubenode.ClusterPlugin{
+		{Type: "CSIPlugin", Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady", Ready: 2, Expected: 3,
+			NotReady: []kubenode.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
+	}}
+	var b strings.Builder
+	if err := writeCluster(&b, v, true, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"TYPE        NAME              READY   EXPECTED   CONDITION", "CSIPlugin   csi.example.com   2       3          csi.example.com/CSIPluginReady",
+		"3 nodes, 3 with plugd's conditions", "CSIPlugin csi.example.com: not ready on 1 of 3 nodes", "node-c   False    SocketMissing   3m      plugd: CSIPlugin"} {
+		if !strings.Contains(b.String(), s) {
+			t.Errorf("cluster -o wide does not print %q:\n%s", s, b.String())
+		}
+	}
+	b.Reset()
+	writeCluster(&b, ClusterView{Nodes: 2}, false, now)
+	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
+		t.Errorf("empty cluster:\n%s", b.String())
+	}
+	run("cluster", "--kubeconfig", "/nonexistent/kubeconfig").want(t, ExitError, "cannot find the Kubernetes API server")
 }

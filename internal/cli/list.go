@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +36,9 @@ func (a *app) listCommand() *cobra.Command {
 The table shows ID (the socket's path inside the registry directory, what
 'plugctl get' takes), TYPE, NAME, STATE, AGE (since the plugin registered, or
 else since its socket was found) and ERROR (the last failure, cut to fit the
-terminal). -o wide adds ENDPOINT, VERSIONS, ATTEMPTS, NEXT RETRY and NEWEST
+terminal). With plugd connected to Kubernetes, KUBELET follows STATE: what the
+API shows the kubelet made of the plugin (Registered, NotRegistered, Unknown;
+-o wide adds the reason). -o wide adds ENDPOINT, VERSIONS, ATTEMPTS, NEXT RETRY and NEWEST
 (the newest of several sockets of one plugin) and prints errors whole. -o json
 and -o yaml print the API's PluginList.
 
@@ -132,13 +135,22 @@ func filterString(f api.Filter) string {
 // pluginTable lays plugins out for people. ERROR comes last in both forms so
 // that a long error, cut or not, does not push other columns around.
 func pluginTable(plugins []api.Plugin, wide bool, now time.Time) table {
-	t := table{header: []string{"ID", "TYPE", "NAME", "STATE", "AGE"}}
+	kube := slices.ContainsFunc(plugins, func(p api.Plugin) bool { return p.Kubelet != nil })
+	t := table{header: []string{"ID", "TYPE", "NAME", "STATE"}}
+	if kube {
+		t.header = append(t.header, "KUBELET")
+	}
+	t.header = append(t.header, "AGE")
 	if wide {
 		t.header = append(t.header, "ENDPOINT", "VERSIONS", "ATTEMPTS", "NEXT RETRY", "NEWEST")
 	}
 	t.header = append(t.header, "ERROR")
 	for _, p := range plugins {
-		row := []string{cell(p.ID), cell(p.Type), cell(p.Name), cell(p.State), age(p, now)}
+		row := []string{cell(p.ID), cell(p.Type), cell(p.Name), cell(p.State)}
+		if kube {
+			row = append(row, kubeletCell(p.Kubelet, wide))
+		}
+		row = append(row, age(p, now))
 		if wide {
 			row = append(row, cell(p.Endpoint), cell(strings.Join(p.Versions, ",")),
 				strconv.Itoa(p.Attempts), until(p.NextRetry, now), yesOrDash(p.Newest))
@@ -146,6 +158,18 @@ func pluginTable(plugins []api.Plugin, wide bool, now time.Time) table {
 		t.rows = append(t.rows, append(row, cell(p.LastError)))
 	}
 	return t
+}
+
+// kubeletCell is a plugin's kubelet view in a table: its state, and in the
+// wide form its reason.
+func kubeletCell(v *api.KubeletView, wide bool) string {
+	switch {
+	case v == nil:
+		return "-"
+	case wide && v.Reason != "":
+		return cell(v.State + "(" + v.Reason + ")")
+	}
+	return cell(v.State)
 }
 
 // age is how long a plugin has been registered, or if it is not, how long

@@ -51,12 +51,32 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 	return cmd
 }
 
+// LoadArgs is the configuration plugd runs with for these command-line
+// arguments (without the program name) and environment: the file --config
+// names, the flags over it, and the defaults. The deployment tests check
+// manifests with it.
+func LoadArgs(args []string, getenv func(string) string) (Config, error) {
+	o := options{getenv: getenv}
+	f := pflag.NewFlagSet("plugd", pflag.ContinueOnError)
+	o.bind(f)
+	if err := f.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if f.NArg() != 0 {
+		return Config{}, fmt.Errorf("plugd takes no arguments, only flags; have %q", f.Args())
+	}
+	return o.load(f)
+}
+
 // options are plugd's flags: the configuration file, and values that override it.
 type options struct {
 	configPath string
 	fl         Config // values of the flags; only those set override the file
 	handlers   []string
 	peers      []string
+	kube       KubernetesConfig // --kubeconfig, --node-name
+	kubeOn     bool             // --kubernetes
+	getenv     func(string) string
 }
 
 func (o *options) bind(f *pflag.FlagSet) {
@@ -87,6 +107,9 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.IntVar(&fl.Policy.MaxSockets, "max-sockets", 0, "most sockets tracked (default 20000)")
 	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")
 	f.StringVar(&fl.Log.Level, "log-level", "", "debug, info, warn or error (default info)")
+	f.BoolVar(&o.kubeOn, "kubernetes", false, "connect to the Kubernetes API (in-cluster unless --kubeconfig) for the kubelet's view of each plugin, Node conditions and events")
+	f.StringVar(&o.kube.Kubeconfig, "kubeconfig", "", "kubeconfig file to reach the Kubernetes API with; implies --kubernetes (default: in-cluster)")
+	f.StringVar(&o.kube.NodeName, "node-name", "", "this node's Node object; implies --kubernetes (default $NODE_NAME)")
 }
 
 func defaultNote(what string) string {
@@ -149,6 +172,28 @@ func (o *options) load(flags *pflag.FlagSet) (Config, error) {
 			}
 			cfg.Handlers = append(cfg.Handlers, HandlerConfig{Type: typ, Handler: name})
 		}
+	}
+	if o.kubeOn || flags.Changed("kubeconfig") || flags.Changed("node-name") {
+		k := KubernetesConfig{}
+		if cfg.Kubernetes != nil {
+			k = *cfg.Kubernetes
+		}
+		if flags.Changed("kubeconfig") {
+			k.Kubeconfig = o.kube.Kubeconfig
+		}
+		if flags.Changed("node-name") {
+			k.NodeName = o.kube.NodeName
+		}
+		cfg.Kubernetes = &k
+	}
+	if k := cfg.Kubernetes; k != nil && k.NodeName == "" {
+		getenv := o.getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		kc := *k
+		kc.NodeName = getenv("NODE_NAME")
+		cfg.Kubernetes = &kc
 	}
 	if len(o.peers) > 0 {
 		cfg.Policy.AllowedPeers = nil

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -65,6 +67,63 @@ type Config struct {
 	Policy   PolicyConfig   `json:"policy,omitempty"`
 
 	Log LogConfig `json:"log,omitempty"`
+
+	// Kubernetes connects plugd to the Kubernetes API, for the kubelet's
+	// view of each plugin, Node conditions and events. Absent: off, and
+	// nothing needs an API server.
+	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+	// Expect lists the plugins this node must have. With kubernetes set,
+	// each gets a Node condition; plugctl doctor reports a missing one.
+	Expect []ExpectConfig `json:"expect,omitempty"`
+
+	Doctor DoctorConfig `json:"doctor,omitempty"`
+}
+
+// KubernetesConfig says how plugd reaches the Kubernetes API, and what it
+// does there. It reads only its own node's Node, CSINode and ResourceSlices,
+// and writes only on change.
+type KubernetesConfig struct {
+	// Kubeconfig is a kubeconfig file. Empty: the pod's in-cluster
+	// configuration (its ServiceAccount).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// NodeName is this node's Node object. Default: $NODE_NAME (the
+	// DaemonSet sets it from spec.nodeName). Required.
+	NodeName string `json:"nodeName,omitempty"`
+	// RemoveTaintWhenReady, KEY:EFFECT, is a taint plugd removes from the
+	// Node once every expected plugin is ready (a startup taint, so that
+	// no pod lands before its plugins are registered). Empty: none.
+	RemoveTaintWhenReady string `json:"removeTaintWhenReady,omitempty"`
+	// DisagreementGrace is how long a plugin's socket and the kubelet may
+	// disagree (it answers and the kubelet lacks it, or the reverse) before
+	// a Warning event says so. Default 1m.
+	DisagreementGrace Duration `json:"disagreementGrace,omitempty"`
+}
+
+// ExpectConfig is a plugin the node must have.
+type ExpectConfig struct {
+	// Type and Name are as the plugin sends them in GetInfo.
+	Type string `json:"type"`
+	Name string `json:"name"`
+	// Condition is the type of its Node condition. Default:
+	// NAME/TYPEReady, e.g. csi.example.com/CSIPluginReady (for a device
+	// plugin's vendor.example/gpu: vendor.example/gpu-DevicePluginReady).
+	Condition string `json:"condition,omitempty"`
+	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
+	// make it ready. Default 1.
+	MinHealthyDevices int `json:"minHealthyDevices,omitempty"`
+}
+
+// DoctorConfig tunes plugctl doctor's checks (GET /v1/findings).
+type DoctorConfig struct {
+	// KubeletRoots are kubelet root directories whose plugins_registry is
+	// searched for sockets that belong in registryDir. Default: the
+	// upstream, MicroK8s, k0s and k3s roots.
+	KubeletRoots []string `json:"kubeletRoots,omitempty"`
+	// ProcDir is where the running processes are listed, to find a
+	// kubelet and the --root-dir it uses. Default /proc (on Linux; a pod
+	// without hostPID sees only its own processes there: mount the host's
+	// /proc and point here); "none" skips the search.
+	ProcDir string `json:"procDir,omitempty"`
 }
 
 // LivenessConfig says how registered plugins are checked to be alive.
@@ -356,12 +415,74 @@ func (c Config) WithDefaults() (Config, error) {
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		return c, err
 	}
+	if err := c.checkKubernetes(); err != nil {
+		return c, err
+	}
+	if c.Doctor.ProcDir == "" && runtime.GOOS == "linux" {
+		c.Doctor.ProcDir = "/proc"
+	}
+	if len(c.Doctor.KubeletRoots) == 0 {
+		c.Doctor.KubeletRoots = nil // an empty list is the default
+	}
+	for i, r := range c.Doctor.KubeletRoots {
+		if !filepath.IsAbs(r) {
+			return c, fmt.Errorf("doctor.kubeletRoots[%d] %q is not an absolute path", i, r)
+		}
+	}
 	// The manager checks the rest of its options the same way; let it, so the
 	// rules live in one place, and translate its option names to ours.
 	if _, err := pluginmanager.New(c.managerOptions(nil, nil)); err != nil {
 		return c, errors.New(configFieldNames.Replace(err.Error()))
 	}
 	return c, nil
+}
+
+// checkKubernetes checks the kubernetes and expect sections, and fills in
+// the expected plugins' default conditions. c is a copy: its slices are
+// replaced, never written through.
+func (c *Config) checkKubernetes() error {
+	if k := c.Kubernetes; k != nil {
+		kc := *k
+		c.Kubernetes = &kc
+		if kc.NodeName == "" {
+			return errors.New("kubernetes.nodeName is empty: set it, --node-name or NODE_NAME (the DaemonSet sets NODE_NAME from spec.nodeName)")
+		}
+		if kc.DisagreementGrace < 0 {
+			return fmt.Errorf("kubernetes.disagreementGrace is %s: it must be positive (default 1m)", kc.DisagreementGrace)
+		}
+		if kc.RemoveTaintWhenReady != "" {
+			if _, _, err := kubenode.ParseTaint(kc.RemoveTaintWhenReady); err != nil {
+				return fmt.Errorf("kubernetes.removeTaintWhenReady %w", err)
+			}
+			if len(c.Expect) == 0 {
+				return errors.New("kubernetes.removeTaintWhenReady is set, but expect lists no plugins: the taint would never be removed; list the plugins the node needs in expect")
+			}
+		}
+	}
+	expect := make([]ExpectConfig, len(c.Expect))
+	seen := map[string]string{}
+	for i, e := range c.Expect {
+		x, err := e.expectation().WithDefaults()
+		if err != nil {
+			return fmt.Errorf("expect[%d]: %w", i, err)
+		}
+		for _, k := range []string{"plugin " + x.Type + " " + x.Name, "condition " + x.Condition} {
+			if j, dup := seen[k]; dup {
+				return fmt.Errorf("expect[%d]: %s is also expect[%s]'s", i, k, j)
+			}
+			seen[k] = fmt.Sprint(i)
+		}
+		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices}
+	}
+	c.Expect = nil // an empty list is none
+	if len(expect) > 0 {
+		c.Expect = expect
+	}
+	return nil
+}
+
+func (e ExpectConfig) expectation() kubenode.Expectation {
+	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices}
 }
 
 // configFieldNames turns the manager's option names into this file's field names.

@@ -22,7 +22,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
+	"k8s.io/klog/v2"
 )
 
 // Version is plugd's version, set at build time with
@@ -35,7 +38,12 @@ type Daemon struct {
 	level   *slog.LevelVar
 	metrics *prometheus.Registry
 	m       *pluginmanager.Manager
-	streams chan struct{} // a slot per open event stream
+	streams chan struct{}  // a slot per open event stream
+	doctors chan struct{}  // a slot per doctor run (GET /v1/findings) under way
+	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
+
+	seenMu sync.Mutex
+	seen   map[string]pluginmanager.Plugin // what each socket last said in GetInfo, by path; guarded by seenMu
 
 	mu       sync.Mutex
 	cfg      Config             // as applied; guarded by mu
@@ -61,7 +69,9 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		level:   level,
 		metrics: prometheus.NewRegistry(),
 		streams: make(chan struct{}, maxStreams),
+		doctors: make(chan struct{}, maxDoctors),
 		cfg:     cfg,
+		seen:    map[string]pluginmanager.Plugin{},
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
@@ -74,7 +84,119 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if k := cfg.Kubernetes; k != nil {
+		// client-go logs through klog; plugd logs each change of the API's
+		// state itself, once, so client-go's own lines are for debugging.
+		klog.SetSlogLogger(slog.New(debugHandler{h}).With("source", "client-go"))
+		var expect []kubenode.Expectation
+		for _, e := range cfg.Expect {
+			expect = append(expect, e.expectation())
+		}
+		d.kube, err = kubenode.New(kubenode.Config{
+			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + Version,
+			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
+			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
+		})
+		if err != nil {
+			d.closeHandlers()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// debugHandler writes every record at debug level.
+type debugHandler struct{ h slog.Handler }
+
+func (d debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
+	return d.h.Enabled(ctx, slog.LevelDebug)
+}
+
+func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = slog.LevelDebug
+	return d.h.Handle(ctx, r)
+}
+
+func (d debugHandler) WithAttrs(as []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(as)} }
+func (d debugHandler) WithGroup(g string) slog.Handler       { return debugHandler{d.h.WithGroup(g)} }
+
+// follow keeps what each socket last said, and tells the Kubernetes side of
+// every change, until ctx is done or the manager stops.
+func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
+	defer sub.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-sub.Events():
+			if !ok {
+				return
+			}
+			d.seenMu.Lock()
+			switch {
+			case ev.Type == pluginmanager.EventRemoved:
+				delete(d.seen, ev.Plugin.Socket)
+			case ev.Type == pluginmanager.EventLost:
+				for _, s := range d.m.Plugins() {
+					if s.Type != "" {
+						d.seen[s.Socket] = s.Plugin
+					}
+				}
+			case ev.Plugin.Type != "":
+				d.seen[ev.Plugin.Socket] = ev.Plugin
+			}
+			d.seenMu.Unlock()
+			if d.kube != nil {
+				d.kube.Changed()
+			}
+		}
+	}
+}
+
+// identify is s with what its socket last said in GetInfo when it says
+// nothing now (a socket that went Stale while managing forgets it), and
+// whether it was filled in so.
+func (d *Daemon) identify(s pluginmanager.PluginStatus) (pluginmanager.PluginStatus, bool) {
+	if s.Type != "" {
+		return s, false
+	}
+	d.seenMu.Lock()
+	p, ok := d.seen[s.Socket]
+	d.seenMu.Unlock()
+	if ok {
+		s.Plugin = p
+	}
+	return s, ok
+}
+
+// answering says the socket's plugin answers now.
+func answering(s pluginmanager.PluginStatus) bool {
+	return s.State == pluginmanager.StateRegistered || s.State == pluginmanager.StateAnswering
+}
+
+// kubePlugins is the node's plugins for the Kubernetes side.
+func (d *Daemon) kubePlugins() []kubenode.Plugin {
+	var out []kubenode.Plugin
+	for _, s := range d.m.Plugins() {
+		s, _ = d.identify(s)
+		f := d.handlerFacts(s.Plugin)
+		out = append(out, kubenode.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
+			Answering: answering(s), NodeID: f.nodeID, DevicesKnown: f.devicesKnown, Devices: f.devices, HealthyDevices: f.healthy})
+	}
+	return out
+}
+
+// kubeletView is the kubelet's view of s, when plugd is connected to
+// Kubernetes and s has said who it is.
+func (d *Daemon) kubeletView(s pluginmanager.PluginStatus) *api.KubeletView {
+	if d.kube == nil || s.Type == "" {
+		return nil
+	}
+	v, ok := d.kube.KubeletView(s.Type, s.Name)
+	if !ok {
+		v = api.KubeletView{State: api.KubeletUnknown, Reason: "Pending", Message: "plugd has not compared it with the Kubernetes API yet"}
+	}
+	return &v
 }
 
 // addHandler builds the handler hc names and hands it to the manager. d.mu
@@ -148,6 +270,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 				stop()
 			}
 		})
+	}
+	sub := d.m.Subscribe()
+	wg.Go(func() { d.follow(runCtx, sub) })
+	if d.kube != nil {
+		wg.Go(func() { d.kube.Run(runCtx) })
 	}
 	wg.Go(func() {
 		if err := d.m.Run(runCtx); err != nil {
@@ -344,4 +471,12 @@ var configFields = []struct {
 	{"log.format", func(c Config) any { return c.Log.Format }},
 	{"liveness", func(c Config) any { return c.Liveness }},
 	{"policy", func(c Config) any { return fmt.Sprintf("%+v", c.Policy) }}, // holds slices: compared as text
+	{"kubernetes", func(c Config) any {
+		if c.Kubernetes == nil {
+			return ""
+		}
+		return fmt.Sprintf("%+v", *c.Kubernetes)
+	}},
+	{"expect", func(c Config) any { return fmt.Sprintf("%+v", c.Expect) }},
+	{"doctor", func(c Config) any { return fmt.Sprintf("%+v", c.Doctor) }},
 }

@@ -268,6 +268,16 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"status: {tcp: nine}\n", "status.tcp is \"nine\": it must be host:port"},
 		{"log: {format: xml}\n", `log.format is "xml": it must be text or json`},
 		{"log: {level: loud}\n", `log.level is "loud"`},
+		{"kubernetes: {}\n", "kubernetes.nodeName is empty"},
+		{"kubernetes: {nodeName: n, disagreementGrace: -1s}\n", "kubernetes.disagreementGrace is -1s"},
+		{"kubernetes: {nodeName: n, removeTaintWhenReady: x}\n", `kubernetes.removeTaintWhenReady "x": write it as KEY:EFFECT`},
+		{"kubernetes: {nodeName: n, removeTaintWhenReady: 'k:NoSchedule'}\n", "expect lists no plugins"},
+		{"kubernetes: {nodeNam: n}\n", `unknown field "nodeNam"`},
+		{"expect: [{type: CSIPlugin}]\n", "expect[0]: type and name are both needed"},
+		{"expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "expect[0]: minHealthyDevices applies to DevicePlugin"},
+		{"expect: [{type: CSIPlugin, name: a.example.com, condition: Ready}]\n", "the kubelet's"},
+		{"expect: [{type: CSIPlugin, name: a.example.com}, {type: DRAPlugin, name: b.example.com, condition: a.example.com/CSIPluginReady}]\n", "expect[1]: condition a.example.com/CSIPluginReady is also expect[0]'s"},
+		{"doctor: {kubeletRoots: [var/lib/kubelet]}\n", "doctor.kubeletRoots[0]"},
 	} {
 		path := filepath.Join(dir, "c.yaml")
 		if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
@@ -306,6 +316,45 @@ func TestFlagsOverrideTheFile(t *testing.T) {
 	}
 	if cfg.ResyncInterval != 0 || cfg.ShutdownTimeout != Duration(10*time.Second) {
 		t.Errorf("defaults not applied: %+v", cfg)
+	}
+}
+
+// --kubernetes (or --kubeconfig, --node-name) turns the Kubernetes
+// connection on; the node name comes from NODE_NAME unless set; expected
+// plugins get their default conditions.
+func TestKubernetesFromFlagsAndEnv(t *testing.T) {
+	dir := testenv.ShortDir(t, "pd")
+	path := filepath.Join(dir, "c.yaml")
+	os.WriteFile(path, []byte("expect: [{type: DevicePlugin, name: vendor.example/gpu}]\n"), 0o600)
+	load := func(env string, args ...string) (Config, error) {
+		o := options{getenv: func(k string) string {
+			if k == "NODE_NAME" {
+				return env
+			}
+			return ""
+		}}
+		flags := pflag.NewFlagSet("plugd", pflag.ContinueOnError)
+		o.bind(flags)
+		if err := flags.Parse(append([]string{"--config", path}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return o.load(flags)
+	}
+	cfg, err := load("node-a")
+	if err != nil || cfg.Kubernetes != nil {
+		t.Fatalf("without --kubernetes: %+v, %v; want no connection", cfg.Kubernetes, err)
+	}
+	if e := cfg.Expect[0]; e.Condition != "vendor.example/gpu-DevicePluginReady" || e.MinHealthyDevices != 1 {
+		t.Errorf("expect defaults: %+v", e)
+	}
+	if cfg, err = load("node-a", "--kubernetes"); err != nil || cfg.Kubernetes.NodeName != "node-a" || cfg.Kubernetes.Kubeconfig != "" {
+		t.Errorf("--kubernetes with NODE_NAME: %+v, %v", cfg.Kubernetes, err)
+	}
+	if cfg, err = load("node-a", "--kubeconfig", "/k", "--node-name", "node-b"); err != nil || cfg.Kubernetes.NodeName != "node-b" || cfg.Kubernetes.Kubeconfig != "/k" {
+		t.Errorf("--kubeconfig --node-name: %+v, %v", cfg.Kubernetes, err)
+	}
+	if _, err = load("", "--kubernetes"); err == nil || !strings.Contains(err.Error(), "NODE_NAME") {
+		t.Errorf("--kubernetes without a node name: %v", err)
 	}
 }
 
@@ -511,5 +560,87 @@ func TestPolicyAndLivenessFromFlags(t *testing.T) {
 		if _, err := o.load(flags); err == nil || !strings.Contains(err.Error(), "TYPE=uid:N,gid:M") {
 			t.Errorf("bad --allowed-peer: %v", err)
 		}
+	}
+}
+
+// GET /v1/findings runs the doctor on what the daemon knows: here a plugin
+// whose versions the kubelet would refuse, and an expected one that is
+// missing. No Kubernetes is needed.
+func TestFindings(t *testing.T) {
+	r := runDaemon(t, Config{Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "missing.example.com"}},
+		Doctor: DoctorConfig{KubeletRoots: []string{"/nonexistent"}}})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "old.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1alpha"}})
+	r.waitFor(t, "old.sock", "Registered")
+	fs, err := r.client.Findings(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var checks []string
+	for _, f := range fs {
+		checks = append(checks, f.Check+" "+f.Name)
+	}
+	if !slices.Contains(checks, "expected-missing missing.example.com") || !slices.Contains(checks, "versions-refused example.com/gpu") {
+		t.Errorf("findings: %q", checks)
+	}
+	if p, _ := r.client.Plugin(context.Background(), "old.sock"); p.Kubelet != nil {
+		t.Errorf("a plugin has a kubelet view without Kubernetes: %+v", p.Kubelet)
+	}
+}
+
+// With an API server that does not answer, everything local works: plugins
+// register, the status API serves them, their kubelet view says why it is
+// Unknown, the doctor lists the trouble, and Run stops cleanly (goleak
+// checks that the informers stopped too).
+func TestKubernetesUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nobody listens there now: connections are refused
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://%s", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, addr)), 0o600)
+	r := runDaemon(t, Config{Kubernetes: &KubernetesConfig{Kubeconfig: kubeconfig, NodeName: "node-a"},
+		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "csi.example.com"}}, Doctor: DoctorConfig{ProcDir: "none"}})
+	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	r.waitFor(t, "csi.sock", "Registered")
+	deadline := time.Now().Add(wait)
+	for {
+		p, err := r.client.Plugin(context.Background(), "csi.sock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := p.Kubelet; k != nil && k.State == api.KubeletUnknown && k.Reason == "APIUnavailable" {
+			if !strings.Contains(k.Message, "connection refused") {
+				t.Errorf("kubelet view: %+v", k)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubelet view: %+v", p.Kubelet)
+		}
+		time.Sleep(10 * time.Millisecond) // the poll's pace: a view has no event
+	}
+	fs, err := r.client.Findings(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var api []string
+	for _, f := range fs {
+		if f.Check == "kubernetes-api" {
+			api = append(api, f.Summary)
+		}
+	}
+	if len(api) != 3 {
+		t.Errorf("kubernetes-api findings: %q; want one per read (Node, CSINode, ResourceSlices)", api)
+	}
+	if n := strings.Count(r.logs.String(), "Kubernetes API: cannot read"); n != 3 {
+		t.Errorf("logged the trouble %d times, want once per read:\n%s", n, r.logs)
 	}
 }

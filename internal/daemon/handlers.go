@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,46 @@ import (
 // shows that as a plugin's details.
 type detailer interface {
 	Details(p pluginmanager.Plugin) any
+}
+
+// handlerFacts is what the Kubernetes side and the doctor use of a plugin's
+// handler details: a CSI driver's node id, a device plugin's devices. It is
+// the one place the daemon reads into the handlers' details, which are
+// untyped (JSON objects) for now.
+type handlerFacts struct {
+	nodeID           string
+	devicesKnown     bool
+	devices, healthy int
+}
+
+func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
+	var f handlerFacts
+	if p.Type != "CSIPlugin" && p.Type != "DevicePlugin" {
+		return f
+	}
+	det := d.details(p)
+	if det == nil {
+		return f
+	}
+	b, err := json.Marshal(det)
+	var v struct {
+		NodeID  string         `json:"nodeID"`  // csi: NodeGetInfo's answer
+		Devices map[string]int `json:"devices"` // deviceplugin: counts by health
+	}
+	if err != nil || json.Unmarshal(b, &v) != nil {
+		return f
+	}
+	f.nodeID = v.NodeID
+	if p.Type == "DevicePlugin" && v.Devices != nil {
+		f.devicesKnown = true
+		for health, n := range v.Devices {
+			f.devices += n
+			if health == "Healthy" {
+				f.healthy += n
+			}
+		}
+	}
+	return f
 }
 
 // handler is a built-in handler as the daemon runs it: close stops what it

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/doctor"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -24,6 +25,8 @@ const (
 	maxStreams    = 64   // event streams open at once
 	streamBuffer  = 256  // events a stream may fall behind before it is told it lost some
 	writeDeadline = 10 * time.Second
+	maxDoctors    = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
+	doctorTimeout = 10 * time.Second // bound on one doctor run
 )
 
 // Handler is the status API (see package api for the endpoints).
@@ -32,6 +35,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/plugins", d.listPlugins)
 	mux.HandleFunc("GET /v1/plugins/{id...}", d.getPlugin)
 	mux.HandleFunc("GET /v1/events", d.streamEvents)
+	mux.HandleFunc("GET /v1/findings", d.findings)
 	mux.HandleFunc("GET /v1/version", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.Version{Version: Version, GoVersion: runtime.Version(), RegistryDir: d.Config().RegistryDir})
 	})
@@ -56,7 +60,7 @@ func (d *Daemon) Handler() http.Handler {
 				return
 			}
 		}
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s; see /v1/plugins, /v1/events, /v1/version, /metrics, /healthz, /readyz", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s; see /v1/plugins, /v1/events, /v1/findings, /v1/version, /metrics, /healthz, /readyz", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -74,6 +78,7 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
 			p := toAPI(dir, s)
 			p.Details = d.details(s.Plugin)
+			p.Kubelet = d.kubeletView(s)
 			list.Plugins = append(list.Plugins, p)
 		}
 	}
@@ -86,11 +91,55 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
 			p.Details = d.details(s.Plugin)
+			p.Kubelet = d.kubeletView(s)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no plugin %q: an ID is a socket's path inside %s, as GET /v1/plugins lists them", id, dir))
+}
+
+// findings runs the doctor's checks of the plugins and the node.
+func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
+	select {
+	case d.doctors <- struct{}{}:
+		defer func() { <-d.doctors }()
+	default:
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%d doctor runs are under way; retry when one is done", maxDoctors))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), doctorTimeout)
+	defer cancel()
+	cfg := d.Config()
+	in := doctor.Input{RegistryDir: cfg.RegistryDir, KubeletRoots: cfg.Doctor.KubeletRoots}
+	if cfg.Doctor.ProcDir != "none" {
+		in.ProcDir = cfg.Doctor.ProcDir
+	}
+	for _, e := range cfg.Expect {
+		x := doctor.Expected{Type: e.Type, Name: e.Name}
+		if d.kube != nil {
+			x.Condition = e.Condition // only written with Kubernetes
+		}
+		in.Expect = append(in.Expect, x)
+	}
+	for _, s := range d.m.Plugins() {
+		kubelet := d.kubeletView(s)
+		s, remembered := d.identify(s)
+		in.Plugins = append(in.Plugins, doctor.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint,
+			Versions: s.Versions, State: string(s.State), Reason: string(s.Reason), LastError: s.LastError, Created: s.Created,
+			Answering: answering(s), Remembered: remembered, Kubelet: kubelet})
+	}
+	if d.kube != nil {
+		for _, p := range d.kube.Problems() {
+			in.Kubernetes = append(in.Kubernetes, doctor.KubernetesProblem{Operation: p.Operation, Reason: p.Reason,
+				Message: p.Message, Permission: p.Permission, Since: p.Since})
+		}
+	}
+	list := api.FindingList{Findings: doctor.Check(ctx, in)}
+	if list.Findings == nil {
+		list.Findings = []api.Finding{}
+	}
+	writeJSON(w, http.StatusOK, list)
 }
 
 // streamEvents writes events as JSON lines until the client goes away or

@@ -2,9 +2,12 @@ package testenv
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"sync"
 	"testing"
+
+	"github.com/plugd/plugd/plugin"
 )
 
 // ShortDir returns a new directory, named after prefix, under os.TempDir, and
@@ -39,4 +42,27 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// StartPlugin serves a plugin with the SDK until the test ends.
+func StartPlugin(t testing.TB, cfg plugin.Config) *plugin.Server {
+	t.Helper()
+	s, err := plugin.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// DeadSocket leaves a socket file at path that nobody listens on, as a
+// plugin that crashed does.
+func DeadSocket(t testing.TB, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
 }

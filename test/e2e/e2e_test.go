@@ -71,7 +71,14 @@ type proc struct {
 // still running.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &testenv.Buffer{}, done: make(chan struct{})}
+	return startCmd(t, exec.Command(filepath.Join(bin, name), args...))
+}
+
+// startCmd is start for a command set up by the caller.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
+	p := &proc{cmd: cmd, out: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,366 @@
+// Package doctor is plugctl doctor's engine: it looks at a node's plugins
+// the way an operator would when a plugin "does not work", and says what
+// is wrong, on what evidence, and what to do.
+//
+// Check reads what plugd knows of each socket, and looks for itself where
+// that is not enough: it connects to sockets that do not answer (to tell a
+// dead plugin from one plugd may not reach), to the endpoints of plugins
+// that answer, to a DRA driver's health service, and it looks for
+// registration sockets under other kubelet root directories and for a
+// running kubelet's --root-dir. Every look is read-only and bounded by a
+// deadline.
+package doctor
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/plugd/plugd/api"
+)
+
+// Plugin is one registration socket as plugd knows it.
+type Plugin struct {
+	Socket, Type, Name, Endpoint string
+	Versions                     []string
+	// State, Reason and LastError are plugd's (api.Plugin's).
+	State, Reason, LastError string
+	Created                  time.Time
+	// Answering says the plugin answers GetInfo now.
+	Answering bool
+	// Remembered says Type, Name, Endpoint and Versions are what the socket
+	// said before it stopped answering.
+	Remembered bool
+	// Kubelet is the kubelet view, when plugd is connected to Kubernetes.
+	Kubelet *api.KubeletView
+}
+
+// Expected is a plugin the node must have.
+type Expected struct {
+	Type, Name, Condition string
+}
+
+// KubernetesProblem is trouble plugd has with the API server.
+type KubernetesProblem struct {
+	Operation, Reason, Message, Permission string
+	Since                                  time.Time
+}
+
+// Input is everything Check looks at.
+type Input struct {
+	// RegistryDir is the directory plugd watches.
+	RegistryDir string
+	Plugins     []Plugin
+	Expect      []Expected
+	// KubeletRoots are kubelet root directories whose plugins_registry is
+	// searched for sockets that belong in RegistryDir. Nil means
+	// DefaultKubeletRoots.
+	KubeletRoots []string
+	// ProcDir is where running processes are listed, to find a kubelet and
+	// its --root-dir: "/proc" on Linux; empty skips the search.
+	ProcDir    string
+	Kubernetes []KubernetesProblem
+	// Now is the time ages are counted to.
+	Now time.Time
+}
+
+// DefaultKubeletRoots are the kubelet root directories of the usual
+// distributions: upstream, MicroK8s, k0s and k3s (RKE2 uses upstream's).
+var DefaultKubeletRoots = []string{
+	"/var/lib/kubelet",
+	"/var/snap/microk8s/common/var/lib/kubelet",
+	"/var/lib/k0s/kubelet",
+	"/var/lib/rancher/k3s/agent/kubelet",
+}
+
+// Bounds on the looks Check takes itself.
+const (
+	dialTimeout   = time.Second
+	healthTimeout = 2 * time.Second
+	parallelLooks = 8
+	maxSockPath   = 107 // a unix socket path's longest, without its NUL
+	maxRootWalk   = 1000
+)
+
+// Check looks at in and returns its findings, most serious first. It
+// returns within a few seconds, or when ctx is done, with what it found.
+func Check(ctx context.Context, in Input) []api.Finding {
+	if in.Now.IsZero() {
+		in.Now = time.Now()
+	}
+	if in.KubeletRoots == nil {
+		in.KubeletRoots = DefaultKubeletRoots
+	}
+	c := &checker{in: in, looks: lookAll(ctx, in.Plugins)}
+	c.roots = findRoots(in)
+	for i := range in.Plugins {
+		c.socket(&in.Plugins[i], c.looks[i])
+	}
+	c.duplicates()
+	c.expected()
+	for i := range in.Plugins {
+		c.kubelet(&in.Plugins[i])
+	}
+	c.otherRoots()
+	c.kubernetes()
+	slices.SortStableFunc(c.out, func(a, b api.Finding) int {
+		return cmp.Or(-cmp.Compare(slices.Index(api.Severities, a.Severity), slices.Index(api.Severities, b.Severity)),
+			cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.Check, b.Check))
+	})
+	return c.out
+}
+
+// AtLeast says whether any finding is at severity min or above.
+func AtLeast(fs []api.Finding, min string) bool {
+	m := slices.Index(api.Severities, min)
+	return slices.ContainsFunc(fs, func(f api.Finding) bool { return slices.Index(api.Severities, f.Severity) >= m })
+}
+
+type checker struct {
+	in    Input
+	looks []look
+	roots roots
+	out   []api.Finding
+	// Per socket, the checks that found something, for the causes of
+	// "the kubelet has not registered it".
+	found map[string][]string
+}
+
+func (c *checker) add(f api.Finding) {
+	if c.found == nil {
+		c.found = map[string][]string{}
+	}
+	c.found[f.Socket] = append(c.found[f.Socket], f.Summary)
+	c.out = append(c.out, f)
+}
+
+// about fills in which plugin a finding is about.
+func about(f api.Finding, p *Plugin) api.Finding {
+	f.Type, f.Name, f.Socket = p.Type, p.Name, p.Socket
+	return f
+}
+
+// who names a plugin for a person.
+func who(p *Plugin) string {
+	if p.Type == "" {
+		return p.Socket
+	}
+	return fmt.Sprintf("%s %s (%s)", p.Type, p.Name, p.Socket)
+}
+
+// lookAll takes each socket's own looks, a few at a time.
+func lookAll(ctx context.Context, ps []Plugin) []look {
+	out := make([]look, len(ps))
+	sem := make(chan struct{}, parallelLooks)
+	var wg sync.WaitGroup
+	for i := range ps {
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+				out[i] = lookAt(ctx, &ps[i])
+			case <-ctx.Done():
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// socket is every check of one socket alone.
+func (c *checker) socket(p *Plugin, l look) {
+	if len(p.Socket) > maxSockPath {
+		c.add(about(api.Finding{Severity: api.SeverityError, Check: "socket-path-too-long",
+			Summary:  fmt.Sprintf("the socket's path is %d bytes long: unix sockets cannot be reached by a path over %d bytes", len(p.Socket), maxSockPath),
+			Evidence: []string{"path: " + p.Socket},
+			Remedy:   "give the plugin a shorter socket name or registry path (the kubelet cannot connect to it either)"}, p))
+	}
+	if p.Endpoint != "" && p.Endpoint != p.Socket && len(p.Endpoint) > maxSockPath {
+		c.add(about(api.Finding{Severity: api.SeverityError, Check: "socket-path-too-long",
+			Summary:  fmt.Sprintf("the plugin's endpoint is %d bytes long: nobody can connect to a unix socket path over %d bytes", len(p.Endpoint), maxSockPath),
+			Evidence: []string{"endpoint: " + p.Endpoint},
+			Remedy:   "configure the plugin with a shorter endpoint path"}, p))
+	}
+	switch l.sock.kind {
+	case dialRefused:
+		if !c.replacedBy(p) {
+			c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "stale-socket",
+				Summary:  "stale socket: nobody listens on it (its plugin is gone)",
+				Evidence: append(c.fileEvidence(p, l), "connecting: "+l.sock.err),
+				Remedy:   "restart the plugin (its pod) if it should run; if it was removed, delete the file: rm " + p.Socket}, p))
+		}
+	case dialDenied:
+		c.add(about(api.Finding{Severity: api.SeverityError, Check: "socket-permission",
+			Summary:  fmt.Sprintf("plugd (%s) is not allowed to connect to the socket", l.self),
+			Evidence: append(c.fileEvidence(p, l), "connecting: "+l.sock.err),
+			Remedy:   "connecting to a unix socket needs write permission on it: have the plugin create it writable by plugd's user or group (its umask or a chmod), or run plugd as the socket's owner"}, p))
+	}
+	if p.Type != "" && !p.Remembered {
+		if f, ok := refusedVersions(p); ok {
+			c.add(about(f, p))
+		}
+	}
+	if l.endpoint.kind != dialOK && l.endpoint.kind != dialSkipped {
+		c.add(about(api.Finding{Severity: api.SeverityError, Check: "endpoint-dead",
+			Summary:  "the registration socket answers, but the plugin's endpoint does not",
+			Evidence: []string{"endpoint: " + p.Endpoint, "connecting: " + l.endpoint.err},
+			Remedy:   "the plugin announces an endpoint nobody serves: check the path the plugin (or node-driver-registrar's --csi-address / --kubelet-registration-path) gives, and that the driver's own container runs"}, p))
+	}
+	if l.health != "" {
+		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "health-service-missing",
+			Summary:  "the DRA driver advertises a device health service it does not implement",
+			Evidence: []string{"versions: " + strings.Join(p.Versions, ", "), "NodeWatchResources on " + p.Endpoint + ": " + l.health},
+			Remedy:   "serve the DRA health service the versions name, or remove it from the driver's supported versions (kubeletplugin: only enable health reporting when the driver implements it)"}, p))
+	}
+}
+
+// fileEvidence is a socket file's age, owner and mode.
+func (c *checker) fileEvidence(p *Plugin, l look) []string {
+	var ev []string
+	created := p.Created
+	if created.IsZero() {
+		created = l.file.modTime
+	}
+	if !created.IsZero() {
+		ev = append(ev, fmt.Sprintf("created %s (%s ago)", created.Format(time.RFC3339), c.in.Now.Sub(created).Round(time.Second)))
+	}
+	if l.file.owner != "" {
+		ev = append(ev, "owner "+l.file.owner+", mode "+l.file.mode)
+	}
+	if p.Type != "" {
+		said := fmt.Sprintf("it was %s %s", p.Type, p.Name)
+		if p.Remembered {
+			said += " when it last answered"
+		}
+		ev = append(ev, said)
+	}
+	return ev
+}
+
+// replacedBy says another socket of p's plugin answers: p is then an old
+// instance's, reported by duplicates.
+func (c *checker) replacedBy(p *Plugin) bool {
+	return p.Type != "" && slices.ContainsFunc(c.in.Plugins, func(o Plugin) bool {
+		return o.Socket != p.Socket && o.Type == p.Type && o.Name == p.Name && o.Answering
+	})
+}
+
+// duplicates reports the dead sockets of plugins that have a live one too.
+func (c *checker) duplicates() {
+	for i := range c.in.Plugins {
+		p := &c.in.Plugins[i]
+		if p.Answering || !c.replacedBy(p) {
+			continue
+		}
+		var live []string
+		for _, o := range c.in.Plugins {
+			if o.Socket != p.Socket && o.Type == p.Type && o.Name == p.Name && o.Answering {
+				live = append(live, o.Socket)
+			}
+		}
+		ev := append(c.fileEvidence(p, c.looks[i]), "state: "+p.State, "answering: "+strings.Join(live, ", "))
+		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "duplicate-dead",
+			Summary:  fmt.Sprintf("an old socket of %s %s is dead while a newer one answers", p.Type, p.Name),
+			Evidence: ev,
+			Remedy:   "the old instance did not clean up: delete its socket (rm " + p.Socket + "); a kubelet may otherwise keep using or retrying it"}, p))
+	}
+}
+
+// expected reports expected plugins with no socket.
+func (c *checker) expected() {
+	for _, e := range c.in.Expect {
+		if slices.ContainsFunc(c.in.Plugins, func(p Plugin) bool { return p.Type == e.Type && p.Name == e.Name }) {
+			continue
+		}
+		f := api.Finding{Severity: api.SeverityError, Check: "expected-missing", Type: e.Type, Name: e.Name,
+			Summary:  fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir),
+			Evidence: []string{fmt.Sprintf("%d sockets in %s, none of it", len(c.in.Plugins), c.in.RegistryDir)},
+			Remedy:   "start the plugin on this node (is its DaemonSet scheduled here?), or remove it from expect"}
+		if e.Condition != "" {
+			f.Evidence = append(f.Evidence, "its Node condition "+e.Condition+" is False")
+		}
+		if elsewhere := c.roots.socketsOutside(); len(elsewhere) > 0 {
+			f.Evidence = append(f.Evidence, "registration sockets under other kubelet roots: "+strings.Join(elsewhere, ", "))
+			f.Remedy = "the plugin may be writing under the wrong kubelet root directory (see the other-kubelet-root finding); " + f.Remedy
+		}
+		c.add(f)
+	}
+}
+
+// kubelet reports plugins that answer while the kubelet has not
+// registered them, with the likely causes.
+func (c *checker) kubelet(p *Plugin) {
+	if p.Kubelet == nil || !p.Answering {
+		return
+	}
+	v := p.Kubelet
+	switch {
+	case v.State == api.KubeletNotRegistered:
+	case v.State == api.KubeletRegistered && v.Reason != "":
+		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "kubelet-not-registered",
+			Summary:  "the kubelet has the plugin, but not as it is now (" + v.Reason + ")",
+			Evidence: []string{v.Message},
+			Remedy:   "the kubelet's record is older than the plugin: restart the plugin's pod so that it registers again"}, p))
+		return
+	case v.State == api.KubeletUnknown && v.Reason == "NoResourceSlices":
+		c.add(about(api.Finding{Severity: api.SeverityInfo, Check: "kubelet-not-registered",
+			Summary:  "the DRA driver answers but has published no ResourceSlices for this node",
+			Evidence: []string{v.Message},
+			Remedy:   "normal right after a start; otherwise see the driver's log: it publishes its slices itself, with its own API access"}, p))
+		return
+	default:
+		return
+	}
+	ev := []string{"kubelet view: " + v.Message}
+	if !v.Since.IsZero() {
+		ev = append(ev, fmt.Sprintf("since %s (%s ago)", v.Since.Format(time.RFC3339), c.in.Now.Sub(v.Since).Round(time.Second)))
+	}
+	causes := slices.Clone(c.found[p.Socket])
+	if k := c.roots.kubelet; k != nil && !sameDir(k.registry(), c.in.RegistryDir) {
+		causes = append(causes, fmt.Sprintf("the running kubelet (pid %d) watches %s, not %s", k.pid, k.registry(), c.in.RegistryDir))
+	}
+	switch p.Type {
+	case "CSIPlugin":
+		causes = append(causes,
+			"the Node or its CSINode was re-created after the driver registered: restart the driver's pod so node-driver-registrar registers it again",
+			"node-driver-registrar's --kubelet-registration-path is not the driver socket's path on the host: the kubelet dials that path",
+			"the kubelet refused it (a same-named driver with a higher version is registered): its log says why (journalctl -u kubelet | grep "+p.Name+")")
+	case "DevicePlugin":
+		causes = append(causes,
+			"the kubelet has not reported the resource yet: node status updates come every 10s",
+			"the kubelet refused it or cannot dial its endpoint: its log says why (journalctl -u kubelet | grep "+p.Name+")")
+	default:
+		causes = append(causes, "the kubelet refused it: its log says why (journalctl -u kubelet | grep "+p.Name+")")
+	}
+	for _, cause := range causes {
+		ev = append(ev, "likely cause: "+cause)
+	}
+	c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "kubelet-not-registered",
+		Summary:  "the socket answers, but the kubelet has not registered it",
+		Evidence: ev,
+		Remedy:   "work through the likely causes, first one first"}, p))
+}
+
+// kubernetes reports trouble with the API server.
+func (c *checker) kubernetes() {
+	for _, k := range c.in.Kubernetes {
+		f := api.Finding{Severity: api.SeverityWarning, Check: "kubernetes-api",
+			Summary:  fmt.Sprintf("plugd cannot %s (%s)", k.Operation, k.Reason),
+			Evidence: []string{k.Message, fmt.Sprintf("since %s (%s ago)", k.Since.Format(time.RFC3339), c.in.Now.Sub(k.Since).Round(time.Second))},
+			Remedy:   "plugd retries with backoff; check that the API server is reachable from the node"}
+		switch k.Reason {
+		case "Forbidden":
+			f.Severity = api.SeverityError
+			f.Summary = fmt.Sprintf("plugd may not %s: it lacks the permission %q", k.Operation, k.Permission)
+			f.Remedy = "bind the ClusterRole of deploy/kubernetes/daemonset.yaml to plugd's ServiceAccount (kubectl apply -f deploy/kubernetes/daemonset.yaml)"
+		case "Unauthorized":
+			f.Severity = api.SeverityError
+			f.Remedy = "plugd's credentials are refused: check its kubeconfig, or that its ServiceAccount token is mounted and current"
+		}
+		c.add(f)
+	}
+}

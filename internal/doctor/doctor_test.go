@@ -1,0 +1,168 @@
+package doctor
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// listen serves a unix socket at path until the test ends.
+func listen(t *testing.T, path string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// serveGRPC serves s on path until the test ends.
+func serveGRPC(t *testing.T, path string, s *grpc.Server) {
+	t.Helper()
+	l := listen(t, path)
+	go s.Serve(l)
+	t.Cleanup(s.Stop)
+}
+
+// quietHealth implements the DRA health service and sends nothing, as a
+// driver with no news does.
+type quietHealth struct {
+	drahealthv1.UnimplementedDRAResourceHealthServer
+}
+
+func (quietHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	<-s.Context().Done()
+	return nil
+}
+
+func findings(fs []api.Finding, check, socket string) []api.Finding {
+	var out []api.Finding
+	for _, f := range fs {
+		if f.Check == check && (socket == "" || f.Socket == socket) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func TestCheck(t *testing.T) {
+	dir := testenv.ShortDir(t, "doc")
+	reg := filepath.Join(dir, "reg")
+	other := filepath.Join(dir, "k3s")
+	for _, d := range []string{reg, filepath.Join(other, "plugins_registry")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := func(name string) string { return filepath.Join(reg, name) }
+
+	testenv.DeadSocket(t, p("stale.sock"))
+	testenv.DeadSocket(t, p("old.sock"))
+	listen(t, p("new.sock"))
+	listen(t, p("csi.sock"))
+	testenv.DeadSocket(t, filepath.Join(dir, "dead-endpoint.sock"))
+	listen(t, filepath.Join(other, "plugins_registry", "lost.sock"))
+	unimplemented := grpc.NewServer() // serves nothing: every method is Unimplemented
+	serveGRPC(t, filepath.Join(dir, "dra-a.sock"), unimplemented)
+	implemented := grpc.NewServer()
+	drahealthv1.RegisterDRAResourceHealthServer(implemented, quietHealth{})
+	serveGRPC(t, filepath.Join(dir, "dra-b.sock"), implemented)
+
+	created := time.Now().Add(-3 * time.Hour)
+	long := "/" + strings.Repeat("x", 120) + ".sock"
+	in := Input{
+		RegistryDir:  reg,
+		KubeletRoots: []string{other},
+		Now:          time.Now(),
+		Expect:       []Expected{{Type: "CSIPlugin", Name: "missing.example.com", Condition: "missing.example.com/CSIPluginReady"}},
+		Kubernetes: []KubernetesProblem{{Operation: "list and watch CSINode node-a", Reason: "Forbidden",
+			Message: "csinodes is forbidden", Permission: "get, list, watch csinodes.storage.k8s.io", Since: time.Now()}},
+		Plugins: []Plugin{
+			{Socket: p("stale.sock"), Type: "CSIPlugin", Name: "gone.example.com", State: "Stale", Created: created, Remembered: true},
+			{Socket: p("old.sock"), Type: "DevicePlugin", Name: "vendor.example/gpu", Versions: []string{"v1beta1"}, State: "Stale", Remembered: true},
+			{Socket: p("new.sock"), Type: "DevicePlugin", Name: "vendor.example/gpu", Versions: []string{"v1beta1"}, Endpoint: p("new.sock"), State: "Answering", Answering: true},
+			{Socket: p("csi.sock"), Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"0.3.0"}, Endpoint: filepath.Join(dir, "dead-endpoint.sock"), State: "Answering", Answering: true,
+				Kubelet: &api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCSINode", Message: "CSINode node-a spec.drivers does not list it", Since: created}},
+			{Socket: p("dra-a.sock"), Type: "DRAPlugin", Name: "a.example.com", Versions: []string{"v1.DRAPlugin", "v1.DRAResourceHealth"}, Endpoint: filepath.Join(dir, "dra-a.sock"), State: "Answering", Answering: true},
+			{Socket: p("dra-b.sock"), Type: "DRAPlugin", Name: "b.example.com", Versions: []string{"v1.DRAPlugin", "v1.DRAResourceHealth"}, Endpoint: filepath.Join(dir, "dra-b.sock"), State: "Answering", Answering: true},
+			{Socket: long, State: "NotAnswering"},
+			{Socket: p("dra-c.sock"), Type: "DRAPlugin", Name: "c.example.com", Versions: []string{"v2.DRAPlugin"}, Endpoint: filepath.Join(dir, "dra-b.sock"), State: "Answering", Answering: true},
+		},
+	}
+	fs := Check(context.Background(), in)
+	for _, f := range fs {
+		t.Logf("%s %s %s: %s %q -> %s", f.Severity, f.Check, f.Socket, f.Summary, f.Evidence, f.Remedy)
+	}
+	for _, want := range []struct {
+		check, socket, severity, text string
+	}{
+		{"stale-socket", p("stale.sock"), api.SeverityWarning, "3h0m0s ago"},
+		{"duplicate-dead", p("old.sock"), api.SeverityWarning, p("new.sock")},
+		{"endpoint-dead", p("csi.sock"), api.SeverityError, "connection refused"},
+		{"versions-refused", p("csi.sock"), api.SeverityError, "CSI 1.x"},
+		{"versions-refused", p("dra-c.sock"), api.SeverityError, "v1.DRAPlugin"},
+		{"health-service-missing", p("dra-a.sock"), api.SeverityWarning, "Unimplemented"},
+		{"socket-path-too-long", long, api.SeverityError, "126 bytes"},
+		{"kubelet-not-registered", p("csi.sock"), api.SeverityWarning, "likely cause: the kubelet refuses this CSI driver"},
+		{"other-kubelet-root", filepath.Join(other, "plugins_registry", "lost.sock"), api.SeverityWarning, "wrong kubelet root"},
+		{"expected-missing", "", api.SeverityError, "missing.example.com"},
+		{"kubernetes-api", "", api.SeverityError, "get, list, watch csinodes.storage.k8s.io"},
+	} {
+		got := findings(fs, want.check, want.socket)
+		if len(got) != 1 {
+			t.Errorf("%s of %s: %d findings, want 1", want.check, want.socket, len(got))
+			continue
+		}
+		f := got[0]
+		all := f.Summary + " " + strings.Join(f.Evidence, " ") + " " + f.Remedy
+		if f.Severity != want.severity || !strings.Contains(all, want.text) || f.Remedy == "" {
+			t.Errorf("%s of %s: %+v; want severity %s and %q", want.check, want.socket, f, want.severity, want.text)
+		}
+	}
+	for _, quiet := range []string{p("new.sock"), p("dra-b.sock")} {
+		if got := findings(fs, "", quiet); len(got) != 0 {
+			t.Errorf("a healthy plugin has findings: %+v", got)
+		}
+	}
+	if len(findings(fs, "stale-socket", p("old.sock"))) != 0 {
+		t.Error("the dead old instance is reported as a stale socket too")
+	}
+	if fs[0].Severity != api.SeverityError || fs[len(fs)-1].Severity == api.SeverityError {
+		t.Errorf("findings are not most serious first")
+	}
+	if !AtLeast(fs, api.SeverityWarning) || AtLeast(nil, api.SeverityInfo) {
+		t.Error("AtLeast")
+	}
+}
+
+// A kubelet found among the processes, with a --root-dir other than the
+// directory plugd watches, is the cause to report.
+func TestRunningKubeletRoot(t *testing.T) {
+	dir := t.TempDir()
+	proc := filepath.Join(dir, "proc")
+	root := filepath.Join(dir, "custom")
+	if err := os.MkdirAll(filepath.Join(proc, "4242"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(proc, "4242", "cmdline"), []byte("/usr/bin/kubelet\x00--config=/etc/k.yaml\x00--root-dir\x00"+root+"\x00"), 0o644)
+	os.WriteFile(filepath.Join(proc, "self"), nil, 0o644)
+	fs := Check(context.Background(), Input{RegistryDir: "/var/lib/kubelet/plugins_registry", ProcDir: proc, KubeletRoots: []string{}})
+	got := findings(fs, "other-kubelet-root", "")
+	if len(got) != 1 || !strings.Contains(got[0].Summary, root+"/plugins_registry") || !strings.Contains(got[0].Evidence[0], "pid 4242") {
+		t.Errorf("findings: %+v", fs)
+	}
+}

@@ -1,0 +1,277 @@
+package kubenode
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/validate/content"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/plugd/plugd/api"
+)
+
+// Expectation is a plugin the node must have, and the Node condition that
+// says whether it has it.
+type Expectation struct {
+	Type, Name string
+	// Condition is the Node condition's type. Empty means
+	// DefaultCondition(Type, Name).
+	Condition string
+	// MinHealthyDevices, for a DevicePlugin, is how many healthy devices it
+	// must have. Zero means 1.
+	MinHealthyDevices int
+}
+
+// The reasons of plugd's Node conditions.
+const (
+	ReasonReady                = "PluginReady"
+	ReasonSocketMissing        = "SocketMissing"
+	ReasonNotAnswering         = "NotAnswering"
+	ReasonKubeletNotRegistered = "KubeletNotRegistered"
+	ReasonNoHealthyDevices     = "NoHealthyDevices"
+	// A condition may also carry the reason of the kubelet view that made it
+	// false: NodeIDMismatch, NoResourceSlices, NodeMissing.
+)
+
+// DefaultCondition is the Node condition type of an expected plugin whose
+// configuration names none: "<name>/<Type>Ready" for a name that is a DNS
+// subdomain (csi.example.com/CSIPluginReady), and
+// "<domain>/<resource>-<Type>Ready" for an extended resource name
+// (vendor.example/gpu-DevicePluginReady). A custom type contributes its last
+// path element (example.com/Greeter: GreeterReady). It returns an error,
+// asking for an explicit condition, when the result would not be a valid
+// condition type (a qualified name).
+func DefaultCondition(typ, name string) (string, error) {
+	kind := typ[strings.LastIndex(typ, "/")+1:]
+	c := name + "/" + kind + "Ready"
+	if strings.Contains(name, "/") {
+		c = name + "-" + kind + "Ready"
+	}
+	if errs := content.IsLabelKey(c); len(errs) > 0 {
+		return "", fmt.Errorf("the default condition type %q for %s %s is not valid (%s): set condition to a qualified name such as example.com/PluginReady", c, typ, name, strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// WithDefaults returns e with its condition and device count filled in, or
+// an error that names what is wrong.
+func (e Expectation) WithDefaults() (Expectation, error) {
+	switch {
+	case e.Type == "" || e.Name == "":
+		return e, errors.New("type and name are both needed, as the plugin sends them in GetInfo")
+	case strings.ContainsFunc(e.Type+e.Name, func(r rune) bool { return r <= ' ' || r == ':' }):
+		return e, fmt.Errorf("type %q and name %q may not contain spaces, colons or control characters", e.Type, e.Name)
+	case e.MinHealthyDevices < 0:
+		return e, fmt.Errorf("minHealthyDevices is %d: it must be positive", e.MinHealthyDevices)
+	case e.MinHealthyDevices > 0 && e.Type != TypeDevice:
+		return e, fmt.Errorf("minHealthyDevices applies to %s plugins, not %s", TypeDevice, e.Type)
+	}
+	if e.Type == TypeDevice && e.MinHealthyDevices == 0 {
+		e.MinHealthyDevices = 1
+	}
+	if e.Condition == "" {
+		c, err := DefaultCondition(e.Type, e.Name)
+		if err != nil {
+			return e, err
+		}
+		e.Condition = c
+	} else if errs := content.IsLabelKey(e.Condition); len(errs) > 0 {
+		return e, fmt.Errorf("condition %q is not a valid Node condition type: %s", e.Condition, strings.Join(errs, "; "))
+	}
+	if slices.Contains(kubeletConditions, corev1.NodeConditionType(e.Condition)) {
+		return e, fmt.Errorf("condition %q is the kubelet's: choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
+	}
+	return e, nil
+}
+
+// kubeletConditions are the condition types the kubelet (and the node
+// lifecycle controller) own; plugd never writes them.
+var kubeletConditions = []corev1.NodeConditionType{corev1.NodeReady, corev1.NodeMemoryPressure,
+	corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeNetworkUnavailable}
+
+// ParseTaint reads KEY:EFFECT, the taint plugd removes once every expected
+// plugin is ready.
+func ParseTaint(s string) (key string, effect corev1.TaintEffect, err error) {
+	k, e, ok := strings.Cut(s, ":")
+	effect = corev1.TaintEffect(e)
+	switch {
+	case !ok || k == "":
+		return "", "", fmt.Errorf("%q: write it as KEY:EFFECT, such as example.com/plugins-not-ready:NoSchedule", s)
+	case len(content.IsLabelKey(k)) > 0:
+		return "", "", fmt.Errorf("%q: the key %q is not a valid taint key: %s", s, k, strings.Join(content.IsLabelKey(k), "; "))
+	case !slices.Contains([]corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute}, effect):
+		return "", "", fmt.Errorf("%q: the effect %q must be NoSchedule, PreferNoSchedule or NoExecute", s, e)
+	}
+	return k, effect, nil
+}
+
+// verdict is what an expected plugin's condition should say.
+type verdict struct {
+	status  corev1.ConditionStatus
+	reason  string
+	message string
+}
+
+// messagePrefix starts the message of every condition plugd writes, so that
+// plugctl cluster can tell them, and the plugin each is about, from others'.
+const messagePrefix = "plugd: "
+
+// conditionMessage is a condition's message: which plugin, then why.
+func conditionMessage(typ, name, text string) string {
+	m := messagePrefix + typ + " " + name + ": " + text
+	if len(m) > maxMessage {
+		m = m[:maxMessage-3] + "..."
+	}
+	return m
+}
+
+// maxMessage bounds a condition's message: the kubelet's own are short, and
+// every byte is in every Node read.
+const maxMessage = 512
+
+// parseMessage tells the plugin a message of conditionMessage is about.
+func parseMessage(m string) (typ, name string, ok bool) {
+	rest, ok := strings.CutPrefix(m, messagePrefix)
+	if !ok {
+		return "", "", false
+	}
+	typ, rest, ok = strings.Cut(rest, " ")
+	if !ok {
+		return "", "", false
+	}
+	name, _, ok = strings.Cut(rest, ": ")
+	return typ, name, ok && typ != "" && name != ""
+}
+
+// judge decides the condition of expected plugin e from its sockets and the
+// kubelet view. ok is false when the view cannot be read now (the API is
+// unreachable, or plugd may not read it): the condition is then left alone.
+// The message never holds anything that changes without the verdict
+// changing (times, errors' text), so that a plugin that stays as it is costs
+// no writes.
+func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, bool) {
+	no := func(reason, text string) (verdict, bool) {
+		return verdict{corev1.ConditionFalse, reason, conditionMessage(e.Type, e.Name, text)}, true
+	}
+	if len(socks) == 0 {
+		return no(ReasonSocketMissing, fmt.Sprintf("no registration socket of it in %s", registryDir))
+	}
+	var answering *Plugin
+	for i := range socks {
+		if socks[i].Answering {
+			answering = &socks[i]
+			break
+		}
+	}
+	if answering == nil {
+		var states []string
+		for _, p := range socks {
+			states = append(states, fmt.Sprintf("%s is %s", p.Socket, p.State))
+		}
+		return no(ReasonNotAnswering, "its socket does not answer: "+strings.Join(states, ", "))
+	}
+	switch {
+	case v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason):
+		return verdict{}, false
+	case v.State == api.KubeletNotRegistered:
+		return no(ReasonKubeletNotRegistered, "its socket answers, but the kubelet has not registered it: "+v.Message)
+	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch":
+		return no(v.Reason, v.Message)
+	}
+	text := "registered with the kubelet, socket " + answering.Socket + " answers"
+	if e.Type == TypeDevice {
+		// The fewer of the kubelet's count (allocatable) and the handler's.
+		healthy := v.allocatable
+		if h, _, known := deviceCounts(socks); known && h < healthy {
+			healthy = h
+		}
+		if healthy < e.MinHealthyDevices {
+			return no(ReasonNoHealthyDevices, fmt.Sprintf("%d healthy devices, %d needed", healthy, e.MinHealthyDevices))
+		}
+		text += fmt.Sprintf(", %d healthy devices", healthy)
+	}
+	return verdict{corev1.ConditionTrue, ReasonReady, conditionMessage(e.Type, e.Name, text)}, true
+}
+
+// conditionsPatch is the strategic merge patch of the Node's status that
+// sets the conditions in set and deletes those of the types in drop, and
+// touches no other: the list merges by type, so every condition of others
+// (the kubelet's, node-problem-detector's) stays.
+func conditionsPatch(set []corev1.NodeCondition, drop []string) ([]byte, error) {
+	items := make([]any, 0, len(set)+len(drop))
+	for _, c := range set {
+		items = append(items, c)
+	}
+	for _, typ := range drop {
+		items = append(items, map[string]string{"type": typ, "$patch": "delete"})
+	}
+	return json.Marshal(map[string]any{"status": map[string]any{"conditions": items}})
+}
+
+// unexpected are the conditions on n that plugd wrote (Owned) for plugins
+// it no longer expects: a condition left True for a plugin nobody checks
+// any more would keep telling readiness rules it is ready.
+func unexpected(n *corev1.Node, expect []Expectation) []string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		if Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
+			out = append(out, string(c.Type))
+		}
+	}
+	return out
+}
+
+// nodeCondition is v as the Node condition of type typ, given the one the
+// Node has now (nil if none): its transition time moves only when its
+// status does.
+func nodeCondition(typ string, v verdict, cur *corev1.NodeCondition, now time.Time) corev1.NodeCondition {
+	c := corev1.NodeCondition{
+		Type: corev1.NodeConditionType(typ), Status: v.status, Reason: v.reason, Message: v.message,
+		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(now),
+	}
+	if cur != nil && cur.Status == v.status {
+		c.LastTransitionTime = cur.LastTransitionTime
+	}
+	return c
+}
+
+// findCondition returns the Node's condition of type typ, or nil.
+func findCondition(n *corev1.Node, typ string) *corev1.NodeCondition {
+	if n == nil {
+		return nil
+	}
+	for i := range n.Status.Conditions {
+		if string(n.Status.Conditions[i].Type) == typ {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// sameVerdict says the Node's condition already says v.
+func sameVerdict(c *corev1.NodeCondition, v verdict) bool {
+	return c != nil && c.Status == v.status && c.Reason == v.reason && c.Message == v.message
+}
+
+// taintPatch is the JSON patch that removes the taint key:effect from n, and
+// nothing else: it tests that the taint is still at the index it removes,
+// so that a concurrent change of the list fails it instead of removing
+// another taint. ok is false when n has no such taint.
+func taintPatch(n *corev1.Node, key string, effect corev1.TaintEffect) (patch []byte, ok bool, err error) {
+	for i, t := range n.Spec.Taints {
+		if t.Key == key && t.Effect == effect {
+			path := fmt.Sprintf("/spec/taints/%d", i)
+			patch, err = json.Marshal([]map[string]any{
+				{"op": "test", "path": path, "value": t},
+				{"op": "remove", "path": path},
+			})
+			return patch, true, err
+		}
+	}
+	return nil, false, nil
+}

@@ -1,0 +1,284 @@
+package kubenode
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+
+	"github.com/plugd/plugd/api"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func node(capacity, allocatable map[string]string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{}, Allocatable: corev1.ResourceList{}}}
+	for k, v := range capacity {
+		n.Status.Capacity[corev1.ResourceName(k)] = resource.MustParse(v)
+	}
+	for k, v := range allocatable {
+		n.Status.Allocatable[corev1.ResourceName(k)] = resource.MustParse(v)
+	}
+	return n
+}
+
+func csiNode(drivers ...storagev1.CSINodeDriver) *storagev1.CSINode {
+	return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: storagev1.CSINodeSpec{Drivers: drivers}}
+}
+
+func TestKubeletView(t *testing.T) {
+	down := &Problem{Reason: ReasonAPIUnavailable, Message: "cannot list: connection refused"}
+	csi := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, NodeID: "node-a"}
+	gpu := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}
+	for _, tc := range []struct {
+		name        string
+		k           key
+		socks       []Plugin
+		s           snapshot
+		state       string
+		reason      string
+		inMessage   string
+		allocatable int
+	}{
+		{"csi registered", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "node-a"})}, api.KubeletRegistered, "", `nodeID "node-a"`, 0},
+		{"csi node id differs", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "old"})}, api.KubeletRegistered, "NodeIDMismatch", `"old"`, 0},
+		{"csi not in drivers", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "other.example.com"})}, api.KubeletNotRegistered, "NotInCSINode", "other.example.com", 0},
+		{"no csinode", key{TypeCSI, "csi.example.com"}, []Plugin{csi}, snapshot{}, api.KubeletNotRegistered, "NoCSINode", "CSINode", 0},
+		{"csinode unreadable", key{TypeCSI, "csi.example.com"}, []Plugin{csi}, snapshot{csiProblem: down}, api.KubeletUnknown, ReasonAPIUnavailable, "connection refused", 0},
+		{"device registered", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}, api.KubeletRegistered, "", "capacity 2", 2},
+		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 1},
+		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+			snapshot{node: node(nil, nil)}, api.KubeletNotRegistered, "NotInCapacity", "status.capacity", 0},
+		{"device capacity zero", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "0"}, nil)}, api.KubeletNotRegistered, "CapacityZero", "dropped", 0},
+		{"no node", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu}, snapshot{}, api.KubeletUnknown, "NodeMissing", "no Node", 0},
+		{"dra slices", key{TypeDRA, "gpu.example.com"}, nil,
+			snapshot{slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}, {Spec: resourcev1.ResourceSliceSpec{Driver: "other"}}}}, api.KubeletRegistered, "", "1 ResourceSlices", 0},
+		{"dra no slices", key{TypeDRA, "gpu.example.com"}, nil, snapshot{}, api.KubeletUnknown, "NoResourceSlices", "not have published yet", 0},
+		{"custom type", key{"example.com/Greeter", "greeter"}, nil, snapshot{}, api.KubeletNotRegistered, "UnsupportedType", "refuses type example.com/Greeter", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.s.nodeName = "node-a"
+			v := kubeletView(tc.k, tc.socks, tc.s)
+			if v.State != tc.state || v.Reason != tc.reason || !strings.Contains(v.Message, tc.inMessage) || v.allocatable != tc.allocatable {
+				t.Errorf("view = %+v; want state %s, reason %q, a message with %q, allocatable %d", v, tc.state, tc.reason, tc.inMessage, tc.allocatable)
+			}
+		})
+	}
+}
+
+func TestJudge(t *testing.T) {
+	csi := Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady"}
+	gpu := Expectation{Type: TypeDevice, Name: "vendor.example/gpu", Condition: "c", MinHealthyDevices: 2}
+	up := Plugin{Socket: "/r/csi.sock", Answering: true, State: "Answering"}
+	stale := Plugin{Socket: "/r/csi.sock", State: "Stale"}
+	reg := view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "in CSINode"}}
+	for _, tc := range []struct {
+		name   string
+		e      Expectation
+		socks  []Plugin
+		v      view
+		status corev1.ConditionStatus
+		reason string
+		ok     bool
+	}{
+		{"ready", csi, []Plugin{up}, reg, corev1.ConditionTrue, ReasonReady, true},
+		{"no socket", csi, nil, reg, corev1.ConditionFalse, ReasonSocketMissing, true},
+		{"stale", csi, []Plugin{stale}, reg, corev1.ConditionFalse, ReasonNotAnswering, true},
+		{"kubelet lacks it", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered}}, corev1.ConditionFalse, ReasonKubeletNotRegistered, true},
+		{"node id", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch"}}, corev1.ConditionFalse, "NodeIDMismatch", true},
+		{"no slices", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices"}}, corev1.ConditionFalse, "NoResourceSlices", true},
+		{"api down: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}, "", "", false},
+		{"forbidden: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonForbidden}}, "", "", false},
+		{"enough devices", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 2}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 1}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"handler counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3}, corev1.ConditionTrue, ReasonReady, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, ok := judge(tc.e, tc.socks, tc.v, "/r")
+			if ok != tc.ok || v.status != tc.status || v.reason != tc.reason {
+				t.Fatalf("judge = %+v, %v; want %s %s, %v", v, ok, tc.status, tc.reason, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			if typ, name, pok := parseMessage(v.message); !pok || typ != tc.e.Type || name != tc.e.Name {
+				t.Errorf("message %q does not name %s %s in plugd's form", v.message, tc.e.Type, tc.e.Name)
+			}
+		})
+	}
+}
+
+func TestExpectationDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		e    Expectation
+		want string // condition, or the error's text
+	}{
+		{Expectation{Type: TypeCSI, Name: "csi.example.com"}, "csi.example.com/CSIPluginReady"},
+		{Expectation{Type: TypeDRA, Name: "gpu.example.com"}, "gpu.example.com/DRAPluginReady"},
+		{Expectation{Type: TypeDevice, Name: "vendor.example/gpu"}, "vendor.example/gpu-DevicePluginReady"},
+		{Expectation{Type: "example.com/Greeter", Name: "greeter.example.com"}, "greeter.example.com/GreeterReady"},
+		{Expectation{Type: TypeCSI, Name: "Not_A_Domain"}, "set condition"},
+		{Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "csi.example.net/NodePluginRegistered"}, "csi.example.net/NodePluginRegistered"},
+		{Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "Ready"}, "the kubelet's"},
+		{Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "bad condition"}, "not a valid"},
+		{Expectation{Type: TypeCSI, Name: "csi.example.com", MinHealthyDevices: 1}, "applies to DevicePlugin"},
+		{Expectation{Type: TypeCSI, Name: "csi example"}, "spaces"},
+		{Expectation{Type: TypeCSI}, "type and name"},
+	} {
+		e, err := tc.e.WithDefaults()
+		got := e.Condition
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%+v: got %q, want %q", tc.e, got, tc.want)
+		}
+	}
+	e, _ := Expectation{Type: TypeDevice, Name: "vendor.example/gpu"}.WithDefaults()
+	if e.MinHealthyDevices != 1 {
+		t.Errorf("a device plugin needs %d healthy devices by default, want 1", e.MinHealthyDevices)
+	}
+}
+
+// The conditions patch, applied as the API server applies a strategic merge
+// patch, changes plugd's condition and keeps everyone else's.
+func TestConditionsPatchKeepsOthers(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	n := node(nil, nil)
+	n.Status.Conditions = []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"},
+		{Type: "example.com/Other", Status: corev1.ConditionFalse, Reason: "TheirsAlone"},
+		{Type: "c1", Status: corev1.ConditionFalse, Reason: ReasonSocketMissing, LastTransitionTime: t0},
+	}
+	now := t0.Add(time.Hour)
+	set := []corev1.NodeCondition{
+		nodeCondition("c1", verdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
+		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
+	}
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")})
+	if got := unexpected(n, []Expectation{{Condition: "c1"}, {Condition: "c2"}}); len(got) != 1 || got[0] != "gone" {
+		t.Errorf("unexpected = %q; want only plugd's condition of a plugin it no longer expects", got)
+	}
+	patch, err := conditionsPatch(set, []string{"gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, _ := json.Marshal(n)
+	merged, err := strategicpatch.StrategicMergePatch(orig, patch, corev1.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out corev1.Node
+	if err := json.Unmarshal(merged, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]corev1.NodeCondition{}
+	for _, c := range out.Status.Conditions {
+		got[string(c.Type)] = c
+	}
+	if len(got) != 4 || got["Ready"].Reason != "KubeletReady" || got["example.com/Other"].Reason != "TheirsAlone" {
+		t.Errorf("others' conditions changed: %+v", out.Status.Conditions)
+	}
+	if c := got["c1"]; c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(now) {
+		t.Errorf("c1 = %+v; want True, moved at %s", c, now)
+	}
+	if c := got["c2"]; c.Reason != ReasonSocketMissing || c.Message != "m2" {
+		t.Errorf("c2 = %+v", c)
+	}
+	// A verdict that keeps its status keeps its transition time.
+	if c := nodeCondition("c1", verdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, findCondition(n, "c1"), now); !c.LastTransitionTime.Equal(&t0) {
+		t.Errorf("transition time moved to %s for a status that did not change", c.LastTransitionTime)
+	}
+}
+
+func TestTaintPatchRemovesOnlyItsTaint(t *testing.T) {
+	n := node(nil, nil)
+	n.Spec.Taints = []corev1.Taint{
+		{Key: "example.com/plugins", Effect: corev1.TaintEffectNoExecute},
+		{Key: "example.com/plugins", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "other", Effect: corev1.TaintEffectNoSchedule},
+	}
+	patch, ok, err := taintPatch(n, "example.com/plugins", corev1.TaintEffectNoSchedule)
+	if err != nil || !ok {
+		t.Fatalf("taintPatch = %v, %v", ok, err)
+	}
+	p, err := jsonpatch.DecodePatch(patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, _ := json.Marshal(n)
+	res, err := p.Apply(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out corev1.Node
+	json.Unmarshal(res, &out)
+	if len(out.Spec.Taints) != 2 || out.Spec.Taints[0].Effect != corev1.TaintEffectNoExecute || out.Spec.Taints[1].Key != "other" {
+		t.Errorf("taints after the patch: %+v", out.Spec.Taints)
+	}
+	// The list changed before the patch arrived: the test fails, nothing is removed.
+	moved := n.DeepCopy()
+	moved.Spec.Taints = moved.Spec.Taints[1:]
+	b, _ := json.Marshal(moved)
+	if _, err := p.Apply(b); err == nil {
+		t.Error("the patch applied to a list where its taint had moved")
+	}
+	if _, ok, _ := taintPatch(&out, "example.com/plugins", corev1.TaintEffectNoSchedule); ok {
+		t.Error("taintPatch found a taint that is gone")
+	}
+}
+
+func TestParseTaint(t *testing.T) {
+	if k, e, err := ParseTaint("example.com/plugins-not-ready:NoSchedule"); err != nil || k != "example.com/plugins-not-ready" || e != corev1.TaintEffectNoSchedule {
+		t.Errorf("ParseTaint = %q, %q, %v", k, e, err)
+	}
+	for _, bad := range []string{"", "key", ":NoSchedule", "key:Sometimes", "bad key:NoSchedule"} {
+		if _, _, err := ParseTaint(bad); err == nil {
+			t.Errorf("ParseTaint(%q) accepted it", bad)
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	cond := func(typ string, status corev1.ConditionStatus, reason, plugin string) corev1.NodeCondition {
+		f := strings.Fields(plugin)
+		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: reason, Message: conditionMessage(f[0], f[1], "why")}
+	}
+	nodes := []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			cond("csi.example.com/CSIPluginReady", corev1.ConditionFalse, ReasonSocketMissing, "CSIPlugin csi.example.com"),
+			{Type: "Ready", Status: corev1.ConditionTrue, Message: "kubelet is posting ready status"},
+		}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			cond("csi.example.com/CSIPluginReady", corev1.ConditionTrue, ReasonReady, "CSIPlugin csi.example.com"),
+			cond("g", corev1.ConditionTrue, ReasonReady, "DevicePlugin vendor.example/gpu"),
+		}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
+	}
+	got := Summarize(nodes)
+	if len(got) != 2 {
+		t.Fatalf("Summarize = %+v", got)
+	}
+	if c := got[0]; c.Type != "CSIPlugin" || c.Ready != 1 || c.Expected != 2 || len(c.NotReady) != 1 || c.NotReady[0].Node != "b" || c.NotReady[0].Reason != ReasonSocketMissing {
+		t.Errorf("csi: %+v", c)
+	}
+	if c := got[1]; c.Name != "vendor.example/gpu" || c.Ready != 1 || c.Expected != 1 {
+		t.Errorf("gpu: %+v", c)
+	}
+}

@@ -1,0 +1,162 @@
+package kubenode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Problem is trouble plugd has with the API server: a read or a write of
+// this node's objects that fails. It lasts until the same operation
+// succeeds.
+type Problem struct {
+	// Operation is what failed, e.g. "list and watch CSINode node-a" or
+	// "patch nodes/status of node-a".
+	Operation string
+	// Reason is ReasonAPIUnavailable, ReasonForbidden, ReasonUnauthorized,
+	// ReasonNotServed or ReasonNotSynced.
+	Reason string
+	// Message says what happened and what to do.
+	Message string
+	// Permission is, for ReasonForbidden, the permission plugd lacks, as
+	// RBAC writes it ("list, watch csinodes.storage.k8s.io").
+	Permission string
+	Since      time.Time
+}
+
+// The reasons of a Problem. They are also the reasons of a kubelet view
+// that is Unknown because of it.
+const (
+	ReasonAPIUnavailable = "APIUnavailable" // unreachable, timing out, or overloaded
+	ReasonForbidden      = "Forbidden"      // RBAC refuses plugd
+	ReasonUnauthorized   = "Unauthorized"   // the credentials are not accepted
+	ReasonNotServed      = "NotServed"      // the API server does not serve the resource
+	ReasonNotSynced      = "NotSynced"      // not read yet since plugd started
+)
+
+// classify is the reason and a message for err, from an operation that
+// needs permission perm.
+func classify(op, perm string, err error, since time.Time) *Problem {
+	p := &Problem{Operation: op, Since: since}
+	msg := err.Error()
+	switch {
+	case apierrors.IsForbidden(err):
+		p.Reason, p.Permission = ReasonForbidden, perm
+		p.Message = fmt.Sprintf("cannot %s: plugd lacks the permission %q (the ClusterRole plugd in deploy/kubernetes grants it; is it bound to plugd's ServiceAccount?): %s", op, perm, msg)
+	case apierrors.IsUnauthorized(err):
+		p.Reason = ReasonUnauthorized
+		p.Message = fmt.Sprintf("cannot %s: the API server does not accept plugd's credentials (an expired or revoked token, a wrong kubeconfig?): %s", op, msg)
+	case apierrors.IsNotFound(err) && strings.Contains(op, "list"):
+		p.Reason = ReasonNotServed
+		p.Message = fmt.Sprintf("cannot %s: the API server does not serve it (an older Kubernetes, or the API group disabled): %s", op, msg)
+	default:
+		p.Reason = ReasonAPIUnavailable
+		p.Message = fmt.Sprintf("cannot %s: %s; plugd retries with backoff", op, msg)
+	}
+	return p
+}
+
+// source is one informer of this node's objects, and whether its reads
+// work: every list and watch it makes is recorded, so that trouble shows
+// at once and its end as soon as a read succeeds, with no request of its
+// own.
+type source struct {
+	op, perm string
+	inf      cache.SharedIndexInformer
+	log      *slog.Logger
+	onChange func(*Problem) // called, outside mu, when the problem changes
+
+	mu      sync.Mutex
+	problem *Problem // nil while reads work; guarded by mu
+}
+
+// newSource builds the informer of the objects list and watch return (what
+// names them, such as "CSINode node-a"), with the field selector sel applied
+// to every request.
+func newSource(what, perm, sel string, example runtime.Object, log *slog.Logger,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *source {
+	s := &source{op: "list and watch " + what, perm: perm, log: log}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			obj, err := list(ctx, o)
+			s.record(ctx, err)
+			return obj, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			w, err := watchFn(ctx, o)
+			s.record(ctx, err)
+			return w, err
+		},
+	}
+	s.inf = cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ObjectDescription: what})
+	// The reflector retries with backoff; its own handler would log every
+	// failure, where plugd logs each change of state once.
+	_ = s.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return // a watch that ended, or must start again from a new list
+		}
+		s.record(ctx, err)
+	})
+	return s
+}
+
+// record notes the outcome of one request.
+func (s *source) record(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	s.mu.Lock()
+	was := s.problem
+	switch {
+	case err == nil && was == nil:
+		s.mu.Unlock()
+		return
+	case err == nil:
+		s.problem = nil
+	default:
+		p := classify(s.op, s.perm, err, time.Now())
+		if was != nil && was.Reason == p.Reason {
+			p.Since = was.Since
+		}
+		s.problem = p
+	}
+	now := s.problem
+	s.mu.Unlock()
+	switch {
+	case now == nil:
+		s.log.Info("Kubernetes API: reading again", "operation", s.op, "troubleSince", was.Since)
+	case was == nil || was.Reason != now.Reason:
+		s.log.Warn("Kubernetes API: cannot read; the plugins' kubelet view is Unknown until it can", "operation", s.op, "reason", now.Reason, "err", now.Message)
+	}
+	if s.onChange != nil && (now == nil || was == nil || was.Reason != now.Reason) {
+		s.onChange(now)
+	}
+}
+
+// trouble is the source's problem, or NotSynced before its first list.
+func (s *source) trouble() *Problem {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.problem != nil {
+		p := *s.problem
+		return &p
+	}
+	if !s.inf.HasSynced() {
+		return &Problem{Operation: s.op, Reason: ReasonNotSynced, Message: fmt.Sprintf("plugd has not yet read %s from the API server", strings.TrimPrefix(s.op, "list and watch "))}
+	}
+	return nil
+}
