@@ -43,6 +43,7 @@ type Manager struct {
 	entries          map[string]*entry   // by socket path: what is on disk, and what is registered
 	batches          map[int64][]batched // routine probes, by the step they are due at the end of
 	lastLimitWarning time.Time           // when the MaxSockets limit was last logged
+	discoveries      uint64              // socket files discovered so far: each entry's seq
 	overLimit        bool                // sockets were left untracked: look again when one goes
 	rescan           chan struct{}       // asks the watch loop for a walk of the directory
 	roots            []string            // Options.EndpointRoots, resolved
@@ -54,6 +55,7 @@ type Manager struct {
 // everything is read and written under Manager.mu.
 type entry struct {
 	id        fileID
+	seq       uint64        // when the file was discovered, in discoveries (see markNewest)
 	reg       *registration // nil unless the handler holds this socket's plugin
 	status    PluginStatus
 	retry     *time.Timer // pending retry of a Failed socket
@@ -132,33 +134,45 @@ func (m *Manager) AddHandler(typ string, h Handler) {
 func (m *Manager) Plugins() []PluginStatus {
 	m.mu.Lock()
 	out := make([]PluginStatus, 0, len(m.entries))
-	for _, e := range m.entries {
+	order := make(map[string]uint64, len(m.entries))
+	for path, e := range m.entries {
 		s := e.status
 		s.Versions = slices.Clone(s.Versions)
 		out = append(out, s)
+		order[path] = e.seq
 	}
 	m.mu.Unlock()
 	slices.SortFunc(out, func(a, b PluginStatus) int { return strings.Compare(a.Socket, b.Socket) })
+	markNewest(out, order)
+	return out
+}
 
-	// Mark the newest registered socket of each (type, name), by the socket
-	// file's birth.
+// markNewest marks the newest registered socket of each (type, name) in ps:
+// the one whose file was made last, and of files made at the same time, the
+// one discovered last (order holds each socket's place in the order of
+// discovery). Birth times tie more often than one would think: a
+// filesystem stamps a new file with a clock that ticks once per scheduler
+// tick (1-10 ms) unless someone has just asked for a fine-grained time, so
+// an old and a new instance of a plugin started within one tick are born at
+// the same nanosecond, and the socket path alone would then pick one.
+func markNewest(ps []PluginStatus, order map[string]uint64) {
 	type key struct{ typ, name string }
 	newest := make(map[key]int)
-	for i, s := range out {
+	for i, s := range ps {
 		if s.State != StateRegistered {
 			continue
 		}
 		k := key{s.Type, s.Name}
 		// The newest socket, not the latest registration: an old instance
 		// registered again after a blip must not look like the new one.
-		if j, ok := newest[k]; !ok || s.Created.After(out[j].Created) {
+		j, ok := newest[k]
+		if !ok || s.Created.After(ps[j].Created) || s.Created.Equal(ps[j].Created) && order[s.Socket] > order[ps[j].Socket] {
 			newest[k] = i
 		}
 	}
 	for _, i := range newest {
-		out[i].Newest = true
+		ps[i].Newest = true
 	}
-	return out
 }
 
 // Subscribe starts a stream of the events from now on. Events are never held
@@ -501,6 +515,8 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 	}
 	m.stopTimers(e)
 	e.id = id
+	m.discoveries++
+	e.seq = m.discoveries
 	e.backoffs = 0
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: time.Unix(id.sec, id.nsec)}
 	m.publishLocked(EventDiscovered, e)
