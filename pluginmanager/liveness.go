@@ -132,7 +132,7 @@ func (m *Manager) probe(ctx context.Context, path string, e *entry) {
 		}
 		m.mu.Lock()
 		e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: e.status.Created}
-		e.backoffs = 0
+		e.backoff = m.newBackoff()
 		m.publishLocked(EventDiscovered, e)
 		m.mu.Unlock()
 		m.queue.add(path)

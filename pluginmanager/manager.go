@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
@@ -58,13 +58,13 @@ type entry struct {
 	seq       uint64        // when the file was discovered, in discoveries (see markNewest)
 	reg       *registration // nil unless the handler holds this socket's plugin
 	status    PluginStatus
-	retry     *time.Timer // pending retry of a Failed socket
-	backoffs  int         // retries scheduled with backoff since the socket appeared
-	busy      bool        // an abandoned handler call for this socket is still running
-	probe     *time.Timer // next liveness probe of a registered plugin, unless batched
-	probeStep int64       // the step whose batch holds e's next probe (see scheduleProbeLocked); 0 if none
-	hang      *hangup     // an idle connection that tells when the plugin's process goes
-	probeDue  bool        // the probe timer fired: the worker probes instead of reconciling
+	retry     *time.Timer     // pending retry of a Failed socket
+	backoff   backoff.Backoff // the delay of the next retry; reset when the socket is re-created
+	busy      bool            // an abandoned handler call for this socket is still running
+	probe     *time.Timer     // next liveness probe of a registered plugin, unless batched
+	probeStep int64           // the step whose batch holds e's next probe (see scheduleProbeLocked); 0 if none
+	hang      *hangup         // an idle connection that tells when the plugin's process goes
+	probeDue  bool            // the probe timer fired: the worker probes instead of reconciling
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -517,7 +517,7 @@ func (m *Manager) discoverLocked(path string, id fileID, e *entry) *entry {
 	e.id = id
 	m.discoveries++
 	e.seq = m.discoveries
-	e.backoffs = 0
+	e.backoff = m.newBackoff()
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: time.Now(), Created: time.Unix(id.sec, id.nsec)}
 	m.publishLocked(EventDiscovered, e)
 	m.log.Debug("socket discovered", "socket", path)
@@ -719,22 +719,21 @@ func (m *Manager) fail(ctx context.Context, e *entry, p Plugin, reason Reason, e
 	m.log.Warn("plugin registration failed", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError, "attempt", e.status.Attempts, "retryIn", delay)
 }
 
-// backoff is the delay before the next attempt: BackoffInitial doubled for
-// each failure since the socket appeared, capped at BackoffMax, with up to
-// ±20% jitter so that plugins that failed together do not retry together.
+// newBackoff is the retry delay of a new socket: BackoffInitial, doubled
+// for each failure since the socket appeared, up to BackoffMax, with ±20%
+// jitter so that plugins that failed together do not retry together.
+func (m *Manager) newBackoff() backoff.Backoff {
+	return backoff.New(m.opts.BackoffInitial, m.opts.BackoffMax, 0.2)
+}
+
+// backoff is the delay before the next attempt at e.
 func (m *Manager) backoff(e *entry, reason Reason, err error) time.Duration {
 	// A socket that refuses connections just after it appeared is most likely
 	// bound but not yet listening: look again very soon.
 	if reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED) && e.status.Attempts == 1 && time.Since(e.status.Discovered) < time.Second {
 		return min(10*time.Millisecond, m.opts.BackoffInitial)
 	}
-	e.backoffs++
-	d := m.opts.BackoffInitial
-	for i := 1; i < e.backoffs && d < m.opts.BackoffMax; i++ {
-		d *= 2
-	}
-	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-	return min(d, m.opts.BackoffMax)
+	return e.backoff.Next()
 }
 
 // deregister takes reg back from its handler. It reports false if the handler

@@ -94,6 +94,7 @@ func TestObserve(t *testing.T) {
 	e := startObserving(t)
 	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
 	srv := serveGRPC(t, endpoint)
+	before := time.Now() // the manager may look as soon as the socket is there
 	reg, err := plugin.Start(plugin.Config{
 		Dir: e.dir, Type: Type, Name: "seen.example.com", Endpoint: endpoint,
 		Versions: []string{"v2.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"},
@@ -103,7 +104,6 @@ func TestObserve(t *testing.T) {
 	}
 	t.Cleanup(func() { reg.Close() })
 
-	before := time.Now()
 	ps := e.pm.WaitSocket(reg.Path(), pluginmanager.StateAnswering)
 	d, ok := e.observedOf(ps.Plugin)
 	if !ok || !d.Observed || d.Driver != "seen.example.com" || d.Endpoint != endpoint || d.Service != "v1beta1.DRAPlugin" ||
