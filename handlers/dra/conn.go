@@ -230,7 +230,7 @@ func (h *Handler) healthUnsupported(in *instance, err error) {
 // once to make room, and new devices the room does not cover are counted and
 // dropped, while the devices already kept are still refreshed.
 func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResourcesResponse) {
-	now := time.Now()
+	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sockets[in.socket] != in {

@@ -19,6 +19,7 @@ import (
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -85,6 +86,11 @@ type Options struct {
 	// CallTimeout bounds connecting to a plugin's endpoint in Register (the
 	// manager's deadline for the call applies as well). Zero means 10s.
 	CallTimeout time.Duration
+
+	// Clock tells the time of what the handler records (registrations,
+	// disconnections, health reports) and when reported health goes stale;
+	// tests set a fake one. Nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // Handler is the pluginmanager.Handler for DRA drivers (type "DRAPlugin"),
@@ -256,6 +262,9 @@ func New(opts Options) *Handler {
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 10 * time.Second
 	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	h := &Handler{
 		opts:        opts,
 		log:         opts.Logger,
@@ -351,7 +360,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		endpoint:      p.Endpoint,
 		service:       service,
 		healthService: health,
-		registeredAt:  time.Now(),
+		registeredAt:  h.opts.Clock.Now(),
 		connected:     true,
 		conn:          conn,
 		cancel:        cancel,
@@ -478,7 +487,7 @@ func (h *Handler) setConnected(in *instance, connected bool) {
 		in.disconnectedAt = time.Time{}
 		h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
 	} else {
-		in.disconnectedAt = time.Now()
+		in.disconnectedAt = h.opts.Clock.Now()
 		h.log.Warn("DRA driver instance lost its connection", "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint)
 	}
 	h.updateLocked(in.driver)
@@ -508,7 +517,7 @@ func (h *Handler) updateLocked(d *driver) {
 		return
 	}
 	if d.lostAt.IsZero() {
-		d.lostAt = time.Now()
+		d.lostAt = h.opts.Clock.Now()
 		d.timerGen++
 		gen := d.timerGen
 		d.timer = time.AfterFunc(h.opts.GracePeriod, func() { h.expire(d, gen) })
@@ -529,7 +538,7 @@ func (h *Handler) expire(d *driver, gen uint64) {
 		h.forgetLocked(d)
 	} else {
 		d.available = false
-		d.unavailableSince = time.Now()
+		d.unavailableSince = h.opts.Clock.Now()
 		h.log.Warn("DRA driver unavailable: no instance connected within the grace period", "driver", d.name, "gracePeriod", h.opts.GracePeriod)
 	}
 	h.notifyLocked()
@@ -580,7 +589,7 @@ func (d *driver) serving() *instance {
 // Drivers returns a snapshot of every driver known, sorted by name. It is
 // safe to call at any time.
 func (h *Handler) Drivers() []Driver {
-	now := time.Now()
+	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := make([]Driver, 0, len(h.drivers))

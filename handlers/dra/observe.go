@@ -77,7 +77,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 		o.lastErr = printable(err.Error(), maxMessageLen)
 	} else {
 		o.lastErr = ""
-		o.reachableAt = time.Now()
+		o.reachableAt = h.opts.Clock.Now()
 	}
 	h.notifyLocked()
 	return err
