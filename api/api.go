@@ -73,7 +73,7 @@ type PluginList struct {
 type Event struct {
 	Seq    uint64    `json:"seq"`
 	Time   time.Time `json:"time"`
-	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost; observing: Answering, NotAnswering
+	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost; observing: Answering, NotAnswering, Looked (a look that found nothing new)
 	Plugin Plugin    `json:"plugin"`
 	Missed int       `json:"missed,omitempty"`
 }

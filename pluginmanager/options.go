@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // Options configure a Manager. Only Dir is required; the zero value of every
@@ -114,6 +115,13 @@ type Options struct {
 	// it returns. Off by default, so that restarting the manager does not make
 	// the plugins' handlers flap.
 	DeregisterOnShutdown bool
+
+	// Clock is the manager's time: when retries, probes and grace periods
+	// fall due, the periodic resync, and the times it reports. Tests set a
+	// fake one (k8s.io/utils/clock/testing) to make time pass exactly. The
+	// deadlines of RPCs and handler calls are real time whatever it is.
+	// Nil means the real clock.
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // withDefaults returns a copy of o with zero fields set to their defaults, or
@@ -124,6 +132,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	ints := []struct {
 		name string

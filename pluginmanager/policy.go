@@ -19,7 +19,7 @@ func (p Peers) allow(who peer) bool {
 
 // checkPolicy applies the rules of Options that keep plugins in bounds. Its
 // error names the rule, so that an operator knows which setting refused.
-func (m *Manager) checkPolicy(p Plugin, who peer) error {
+func (m *parts) checkPolicy(p Plugin, who peer) error {
 	if rule, ok := m.peerRule(p.Type); ok && !rule.allow(who) {
 		if !who.known {
 			return fmt.Errorf("the credentials of the process serving %s could not be read, and Options.AllowedPeers requires them", p.Socket)
@@ -36,7 +36,7 @@ func (m *Manager) checkPolicy(p Plugin, who peer) error {
 	return nil
 }
 
-func (m *Manager) peerRule(typ string) (Peers, bool) {
+func (m *parts) peerRule(typ string) (Peers, bool) {
 	if r, ok := m.opts.AllowedPeers[typ]; ok {
 		return r, true
 	}

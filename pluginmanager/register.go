@@ -39,7 +39,7 @@ type peer struct {
 // and later the liveness probes are made (see unaryconn for why not a
 // grpc-go ClientConn). A refused connection fails at once with the dialer's
 // error; one that is not answered fails at the deadline, with its cause.
-func (m *Manager) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+func (m *parts) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
 	defer cancel()
@@ -160,7 +160,7 @@ func checkField(name, v string, max int, required bool) error {
 // slow handler let it idle), it dials again rather than fail. conn is
 // notify's: it returns the connection it used, open, or nil, and closes any
 // other.
-func (m *Manager) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
+func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
