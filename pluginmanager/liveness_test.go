@@ -91,10 +91,8 @@ func TestUnhealthyThenHealthyWithoutFlapping(t *testing.T) {
 
 func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
 	rec := newRecorder()
-	h := start(t, pluginmanager.Options{
-		ProbeInterval: 50 * time.Millisecond,
-		GracePeriods:  map[string]time.Duration{"CSIPlugin": 300 * time.Millisecond},
-	}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	h := start(t, pluginmanager.Options{ProbeInterval: 50 * time.Millisecond}, nil)
+	h.m.AddHandler("CSIPlugin", rec, pluginmanager.HandlerOptions{UnhealthyGrace: 300 * time.Millisecond})
 	path := filepath.Join(h.dir, "crash.sock")
 	info := &registerapi.PluginInfo{Type: "CSIPlugin", Name: "crash", SupportedVersions: []string{"1.0.0"}}
 

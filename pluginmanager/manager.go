@@ -118,20 +118,37 @@ func New(opts Options) (*Manager, error) {
 	return m, nil
 }
 
-// AddHandler makes h the handler for plugins of type typ. It may be called
-// before or while Run runs, from any goroutine; plugins of that type that were
-// rejected for want of a handler are tried again at once. It panics if typ is
-// empty, h is nil, or typ already has a handler, as http.ServeMux.Handle does.
-func (m *Manager) AddHandler(typ string, h Handler) {
+// AddHandler makes h the handler for plugins of type typ, with the settings
+// of opts (at most one; none means the manager's Options). It may be called
+// before or while Run runs, from any goroutine; plugins of that type that
+// were rejected for want of a handler are tried again at once. It panics if
+// typ is empty, h is nil, typ already has a handler, or opts are out of
+// range, as http.ServeMux.Handle does.
+func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 	if typ == "" {
 		panic("pluginmanager: AddHandler with an empty plugin type")
 	}
 	if h == nil {
 		panic("pluginmanager: AddHandler with a nil handler for type " + typ)
 	}
-	he := &handlerEntry{h: h, grace: m.opts.UnhealthyGrace, probe: m.opts.ProbeInterval}
-	if d, ok := m.opts.GracePeriods[typ]; ok {
-		he.grace = d
+	if len(opts) > 1 {
+		panic("pluginmanager: AddHandler with more than one HandlerOptions for type " + typ)
+	}
+	he := &handlerEntry{h: h, grace: m.opts.UnhealthyGrace, probe: m.opts.ProbeInterval, peers: m.opts.AllowedPeers}
+	if len(opts) == 1 {
+		o := opts[0]
+		if o.UnhealthyGrace < 0 {
+			panic(fmt.Sprintf("pluginmanager: AddHandler for type %s: HandlerOptions.UnhealthyGrace is %s: it must be zero (Options.UnhealthyGrace) or positive", typ, o.UnhealthyGrace))
+		}
+		if o.UnhealthyGrace > 0 {
+			he.grace = o.UnhealthyGrace
+		}
+		if o.ProbeInterval != 0 {
+			he.probe = o.ProbeInterval
+		}
+		if o.AllowedPeers != nil {
+			he.peers = o.AllowedPeers
+		}
 	}
 	if !m.table.add(typ, he) {
 		panic("pluginmanager: AddHandler called twice for type " + typ)
@@ -142,6 +159,23 @@ func (m *Manager) AddHandler(typ string, h Handler) {
 		if e.status.State == StateRejected && e.status.Reason == ReasonNoHandler && e.status.Type == typ {
 			m.queue.Add(path)
 		}
+	}
+}
+
+// AddObserver makes o the observer of plugins of type typ, which a manager
+// observing (Options.Observe) asks to look at each plugin of the type after
+// its GetInfo; a manager that registers plugins does not use it. It may be
+// called before or while Run runs, from any goroutine. It panics if typ is
+// empty, o is nil, or typ already has an observer.
+func (m *Manager) AddObserver(typ string, o Observer) {
+	if typ == "" {
+		panic("pluginmanager: AddObserver with an empty plugin type")
+	}
+	if o == nil {
+		panic("pluginmanager: AddObserver with a nil observer for type " + typ)
+	}
+	if !m.table.addObserver(typ, o) {
+		panic("pluginmanager: AddObserver called twice for type " + typ)
 	}
 }
 

@@ -70,7 +70,7 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := make(map[key]int)
 	m := c.m
 	// Every handled type reports every state, so that series do not vanish at zero.
-	for typ := range m.table.types() {
+	for _, typ := range m.table.types() {
 		for _, s := range m.rec.states() {
 			counts[key{typ, s}] = 0
 		}
@@ -87,7 +87,7 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // typeLabel is the metric label for a plugin type.
 func (p *parts) typeLabel(typ string) string {
-	if p.table.get(typ) != nil {
+	if p.table.known(typ) {
 		return typ
 	}
 	switch typ {

@@ -77,12 +77,7 @@ func (o *onlooker) observer(typ string) Observer {
 	if typ == "" {
 		return nil
 	}
-	he := o.table.get(typ)
-	if he == nil {
-		return nil
-	}
-	obs, _ := he.h.(Observer)
-	return obs
+	return o.table.observer(typ)
 }
 
 // look asks a plugin who it is, and records what it saw: no notification,

@@ -228,7 +228,6 @@ func readOnlyMount(t *testing.T, dir string) {
 
 // looker is an Observer: it counts looks and can say the endpoint is down.
 type looker struct {
-	pluginmanager.HandlerFuncs
 	looks, forgets atomic.Int32
 	down           atomic.Bool
 }
@@ -243,16 +242,19 @@ func (l *looker) Observe(context.Context, pluginmanager.Plugin) error {
 
 func (l *looker) Forget(pluginmanager.Plugin) { l.forgets.Add(1) }
 
-// In observe mode a handler that can look (an Observer) is asked to, after
-// every answered GetInfo, and is never asked to validate or register.
-func TestObserverHandlerLooks(t *testing.T) {
+// In observe mode the observer of a type is asked to look, after every
+// answered GetInfo, and the type's handler is never asked to validate or
+// register.
+func TestObserverLooks(t *testing.T) {
 	calls := atomic.Int32{}
-	l := &looker{HandlerFuncs: pluginmanager.HandlerFuncs{
+	handler := pluginmanager.HandlerFuncs{
 		ValidateFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
 		RegisterFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
-	}}
+	}
+	l := &looker{}
 	dir := testenv.ShortDir(t, "ob")
-	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": l})
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
+	obs.m.AddObserver("CSIPlugin", l)
 	p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
 	obs.status(p.Path(), pluginmanager.StateAnswering)
 

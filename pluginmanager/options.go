@@ -79,9 +79,9 @@ type Options struct {
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
 	// before it is deregistered; it is registered again as soon as it
-	// answers. Zero means 30s. GracePeriods overrides it per plugin type.
+	// answers. Zero means 30s. HandlerOptions.UnhealthyGrace overrides it
+	// for a plugin type.
 	UnhealthyGrace time.Duration
-	GracePeriods   map[string]time.Duration
 
 	// MaxSockets bounds how many sockets the manager tracks; more are left
 	// alone (logged, and counted in plugd_sockets_over_limit_total) until
@@ -95,11 +95,11 @@ type Options struct {
 	EndpointRoots []string
 
 	// AllowedPeers, if set, says which processes may serve registration
-	// sockets, by plugin type: the process listening on the socket (as the
-	// kernel reports it, SO_PEERCRED) must run as one of the UIDs or GIDs
-	// listed for the plugin's type, or for "*" if its type has no entry.
-	// A plugin of a type with neither entry is not checked.
-	AllowedPeers map[string]Peers
+	// sockets: the process listening on the socket (as the kernel reports
+	// it, SO_PEERCRED) must run as one of its UIDs or GIDs. It applies to
+	// every plugin type whose HandlerOptions.AllowedPeers is not set, types
+	// without a handler included. Nil: anyone may.
+	AllowedPeers *Peers
 
 	// AllowWritableDir lets Run use a registry directory that users other
 	// than its owner may write to. Off: such a directory is refused, since
@@ -199,11 +199,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.UnhealthyGrace == 0 {
 		o.UnhealthyGrace = 30 * time.Second
-	}
-	for typ, d := range o.GracePeriods {
-		if d <= 0 {
-			return o, fmt.Errorf("pluginmanager: Options.GracePeriods[%q] is %s: it must be positive", typ, d)
-		}
 	}
 	return o, nil
 }

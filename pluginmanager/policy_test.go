@@ -56,10 +56,11 @@ func TestEndpointRules(t *testing.T) {
 
 func TestAllowedPeers(t *testing.T) {
 	me, mygid := uint32(os.Geteuid()), uint32(os.Getegid())
-	h := start(t, pluginmanager.Options{AllowedPeers: map[string]pluginmanager.Peers{
-		"CSIPlugin": {UIDs: []uint32{me}},         // this test's own processes may
-		"*":         {UIDs: []uint32{me + 12345}}, // but not for other types
-	}}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder(), "DevicePlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{
+		AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{me + 12345}}, // not this test's own processes, by default
+	}, map[string]pluginmanager.Handler{"DevicePlugin": newRecorder()})
+	// but for CSI drivers, they may
+	h.m.AddHandler("CSIPlugin", newRecorder(), pluginmanager.HandlerOptions{AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{me}}})
 	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "mine"})
 	h.status(ok.Path(), pluginmanager.StateRegistered)
 	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "theirs"})

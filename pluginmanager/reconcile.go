@@ -203,7 +203,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.answer.Store(&p)
 
 	he := r.table.get(p.Type)
-	if err := r.checkPolicy(p, who); err != nil {
+	if err := r.checkPolicy(p, who, he); err != nil {
 		return r.refuse(ctx, conn, e, p, ReasonPolicy, err, true, attempt)
 	}
 	if he == nil {
@@ -301,12 +301,14 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		}
 		return res
 	}
-	delay := e.backoff.Next()
 	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
+	var delay time.Duration
 	if refused && attempt == 1 && now.Sub(e.status.Discovered) < time.Second {
 		// A socket that refuses connections just after it appeared is most
 		// likely bound but not yet listening: look again very soon.
 		delay = min(10*time.Millisecond, r.opts.BackoffInitial)
+	} else {
+		delay = e.backoff.Next()
 	}
 	e.status.State = StateFailed
 	if refused {

@@ -500,10 +500,13 @@ func TestPolicyAndLivenessFromFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	mo := cfg.managerOptions(nil, nil)
-	if p := mo.AllowedPeers["CSIPlugin"]; !slices.Equal(p.UIDs, []uint32{0}) || !slices.Equal(p.GIDs, []uint32{10}) {
-		t.Errorf("peers = %+v", mo.AllowedPeers)
+	if p := cfg.handlerOptions(HandlerConfig{Type: "CSIPlugin"}).AllowedPeers; p == nil || !slices.Equal(p.UIDs, []uint32{0}) || !slices.Equal(p.GIDs, []uint32{10}) {
+		t.Errorf("CSIPlugin peers = %+v", p)
 	}
-	if _, ok := mo.AllowedPeers["*"]; !ok || mo.ProbeInterval != 5*time.Second || mo.UnhealthyGrace != time.Minute ||
+	if p := cfg.handlerOptions(HandlerConfig{Type: "DevicePlugin"}).AllowedPeers; p != nil {
+		t.Errorf("DevicePlugin peers = %+v, want none of its own: the manager's (the * rule)", p)
+	}
+	if p := mo.AllowedPeers; p == nil || !slices.Equal(p.UIDs, []uint32{0}) || mo.ProbeInterval != 5*time.Second || mo.UnhealthyGrace != time.Minute ||
 		mo.MaxSockets != 50 || !slices.Equal(mo.EndpointRoots, []string{"/var/lib/kubelet/plugins"}) {
 		t.Errorf("manager options = %+v", mo)
 	}

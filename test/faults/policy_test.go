@@ -73,7 +73,7 @@ func TestPeerNotOnAllowList(t *testing.T) {
 	checkLeaks(t, dir)
 	rec := newRecorder()
 	other := uint32(os.Geteuid() + 4242)
-	m := runManager(t, pluginmanager.Options{Dir: dir, AllowedPeers: map[string]pluginmanager.Peers{testType: {UIDs: []uint32{other}}}},
+	m := runManager(t, pluginmanager.Options{Dir: dir, AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{other}}},
 		map[string]pluginmanager.Handler{testType: rec})
 	p := startPlugin(t, dir, "ok", "-name", "intruder")
 	s := m.state(p.path, pluginmanager.StateRejected)
