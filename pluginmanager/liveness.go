@@ -19,8 +19,8 @@ import (
 // wake-up; a probe is a GetInfo with a deadline, on the connection the plugin
 // registered over, run by the worker that holds the socket's path.
 
-// nextProbe is when a routine probe every interval, from now, is due: in
-// about interval (±10%), put off to the end of its step of a grid a tenth
+// nextProbe is when a routine probe every interval is due after one that
+// started at now: in about interval (±10%), start to start, put off to the end of its step of a grid a tenth
 // of the interval wide (at most a second). An idle Go process that wakes up
 // spends several times a probe's own cost on the wake-up (threads, timers,
 // the poller); waking once a step for all the plugins due in it, not once
@@ -49,6 +49,7 @@ func samePlugin(a, b Plugin) bool {
 // Unhealthy at once, and deregistered once that has lasted its grace period;
 // a different answer is a different plugin, registered afresh.
 func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
+	started := r.clock.Now()
 	p, conn, err := r.ask(ctx, path, r.conns.Take(path))
 	if ctx.Err() != nil {
 		closeConn(conn)
@@ -88,7 +89,7 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
 			r.log.Info("plugin answers again", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name)
 		}
-		e.due = nextProbe(now, he.probe)
+		e.due = nextProbe(started, he.probe)
 		return result{at: e.due, events: events}
 	}
 	var events []Event
@@ -104,7 +105,7 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 	}
 	// Asked again each interval while its grace lasts, and at its end.
 	if left := he.grace - now.Sub(e.status.UnhealthySince); left > 0 {
-		e.due = now.Add(min(he.probe, left))
+		e.due = started.Add(min(he.probe, left))
 		r.reg.mu.Unlock()
 		return result{at: e.due, err: err, events: events}
 	}
@@ -136,6 +137,11 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 // close idle connections, or be gone) is not an answer: a new one tells
 // which.
 func (p *parts) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
+	return p.askVia(ctx, path, conn, p.dial)
+}
+
+// askVia is ask, dialling with dial.
+func (p *parts) askVia(ctx context.Context, path string, conn *unaryconn.Conn, dial func(context.Context, string) (*unaryconn.Conn, error)) (Plugin, *unaryconn.Conn, error) {
 	if conn != nil {
 		pl, err := p.askOn(ctx, conn, path)
 		if err == nil {
@@ -150,7 +156,7 @@ func (p *parts) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plu
 			return Plugin{}, nil, err
 		}
 	}
-	conn, err := p.dial(ctx, path)
+	conn, err := dial(ctx, path)
 	if err != nil {
 		return Plugin{}, nil, dialFailure{err}
 	}

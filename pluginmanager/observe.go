@@ -49,12 +49,16 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return result{}
 	}
 	if !present {
+		// The observer forgets first, so that whoever sees the socket
+		// removed sees the observer's record gone too.
 		seen := e.status.Plugin
-		o.reg.forgetLocked(path, e, now)
 		o.reg.mu.Unlock()
 		if obs := o.observer(seen.Type); obs != nil {
 			obs.Forget(seen)
 		}
+		o.reg.mu.Lock()
+		o.reg.forgetLocked(path, e, o.clock.Now())
+		o.reg.mu.Unlock()
 		return result{}
 	}
 	if e == nil || e.id != id {
@@ -68,8 +72,9 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		o.reg.mu.Unlock()
 		return result{at: e.due}
 	}
+	fresh := e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second
 	o.reg.mu.Unlock()
-	return o.look(ctx, path, e)
+	return o.look(ctx, path, e, fresh, now)
 }
 
 // observer is the observer for plugins of type typ, or nil.
@@ -81,9 +86,14 @@ func (o *onlooker) observer(typ string) Observer {
 }
 
 // look asks a plugin who it is, and records what it saw: no notification,
-// no handler, nothing written. The next look is a probe interval away.
-func (o *onlooker) look(ctx context.Context, path string, e *entry) result {
-	p, conn, err := o.ask(ctx, path, nil)
+// no handler, nothing written. The next look is a probe interval after this
+// one started.
+func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, started time.Time) result {
+	dial := o.dial
+	if fresh {
+		dial = o.dialNew
+	}
+	p, conn, err := o.askVia(ctx, path, nil, dial)
 	closeConn(conn) // looks are far apart: no connection is kept between them
 	endpointFailed := false
 	if err == nil {
@@ -100,7 +110,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry) result {
 	defer o.reg.mu.Unlock()
 	was := e.status.State
 	e.status.Attempts++
-	e.due = nextProbe(now, o.opts.ProbeInterval)
+	e.due = nextProbe(started, o.opts.ProbeInterval)
 	if err == nil {
 		e.status.Plugin = p
 		e.status.State = StateAnswering

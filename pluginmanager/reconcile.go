@@ -163,18 +163,24 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 	e.answer.Store(nil)
 	attempt := e.status.Attempts
 	fid := e.id
+	fresh := attempt == 1 && now.Sub(e.status.Discovered) < time.Second
 	r.reg.mu.Unlock()
 
 	r.metrics.attempts.Inc()
-	return r.register(ctx, path, e, fid, attempt)
+	return r.register(ctx, path, e, fid, attempt, fresh, now)
 }
 
 // register runs the handshake with the plugin and its handler, and records
 // how it went.
-func (r *registrar) register(ctx context.Context, path string, e *entry, id fileID, attempt int) result {
+// The first probe is due a probe interval after the attempt started.
+func (r *registrar) register(ctx context.Context, path string, e *entry, id fileID, attempt int, fresh bool, started time.Time) result {
 	p := Plugin{Socket: path}
 
-	conn, err := r.dial(ctx, path)
+	dial := r.dial
+	if fresh {
+		dial = r.dialNew
+	}
+	conn, err := dial(ctx, path)
 	if err != nil {
 		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
 	}
@@ -253,7 +259,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		r.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
-	e.due = nextProbe(now, he.probe)
+	e.due = nextProbe(started, he.probe)
 	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
@@ -302,14 +308,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		return res
 	}
 	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
-	var delay time.Duration
-	if refused && attempt == 1 && now.Sub(e.status.Discovered) < time.Second {
-		// A socket that refuses connections just after it appeared is most
-		// likely bound but not yet listening: look again very soon.
-		delay = min(10*time.Millisecond, r.opts.BackoffInitial)
-	} else {
-		delay = e.backoff.Next()
-	}
+	delay := e.backoff.Next()
 	e.status.State = StateFailed
 	if refused {
 		// A socket file nobody listens on: what a crashed plugin leaves.

@@ -36,33 +36,27 @@ func newHandlerTable() *handlerTable {
 func (t *handlerTable) get(typ string) *handlerEntry { return (*t.m.Load())[typ] }
 
 // add adds he for typ, and reports false if typ has a handler already.
-func (t *handlerTable) add(typ string, he *handlerEntry) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := *t.m.Load()
-	if _, dup := old[typ]; dup {
-		return false
-	}
-	m := maps.Clone(old)
-	m[typ] = he
-	t.m.Store(&m)
-	return true
-}
+func (t *handlerTable) add(typ string, he *handlerEntry) bool { return addTo(t, &t.m, typ, he) }
 
 // observer returns the observer for typ, or nil.
 func (t *handlerTable) observer(typ string) Observer { return (*t.observers.Load())[typ] }
 
 // addObserver adds o for typ, and reports false if typ has one already.
 func (t *handlerTable) addObserver(typ string, o Observer) bool {
+	return addTo(t, &t.observers, typ, o)
+}
+
+// addTo puts v in a copy of the map m points to, unless it has typ already.
+func addTo[V any](t *handlerTable, m *atomic.Pointer[map[string]V], typ string, v V) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := *t.observers.Load()
+	old := *m.Load()
 	if _, dup := old[typ]; dup {
 		return false
 	}
-	m := maps.Clone(old)
-	m[typ] = o
-	t.observers.Store(&m)
+	next := maps.Clone(old)
+	next[typ] = v
+	m.Store(&next)
 	return true
 }
 

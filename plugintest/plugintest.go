@@ -29,6 +29,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,8 +61,10 @@ type Manager struct {
 	sub *pluginmanager.Subscription
 	rec *Recorder // the first Recorder among the handlers, by type; nil if none
 
+	stop func() // Stop
+
 	seen []pluginmanager.Event // events read from sub so far
-	next int                   // seen[next:] are the events WaitEvent has not passed yet
+	next int                   // seen[next:] came after the last wait returned
 }
 
 // NewManager starts a manager that accepts plugins of the given types (at
@@ -134,25 +138,38 @@ func NewManagerWith(t testing.TB, opts pluginmanager.Options, handlers map[strin
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		// Bounded: a handler that ignores its context is the test's failure,
-		// not a hang until go test's own timeout.
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("plugintest: manager: %v", err)
+	var once sync.Once
+	mgr.stop = func() {
+		once.Do(func() {
+			cancel()
+			// Bounded: a handler that ignores its context is the test's
+			// failure, not a hang until go test's own timeout.
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("plugintest: manager: %v", err)
+				}
+			case <-time.After(shutdownWait):
+				t.Errorf("plugintest: the manager did not stop within %s", shutdownWait)
 			}
-		case <-time.After(shutdownWait):
-			t.Errorf("plugintest: the manager did not stop within %s of the end of the test", shutdownWait)
-		}
-	})
+			mgr.sub.Close()
+		})
+	}
+	t.Cleanup(mgr.stop)
 	select {
 	case <-mgr.m.Synced():
 	case err := <-done:
 		t.Fatalf("plugintest: manager stopped at start: %v", err)
 	}
 	return mgr
+}
+
+// Stop stops the manager, and returns once its Run has returned, as at the
+// end of the test (it fails the test if Run returned an error). It may be
+// called more than once; the Wait methods fail after it.
+func (m *Manager) Stop() {
+	m.t.Helper()
+	m.stop()
 }
 
 // Manager returns the underlying manager, for its snapshot and events.
@@ -189,23 +206,11 @@ func (m *Manager) FailRegister(name string, err error) {
 
 // WaitCalls waits until the Recorder has seen n calls of op (validate,
 // register or deregister) for the plugin called name, and fails the test,
-// with the calls so far, if that does not happen in time.
+// with the calls so far, if that does not happen within the Manager's
+// timeout.
 func (m *Manager) WaitCalls(op, name string, n int) {
 	m.t.Helper()
-	r := m.Recorder()
-	timer := time.NewTimer(m.timeout())
-	defer timer.Stop()
-	for {
-		changed := r.changed()
-		if r.Count(op, name) >= n {
-			return
-		}
-		select {
-		case <-changed:
-		case <-timer.C:
-			m.t.Fatalf("plugintest: %d× %s %s not seen within %s; calls: %v", n, op, name, m.timeout(), r.Calls())
-		}
-	}
+	m.Recorder().waitCalls(m.t, op, name, n, m.timeout())
 }
 
 // Status returns what the manager knows of the plugin called name (the most
@@ -240,8 +245,9 @@ func (m *Manager) Until(what string, cond func([]pluginmanager.PluginStatus) boo
 	m.t.Helper()
 	snap, err := m.until(cond)
 	if err != nil {
-		m.t.Fatalf("plugintest: %s: %v after %s; plugins: %+v", what, err, m.timeout(), snap)
+		m.t.Fatalf("plugintest: %s: %v after %s; plugins: %s", what, err, m.timeout(), Summary(snap))
 	}
+	m.pass()
 	return snap
 }
 
@@ -266,6 +272,7 @@ func (m *Manager) WaitState(name string, state pluginmanager.State) pluginmanage
 	if err != nil {
 		m.t.Fatalf("plugintest: plugin %q is not %s: %v after %s; last status: %+v", name, state, err, m.timeout(), got)
 	}
+	m.pass()
 	return got
 }
 
@@ -285,6 +292,7 @@ func (m *Manager) WaitSocket(path string, state pluginmanager.State) pluginmanag
 	if err != nil {
 		m.t.Fatalf("plugintest: the socket %s is not %s: %v after %s; last status: %+v", path, state, err, m.timeout(), got)
 	}
+	m.pass()
 	return got
 }
 
@@ -300,18 +308,26 @@ func (m *Manager) WaitGone(path string) {
 	if err != nil {
 		m.t.Fatalf("plugintest: the manager still knows %s: %v after %s; its status: %+v", path, err, m.timeout(), got)
 	}
+	m.pass()
 }
 
-// WaitEvent waits for the next event of type typ about the socket at path,
-// and returns it. Events are looked at in order, from the one after the
-// event the last WaitEvent returned: an event that came before that is not
-// found again.
-func (m *Manager) WaitEvent(path string, typ pluginmanager.EventType) pluginmanager.Event {
+// WaitEvent waits for the next event about the socket at path of type typ
+// (or of any of the types more names), and returns it. It looks at the
+// events in order, from the first that came after the last wait (of any
+// kind) returned: an event that came before is not found. An observing manager
+// publishes one event per look (Looked, Answering or NotAnswering), so a
+// test waits for a look with all three.
+func (m *Manager) WaitEvent(path string, typ pluginmanager.EventType, more ...pluginmanager.EventType) pluginmanager.Event {
 	m.t.Helper()
+	types := append([]pluginmanager.EventType{typ}, more...)
 	var found pluginmanager.Event
+	lost := 0
 	_, err := m.until(func([]pluginmanager.PluginStatus) bool {
 		for i := m.next; i < len(m.seen); i++ {
-			if ev := m.seen[i]; ev.Plugin.Socket == path && ev.Type == typ {
+			if ev := m.seen[i]; ev.Type == pluginmanager.EventLost {
+				lost = ev.Missed
+				return true
+			} else if ev.Plugin.Socket == path && slices.Contains(types, ev.Type) {
 				found, m.next = ev, i+1
 				return true
 			}
@@ -319,9 +335,20 @@ func (m *Manager) WaitEvent(path string, typ pluginmanager.EventType) pluginmana
 		return false
 	})
 	if err != nil {
-		m.t.Fatalf("plugintest: no %s event for %s: %v after %s", typ, filepath.Base(path), err, m.timeout())
+		m.t.Fatalf("plugintest: no %v event for %s: %v after %s", types, filepath.Base(path), err, m.timeout())
 	}
+	if lost > 0 {
+		m.t.Fatalf("plugintest: waiting for %v of %s, the manager dropped %d events: the test fell behind its Options.EventBuffer", types, filepath.Base(path), lost)
+	}
+	m.seen, m.next = m.seen[m.next:], 0
 	return found
+}
+
+// WaitLook waits for the next look of an observing manager at the socket at
+// path (its next Looked, Answering or NotAnswering event), and returns it.
+func (m *Manager) WaitLook(path string) pluginmanager.Event {
+	m.t.Helper()
+	return m.WaitEvent(path, pluginmanager.EventLooked, pluginmanager.EventAnswering, pluginmanager.EventNotAnswering)
 }
 
 // RemoveSocket removes the registration socket of the plugin called name, as
@@ -362,6 +389,12 @@ func (m *Manager) until(cond func([]pluginmanager.PluginStatus) bool) ([]pluginm
 	}
 }
 
+// pass marks the events seen so far as passed: a WaitEvent after a wait
+// looks only at the events that came after it.
+func (m *Manager) pass() {
+	m.seen, m.next = m.seen[:0], 0
+}
+
 // drain takes the events already delivered.
 func (m *Manager) drain() {
 	for {
@@ -382,4 +415,37 @@ func (m *Manager) timeout() time.Duration {
 		return m.Timeout
 	}
 	return DefaultTimeout
+}
+
+// Summary shows a snapshot briefly, for a test's failure message: how many
+// sockets, and for the first 20 of them the name, state, reason and error.
+func Summary(ps []pluginmanager.PluginStatus) string {
+	const most = 20
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d sockets", len(ps))
+	for i, p := range ps {
+		if i == most {
+			fmt.Fprintf(&b, "; and %d more", len(ps)-most)
+			break
+		}
+		fmt.Fprintf(&b, "; %s %s", filepath.Base(p.Socket), p.State)
+		if p.Type != "" {
+			fmt.Fprintf(&b, " (%s %s)", p.Type, p.Name)
+		}
+		if p.Reason != "" {
+			fmt.Fprintf(&b, " %s: %.200s", p.Reason, p.LastError)
+		}
+	}
+	return b.String()
+}
+
+// MaxProbeDelay is the longest time after a probe (or an observing
+// manager's look, or a registration) started that the next probe of a
+// plugin probed every interval is due: the interval, 10% of jitter, and the
+// step of the grid probes are put off to. A test on a fake clock advances it
+// by this much, once what it waited for was seen, to see exactly one more
+// probe: the one after is due at least 90% of an interval after that one
+// starts.
+func MaxProbeDelay(interval time.Duration) time.Duration {
+	return interval + interval/10 + min(interval/10, time.Second)
 }

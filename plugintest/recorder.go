@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -78,6 +80,31 @@ func (r *Recorder) FailRegister(name string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.failReg[name] = err
+}
+
+// WaitCalls waits until the Recorder has seen n calls of op (validate,
+// register or deregister) for the plugin called name, and fails the test,
+// with the calls so far, if that does not happen within DefaultTimeout.
+func (r *Recorder) WaitCalls(t testing.TB, op, name string, n int) {
+	t.Helper()
+	r.waitCalls(t, op, name, n, DefaultTimeout)
+}
+
+func (r *Recorder) waitCalls(t testing.TB, op, name string, n int, timeout time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		changed := r.changed()
+		if r.Count(op, name) >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			t.Fatalf("plugintest: %d× %s %s not seen within %s; calls: %v", n, op, name, timeout, r.Calls())
+		}
+	}
 }
 
 // changed returns a channel closed at the next call.

@@ -53,7 +53,8 @@ type env struct {
 	m   *pluginmanager.Manager
 	h   *Handler
 	reg *prometheus.Registry
-	dir string // the registry directory
+	clk *testingclock.FakeClock // set by the observe tests
+	dir string                  // the registry directory
 	sub *pluginmanager.Subscription
 }
 
