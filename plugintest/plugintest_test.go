@@ -132,3 +132,20 @@ func TestNewManagerWithARecorder(t *testing.T) {
 		t.Errorf("after the socket went, calls = %+v", m.Calls())
 	}
 }
+
+// The Recorder keeps the contract of a handler.
+func TestRecorderPassesTestHandler(t *testing.T) {
+	plugintest.TestHandler(t, plugintest.HandlerCase{
+		Type: "example.com/Greeter",
+		New: func(*testing.T) pluginmanager.Handler {
+			r := plugintest.NewRecorder()
+			r.RefuseValidate("refused", errors.New("not on the list"))
+			return r
+		},
+		Start: func(t *testing.T, dir, name string) (string, func()) {
+			s := start(t, plugin.Config{Dir: dir, Type: "example.com/Greeter", Name: name, Versions: []string{"v1"}})
+			return s.Path(), func() { s.Close() }
+		},
+		Refused: pluginmanager.Plugin{Type: "example.com/Greeter", Name: "refused", Socket: "/nowhere.sock"},
+	})
+}
