@@ -21,6 +21,7 @@ import (
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	"k8s.io/utils/clock"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -211,21 +212,9 @@ type Driver struct {
 	DevicesDropped int `json:"devicesDropped,omitempty"`
 }
 
-// Instance is a snapshot of one registered instance of a driver.
-type Instance struct {
-	// Socket is the registration socket; Endpoint is where the DRA service is.
-	Socket   string `json:"socket"`
-	Endpoint string `json:"endpoint"`
-	// Service is the DRA gRPC service chosen, e.g. "v1.DRAPlugin".
-	Service string `json:"service"`
-	// HealthService is the health service followed, e.g. "v1.DRAResourceHealth";
-	// empty if the plugin advertises none or answered that it has none.
-	HealthService string    `json:"healthService,omitempty"`
-	Connected     bool      `json:"connected"`
-	RegisteredAt  time.Time `json:"registeredAt"`
-	// DisconnectedAt is when the connection was lost, zero while connected.
-	DisconnectedAt time.Time `json:"disconnectedAt,omitzero"`
-}
+// Instance is a snapshot of one registered instance of a driver (plugd's
+// status API type).
+type Instance = api.DRAInstance
 
 // DeviceHealth is the last health a driver reported for one of its devices.
 type DeviceHealth struct {
@@ -240,13 +229,8 @@ type DeviceHealth struct {
 }
 
 // InstanceStatus is what Details returns: one instance, and where it stands
-// within its driver.
-type InstanceStatus struct {
-	Driver string `json:"driver"`
-	Instance
-	Serving         bool `json:"serving"`
-	DriverAvailable bool `json:"driverAvailable"`
-}
+// within its driver (plugd's status API type).
+type InstanceStatus = api.DRADetails
 
 // New returns a Handler for opts. Nothing runs until a plugin registers. It
 // panics if opts.Registerer refuses the handler's metrics (as
@@ -664,7 +648,7 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	}
 	return &InstanceStatus{
 		Driver:          in.driver.name,
-		Instance:        in.snapshot(),
+		DRAInstance:     in.snapshot(),
 		Serving:         in.driver.serving() == in,
 		DriverAvailable: in.driver.available,
 	}

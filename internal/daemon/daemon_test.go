@@ -22,7 +22,6 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
-	"github.com/plugd/plugd/pluginmanager"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -471,19 +470,6 @@ func TestHandlerSettingsAreChecked(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.h, err, tc.want)
 		}
-	}
-}
-
-// The API's list of states is the manager's.
-func TestAPIStatesAreTheManagers(t *testing.T) {
-	want := []string{}
-	for _, s := range []pluginmanager.State{pluginmanager.StatePending, pluginmanager.StateRegistering, pluginmanager.StateRegistered,
-		pluginmanager.StateFailed, pluginmanager.StateStale, pluginmanager.StateRejected, pluginmanager.StateUnhealthy,
-		pluginmanager.StateAnswering, pluginmanager.StateNotAnswering} {
-		want = append(want, string(s))
-	}
-	if !slices.Equal(api.States, want) {
-		t.Errorf("api.States = %v, want %v", api.States, want)
 	}
 }
 
