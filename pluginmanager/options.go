@@ -58,16 +58,17 @@ type Options struct {
 
 	// Observe makes the manager an observer, for a node whose plugins
 	// another manager (a kubelet) registers: it discovers sockets and asks
-	// each GetInfo (at once, then every ProbeInterval), and reports what it
-	// sees (Answering, NotAnswering, Stale), but never notifies a plugin,
-	// never calls a handler, and never creates, removes or changes a file;
-	// the registry directory may be mounted read-only. Handlers added are
-	// not used.
+	// each GetInfo (at once, then every ProbeInterval), asks the Observer
+	// added for the plugin's type (AddObserver) to look too, and reports
+	// what it sees (Answering, NotAnswering, Stale; an event per look), but
+	// never notifies a plugin, never calls a handler, and never creates,
+	// removes or changes a file; the registry directory may be mounted
+	// read-only. Handlers added are not used.
 	Observe bool
 
 	// ProbeInterval is how often each registered plugin is asked GetInfo,
-	// with jitter, to tell a live plugin from a dead one; probes due within
-	// a tenth of it (at most a second) run together. The manager keeps the
+	// start to start, with jitter, to tell a live plugin from a dead one;
+	// probes due within a tenth of it (at most a second) run together. The manager keeps the
 	// connection each plugin registered over open, and probes over it; idle
 	// between probes, it tells at once when the plugin's process goes (the
 	// kernel hangs it up) and the plugin is probed then. A plugin that
