@@ -104,8 +104,11 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		e.status.LastError = printable(err.Error())
 	}
 	// Asked again each interval while its grace lasts, and at its end.
-	if left := he.grace - now.Sub(e.status.UnhealthySince); left > 0 {
-		e.due = started.Add(min(he.probe, left))
+	if end := e.status.UnhealthySince.Add(he.grace); now.Before(end) {
+		e.due = started.Add(he.probe)
+		if end.Before(e.due) {
+			e.due = end
+		}
 		r.reg.mu.Unlock()
 		return result{at: e.due, err: err, events: events}
 	}
@@ -137,11 +140,11 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 // close idle connections, or be gone) is not an answer: a new one tells
 // which.
 func (p *parts) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
-	return p.askVia(ctx, path, conn, p.dial)
+	return p.askNew(ctx, path, conn, false)
 }
 
-// askVia is ask, dialling with dial.
-func (p *parts) askVia(ctx context.Context, path string, conn *unaryconn.Conn, dial func(context.Context, string) (*unaryconn.Conn, error)) (Plugin, *unaryconn.Conn, error) {
+// askNew is ask, dialling with dialNew if fresh: the socket just appeared.
+func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
 	if conn != nil {
 		pl, err := p.askOn(ctx, conn, path)
 		if err == nil {
@@ -155,6 +158,10 @@ func (p *parts) askVia(ctx context.Context, path string, conn *unaryconn.Conn, d
 		if !closed || ctx.Err() != nil {
 			return Plugin{}, nil, err
 		}
+	}
+	dial := p.dial
+	if fresh {
+		dial = p.dialNew
 	}
 	conn, err := dial(ctx, path)
 	if err != nil {

@@ -89,11 +89,7 @@ func (o *onlooker) observer(typ string) Observer {
 // no handler, nothing written. The next look is a probe interval after this
 // one started.
 func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, started time.Time) result {
-	dial := o.dial
-	if fresh {
-		dial = o.dialNew
-	}
-	p, conn, err := o.askVia(ctx, path, nil, dial)
+	p, conn, err := o.askNew(ctx, path, nil, fresh)
 	closeConn(conn) // looks are far apart: no connection is kept between them
 	endpointFailed := false
 	if err == nil {

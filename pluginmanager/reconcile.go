@@ -171,8 +171,8 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 }
 
 // register runs the handshake with the plugin and its handler, and records
-// how it went.
-// The first probe is due a probe interval after the attempt started.
+// how it went. The first probe is due a probe interval after the attempt
+// started.
 func (r *registrar) register(ctx context.Context, path string, e *entry, id fileID, attempt int, fresh bool, started time.Time) result {
 	p := Plugin{Socket: path}
 

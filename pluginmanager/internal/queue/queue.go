@@ -40,7 +40,7 @@ type Queue struct {
 	dirty      map[string]bool // in ready, or to be put back when its worker is done
 	processing map[string]bool
 	waiting    timeHeap
-	scheduled  map[string]*waiting // by key: its entry in waiting
+	scheduled  map[string]*waiting // by key: its entry, in waiting or not (index -1)
 	timer      clock.Timer         // armed for armedAt, the earliest waiting time
 	armedAt    time.Time
 	closed     bool
@@ -75,15 +75,22 @@ func (q *Queue) Add(key string) {
 }
 
 func (q *Queue) addLocked(key string) {
+	if q.readyLocked(key) {
+		q.cond.Signal()
+	}
+}
+
+// readyLocked marks key ready, and reports whether a worker can take it now.
+func (q *Queue) readyLocked(key string) bool {
 	if q.closed || q.dirty[key] {
-		return
+		return false
 	}
 	q.dirty[key] = true
 	if q.processing[key] {
-		return // Done puts it back
+		return false // Done puts it back
 	}
 	q.ready = append(q.ready, key)
-	q.cond.Signal()
+	return true
 }
 
 // Schedule makes key due at at, replacing the time it was scheduled for; a
@@ -94,26 +101,32 @@ func (q *Queue) Schedule(key string, at time.Time) {
 	if q.closed {
 		return
 	}
+	// A key's entry is kept while it is known, in the heap (index >= 0)
+	// or not: a socket probed every interval costs no allocation each time.
 	w := q.scheduled[key]
 	switch {
 	case at.IsZero():
 		if w != nil {
-			heap.Remove(&q.waiting, w.index)
+			if w.index >= 0 {
+				heap.Remove(&q.waiting, w.index)
+			}
 			delete(q.scheduled, key)
 		}
 	case !at.After(q.clock.Now()):
-		if w != nil {
+		if w != nil && w.index >= 0 {
 			heap.Remove(&q.waiting, w.index)
-			delete(q.scheduled, key)
 		}
 		q.addLocked(key)
-	case w != nil:
-		w.at = at
-		heap.Fix(&q.waiting, w.index)
-	default:
+	case w == nil:
 		w = &waiting{key: key, at: at}
 		heap.Push(&q.waiting, w)
 		q.scheduled[key] = w
+	case w.index >= 0:
+		w.at = at
+		heap.Fix(&q.waiting, w.index)
+	default:
+		w.at = at
+		heap.Push(&q.waiting, w)
 	}
 	q.armLocked()
 }
@@ -122,7 +135,7 @@ func (q *Queue) Schedule(key string, at time.Time) {
 func (q *Queue) Scheduled(key string) (time.Time, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if w := q.scheduled[key]; w != nil {
+	if w := q.scheduled[key]; w != nil && w.index >= 0 {
 		return w.at, true
 	}
 	return time.Time{}, false
@@ -168,15 +181,25 @@ func (q *Queue) Run() {
 		}
 		q.mu.Lock()
 		now := q.clock.Now()
+		n := 0
 		for len(q.waiting) > 0 && !q.waiting[0].at.After(now) {
 			w := heap.Pop(&q.waiting).(*waiting)
-			delete(q.scheduled, w.key)
-			q.addLocked(w.key)
+			if q.readyLocked(w.key) {
+				n++
+			}
 		}
 		if !q.closed {
 			q.armLocked() // for the next time now, unless a stale wake-up found it armed
 		}
 		q.mu.Unlock()
+		// Workers are woken once the lock is free, not one by one while it
+		// is held: a batch of probes wakes each worker once.
+		switch {
+		case n == 1:
+			q.cond.Signal()
+		case n > 1:
+			q.cond.Broadcast()
+		}
 	}
 }
 
@@ -254,5 +277,6 @@ func (h *timeHeap) Pop() any {
 	w := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
+	w.index = -1
 	return w
 }

@@ -176,3 +176,27 @@ func BenchmarkQueue(b *testing.B) {
 		q.Done(got)
 	}
 }
+
+// A key due, handed out and scheduled again (a probe every interval) falls
+// due again; once handed out it is no longer scheduled.
+func TestScheduledAgainAfterFallingDue(t *testing.T) {
+	q, clk := started(t)
+	for i := range 3 {
+		q.Schedule("a", clk.Now().Add(time.Second))
+		clk.Step(time.Second)
+		if k := get(t, q); k != "a" {
+			t.Fatalf("round %d: key %q, want a", i, k)
+		}
+		if _, ok := q.Scheduled("a"); ok {
+			t.Fatalf("round %d: a is still scheduled once handed out", i)
+		}
+		q.Done("a")
+	}
+	q.Schedule("a", time.Time{}) // forgotten
+	q.mu.Lock()
+	n := len(q.scheduled)
+	q.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d keys kept after the last was unscheduled", n)
+	}
+}
