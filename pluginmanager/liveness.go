@@ -69,7 +69,7 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		r.reg.mu.Lock()
 		defer r.reg.mu.Unlock()
 		e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
-		e.backoff = r.newBackoff()
+		e.backoff = nil
 		return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}
 	}
 	if err == nil {

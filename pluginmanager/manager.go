@@ -355,7 +355,7 @@ func (m *Manager) resync(w *watcher) {
 		e, ok := m.reg.entries[path]
 		if !ok {
 			// Known from now on (Synced promises it); the worker registers it.
-			m.reg.discoverLocked(path, id, nil, now, m.newBackoff())
+			m.reg.discoverLocked(path, id, nil, now)
 		}
 		if !ok || e.id != id {
 			m.queue.Add(path)

@@ -62,7 +62,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return result{}
 	}
 	if e == nil || e.id != id {
-		if e = o.reg.discoverLocked(path, id, e, now, o.newBackoff()); e == nil {
+		if e = o.reg.discoverLocked(path, id, e, now); e == nil {
 			o.reg.mu.Unlock() // over Options.MaxSockets
 			return result{}
 		}

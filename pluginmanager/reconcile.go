@@ -121,7 +121,7 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{}
 	}
 	if e == nil || e.id != id {
-		if e = r.reg.discoverLocked(path, id, e, now, r.newBackoff()); e == nil {
+		if e = r.reg.discoverLocked(path, id, e, now); e == nil {
 			r.reg.mu.Unlock() // over Options.MaxSockets
 			return result{}
 		}
@@ -246,6 +246,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
 	e.reg = reg
+	e.answer.Store(nil)
 	e.status.Plugin = p
 	e.status.State = StateRegistered
 	e.status.RegisteredSince = now
@@ -293,6 +294,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		e.status.State = StatePending
 		return result{}
 	}
+	e.answer.Store(nil)
 	e.status.Plugin = p
 	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	r.metrics.failures.WithLabelValues(r.typeLabel(p.Type), string(reason)).Inc()
@@ -308,6 +310,10 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		return res
 	}
 	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
+	if e.backoff == nil {
+		b := r.newBackoff()
+		e.backoff = &b
+	}
 	delay := e.backoff.Next()
 	e.status.State = StateFailed
 	if refused {

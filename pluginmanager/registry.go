@@ -41,9 +41,9 @@ type entry struct {
 	seq    uint64        // when the file was discovered, in discoveries (see markNewest)
 	reg    *registration // nil unless the handler holds this socket's plugin
 	status PluginStatus
-	// backoff is the delay of the next retry; it starts afresh with each
-	// new file at the path.
-	backoff backoff.Backoff
+	// backoff is the delay of the next retry, made at the first failure (most
+	// sockets never fail); it starts afresh with each new file at the path.
+	backoff *backoff.Backoff
 	// due is when the next look at the socket is: a retry (Failed, Stale),
 	// a probe (Registered, Unhealthy, observed); zero if none is. The queue
 	// holds the same time; this one tells a look that is due from a wake-up
@@ -51,7 +51,8 @@ type entry struct {
 	due time.Time
 	// answer is what the plugin said in GetInfo during the attempt under
 	// way, for Plugins to show while Registering: it is written without the
-	// lock, which an attempt takes only to start and to finish.
+	// lock, which an attempt takes only to start and to finish, and dropped
+	// when the attempt is recorded.
 	answer atomic.Pointer[Plugin]
 }
 
@@ -70,7 +71,7 @@ func newRegistry(events *broker, metrics *metrics, log *slog.Logger, max int, re
 // a path not known yet): no attempts, no backoff, no verdict carried over
 // from a file that was there before. It returns nil, and tracks nothing, if
 // the manager already tracks as many sockets as it may.
-func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Time, b backoff.Backoff) *entry {
+func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Time) *entry {
 	if e == nil {
 		if len(r.entries) >= r.max {
 			r.metrics.overLimit.Inc()
@@ -88,7 +89,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.id = id
 	r.discoveries++
 	e.seq = r.discoveries
-	e.backoff = b
+	e.backoff = nil
 	e.due = time.Time{}
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
