@@ -50,7 +50,7 @@ func samePlugin(a, b Plugin) bool {
 // a different answer is a different plugin, registered afresh.
 func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
 	started := r.clock.Now()
-	p, conn, err := r.ask(ctx, path, r.conns.Take(path))
+	p, conn, err := r.ask(ctx, path, r.conns.Get(path))
 	if ctx.Err() != nil {
 		closeConn(conn)
 		return result{} // shutting down
@@ -228,13 +228,14 @@ func (r *registrar) keep(ctx context.Context, path string, conn *unaryconn.Conn,
 			r.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
 			return
 		}
-		// No call went over it: Idle sends what the handshake still owes.
-		if !conn.Idle() {
-			conn.Close()
-			return
-		}
 	}
 	if err := r.conns.Watch(path, conn); err != nil {
 		r.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
 	}
+}
+
+// hungUp is the connection set's word that path's connection was hung up:
+// the plugin is looked at again at once.
+func (r *registrar) hungUp(path string, err error) {
+	r.queue.Add(path)
 }

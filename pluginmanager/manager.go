@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
@@ -108,7 +109,9 @@ func New(opts Options) (*Manager, error) {
 	if o.Observe {
 		m.rec = &onlooker{m.parts}
 	} else {
-		m.rec = &registrar{parts: m.parts, queue: m.queue}
+		r := &registrar{parts: m.parts, queue: m.queue}
+		r.conns = connset.New(r.hungUp)
+		m.rec = r
 	}
 	if o.Registerer != nil {
 		if err := m.registerMetrics(o.Registerer); err != nil {

@@ -23,22 +23,14 @@ import (
 type registrar struct {
 	*parts
 	queue *queue.Queue
-	conns *connset.Set // nil until start
+	conns *connset.Set
 }
 
 func (r *registrar) states() []State {
 	return []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy}
 }
 
-func (r *registrar) start(wg *sync.WaitGroup) error {
-	conns, err := connset.New(r.queue.Add)
-	if err != nil {
-		return fmt.Errorf("pluginmanager: watching plugins' connections: %w", err)
-	}
-	r.conns = conns
-	wg.Go(conns.Run)
-	return nil
-}
+func (r *registrar) start(*sync.WaitGroup) error { return nil }
 
 // stop runs after the workers have stopped: the connections kept are
 // closed, handler calls are given a bounded time to return, and
