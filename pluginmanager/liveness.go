@@ -180,7 +180,7 @@ func (p *parts) askOn(ctx context.Context, conn *unaryconn.Conn, path string) (P
 	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", p.opts.GetInfoTimeout))
 	defer cancel()
-	info, err := getInfo(infoCtx, conn)
+	info, err := p.getInfo(infoCtx, conn, path)
 	if err != nil {
 		return Plugin{}, err
 	}

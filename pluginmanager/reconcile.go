@@ -182,7 +182,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", r.opts.GetInfoTimeout))
-	info, err := getInfo(infoCtx, conn)
+	info, err := r.getInfo(infoCtx, conn, path)
 	cancel()
 	if status.Code(err) == codes.ResourceExhausted {
 		// An answer over the size cap is malformed, not unlucky: retrying
@@ -230,7 +230,8 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 		fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-	conn, notifyErr := r.notify(notifyCtx, conn, path, true, "")
+	conn, told, notifyErr := r.notify(notifyCtx, conn, path, true, "")
+	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
 	r.keep(ctx, path, conn, he)
 
@@ -244,12 +245,23 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.status.RegisteredSince = now
 	e.status.Reason, e.status.LastError = "", ""
 	label := r.typeLabel(p.Type)
-	if notifyErr != nil {
-		// The handler holds the plugin; failing the registration now would only
-		// make the handler flap. The plugin learns of it from its next GetInfo.
+	switch {
+	case notifyErr == nil:
+	case told && !silent:
+		// It answered with an error, or dropped the connection once it
+		// had the request: it was told, and is not told again.
+		r.log.Info("plugin registered; its answer to being told so was an error", "socket", path, "type", p.Type, "name", p.Name, "err", printable(notifyErr.Error()))
+	default:
+		// Not told, or told and silent since (it is not told again): the
+		// handler holds the plugin, and failing the registration now
+		// would only make the handler flap.
 		e.status.Reason, e.status.LastError = ReasonNotify, printable(notifyErr.Error())
 		r.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
-		r.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
+		msg := "plugin registered but could not be told so"
+		if told {
+			msg = "plugin registered; it did not answer being told so"
+		}
+		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
 	e.due = nextProbe(started, he.probe)
@@ -263,9 +275,15 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-		used, nerr := r.notify(notifyCtx, conn, p.Socket, false, err.Error())
-		if nerr != nil {
+		used, told, nerr := r.notify(notifyCtx, conn, p.Socket, false, err.Error())
+		switch {
+		case nerr == nil:
+		case !told:
 			r.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
+		default:
+			// node-driver-registrar exits when told, sometimes before it
+			// answers; the DRA helper answers with an error by design.
+			r.log.Debug("plugin told it was not registered; its answer was an error, or none", "socket", p.Socket, "err", printable(nerr.Error()))
 		}
 		closeConn(used)
 		cancel()

@@ -76,10 +76,11 @@ const (
 	FloodReset      = "flood-rst"         // the same with RST_STREAM of the answered stream
 	FloodUnknown    = "flood-unknown"     // the same with 16 KiB frames of an unknown type
 	FloodSettings   = "flood-settings"    // the same with SETTINGS of 2,730 settings each
+	ResetFirstConn  = "reset-first-conn"  // every call on the first connection is reset with PROTOCOL_ERROR, as if the client had broken the protocol; later connections are served
 )
 
 // Scenarios are the Raw server's scenarios.
-var Scenarios = []string{TableSizeZero, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings}
+var Scenarios = []string{TableSizeZero, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings, ResetFirstConn}
 
 // Options say what a server answers.
 type Options struct {
@@ -108,7 +109,7 @@ type Options struct {
 type Event struct {
 	// Event is what happened: "listening", "GetInfo",
 	// "NotifyRegistrationStatus", "stopped", and for Raw scenarios
-	// "ping-ack", "refused", "compression-error", "goaway", "flood-end".
+	// "ping-ack", "refused", "compression-error", "goaway", "flood-end", "reset".
 	Event string `json:"event"`
 
 	Registered bool   `json:"registered,omitempty"` // NotifyRegistrationStatus's plugin_registered
