@@ -64,10 +64,20 @@ type HandlerOptions struct {
 	// registered before it is deregistered. Zero means
 	// Options.UnhealthyGrace.
 	UnhealthyGrace time.Duration
-	// ProbeInterval is how often a registered plugin of this type is probed
-	// (see Options.ProbeInterval). Zero means Options.ProbeInterval;
-	// negative disables probes and the connection watch for this type.
+	// ProbeInterval is how often a registered plugin of this type is asked
+	// GetInfo as a routine probe (see Options.ProbeInterval). Zero means
+	// Options.ProbeInterval; negative, no routine probes for this type (its
+	// plugins' connections are still held, and their hang-ups heard).
 	ProbeInterval time.Duration
+	// DeregisterWithRegistrar makes a plugin of this type whose registration
+	// socket stops answering Unhealthy, and deregistered after
+	// UnhealthyGrace, even while its handler reports its endpoint serving
+	// (see EndpointReporter). Off, the default for every type: the plugin
+	// stays registered while its endpoint serves, as a CSI driver does with
+	// the kubelet when its node-driver-registrar dies and leaves its socket
+	// behind. A handler that reports nothing of its endpoints makes this
+	// moot: its plugins are judged by their registration socket alone.
+	DeregisterWithRegistrar bool
 	// AllowedPeers, if set, says who may serve registration sockets of this
 	// type, in place of Options.AllowedPeers: the process listening on the
 	// socket (as the kernel reports it, SO_PEERCRED) must run as one of its

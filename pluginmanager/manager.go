@@ -47,6 +47,8 @@ type parts struct {
 	log     *slog.Logger
 	clock   clock.WithTickerAndDelayedExecution
 	reg     *registry
+	conns   *connset.Set // the connections held to plugins, by socket path
+	hangups hangups      // what conns said of those hung up, until looked at
 	table   *handlerTable
 	calls   *sandbox
 	metrics *metrics
@@ -106,12 +108,14 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.reg = newRegistry(m.events, m.metrics, m.log, o.MaxSockets, m.askRescan)
 	m.calls = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
+	m.conns = connset.New(func(path string, err error) {
+		m.hangups.put(path, err)
+		m.queue.Add(path)
+	})
 	if o.Observe {
-		m.rec = &onlooker{m.parts}
+		m.rec = &onlooker{parts: m.parts, queue: m.queue.Add}
 	} else {
-		r := &registrar{parts: m.parts, queue: m.queue}
-		r.conns = connset.New(r.hungUp)
-		m.rec = r
+		m.rec = &registrar{parts: m.parts, queue: m.queue}
 	}
 	if o.Registerer != nil {
 		if err := m.registerMetrics(o.Registerer); err != nil {
@@ -152,6 +156,7 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 		if o.AllowedPeers != nil {
 			he.peers = o.AllowedPeers
 		}
+		he.deregisterWithRegistrar = o.DeregisterWithRegistrar
 	}
 	if !m.table.add(typ, he) {
 		panic("pluginmanager: AddHandler called twice for type " + typ)

@@ -66,16 +66,23 @@ type Options struct {
 	// read-only. Handlers added are not used.
 	Observe bool
 
-	// ProbeInterval is how often each registered plugin is asked GetInfo,
-	// start to start, with jitter, to tell a live plugin from a dead one;
-	// probes due within a tenth of it (at most a second) run together. The manager keeps the
-	// connection each plugin registered over open, and probes over it; idle
-	// between probes, it tells at once when the plugin's process goes (the
-	// kernel hangs it up) and the plugin is probed then. A plugin that
-	// closes it is asked again on a new one. A plugin that fails a probe is
-	// Unhealthy at once; one that answers with different info is a new
-	// plugin. Zero means 10s (30s when observing, which keeps no
-	// connection); negative disables both probes and the connection watch.
+	// ProbeInterval is how often each registered (or, observing, each
+	// answering) plugin is asked GetInfo as a routine probe, start to start,
+	// with jitter; probes due within a tenth of it (at most a second) run
+	// together. Zero means DefaultProbeInterval, 5 minutes; negative, no
+	// routine probes. HandlerOptions.ProbeInterval overrides it for a type.
+	//
+	// Probes are the lesser signal. The manager holds the connection each
+	// plugin registered over open and idle, and hears at once when it is
+	// hung up (the kernel closes it when the plugin's process goes; a
+	// server that stops sends GOAWAY): it then connects again, with no
+	// call, so nothing shows in the plugin's log, and a plugin that no
+	// longer accepts is Unhealthy at once. A handler may watch the
+	// plugin's own endpoint too (EndpointReporter). What probes add is a
+	// plugin wedged while its connection stays up: one that fails a probe
+	// is Unhealthy at once, and asked again every interval; one that
+	// answers with different info is a new plugin. An observing manager's
+	// probe is a look: GetInfo, and its Observer's.
 	ProbeInterval time.Duration
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
@@ -187,10 +194,7 @@ func (o Options) withDefaults() (Options, error) {
 		}
 	}
 	if o.ProbeInterval == 0 {
-		o.ProbeInterval = 10 * time.Second
-		if o.Observe {
-			o.ProbeInterval = 30 * time.Second // gentle: a node with hundreds of plugins sees no load
-		}
+		o.ProbeInterval = DefaultProbeInterval
 	}
 	if o.Observe {
 		o.RemoveStaleAfter = 0 // an observer changes nothing

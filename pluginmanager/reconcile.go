@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/plugd/plugd/internal/unaryconn"
-	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
@@ -23,7 +22,6 @@ import (
 type registrar struct {
 	*parts
 	queue *queue.Queue
-	conns *connset.Set
 }
 
 func (r *registrar) states() []State {
@@ -86,7 +84,6 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
-	watched := r.conns.Watching(path)
 	now := r.clock.Now()
 
 	r.reg.mu.Lock()
@@ -124,19 +121,13 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 			break // let go at shutdown; register it again
 		}
 		he := r.table.get(e.reg.plugin.Type)
-		if he == nil || he.probe < 0 {
+		if he == nil {
 			r.reg.mu.Unlock()
-			return result{} // no liveness for this type
-		}
-		// A probe is due at its time, or at once when the connection kept
-		// for the liveness watch went: the plugin's process may be gone.
-		if now.Before(e.due) && watched {
-			r.reg.mu.Unlock()
-			return result{at: e.due}
+			return result{}
 		}
 		reg := e.reg
 		r.reg.mu.Unlock()
-		return r.probe(ctx, path, e, reg, he)
+		return r.live(ctx, path, e, reg, he, now)
 	case StateFailed, StateStale:
 		if now.Before(e.due) {
 			r.reg.mu.Unlock()
@@ -214,8 +205,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err), attempt)
 	}
 
-	reg := &registration{id: id, plugin: p, handler: h}
-	if err := r.calls.call(ctx, path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
+	if err := r.calls.call(reg.endpoint.with(ctx), path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+		reg.endpoint.end()
 		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
 		if isFault(err) {
 			// A handler that timed out may still take the plugin, so that
@@ -233,7 +225,12 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	conn, told, notifyErr := r.notify(notifyCtx, conn, path, true, "")
 	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
-	r.keep(ctx, path, conn, he)
+	e.live = liveness{probeAt: nextProbe(started, he.probe)}
+	r.keep(ctx, path, e, conn, r.clock.Now())
+	var redial time.Time
+	if !r.conns.Watching(path) {
+		redial = e.live.redialAt
+	}
 
 	now := r.clock.Now()
 	r.reg.mu.Lock()
@@ -264,7 +261,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
-	e.due = nextProbe(started, he.probe)
+	e.due = earliest(e.live.probeAt, redial)
 	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
@@ -341,6 +338,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 // it. It reports false if the handler call was abandoned at its deadline;
 // the path is queued again when it returns.
 func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
+	reg.endpoint.end()
 	r.conns.Unwatch(path)
 	err := r.calls.call(ctx, path, "Deregister", func(ctx context.Context) error {
 		reg.handler.Deregister(ctx, reg.plugin)
