@@ -112,7 +112,8 @@ func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (
 	case "accept":
 		return handler{acceptHandler{}, func() {}}, nil
 	case "csi":
-		return handler{csi.New(csi.Options{Logger: log, Registerer: reg}), func() {}}, nil
+		h := csi.New(csi.Options{Logger: log, Registerer: reg})
+		return handler{h, h.Close}, nil
 	case "deviceplugin":
 		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace})
 		return handler{h, h.Close}, nil
