@@ -57,6 +57,30 @@ type liveness struct {
 	backoff     *backoff.Backoff // the delay behind redialAt, made at first need
 	flooded     bool             // a flood from this socket file was logged
 	kept        bool             // logged: kept registered while its registrar is gone
+	quiet       int              // quiet retries of a socket bound and not yet listening
+}
+
+// A socket file appears when its server binds it, a moment before the
+// server listens on it (node-driver-registrar, and Go's net.Listen, do both
+// in place): a connection refused meanwhile is no failure. A socket younger
+// than bindGrace that refuses is tried again quietly (no warning, no event,
+// no attempt counted), after 20 ms, then twice as long each time, at most
+// maxQuiet times; only then is it Stale.
+const (
+	bindGrace = 2 * time.Second
+	maxQuiet  = 7
+)
+
+// quietly reports whether an attempt that failed with err at now is retried
+// quietly, and when.
+func (p *parts) quietly(e *entry, err error, now time.Time) (time.Time, bool) {
+	if !refused(err) || e.live.quiet >= maxQuiet || now.Sub(e.status.Created) >= bindGrace {
+		return time.Time{}, false
+	}
+	d := 20 * time.Millisecond << e.live.quiet
+	e.live.quiet++
+	p.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", d)
+	return now.Add(d), true
 }
 
 // steadyHold is how long a held connection must have lasted for its

@@ -197,6 +197,12 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 	o.reg.mu.Lock()
 	defer o.reg.mu.Unlock()
 	was := e.status.State
+	if was == StatePending && isDialError(err) {
+		if at, ok := o.quietly(e, err, now); ok {
+			e.due = at // bound, not yet listening: no look counted
+			return result{at: at}
+		}
+	}
 	e.status.Attempts++
 	if err == nil {
 		e.status.Plugin = p

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -136,7 +135,12 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 	case StateRejected:
 		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
 			r.reg.mu.Unlock()
-			return result{}
+			return r.rejected(ctx, path, e, now)
+		}
+	case StatePending:
+		if now.Before(e.due) {
+			r.reg.mu.Unlock()
+			return result{at: e.due} // a quiet retry
 		}
 	}
 	e.status.State = StateRegistering
@@ -302,6 +306,20 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		return result{}
 	}
 	e.answer.Store(nil)
+	if reason == ReasonDial && !terminal {
+		if at, ok := r.quietly(e, err, now); ok {
+			// Bound, not yet listening: not a failure, and not counted.
+			e.status.State = StatePending
+			e.status.Attempts--
+			e.due = at
+			return result{at: at}
+		}
+	}
+	if p.Type == "" {
+		// Not answered this time: the socket keeps what it last said, so
+		// that a Stale one is still found by its type and name.
+		p = e.status.Plugin
+	}
 	e.status.Plugin = p
 	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	r.metrics.failures.WithLabelValues(r.typeLabel(p.Type), string(reason)).Inc()
@@ -309,6 +327,12 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		e.status.State = StateRejected
 		r.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
 		res := result{err: err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
+		if r.opts.RemoveStaleAfter > 0 {
+			// A rejected plugin often exits (node-driver-registrar does),
+			// leaving its socket: looked at again once it is old enough.
+			e.due = earliest(e.status.Created.Add(r.opts.RemoveStaleAfter), now.Add(r.opts.RemoveStaleAfter))
+			res.at = e.due
+		}
 		if reason == ReasonNoHandler && r.table.get(p.Type) != nil {
 			// AddHandler ran while this attempt was refusing the plugin, and
 			// saw it Registering, not Rejected: it is up to us to retry.
@@ -316,14 +340,14 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		}
 		return res
 	}
-	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
+	stale := reason == ReasonDial && refused(err)
 	if e.backoff == nil {
 		b := r.newBackoff()
 		e.backoff = &b
 	}
 	delay := e.backoff.Next()
 	e.status.State = StateFailed
-	if refused {
+	if stale {
 		// A socket file nobody listens on: what a crashed plugin leaves.
 		e.status.State = StateStale
 		r.removeIfStaleLocked(e, now)
@@ -332,6 +356,33 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 	e.due = e.status.NextRetry
 	r.log.Warn("plugin registration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay)
 	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
+}
+
+// rejected looks at a Rejected socket whose stale check is due
+// (Options.RemoveStaleAfter): one nobody listens on any more, as a rejected
+// node-driver-registrar leaves behind, is removed; one whose plugin still
+// listens is looked at again after as long.
+func (r *registrar) rejected(ctx context.Context, path string, e *entry, now time.Time) result {
+	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() {
+		return result{}
+	}
+	if now.Before(e.due) {
+		return result{at: e.due}
+	}
+	conn, err := r.dial(ctx, path)
+	if err == nil {
+		conn.Close()
+	}
+	if ctx.Err() != nil {
+		return result{}
+	}
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	if err != nil && refused(err) {
+		r.removeIfStaleLocked(e, now)
+	}
+	e.due = now.Add(r.opts.RemoveStaleAfter)
+	return result{at: e.due}
 }
 
 // deregister takes reg back from its handler, and the connection kept for

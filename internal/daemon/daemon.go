@@ -154,11 +154,15 @@ func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
 }
 
 // identify is s with what its socket last said in GetInfo when it says
-// nothing now (a socket that went Stale while managing forgets it), and
-// whether it was filled in so.
+// nothing now, and whether that is what it said when it last answered
+// rather than now: the manager keeps a socket's identity while it does not
+// answer (Stale, Unhealthy, a failed dial or GetInfo), and before that
+// first answer the daemon remembers it from the events.
 func (d *Daemon) identify(s pluginmanager.PluginStatus) (pluginmanager.PluginStatus, bool) {
 	if s.Type != "" {
-		return s, false
+		silent := s.State == pluginmanager.StateStale || s.Reason == pluginmanager.ReasonDial || s.Reason == pluginmanager.ReasonGetInfo ||
+			s.State == pluginmanager.StateUnhealthy && s.Reason == pluginmanager.ReasonUnhealthy
+		return s, silent
 	}
 	d.seenMu.Lock()
 	p, ok := d.seen[s.Socket]
