@@ -226,7 +226,8 @@ func (m *Manager) Run(ctx context.Context) error {
 		return errors.New("pluginmanager: Run may be called only once per Manager")
 	}
 	defer m.events.shutdown()
-	defer m.queue.ShutDown() // also on an early return: nothing fires after Run
+	defer m.queue.ShutDown()                         // also on an early return: nothing fires after Run
+	ctx = context.WithValue(ctx, lifetimeKey{}, ctx) // for kubelet handlers
 
 	dir := m.opts.Dir
 	if m.opts.Observe {

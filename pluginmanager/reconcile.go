@@ -205,8 +205,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	h := he.h
 
 	if err := r.calls.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
-		// A refusal is final; a handler that timed out or panicked may do better next time.
-		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err), attempt)
+		// A refusal is final (but a kubelet handler's); a handler that timed
+		// out or panicked may do better next time.
+		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
 	}
 
 	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
