@@ -81,8 +81,8 @@ type HandlerOptions struct {
 	DeregisterWithRegistrar bool
 	// AllowedPeers, if set, says who may serve registration sockets of this
 	// type, in place of Options.AllowedPeers: the process listening on the
-	// socket (as the kernel reports it, SO_PEERCRED) must run as one of its
-	// UIDs or GIDs.
+	// socket (as the kernel reports it, see Options.AllowedPeers) must run as
+	// one of its UIDs or GIDs. AddHandler panics if it is set on Windows.
 	AllowedPeers *Peers
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,6 +155,9 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 			he.probe = o.ProbeInterval
 		}
 		if o.AllowedPeers != nil {
+			if !peerCredentials {
+				panic("pluginmanager: AddHandler for type " + typ + ": HandlerOptions.AllowedPeers cannot be enforced on " + runtime.GOOS + ", which does not tell who listens on a unix socket")
+			}
 			he.peers = o.AllowedPeers
 		}
 		he.deregisterWithRegistrar = o.DeregisterWithRegistrar
@@ -240,7 +244,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	if fi, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
-	} else if fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
+	} else if modeBitsTellAccess && fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
 		return fmt.Errorf("pluginmanager: the registry directory %s is writable by users other than its owner (mode %v): they could put a socket there or replace a plugin's; remove that permission (chmod go-w %s), or set Options.AllowWritableDir",
 			dir, fi.Mode().Perm(), dir)
 	}

@@ -4,15 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/plugd/plugd/internal/unaryconn"
 )
-
-// refused reports whether err is a connection refused: a socket file that
-// nobody listens on.
-func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
 // dialFailure marks an error of ask's connection step.
 type dialFailure struct{ error }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -104,14 +105,18 @@ type Options struct {
 
 	// AllowedPeers, if set, says which processes may serve registration
 	// sockets: the process listening on the socket (as the kernel reports
-	// it, SO_PEERCRED) must run as one of its UIDs or GIDs. It applies to
-	// every plugin type whose HandlerOptions.AllowedPeers is not set, types
-	// without a handler included. Nil: anyone may.
+	// it: SO_PEERCRED on Linux, LOCAL_PEERCRED on macOS) must run as one of
+	// its UIDs or GIDs. It applies to every plugin type whose
+	// HandlerOptions.AllowedPeers is not set, types without a handler
+	// included. Nil: anyone may. Windows does not tell who listens on a
+	// unix socket: New refuses it there.
 	AllowedPeers *Peers
 
 	// AllowWritableDir lets Run use a registry directory that users other
 	// than its owner may write to. Off: such a directory is refused, since
-	// anyone who can write there can plant a plugin or replace one.
+	// anyone who can write there can plant a plugin or replace one. (On
+	// Windows, where that is the directory's ACL, which plugd does not read,
+	// nothing is refused.)
 	AllowWritableDir bool
 
 	// RemoveStaleAfter, if positive, removes a Stale socket (nobody listens
@@ -187,6 +192,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ResyncInterval == 0 {
 		o.ResyncInterval = 30 * time.Second
+	}
+	if o.AllowedPeers != nil && !peerCredentials {
+		return o, fmt.Errorf("pluginmanager: Options.AllowedPeers cannot be enforced on %s, which does not tell who listens on a unix socket (Linux has SO_PEERCRED, macOS LOCAL_PEERCRED): leave it unset here, and restrict who may write to the registry directory instead", runtime.GOOS)
 	}
 	for i, root := range o.EndpointRoots {
 		if !filepath.IsAbs(root) {

@@ -331,7 +331,10 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		if r.opts.RemoveStaleAfter > 0 {
 			// A rejected plugin often exits (node-driver-registrar does),
 			// leaving its socket: looked at again once it is old enough.
-			e.due = earliest(e.status.Created.Add(r.opts.RemoveStaleAfter), now.Add(r.opts.RemoveStaleAfter))
+			e.due = e.status.Created.Add(r.opts.RemoveStaleAfter)
+			if e.due.Before(now) {
+				e.due = now
+			}
 			res.at = e.due
 		}
 		if reason == ReasonNoHandler && r.table.get(p.Type) != nil {

@@ -10,7 +10,6 @@ import (
 	"time"
 	"unicode"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -83,21 +82,6 @@ func (m *parts) dialRetrying(ctx context.Context, path string, retries int) (*un
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
-}
-
-// peerOf asks the kernel who is at the other end of a connection.
-func peerOf(c *unaryconn.Conn) peer {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return peer{}
-	}
-	var who peer
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			who = peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
-		}
-	})
-	return who
 }
 
 // The registration service's methods, as gRPC names them on the wire.

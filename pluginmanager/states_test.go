@@ -57,7 +57,7 @@ func TestRemoveStaleAfterCoversRejected(t *testing.T) {
 	listening := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "listening", Versions: []string{"1.0.0"}})
 	h.WaitSocket(listening.Path(), pluginmanager.StateRejected)
 
-	clk.Step(after)
+	clk.Step(after + time.Second) // the socket's birth time is the real clock's, a moment after the fake one started
 	h.WaitGone(gone)
 	if _, ok := statPath(gone); ok {
 		t.Error("the rejected plugin's socket, nobody listening, is still there")

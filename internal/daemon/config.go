@@ -360,6 +360,9 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(10 * time.Second)
 	}
+	if len(c.Policy.AllowedPeers) > 0 && runtime.GOOS == "windows" {
+		return c, errors.New("policy.allowedPeers cannot be enforced on Windows, which does not tell who listens on a unix socket: remove it, and restrict who may write to the registry directory (its ACL) instead")
+	}
 	seenPeers := map[string]bool{}
 	for i, r := range c.Policy.AllowedPeers {
 		switch {

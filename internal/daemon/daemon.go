@@ -387,12 +387,14 @@ func checkPrivateDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	uid, ok := fileOwner(fi)
 	switch {
 	case !fi.IsDir():
 		return fmt.Errorf("%s is not a directory (a symlink?); use a directory of plugd's own", dir)
-	case ok && int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, st.Uid, os.Geteuid())
+	case !ok:
+		// Windows: access is the directory's ACL, which plugd does not read.
+	case uid != os.Geteuid():
+		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, uid, os.Geteuid())
 	case fi.Mode().Perm()&0o022 != 0:
 		return fmt.Errorf("%s is writable by other users (mode %v): they could replace the socket; chmod go-w %s or use another directory", dir, fi.Mode().Perm(), dir)
 	}
