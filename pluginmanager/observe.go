@@ -135,6 +135,16 @@ func (o *onlooker) next(path string, e *entry) time.Time {
 	return e.due
 }
 
+// probeInterval is how often plugins of type typ are looked at again: the
+// HandlerOptions of a handler added for it (not called when observing),
+// else the Options'.
+func (o *onlooker) probeInterval(typ string) time.Duration {
+	if he := o.table.get(typ); he != nil {
+		return he.probe
+	}
+	return o.opts.ProbeInterval
+}
+
 // observer is the observer for plugins of type typ, or nil.
 func (o *onlooker) observer(typ string) Observer {
 	if typ == "" {
@@ -172,7 +182,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	}
 	lv := &e.live
 	if err == nil {
-		lv.probeAt = nextProbe(started, o.opts.ProbeInterval)
+		lv.probeAt = nextProbe(started, o.probeInterval(p.Type))
 		if lv.backoff != nil {
 			lv.backoff.Reset()
 		}

@@ -59,7 +59,8 @@ type Options struct {
 
 	// Observe makes the manager an observer, for a node whose plugins
 	// another manager (a kubelet) registers: it discovers sockets and asks
-	// each GetInfo (at once, then every ProbeInterval), asks the Observer
+	// each GetInfo (at once, then every ProbeInterval, holding the
+	// connection meanwhile to hear at once of its hang-up), asks the Observer
 	// added for the plugin's type (AddObserver) to look too, and reports
 	// what it sees (Answering, NotAnswering, Stale; an event per look), but
 	// never notifies a plugin, never calls a handler, and never creates,
