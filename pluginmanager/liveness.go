@@ -259,7 +259,7 @@ func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn
 // in e.live whether the plugin answered, for judge.
 func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, now time.Time) (result, bool) {
 	lv := &e.live
-	p, conn, err := r.ask(ctx, path, r.conns.Get(path))
+	p, conn, err := r.ask(ctx, e, path, r.conns.Get(path))
 	if ctx.Err() != nil {
 		closeConn(conn)
 		return result{}, true // shutting down
@@ -419,14 +419,14 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 // answer. A held connection that turns out closed (a plugin's server may
 // close idle connections, or be gone) is not an answer: a new one tells
 // which.
-func (p *parts) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
-	return p.askNew(ctx, path, conn, false)
+func (p *parts) ask(ctx context.Context, e *entry, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
+	return p.askNew(ctx, e, path, conn, false)
 }
 
 // askNew is ask, dialling with dialNew if fresh: the socket just appeared.
-func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
+func (p *parts) askNew(ctx context.Context, e *entry, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
 	if conn != nil {
-		pl, err := p.askOn(ctx, conn, path)
+		pl, err := p.askOn(ctx, e, conn, path)
 		if err == nil {
 			return pl, conn, nil
 		}
@@ -447,7 +447,7 @@ func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, f
 	if err != nil {
 		return Plugin{}, nil, dialFailure{err}
 	}
-	pl, err := p.askOn(ctx, conn, path)
+	pl, err := p.askOn(ctx, e, conn, path)
 	if err != nil {
 		conn.Close()
 		return Plugin{}, nil, err
@@ -456,11 +456,11 @@ func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, f
 }
 
 // askOn is GetInfo on conn, with its deadline, checked as at registration.
-func (p *parts) askOn(ctx context.Context, conn *unaryconn.Conn, path string) (Plugin, error) {
+func (p *parts) askOn(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (Plugin, error) {
 	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", p.opts.GetInfoTimeout))
 	defer cancel()
-	info, err := p.getInfo(infoCtx, conn, path)
+	info, err := p.getInfo(infoCtx, e, conn, path)
 	if err != nil {
 		return Plugin{}, err
 	}

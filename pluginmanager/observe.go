@@ -164,7 +164,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	if o.conns.Watching(path) {
 		held = o.conns.Get(path)
 	}
-	p, conn, err := o.askNew(ctx, path, held, fresh)
+	p, conn, err := o.askNew(ctx, e, path, held, fresh)
 	if err == nil {
 		o.keep(ctx, path, e, conn, started)
 	} else {

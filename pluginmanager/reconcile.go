@@ -177,7 +177,18 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", r.opts.GetInfoTimeout))
-	info, err := r.getInfo(infoCtx, conn, path)
+	info, err := r.getInfo(infoCtx, e, conn, path)
+	if errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
+		// The server closed the connection, or sent GOAWAY, before it took
+		// the call (a server that limits its connections' age does):
+		// asked again at once on a new one, as grpc-go retries such a call.
+		conn.Close()
+		if conn, err = r.dial(infoCtx, path); err == nil {
+			info, err = r.getInfo(infoCtx, e, conn, path)
+		} else {
+			conn = nil
+		}
+	}
 	cancel()
 	if status.Code(err) == codes.ResourceExhausted {
 		// An answer over the size cap is malformed, not unlucky: retrying
@@ -185,7 +196,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
 	}
 	if err != nil {
-		conn.Close()
+		closeConn(conn)
 		// A plugin that does not serve Registration at all will not start to by retrying.
 		return r.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err), attempt)
 	}
@@ -227,7 +238,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 		fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-	conn, told, notifyErr := r.notify(notifyCtx, conn, path, true, "")
+	conn, told, notifyErr := r.notify(notifyCtx, e, conn, path, true, "")
 	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
 	e.live = liveness{probeAt: nextProbe(started, he.probe)}
@@ -277,7 +288,7 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-		used, told, nerr := r.notify(notifyCtx, conn, p.Socket, false, err.Error())
+		used, told, nerr := r.notify(notifyCtx, e, conn, p.Socket, false, err.Error())
 		switch {
 		case nerr == nil:
 		case !told:

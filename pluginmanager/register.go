@@ -91,9 +91,9 @@ const (
 )
 
 // getInfo asks the plugin at path who it is, on conn.
-func (m *parts) getInfo(ctx context.Context, conn *unaryconn.Conn, path string) (*registerapi.PluginInfo, error) {
+func (m *parts) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (*registerapi.PluginInfo, error) {
 	info := new(registerapi.PluginInfo)
-	if err := m.call(ctx, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info, true); err != nil {
+	if err := m.call(ctx, e, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info, true); err != nil {
 		return nil, wrapRPC(ctx, "GetInfo", err)
 	}
 	return info, nil
@@ -102,19 +102,31 @@ func (m *parts) getInfo(ctx context.Context, conn *unaryconn.Conn, path string) 
 // call makes one call of the registration service on conn. When the
 // plugin's server answers in a way unaryconn does not speak (ErrProtocol),
 // the call is made again with grpc-go, on a connection of its own, before
-// the plugin is blamed; conn is unusable then, and the caller's next call
-// dials again. A call that may have been acted on (ErrMaybeDelivered) is
-// made again only if it is idempotent: NotifyRegistrationStatus is not.
-func (m *parts) call(ctx context.Context, conn *unaryconn.Conn, path, method string, req, resp proto.Message, idempotent bool) error {
+// the plugin is blamed, and so is every later call to this socket file
+// (e.grpcOnly): plugd's own client would only fail again, and a
+// NotifyRegistrationStatus that may have been delivered cannot be made
+// again. A call that may have been acted on (ErrMaybeDelivered) is made
+// again only if it is idempotent: NotifyRegistrationStatus is not.
+func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, method string, req, resp proto.Message, idempotent bool) error {
+	if e.grpcOnly {
+		return m.callGRPC(ctx, path, method, req, resp)
+	}
 	err := conn.Invoke(ctx, method, req, resp, maxInfoBytes)
 	if err == nil || !errors.Is(err, unaryconn.ErrProtocol) || ctx.Err() != nil ||
 		!idempotent && errors.Is(err, unaryconn.ErrMaybeDelivered) {
 		return err
 	}
-	m.log.Debug("the plugin's server speaks beyond what plugd's own client does; asking again with grpc-go",
+	m.log.Debug("the plugin's server speaks beyond what plugd's own client does; asking it with grpc-go from now on",
 		"socket", path, "method", method, "err", printable(err.Error()))
-	if ferr := unaryconn.InvokeGRPC(ctx, path, method, req, resp, maxInfoBytes); ferr != nil {
-		return fallbackError{ferr}
+	e.grpcOnly = true
+	conn.Close()
+	return m.callGRPC(ctx, path, method, req, resp)
+}
+
+// callGRPC makes a call with grpc-go, on a connection of its own.
+func (m *parts) callGRPC(ctx context.Context, path, method string, req, resp proto.Message) error {
+	if err := unaryconn.InvokeGRPC(ctx, path, method, req, resp, maxInfoBytes); err != nil {
+		return fallbackError{err}
 	}
 	return nil
 }
@@ -206,7 +218,7 @@ func checkField(name, v string, max int, required bool) error {
 // was sent in full, as a slow handler can let it) is sent again, once, on a
 // new connection. err says what went wrong either way. conn is notify's: it
 // returns the connection it used, open, or nil, and closes any other.
-func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (used *unaryconn.Conn, told bool, err error) {
+func (m *parts) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, path string, registered bool, reason string) (used *unaryconn.Conn, told bool, err error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
@@ -215,7 +227,7 @@ func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, r
 	reason = strings.ToValidUTF8(reason, "")
 	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
 	send := func(conn *unaryconn.Conn) (told, again bool, err error) {
-		err = m.call(ctx, conn, path, methodNotify, req, &registerapi.RegistrationStatusResponse{}, false)
+		err = m.call(ctx, e, conn, path, methodNotify, req, &registerapi.RegistrationStatusResponse{}, false)
 		switch {
 		case err == nil:
 			return true, false, nil
