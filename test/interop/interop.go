@@ -72,7 +72,7 @@ const (
 	GoAwayError     = "goaway-error"      // the first connection's first call: GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings") not covering it
 	DropAfterNotify = "drop-after-notify" // NotifyRegistrationStatus is read whole, recorded, and the connection closed unanswered
 	Ping            = "ping"              // PINGs on every idle connection, every 50 ms; each ACK is an event
-	FloodWindow     = "flood-window"      // after the first answer, WINDOW_UPDATE frames as fast as the socket takes them
+	FloodWindow     = "flood-window"      // 100 ms after the first answer, WINDOW_UPDATE frames as fast as the socket takes them
 	FloodReset      = "flood-rst"         // the same with RST_STREAM of the answered stream
 	FloodUnknown    = "flood-unknown"     // the same with 16 KiB frames of an unknown type
 	FloodSettings   = "flood-settings"    // the same with SETTINGS of 2,730 settings each

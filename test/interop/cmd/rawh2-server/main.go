@@ -406,6 +406,9 @@ func (c *conn) afterFirstAnswer(stream uint32) {
 		return
 	}
 	go func() {
+		// A moment later, so that the client has done what it connected
+		// for (a registration's notification) and holds the connection idle.
+		time.Sleep(100 * time.Millisecond)
 		n := 0
 		for c.write(frame) == nil {
 			n++
