@@ -229,7 +229,7 @@ const (
 	ReasonNotify      Reason = "notify"       // the plugin could not be told it was registered
 	ReasonPolicy      Reason = "policy"       // a rule of the manager's options refused it (endpoint roots, peer credentials)
 	ReasonUnhealthy   Reason = "unhealthy"    // it stopped answering while registered
-	ReasonEndpoint    Reason = "endpoint"     // observe mode: its own service did not answer the handler's look
+	ReasonEndpoint    Reason = "endpoint"     // its own service went, or did not answer its handler's (or observer's) look
 )
 
 // handlerPanic is the error a recovered panic turns into.

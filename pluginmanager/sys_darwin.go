@@ -1,10 +1,6 @@
 package pluginmanager
 
-import (
-	"golang.org/x/sys/unix"
-
-	"github.com/plugd/plugd/internal/unaryconn"
-)
+import "golang.org/x/sys/unix"
 
 // statSocket reports the identity of the unix socket at path, without following
 // a symlink. ok is false if there is nothing there or it is not a socket.
@@ -30,23 +26,16 @@ func statSocket(path string) (id fileID, ok bool) {
 // (LOCAL_PEERCRED), which Options.AllowedPeers needs.
 const peerCredentials = true
 
-// peerOf asks the kernel who is at the other end of a connection: its
-// effective uid and gid (the first of its groups), and its pid.
-func peerOf(c *unaryconn.Conn) peer {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return peer{}
+// peerCred asks the kernel who is at the other end of the connected socket
+// fd: its effective uid and gid (the first of its groups), and its pid.
+func peerCred(fd int) (peer, bool) {
+	cred, err := unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
+	if err != nil || cred.Ngroups < 1 {
+		return peer{}, false
 	}
-	var who peer
-	raw.Control(func(fd uintptr) {
-		cred, err := unix.GetsockoptXucred(int(fd), unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
-		if err != nil || cred.Ngroups < 1 {
-			return
-		}
-		who = peer{uid: cred.Uid, gid: cred.Groups[0], known: true}
-		if pid, err := unix.GetsockoptInt(int(fd), unix.SOL_LOCAL, unix.LOCAL_PEERPID); err == nil {
-			who.pid = uint32(pid)
-		}
-	})
-	return who
+	who := peer{uid: cred.Uid, gid: cred.Groups[0], known: true}
+	if pid, err := unix.GetsockoptInt(fd, unix.SOL_LOCAL, unix.LOCAL_PEERPID); err == nil {
+		who.pid = uint32(pid)
+	}
+	return who, true
 }

@@ -1,10 +1,6 @@
 package pluginmanager
 
-import (
-	"golang.org/x/sys/unix"
-
-	"github.com/plugd/plugd/internal/unaryconn"
-)
+import "golang.org/x/sys/unix"
 
 // statSocket reports the identity of the unix socket at path, without following
 // a symlink. ok is false if there is nothing there or it is not a socket.
@@ -30,17 +26,12 @@ func statSocket(path string) (id fileID, ok bool) {
 // (SO_PEERCRED), which Options.AllowedPeers needs.
 const peerCredentials = true
 
-// peerOf asks the kernel who is at the other end of a connection.
-func peerOf(c *unaryconn.Conn) peer {
-	raw, err := c.SyscallConn()
+// peerCred asks the kernel who is at the other end of the connected socket
+// fd.
+func peerCred(fd int) (peer, bool) {
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
-		return peer{}
+		return peer{}, false
 	}
-	var who peer
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			who = peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
-		}
-	})
-	return who
+	return peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}, true
 }

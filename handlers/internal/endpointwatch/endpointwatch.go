@@ -123,15 +123,23 @@ func (w *Watch) hold(conn *unaryconn.Conn) {
 // hungUp is the held connection's end: the endpoint is reported down, and
 // connected to again after a backoff.
 func (w *Watch) hungUp(err error) {
-	w.mu.Lock()
-	if w.stopped {
-		w.mu.Unlock()
+	if !w.enter() {
 		return
 	}
-	w.running.Add(1)
-	w.mu.Unlock()
 	defer w.running.Done()
 	w.lost(fmt.Errorf("endpoint %s: %w", w.path, err))
+}
+
+// enter counts a report or reconnection in w.running, unless Stop was
+// called; the caller then calls w.running.Done.
+func (w *Watch) enter() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.running.Add(1)
+	return true
 }
 
 // lost reports err and schedules the next attempt. The caller counts in
@@ -149,13 +157,9 @@ func (w *Watch) lost(err error) {
 
 // reconnect tries the endpoint again.
 func (w *Watch) reconnect() {
-	w.mu.Lock()
-	if w.stopped {
-		w.mu.Unlock()
+	if !w.enter() {
 		return
 	}
-	w.running.Add(1)
-	w.mu.Unlock()
 	defer w.running.Done()
 	conn, err := w.dial(w.life)
 	if err == nil && w.opts.Check != nil {

@@ -120,13 +120,6 @@ func (s *Set) Unwatch(path string) {
 	}
 }
 
-// Len is how many connections the set holds.
-func (s *Set) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.byPath)
-}
-
 // Close closes every connection in the set, and returns once no onHangup
 // call is under way. Watch fails from then on. It may be called more than
 // once.
