@@ -114,12 +114,6 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	return c.out
 }
 
-// AtLeast says whether any finding is at severity min or above.
-func AtLeast(fs []api.Finding, min string) bool {
-	m := slices.Index(api.Severities, min)
-	return slices.ContainsFunc(fs, func(f api.Finding) bool { return slices.Index(api.Severities, f.Severity) >= m })
-}
-
 type checker struct {
 	in    Input
 	looks []look

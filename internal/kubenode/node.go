@@ -124,7 +124,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), grace: cmp.Or(cfg.DisagreementGrace, time.Minute),
 		views: map[key]api.KubeletView{}, problems: map[string]*Problem{}, ready: map[string]bool{}}
-	for i, e := range cfg.Expect {
+	n.cfg.Expect = slices.Clone(cfg.Expect) // defaults go into plugd's copy, not the caller's
+	for i, e := range n.cfg.Expect {
 		e, err := e.WithDefaults()
 		if err != nil {
 			return nil, fmt.Errorf("expect[%d]: %w", i, err)
@@ -197,7 +198,7 @@ func (n *Node) buildSources() {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
-		s.onChange = func(*Problem) { n.Changed() }
+		s.onChange = n.Changed
 		count := s == n.node
 		onEvent := func() {
 			if count {
@@ -295,9 +296,6 @@ func (n *Node) Problems() []Problem {
 	slices.SortFunc(out, func(a, b Problem) int { return a.Since.Compare(b.Since) })
 	return out
 }
-
-// Expectations are the expected plugins, defaults filled in.
-func (n *Node) Expectations() []Expectation { return slices.Clone(n.cfg.Expect) }
 
 // snapshot reads the informers' caches.
 func (n *Node) snapshot() snapshot {
