@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
 )
@@ -61,6 +63,8 @@ func TestKubeletView(t *testing.T) {
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}, api.KubeletRegistered, "", "capacity 2", 2},
 		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 1},
+		{"device plugin gone, in the kubelet's grace", key{TypeDevice, "vendor.example/gpu"}, nil,
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "0"})}, api.KubeletRegistered, "", "grace period", 0},
 		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
 			snapshot{node: node(nil, nil)}, api.KubeletNotRegistered, "NotInCapacity", "status.capacity", 0},
 		{"device capacity zero", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
@@ -280,5 +284,53 @@ func TestSummarize(t *testing.T) {
 	}
 	if c := got[1]; c.Name != "vendor.example/gpu" || c.Ready != 1 || c.Expected != 1 {
 		t.Errorf("gpu: %+v", c)
+	}
+}
+
+// A disagreement between the socket and the kubelet is told once, after the
+// grace; a device plugin that went, whose capacity the kubelet keeps for its
+// own grace period with nothing allocatable, is no disagreement.
+func TestDisagreements(t *testing.T) {
+	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
+	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}
+	registered := view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "in CSINode"}}
+	notRegistered := view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Message: "not in CSINode"}}
+	for _, tc := range []struct {
+		name  string
+		k     key
+		socks []Plugin
+		v     view
+		want  string // the event, or "" for none
+	}{
+		{"answers, kubelet lacks it", csi, up, notRegistered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, its socket answers, but the kubelet has not registered it: not in CSINode"},
+		{"kubelet has it, no socket", csi, nil, registered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{registered.KubeletView, 0}, ""},
+		{"device plugin gone, devices still allocatable", gpu, nil, view{registered.KubeletView, 2}, "Warning KubeletDisagrees DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"agree", csi, up, registered, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := events.NewFakeRecorder(10)
+			n := &Node{grace: time.Minute}
+			n.m = newMetrics(n, nil)
+			l := &loop{n: n, rec: rec, disagree: map[key]*disagreement{}}
+			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			socks, views := map[key][]Plugin{tc.k: tc.socks}, map[key]view{tc.k: tc.v}
+			nd := node(nil, nil)
+			next := l.disagreements(t0, socks, views, nd)
+			if tc.want != "" && !next.Equal(t0.Add(time.Minute)) {
+				t.Errorf("the next look is due at %s, want at the end of the grace", next)
+			}
+			l.disagreements(t0.Add(59*time.Second), socks, views, nd)
+			l.disagreements(t0.Add(time.Minute), socks, views, nd)
+			l.disagreements(t0.Add(2*time.Minute), socks, views, nd) // told once only
+			close(rec.Events)
+			var got []string
+			for e := range rec.Events {
+				got = append(got, e)
+			}
+			if want := []string{tc.want}; (tc.want == "" && len(got) != 0) || (tc.want != "" && !slices.Equal(got, want)) {
+				t.Errorf("events: %q; want %q", got, tc.want)
+			}
+		})
 	}
 }

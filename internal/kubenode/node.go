@@ -533,7 +533,10 @@ func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[ke
 		switch {
 		case answering && v.State == api.KubeletNotRegistered:
 			text = "its socket answers, but the kubelet has not registered it: " + v.Message
-		case !answering && v.State == api.KubeletRegistered:
+		case !answering && v.State == api.KubeletRegistered && !(k.typ == TypeDevice && v.allocatable == 0):
+			// A device plugin that went keeps its capacity for the kubelet's
+			// grace period, with nothing allocatable: the kubelet has let it
+			// go, and agrees.
 			text = "the kubelet has it (" + v.Message + "), but no socket of it answers"
 		default:
 			delete(l.disagree, k)
