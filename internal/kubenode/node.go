@@ -86,6 +86,8 @@ type Node struct {
 	kick                  chan struct{}
 	m                     *metrics
 
+	statusWrite, taintWrite writeOp
+
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
 	problems map[string]*Problem     // of writes, by operation; guarded by mu
@@ -138,6 +140,8 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("kubernetes.removeTaintWhenReady: %w", err)
 		}
 	}
+	n.statusWrite = writeOp{"patch nodes/status of " + cfg.NodeName, "patch nodes/status", "patch_node_status"}
+	n.taintWrite = writeOp{"remove the taint " + cfg.RemoveTaint + " from Node " + cfg.NodeName, "patch nodes", "remove_taint"}
 	rc, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -400,92 +404,134 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	allReady = allReady && len(n.cfg.Expect) > 0
-	if len(set) > 0 || len(drop) > 0 || (allReady && n.taintKey != "") {
-		if now.Before(l.nextWrite) {
-			return earliest(next, l.nextWrite)
+	var taint []byte // the patch that removes the startup taint, when it is due
+	if allReady && n.taintKey != "" {
+		if p, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect); has && err == nil {
+			taint = p
 		}
 	}
-	if len(set) > 0 || len(drop) > 0 {
-		seq := n.nodeEvents.Load()
-		if !l.write(ctx, now, "patch nodes/status of "+n.cfg.NodeName, "patch nodes/status", func(ctx context.Context) error {
-			patch, err := conditionsPatch(set, drop)
-			if err == nil {
-				_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status")
-			}
+	// A write that failed and is no longer needed (the plugin went back to
+	// what the Node shows, the taint is gone) is no trouble any more.
+	if len(set) == 0 && len(drop) == 0 {
+		n.setWriteProblem(n.statusWrite.op, nil, "the failed write is no longer needed")
+	}
+	if taint == nil {
+		n.setWriteProblem(n.taintWrite.op, nil, "the failed write is no longer needed")
+	}
+	if len(set) == 0 && len(drop) == 0 && taint == nil {
+		return next
+	}
+	if now.Before(l.nextWrite) {
+		return earliest(next, l.nextWrite)
+	}
+	if (len(set) > 0 || len(drop) > 0) && !l.writeConditions(ctx, now, snap.node, set, drop, notes) {
+		return earliest(next, l.nextWrite)
+	}
+	if taint != nil {
+		if !l.write(ctx, now, n.taintWrite, func(ctx context.Context) error {
+			_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, taint, metav1.PatchOptions{FieldManager: fieldManager})
 			return err
 		}) {
 			return earliest(next, l.nextWrite)
 		}
-		for _, c := range set {
-			l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
-			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
-		}
-		for _, typ := range drop {
-			l.written[typ] = written{seq: seq}
-			n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
-		}
-		for _, e := range notes {
-			l.record(snap.node, e)
-		}
-	}
-	if allReady && n.taintKey != "" {
-		patch, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect)
-		if has && err == nil {
-			if !l.write(ctx, now, "remove the taint "+n.cfg.RemoveTaint+" from Node "+n.cfg.NodeName, "patch nodes", func(ctx context.Context) error {
-				_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "plugd"})
-				return err
-			}) {
-				return earliest(next, l.nextWrite)
-			}
-			n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
-		}
+		n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
 	}
 	return next
 }
 
-// write runs one write with a deadline, and keeps its outcome: a failure is
-// a Problem (logged once per change) and a backoff before the next write.
-func (l *loop) write(ctx context.Context, now time.Time, op, perm string, do func(context.Context) error) bool {
+// writeConditions patches the Node's status: the conditions in set, and
+// those of the types in drop deleted. Once that is written, it sends the
+// events of the changes, about node.
+func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.Node, set []corev1.NodeCondition, drop []string, notes []event) bool {
 	n := l.n
+	seq := n.nodeEvents.Load()
+	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
+		patch, err := conditionsPatch(set, drop)
+		if err == nil {
+			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+		}
+		return err
+	}) {
+		return false
+	}
+	for _, c := range set {
+		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
+		n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+	}
+	for _, typ := range drop {
+		l.written[typ] = written{seq: seq}
+		n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
+	}
+	for _, e := range notes {
+		l.record(node, e)
+	}
+	return true
+}
+
+// writeOp is one kind of write plugd makes: what its Problem calls it, the
+// permission it needs (as RBAC writes it), and its metrics' label.
+type writeOp struct{ op, perm, metric string }
+
+// fieldManager is who plugd's writes are from, in the objects' managedFields.
+const fieldManager = "plugd"
+
+// write runs one write with a deadline, and keeps its outcome (noteWrite);
+// a failure puts off every write by a backoff.
+func (l *loop) write(ctx context.Context, now time.Time, w writeOp, do func(context.Context) error) bool {
 	ctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
 	err := do(ctx)
 	if ctx.Err() != nil && err != nil {
 		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
 	}
 	cancel()
-	metric := "patch_node_status"
-	if perm == "patch nodes" {
-		metric = "remove_taint"
-	}
-	n.m.writes.WithLabelValues(metric).Inc()
-	n.mu.Lock()
-	was := n.problems[op]
-	n.mu.Unlock()
+	l.n.noteWrite(w, err, now)
 	if err == nil {
 		l.failures, l.nextWrite = 0, time.Time{}
-		if was != nil {
-			n.mu.Lock()
-			delete(n.problems, op)
-			n.mu.Unlock()
-			n.log.Info("Kubernetes API: writing again", "operation", op, "troubleSince", was.Since)
-		}
 		return true
 	}
-	p := classify(op, perm, err, now)
-	n.m.apiErrors.WithLabelValues(metric, p.Reason).Inc()
-	if was != nil && was.Reason == p.Reason {
-		p.Since = was.Since
-	} else {
-		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
-	}
-	n.mu.Lock()
-	n.problems[op] = p
-	n.mu.Unlock()
 	d := min(writeBackoffMin<<min(l.failures, 10), writeBackoffMax)
 	d = d/2 + rand.N(d/2+1) // jitter: a cluster's nodes do not retry in step
 	l.failures++
 	l.nextWrite = now.Add(d)
 	return false
+}
+
+// noteWrite counts a write, and keeps its failure as the Problem of its
+// operation until one succeeds (or is no longer needed).
+func (n *Node) noteWrite(w writeOp, err error, now time.Time) {
+	n.m.writes.WithLabelValues(w.metric).Inc()
+	var p *Problem
+	if err != nil {
+		p = classify(w.op, w.perm, err, now)
+		n.m.apiErrors.WithLabelValues(w.metric, p.Reason).Inc()
+	}
+	n.setWriteProblem(w.op, p, "writing again")
+}
+
+// setWriteProblem makes p the trouble of the write op (nil: none, for the
+// reason ended), and logs each change of it once.
+func (n *Node) setWriteProblem(op string, p *Problem, ended string) {
+	n.mu.Lock()
+	was := n.problems[op]
+	switch {
+	case p == nil && was == nil:
+		n.mu.Unlock()
+		return
+	case p == nil:
+		delete(n.problems, op)
+	default:
+		if was != nil && was.Reason == p.Reason {
+			p.Since = was.Since
+		}
+		n.problems[op] = p
+	}
+	n.mu.Unlock()
+	switch {
+	case p == nil:
+		n.log.Info("Kubernetes API: "+ended, "operation", op, "troubleSince", was.Since)
+	case was == nil || was.Reason != p.Reason:
+		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
+	}
 }
 
 // event is one Kubernetes event about the Node.

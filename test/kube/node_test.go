@@ -277,17 +277,15 @@ doctor: {kubeletRoots: [%s]}
 		bind(t, "plugd-reads")
 		pd.waitKubelet(t, csiName, api.KubeletRegistered, "")
 		k.setDevices(gpuName, 2, 0)
-		eventually(t, "a refused write named in the doctor", func() (bool, string) {
-			out, _ := plugctl(t, "--socket", pd.socket, "doctor", "-o", "json")
-			var l api.FindingList
-			decode(t, out, &l)
-			for _, f := range l.Findings {
-				if f.Check == "kubernetes-api" && strings.Contains(f.Summary, `lacks the permission "patch nodes/status"`) {
-					return true, ""
-				}
-			}
-			return false, out
+		pd.waitAPIFinding(t, `lacks the permission "patch nodes/status"`)
+		// The plugin goes back to what the Node shows: nothing is left to
+		// write, and a refused write that is no longer needed is no trouble.
+		k.setDevices(gpuName, 2, 2)
+		eventually(t, "the refused write forgotten once nothing needs writing", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", pd.socket, "doctor")
+			return !strings.Contains(out, "kubernetes-api"), out
 		})
+		k.setDevices(gpuName, 2, 0)
 		admin.RbacV1().ClusterRoleBindings().Delete(ctx, "plugd-reads", metav1.DeleteOptions{})
 		bind(t, "plugd")
 		// Converges: the write is retried with backoff and lands.
@@ -349,6 +347,23 @@ doctor: {kubeletRoots: [%s]}
 		waitCondition(t, node, gpuCond, corev1.ConditionFalse, "SocketMissing")
 		gpu = startDevicePlugin(top, reg, gpuName, 2)
 		waitCondition(t, node, gpuCond, corev1.ConditionTrue, "PluginReady")
+	})
+}
+
+// waitAPIFinding waits until plugctl doctor has a kubernetes-api finding
+// whose summary holds want.
+func (p *plugd) waitAPIFinding(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, "a kubernetes-api finding that says "+want, func() (bool, string) {
+		out, _ := plugctl(t, "--socket", p.socket, "doctor", "-o", "json")
+		var l api.FindingList
+		decode(t, out, &l)
+		for _, f := range l.Findings {
+			if f.Check == "kubernetes-api" && strings.Contains(f.Summary, want) {
+				return true, ""
+			}
+		}
+		return false, out
 	})
 }
 
