@@ -1,7 +1,10 @@
 package kubenode
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -10,10 +13,13 @@ import (
 	"go.uber.org/goleak"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/tools/events"
 
@@ -332,5 +338,47 @@ func TestDisagreements(t *testing.T) {
 				t.Errorf("events: %q; want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// sinkFunc answers every event write with err.
+type sinkFunc func() error
+
+func (f sinkFunc) Create(context.Context, *eventsv1.Event) (*eventsv1.Event, error) { return nil, f() }
+func (f sinkFunc) Update(context.Context, *eventsv1.Event) (*eventsv1.Event, error) { return nil, f() }
+func (f sinkFunc) Patch(context.Context, *eventsv1.Event, []byte) (*eventsv1.Event, error) {
+	return nil, f()
+}
+
+// A refused event is a Problem that names the permission, until an event is
+// written; a series patch whose event is gone (the machinery creates it
+// anew) is none.
+func TestEventSinkKeepsRefusals(t *testing.T) {
+	n := &Node{problems: map[string]*Problem{}, log: slog.New(slog.DiscardHandler),
+		eventWrite: writeOp{"record events about Node node-a", "create, patch events.events.k8s.io", "event"}}
+	n.m = newMetrics(n, nil)
+	var err error
+	s := eventSink{n, sinkFunc(func() error { return err })}
+	ctx := context.Background()
+	problems := func() (out []Problem) { // of writes: the Node has no informers here
+		for _, p := range n.problems {
+			out = append(out, *p)
+		}
+		return out
+	}
+	err = apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("RBAC: no"))
+	s.Create(ctx, &eventsv1.Event{})
+	if ps := problems(); len(ps) != 1 || ps[0].Reason != ReasonForbidden || ps[0].Permission != "create, patch events.events.k8s.io" {
+		t.Fatalf("problems after a refused event: %+v", ps)
+	}
+	err = nil
+	s.Create(ctx, &eventsv1.Event{})
+	if ps := problems(); len(ps) != 0 {
+		t.Fatalf("problems after an event was written: %+v", ps)
+	}
+	err = apierrors.NewNotFound(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "e")
+	s.Patch(ctx, &eventsv1.Event{}, nil)
+	if ps := problems(); len(ps) != 0 {
+		t.Fatalf("problems after a series patch found no event: %+v", ps)
 	}
 }

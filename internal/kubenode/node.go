@@ -12,8 +12,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -86,7 +88,7 @@ type Node struct {
 	kick                  chan struct{}
 	m                     *metrics
 
-	statusWrite, taintWrite writeOp
+	statusWrite, taintWrite, eventWrite writeOp
 
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
@@ -142,6 +144,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.statusWrite = writeOp{"patch nodes/status of " + cfg.NodeName, "patch nodes/status", "patch_node_status"}
 	n.taintWrite = writeOp{"remove the taint " + cfg.RemoveTaint + " from Node " + cfg.NodeName, "patch nodes", "remove_taint"}
+	n.eventWrite = writeOp{"record events about Node " + cfg.NodeName, "create, patch events.events.k8s.io", "event"}
 	rc, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -238,7 +241,7 @@ func (n *Node) Run(ctx context.Context) error {
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
-	bc := events.NewBroadcaster(&events.EventSinkImpl{Interface: n.events})
+	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
 		n.log.Warn("Kubernetes events will not be recorded", "err", err)
@@ -549,7 +552,6 @@ func (l *loop) record(node *corev1.Node, e event) {
 	if node == nil {
 		return
 	}
-	l.n.m.writes.WithLabelValues("event").Inc()
 	action := "Check " + e.plugin.String()
 	if len(action) > 128 {
 		action = action[:128]
@@ -563,6 +565,46 @@ func (l *loop) record(node *corev1.Node, e event) {
 	// would fold into a series.
 	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
 	l.rec.Eventf(ref, nil, e.typ, e.reason, action, "%s", note)
+}
+
+// eventSink is where client-go's event machinery writes plugd's events:
+// each write has a deadline, and its outcome is kept as that of plugd's
+// other writes, so that a refused event names the permission.
+type eventSink struct {
+	n    *Node
+	sink events.EventSink
+}
+
+func (s eventSink) Create(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Create(ctx, e) })
+}
+
+func (s eventSink) Update(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Update(ctx, e) })
+}
+
+// Patch updates a series; when its event is gone the machinery creates it
+// anew, so that a patch that finds none is no trouble.
+func (s eventSink) Patch(ctx context.Context, old *eventsv1.Event, data []byte) (*eventsv1.Event, error) {
+	return s.write(ctx, true, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Patch(ctx, old, data) })
+}
+
+// write makes one write; it returns the error as it came, which the
+// machinery tells retries by.
+func (s eventSink) write(ctx context.Context, patch bool, do func(context.Context) (*eventsv1.Event, error)) (*eventsv1.Event, error) {
+	wctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
+	defer cancel()
+	e, err := do(wctx)
+	switch {
+	case ctx.Err() != nil: // plugd is stopping
+	case patch && apierrors.IsNotFound(err):
+		s.n.m.writes.WithLabelValues(s.n.eventWrite.metric).Inc()
+	case err != nil && wctx.Err() != nil:
+		s.n.noteWrite(s.n.eventWrite, fmt.Errorf("%w (%w)", err, context.Cause(wctx)), time.Now())
+	default:
+		s.n.noteWrite(s.n.eventWrite, err, time.Now())
+	}
+	return e, err
 }
 
 // disagreements records an event for each plugin whose socket and kubelet

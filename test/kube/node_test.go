@@ -285,6 +285,11 @@ doctor: {kubeletRoots: [%s]}
 			out, _ := plugctl(t, "--socket", pd.socket, "doctor")
 			return !strings.Contains(out, "kubernetes-api"), out
 		})
+		// A refused event names its permission too (the CSINode entry goes:
+		// the kubelet and the socket disagree past the grace).
+		k.setCSIDriver(csiName, "")
+		pd.waitAPIFinding(t, `lacks the permission "create, patch events.events.k8s.io"`)
+		k.setCSIDriver(csiName, node)
 		k.setDevices(gpuName, 2, 0)
 		admin.RbacV1().ClusterRoleBindings().Delete(ctx, "plugd-reads", metav1.DeleteOptions{})
 		bind(t, "plugd")
