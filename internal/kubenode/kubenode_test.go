@@ -181,7 +181,16 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 		nodeCondition("c1", verdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
 		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
 	}
-	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")})
+	n.Status.Conditions = append(n.Status.Conditions,
+		corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")},
+		// In plugd's form, but written by someone else: not plugd's to delete.
+		corev1.NodeCondition{Type: "example.com/Mimic", Status: corev1.ConditionTrue, Message: conditionMessage("CSIPlugin", "mimic.example.com", "ready")})
+	n.ManagedFields = []metav1.ManagedFieldsEntry{
+		{Manager: "plugd", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"c1\"}":{".":{},"f:message":{}},"k:{\"type\":\"gone\"}":{".":{},"f:message":{}}}}}`)}},
+		{Manager: "kubectl-edit", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"example.com/Mimic\"}":{".":{},"f:message":{}}}}}`)}},
+	}
 	if got := unexpected(n, []Expectation{{Condition: "c1"}, {Condition: "c2"}}); len(got) != 1 || got[0] != "gone" {
 		t.Errorf("unexpected = %q; want only plugd's condition of a plugin it no longer expects", got)
 	}
@@ -202,7 +211,7 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 	for _, c := range out.Status.Conditions {
 		got[string(c.Type)] = c
 	}
-	if len(got) != 4 || got["Ready"].Reason != "KubeletReady" || got["example.com/Other"].Reason != "TheirsAlone" {
+	if len(got) != 5 || got["Ready"].Reason != "KubeletReady" || got["example.com/Other"].Reason != "TheirsAlone" {
 		t.Errorf("others' conditions changed: %+v", out.Status.Conditions)
 	}
 	if c := got["c1"]; c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(now) {

@@ -304,6 +304,12 @@ doctor: {kubeletRoots: [%s]}
 	})
 
 	t.Run("a plugin no longer expected takes its condition with it", func(t *testing.T) {
+		// A condition in plugd's form that someone else wrote is not plugd's.
+		const mimic = "example.com/Mimic"
+		patch := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"True","reason":"Copied","message":"plugd: CSIPlugin mimic.example.com: copied by hand"}]}}`, mimic)
+		if _, err := admin.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: "someone-else"}, "status"); err != nil {
+			t.Fatal(err)
+		}
 		pd.stop(t)
 		fewer := strings.Replace(config, "  - {type: DRAPlugin, name: "+draName+"}\n", "", 1)
 		if fewer == config {
@@ -314,6 +320,9 @@ doctor: {kubeletRoots: [%s]}
 			n := getNode(t, node)
 			return condition(n, draCond) == nil && condition(n, csiCond) != nil && condition(n, "example.com/KernelDeadlock") != nil, fmt.Sprint(len(n.Status.Conditions))
 		})
+		if condition(getNode(t, node), mimic) == nil {
+			t.Errorf("plugd deleted %s, a condition in its form that someone else wrote", mimic)
+		}
 		pd.stop(t)
 		pd = startPlugd(top, dir, config)
 		waitCondition(t, node, draCond, corev1.ConditionTrue, "PluginReady")
