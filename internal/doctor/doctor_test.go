@@ -163,3 +163,17 @@ func TestRunningKubeletRoot(t *testing.T) {
 		t.Errorf("findings: %+v", fs)
 	}
 }
+
+// A refused permission's remedy names the manifest that grants it.
+func TestKubernetesRemedy(t *testing.T) {
+	for _, tc := range []struct{ perm, manifest string }{
+		{"patch nodes/status", "deploy/kubernetes/daemonset.yaml"},
+		{"patch nodes", "deploy/kubernetes/remove-taint-rbac.yaml"},
+	} {
+		fs := Check(context.Background(), Input{RegistryDir: t.TempDir(), KubeletRoots: []string{}, Now: time.Now(),
+			Kubernetes: []KubernetesProblem{{Operation: "do it", Reason: "Forbidden", Permission: tc.perm, Since: time.Now()}}})
+		if len(fs) != 1 || !strings.Contains(fs[0].Summary, tc.perm) || !strings.Contains(fs[0].Remedy, "kubectl apply -f "+tc.manifest) {
+			t.Errorf("lacking %q: %+v; want a remedy that applies %s", tc.perm, fs, tc.manifest)
+		}
+	}
+}
