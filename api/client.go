@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // Client talks to plugd's status API. Its zero value talks to the daemon on
@@ -34,7 +35,16 @@ var (
 	// ErrNotReady is returned, wrapped, by Ready while plugd has not yet
 	// scanned its registry directory.
 	ErrNotReady = errors.New("not ready")
+	// ErrBusy is returned, wrapped, when plugd turned the request away for
+	// now because one of its limits was reached (event streams, answers
+	// being written to slow clients), after the client retried a few times.
+	ErrBusy = errors.New("busy")
 )
+
+// busyRetries are the pauses before asking again when plugd says it is busy
+// (HTTP 503 or 429 with Retry-After): plugd's own limits free up within
+// moments unless it is flooded.
+var busyRetries = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond}
 
 // Filter selects plugins; an empty field matches every plugin.
 type Filter struct {
@@ -134,8 +144,24 @@ func (c *Client) get(ctx context.Context, path string, into any) error {
 	return nil
 }
 
-// do sends a GET and turns every failure into an error that says what to do.
+// do sends a GET, asks again while plugd says it is busy, and turns every
+// failure into an error that says what to do.
 func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
+	for _, pause := range busyRetries {
+		resp, err := c.doOnce(ctx, path)
+		if !errors.Is(err, ErrBusy) {
+			return resp, err
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
+	return c.doOnce(ctx, path)
+}
+
+func (c *Client) doOnce(ctx context.Context, path string) (*http.Response, error) {
 	base, hc := c.transport()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
@@ -161,10 +187,13 @@ func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
 		e.Message = strings.TrimSpace(string(body))
 	}
 	err = fmt.Errorf("plugd: %s (HTTP %d)", e.Message, resp.StatusCode)
-	switch resp.StatusCode {
-	case http.StatusNotFound:
+	busy := resp.Header.Get("Retry-After") != ""
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
-	case http.StatusServiceUnavailable:
+	case busy && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests):
+		err = fmt.Errorf("%w: %w", ErrBusy, err)
+	case resp.StatusCode == http.StatusServiceUnavailable:
 		err = fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	return nil, err

@@ -40,6 +40,7 @@ type Daemon struct {
 	m       *pluginmanager.Manager
 	streams chan struct{}  // a slot per open event stream
 	doctors chan struct{}  // a slot per doctor run (GET /v1/findings) under way
+	answers *answers       // for requests that come through no statusListener (tests)
 	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
 
 	seenMu sync.Mutex
@@ -70,6 +71,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		metrics: prometheus.NewRegistry(),
 		streams: make(chan struct{}, maxStreams),
 		doctors: make(chan struct{}, maxDoctors),
+		answers: newAnswers(),
 		cfg:     cfg,
 		seen:    map[string]pluginmanager.Plugin{},
 	}
@@ -253,10 +255,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopServing()
 	srv := &http.Server{
 		Handler:           d.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       time.Minute,
-		BaseContext:       func(net.Listener) context.Context { return serveCtx },
-		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		ReadHeaderTimeout: readHeaderTimeout,
+		// A backstop: every answer sets its own write deadline (streams
+		// before each event), which takes the place of this one.
+		WriteTimeout:   doctorTimeout + writeDeadline,
+		IdleTimeout:    idleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		BaseContext:    func(net.Listener) context.Context { return serveCtx },
+		ConnContext:    connContext,
+		ConnState:      connState,
+		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -308,7 +316,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // listen opens the status API's listeners: the unix socket (0660) and, if
-// configured, TCP.
+// configured, TCP. Each serves a bounded number of connections (see
+// statusConnLimit), so that a flood on one neither starves the other nor
+// takes the file descriptors plugins' sockets need.
 func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 	var ls []net.Listener
 	closeAll := func() {
@@ -330,6 +340,12 @@ func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 			return nil, fmt.Errorf("status.tcp: %w", err)
 		}
 		ls = append(ls, l)
+	}
+	nofile := openFileLimit()
+	limit := statusConnLimit(nofile, len(ls))
+	for i, l := range ls {
+		ls[i] = newStatusListener(l, limit)
+		d.log.Info("serving the status API", "address", l.Addr().String(), "maxConnections", limit, "openFileLimit", nofile)
 	}
 	return ls, nil
 }

@@ -644,3 +644,20 @@ current-context: c
 		t.Errorf("logged the trouble %d times, want once per read:\n%s", n, r.logs)
 	}
 }
+
+// The status API's connections are a quarter of plugd's file descriptors, at
+// least 16 and at most 256, shared by its listeners.
+func TestStatusConnLimit(t *testing.T) {
+	for _, tc := range []struct {
+		nofile    uint64
+		listeners int
+		want      int
+	}{
+		{1024, 1, 256}, {1024, 2, 128}, {512, 1, 128}, {40, 1, 16}, {40, 2, 8},
+		{1 << 20, 2, 128}, {0, 1, 256},
+	} {
+		if got := statusConnLimit(tc.nofile, tc.listeners); got != tc.want {
+			t.Errorf("statusConnLimit(%d, %d) = %d, want %d", tc.nofile, tc.listeners, got, tc.want)
+		}
+	}
+}
