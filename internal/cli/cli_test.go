@@ -542,6 +542,30 @@ func TestWaitRegisteredLater(t *testing.T) {
 	}
 }
 
+// Issue 13, item 6: wait (a readiness probe) works when plugd has no event
+// stream left for it: it asks for the list instead.
+func TestWaitWithoutAStream(t *testing.T) {
+	e := startDaemon(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &api.Client{Socket: e.sock}
+	for {
+		s, err := c.Events(ctx, 0)
+		if err != nil {
+			t.Logf("plugd has no stream left for this client: %v", err)
+			break
+		}
+		defer s.Close()
+	}
+	b := e.background(t, "wait", "--type", "CSIPlugin", "--name", "csi.example.com", "--for", "registered")
+	waitLine(t, b.stderr, "plugd has no event stream free .*this client .* has 16 event streams open.*; asking every 250ms instead")
+	waitLine(t, b.stderr, regexp.QuoteMeta("waiting up to 30s for a plugin with type=CSIPlugin name=csi.example.com to be Registered; now no plugin matches"))
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	if code, stdout, stderr := b.result(t); code != ExitOK || stdout != csiID+" is Registered" {
+		t.Errorf("exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
 func TestWaitRejected(t *testing.T) {
 	e := startDaemon(t)
 	e.plugin(t, "example.com/Nope", "nope.example.com")

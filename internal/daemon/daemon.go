@@ -43,6 +43,9 @@ type Daemon struct {
 	answers *answers       // for requests that come through no statusListener (tests)
 	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
 
+	streamsMu sync.Mutex
+	streamsBy map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
+
 	seenMu sync.Mutex
 	seen   map[string]pluginmanager.Plugin // what each socket last said in GetInfo, by path; guarded by seenMu
 
@@ -66,14 +69,15 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		h = slog.NewJSONHandler(logOut, hopts)
 	}
 	d := &Daemon{
-		log:     slog.New(h),
-		level:   level,
-		metrics: prometheus.NewRegistry(),
-		streams: make(chan struct{}, maxStreams),
-		doctors: make(chan struct{}, maxDoctors),
-		answers: newAnswers(),
-		cfg:     cfg,
-		seen:    map[string]pluginmanager.Plugin{},
+		log:       slog.New(h),
+		level:     level,
+		metrics:   prometheus.NewRegistry(),
+		streams:   make(chan struct{}, maxStreams),
+		doctors:   make(chan struct{}, maxDoctors),
+		answers:   newAnswers(),
+		streamsBy: map[string]int{},
+		cfg:       cfg,
+		seen:      map[string]pluginmanager.Plugin{},
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {

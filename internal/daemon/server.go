@@ -23,12 +23,16 @@ import (
 // Bounds on the event streams, which anyone who can reach the status API can
 // open: each holds a buffer of events, so their number and size are capped.
 const (
-	maxReplay     = 1000 // ?replay= at most; plugd keeps 1024 recent events
-	maxStreams    = 64   // event streams open at once
-	streamBuffer  = 256  // events a stream may fall behind before it is told it lost some
-	writeDeadline = 10 * time.Second
-	maxDoctors    = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
-	doctorTimeout = 10 * time.Second // bound on one doctor run
+	maxReplay  = 1000 // ?replay= at most; plugd keeps 1024 recent events
+	maxStreams = 64   // event streams open at once
+	// maxClientStreams is how many of them one client may hold: a uid on
+	// the unix socket, an address over TCP. A few clients that open streams
+	// and never read them cannot then take every stream from the others.
+	maxClientStreams = 16
+	streamBuffer     = 256 // events a stream may fall behind before it is told it lost some
+	writeDeadline    = 10 * time.Second
+	maxDoctors       = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
+	doctorTimeout    = 10 * time.Second // bound on one doctor run
 	// answerWait is how long an answer may wait for its turn to be built
 	// (see bounded) before it is a 503.
 	answerWait = 2 * time.Second
@@ -162,10 +166,21 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		replay = n
 	}
+	peer := "local"
+	if c := connOf(r); c != nil {
+		peer = c.peer
+	}
+	if !d.openStream(peer) {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, the most one client may have; close one and retry", peer, maxClientStreams))
+		return
+	}
+	defer d.closeStream(peer)
 	select {
 	case d.streams <- struct{}{}:
 		defer func() { <-d.streams }()
 	default:
+		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams))
 		return
 	}
@@ -271,6 +286,25 @@ type heldAnswer struct {
 func (a *heldAnswer) Header() http.Header         { return a.header }
 func (a *heldAnswer) WriteHeader(status int)      { a.status = status }
 func (a *heldAnswer) Write(b []byte) (int, error) { return a.body.Write(b) }
+
+// openStream counts a stream of peer's, unless it has maxClientStreams.
+func (d *Daemon) openStream(peer string) bool {
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if d.streamsBy[peer] >= maxClientStreams {
+		return false
+	}
+	d.streamsBy[peer]++
+	return true
+}
+
+func (d *Daemon) closeStream(peer string) {
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if d.streamsBy[peer]--; d.streamsBy[peer] <= 0 {
+		delete(d.streamsBy, peer)
+	}
+}
 
 // toAPI is a socket's status as the API shows it.
 func toAPI(dir string, s pluginmanager.PluginStatus) api.Plugin {
