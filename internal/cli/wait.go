@@ -246,7 +246,7 @@ func (a *app) reportMet(w waitSpec, hits []api.Plugin) error {
 		return err
 	}
 	for _, p := range hits {
-		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", p.ID, p.State); err != nil {
+		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", cell(p.ID), cell(p.State)); err != nil {
 			return err
 		}
 	}
@@ -281,7 +281,7 @@ func describe(matching []api.Plugin) string {
 			parts = append(parts, fmt.Sprintf("and %d more ('plugctl list' shows all)", len(matching)-i))
 			break
 		}
-		s := fmt.Sprintf("%s is %s", p.ID, p.State)
+		s := fmt.Sprintf("%s is %s", cell(p.ID), cell(p.State))
 		if p.LastError != "" {
 			s += ", " + errorText(p)
 		}
