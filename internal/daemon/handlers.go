@@ -86,13 +86,7 @@ func checkHandler(h HandlerConfig) error {
 	if h.GracePeriod != 0 && h.Handler != "dra" && h.Handler != "deviceplugin" {
 		return fmt.Errorf("gracePeriod applies to the dra and deviceplugin handlers, not %s", h.Handler)
 	}
-	if h.UnhealthyGrace < 0 {
-		return fmt.Errorf("unhealthyGrace is %s: it must be positive, or left out for liveness.unhealthyGrace", h.UnhealthyGrace)
-	}
-	if h.GracePeriod < 0 {
-		return fmt.Errorf("gracePeriod is %s: it must be positive (default 30s)", h.GracePeriod)
-	}
-	return nil
+	return h.checkBounds()
 }
 
 func hookConfig(h *HookConfig) hook.Config {
