@@ -33,13 +33,10 @@ type Plugin struct {
 	Endpoint string   `json:"endpoint,omitempty"`
 	Versions []string `json:"versions,omitempty"`
 	Socket   string   `json:"socket"`
-	// State is one of States: Pending, Registering, Registered, Failed,
-	// Stale (a socket nobody listens on), Rejected, Unhealthy (registered,
-	// but not answering its liveness probe); a plugd in observe mode reports
-	// only Pending, Answering, NotAnswering and Stale.
+	// State is one of States() (see StatePending and the others).
 	State string `json:"state"`
-	// Reason is the step the last attempt failed at (dial, get_info,
-	// invalid_info, no_handler, validate, register, notify); LastError says why.
+	// Reason is the step the last attempt failed at, one of Reasons();
+	// LastError says why.
 	Reason          string    `json:"reason,omitempty"`
 	LastError       string    `json:"lastError,omitempty"`
 	Attempts        int       `json:"attempts"`
@@ -55,7 +52,9 @@ type Plugin struct {
 	Newest bool `json:"newest,omitempty"`
 	// Details is what the plugin's handler reports of it (a CSI driver's
 	// node info, a device plugin's devices and their health, a hook's last
-	// run), as a JSON object; absent if the handler reports nothing.
+	// run), as a JSON object; absent if the handler reports nothing. The
+	// built-in handlers' are the types in details.go (CSIDetails and the
+	// others); DecodeDetails decodes it into one.
 	Details any `json:"details,omitempty"`
 	// Kubelet is what the Kubernetes API says the node's kubelet made of
 	// this plugin; absent unless plugd is connected to Kubernetes and the
@@ -124,8 +123,67 @@ type FindingList struct {
 	Findings []Finding `json:"findings"`
 }
 
-// States are the states a plugin can be in, from the happy path to trouble.
-var States = []string{"Pending", "Registering", "Registered", "Failed", "Stale", "Rejected", "Unhealthy", "Answering", "NotAnswering"}
+// The states of a plugin (Plugin.State). A plugd in observe mode reports
+// only Pending, Answering, NotAnswering and Stale.
+const (
+	StatePending      = "Pending"      // discovered, not yet tried
+	StateRegistering  = "Registering"  // an attempt is under way
+	StateRegistered   = "Registered"   // its handler accepted it and it was told so
+	StateFailed       = "Failed"       // the last attempt failed; retried at NextRetry
+	StateStale        = "Stale"        // a socket nobody listens on (a crashed plugin's); retried
+	StateRejected     = "Rejected"     // refused for a reason retrying cannot fix
+	StateUnhealthy    = "Unhealthy"    // registered, but not answering its liveness probe
+	StateAnswering    = "Answering"    // observe mode: it answered at the last look
+	StateNotAnswering = "NotAnswering" // observe mode: it did not, or answered nonsense
+)
+
+// States returns the states a plugin can be in, from the happy path to
+// trouble.
+func States() []string {
+	return []string{StatePending, StateRegistering, StateRegistered, StateFailed, StateStale, StateRejected, StateUnhealthy, StateAnswering, StateNotAnswering}
+}
+
+// The types of an Event.
+const (
+	EventDiscovered   = "Discovered"   // a new socket file appeared (or an old one was replaced)
+	EventRegistered   = "Registered"   // its handler accepted the plugin and it was told so
+	EventFailed       = "Failed"       // an attempt failed; it will be retried
+	EventRejected     = "Rejected"     // refused until the socket changes
+	EventDeregistered = "Deregistered" // its handler let the plugin go
+	EventUnhealthy    = "Unhealthy"    // a registered plugin stopped answering its liveness probe
+	EventHealthy      = "Healthy"      // an Unhealthy plugin answers again, still registered
+	EventAnswering    = "Answering"    // observe mode: the plugin answers (again)
+	EventNotAnswering = "NotAnswering" // observe mode: the plugin stopped answering (or is Stale)
+	EventLooked       = "Looked"       // observe mode: a look found the plugin as the last one did
+	EventRemoved      = "Removed"      // the socket file is gone and forgotten
+	EventLost         = "Lost"         // this client fell behind; Missed events were dropped
+)
+
+// EventTypes returns the types an Event can have.
+func EventTypes() []string {
+	return []string{EventDiscovered, EventRegistered, EventFailed, EventRejected, EventDeregistered, EventUnhealthy, EventHealthy,
+		EventAnswering, EventNotAnswering, EventLooked, EventRemoved, EventLost}
+}
+
+// The reasons of a failure (Plugin.Reason): the step that failed.
+const (
+	ReasonDial        = "dial"         // the registration socket did not accept a connection
+	ReasonGetInfo     = "get_info"     // GetInfo failed or timed out
+	ReasonInvalidInfo = "invalid_info" // GetInfo's answer broke a rule
+	ReasonNoHandler   = "no_handler"   // no handler for the type
+	ReasonValidate    = "validate"     // the handler's Validate refused or failed
+	ReasonRegister    = "register"     // the handler's Register failed
+	ReasonNotify      = "notify"       // the plugin could not be told it was registered
+	ReasonPolicy      = "policy"       // a rule of plugd's policy refused it (endpoint roots, peer credentials)
+	ReasonUnhealthy   = "unhealthy"    // it stopped answering while registered
+	ReasonEndpoint    = "endpoint"     // observe mode: its own service did not answer the handler's look
+)
+
+// Reasons returns the reasons a failure can have.
+func Reasons() []string {
+	return []string{ReasonDial, ReasonGetInfo, ReasonInvalidInfo, ReasonNoHandler, ReasonValidate, ReasonRegister, ReasonNotify,
+		ReasonPolicy, ReasonUnhealthy, ReasonEndpoint}
+}
 
 // PluginList is the answer to GET /v1/plugins, sorted by ID.
 type PluginList struct {
@@ -139,7 +197,7 @@ type PluginList struct {
 type Event struct {
 	Seq    uint64    `json:"seq"`
 	Time   time.Time `json:"time"`
-	Type   string    `json:"type"` // Discovered, Registered, Failed, Rejected, Unhealthy, Healthy, Deregistered, Removed, Lost; observing: Answering, NotAnswering
+	Type   string    `json:"type"` // one of EventTypes()
 	Plugin Plugin    `json:"plugin"`
 	Missed int       `json:"missed,omitempty"`
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestOptionsErrorsNameTheField(t *testing.T) {
@@ -106,13 +107,13 @@ func TestKubeletHandlerAdapter(t *testing.T) {
 	k := &kubeletStyle{}
 	h := start(t, pluginmanager.Options{HandlerTimeout: 7 * time.Second}, map[string]pluginmanager.Handler{"DevicePlugin": pluginmanager.KubeletHandler(k)})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
-	if s := h.status(refused.Path(), pluginmanager.StateRejected); s.LastError != "not on the list" {
+	if s := h.WaitSocket(refused.Path(), pluginmanager.StateRejected); s.LastError != "not on the list" {
 		t.Errorf("refusal = %q", s.LastError)
 	}
 	p.Close()
-	h.gone(p.Path())
+	h.WaitGone(p.Path())
 
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -127,12 +128,12 @@ func TestKubeletHandlerAdapter(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	h := start(t, pluginmanager.Options{Registerer: reg}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{Registerer: reg}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "ok"})
-	h.status(ok.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
 	// A type with no handler is counted under "other", whatever the plugin calls it.
 	odd := startPlugin(t, plugin.Config{Dir: h.dir, Type: "made-up-type-1234", Name: "odd"})
-	h.status(odd.Path(), pluginmanager.StateRejected)
+	h.WaitSocket(odd.Path(), pluginmanager.StateRejected)
 
 	expected := `
 # HELP plugd_plugins Registration sockets known to the manager, by plugin type and state.
@@ -170,12 +171,12 @@ plugd_registration_failures_total{reason="no_handler",type="other"} 1
 }
 
 func TestSlowSubscriberIsToldItLostEvents(t *testing.T) {
-	h := start(t, pluginmanager.Options{EventBuffer: 2}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{EventBuffer: 2}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	slow := h.m.Subscribe() // never read until the end
 	defer slow.Close()
 	for _, name := range []string{"a", "b", "c"} {
 		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
-		h.status(p.Path(), pluginmanager.StateRegistered)
+		h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	}
 	// Registration went on regardless. One more event gives the subscriber,
 	// now with room after reading, its notice of loss.
@@ -216,7 +217,7 @@ func TestSubscriptionClosedWhenRunReturns(t *testing.T) {
 
 func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 	for _, deregister := range []bool{false, true} {
-		rec := newRecorder()
+		rec := plugintest.NewRecorder()
 		dir := testenv.ShortDir(t, "pm")
 		p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "x"})
 		m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, DeregisterOnShutdown: deregister})
@@ -234,19 +235,19 @@ func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if got := rec.count("deregister x"); got != map[bool]int{false: 0, true: 1}[deregister] {
+		if got := rec.Count("deregister", "x"); got != map[bool]int{false: 0, true: 1}[deregister] {
 			t.Errorf("DeregisterOnShutdown=%v: %d deregistrations", deregister, got)
 		}
 	}
 }
 
 func TestSubscribeWithReplay(t *testing.T) {
-	h := start(t, pluginmanager.Options{EventHistory: 3}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{EventHistory: 3}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	<-h.m.Synced()
 	var last pluginmanager.Event
 	for _, name := range []string{"a", "b"} {
 		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
-		h.status(p.Path(), pluginmanager.StateRegistered)
+		h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	}
 	all := h.m.SubscribeWithReplay(100)
 	defer all.Close()

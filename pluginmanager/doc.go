@@ -12,7 +12,14 @@
 //
 //	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, Logger: logger, Registerer: reg})
 //	m.AddHandler("CSIPlugin", csiHandler)
+//	m.AddHandler("DRAPlugin", draHandler, pluginmanager.HandlerOptions{UnhealthyGrace: time.Minute})
 //	err = m.Run(ctx) // until ctx is done
+//
+// HandlerOptions are the settings of one plugin type (grace period, probe
+// interval, who may serve it); Options are the manager's, and the defaults of
+// every type. With Options.Observe the manager only looks, beside another
+// manager that registers the plugins (a kubelet): it calls no handler, only
+// the Observers added with AddObserver.
 //
 // # How it differs from the kubelet's manager
 //
@@ -59,5 +66,24 @@
 // A type label is the plugin's type when a handler exists for it and "other"
 // otherwise, so that plugins cannot create series at will.
 //
-// The plugin side of the protocol is in package github.com/plugd/plugd/plugin.
+// # Inside
+//
+// Events are hints, and one queue owns time. The directory's watch, a kept
+// connection hanging up, AddHandler, and a retry, probe or grace period
+// falling due only put a socket's path in the queue
+// (pluginmanager/internal/queue: de-duplicated, one worker per path, each
+// path due now or at one time). A worker reconciles the path: it reads the
+// socket file and the path's entry in the registry, does the one thing
+// needed (register, probe, take back, forget), and returns when to look
+// again, controller-runtime's reconcile result. Registering (the default)
+// and observing are two reconcilers over the same parts: the registry of
+// entries (one lock, taken twice per registration, events published in the
+// order of the changes), the table of handlers and observers (read without
+// a lock), the sandbox handler calls run in, and the set of kept
+// connections (pluginmanager/internal/connset). Options.Clock is the time
+// of all of it, so tests on a fake clock are exact; the deadlines of RPCs
+// and handler calls are real time.
+//
+// The plugin side of the protocol is in package github.com/plugd/plugd/plugin;
+// package github.com/plugd/plugd/plugintest runs the manager in tests.
 package pluginmanager

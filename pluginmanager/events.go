@@ -19,6 +19,7 @@ const (
 	EventHealthy      EventType = "Healthy"      // an Unhealthy plugin answers again, still registered
 	EventAnswering    EventType = "Answering"    // observe mode: the plugin answers (again)
 	EventNotAnswering EventType = "NotAnswering" // observe mode: the plugin stopped answering (or is Stale)
+	EventLooked       EventType = "Looked"       // observe mode: a look found the plugin as the last one did
 	EventRemoved      EventType = "Removed"      // the socket file is gone and forgotten
 	EventLost         EventType = "Lost"         // this subscriber fell behind; Missed events were dropped
 )

@@ -42,16 +42,37 @@ type Handler interface {
 	Deregister(ctx context.Context, p Plugin)
 }
 
-// Observer is a Handler that can also look at a plugin without taking it. In
-// observe mode (Options.Observe) the manager calls Observe after every GetInfo
-// that answered, and Forget when the plugin's socket is gone; it never calls
-// Validate, Register or Deregister then. Observe must only read: the plugin
-// belongs to another manager. Its error means the plugin's own service does
-// not answer as it should; the plugin is then NotAnswering, reason endpoint.
+// Observer looks at plugins without taking them, for a manager observing
+// (Options.Observe) beside another manager that registers them. Add one per
+// plugin type with Manager.AddObserver; a manager that registers plugins
+// does not use observers. After every GetInfo that answered, the manager
+// calls Observe, with a deadline (Options.HandlerTimeout); Observe must only
+// read, since the plugin belongs to another manager, and its error means the
+// plugin's own service does not answer as it should: the plugin is then
+// NotAnswering, reason endpoint. Forget is called when the plugin's socket
+// is gone. An Observer must be safe for concurrent use.
 type Observer interface {
-	Handler
 	Observe(ctx context.Context, p Plugin) error
 	Forget(p Plugin)
+}
+
+// HandlerOptions are the settings of one plugin type, given to AddHandler
+// with its handler. The zero value of each field means the Options of the
+// manager.
+type HandlerOptions struct {
+	// UnhealthyGrace is how long an Unhealthy plugin of this type stays
+	// registered before it is deregistered. Zero means
+	// Options.UnhealthyGrace.
+	UnhealthyGrace time.Duration
+	// ProbeInterval is how often a registered plugin of this type is probed
+	// (see Options.ProbeInterval). Zero means Options.ProbeInterval;
+	// negative disables probes and the connection watch for this type.
+	ProbeInterval time.Duration
+	// AllowedPeers, if set, says who may serve registration sockets of this
+	// type, in place of Options.AllowedPeers: the process listening on the
+	// socket (as the kernel reports it, SO_PEERCRED) must run as one of its
+	// UIDs or GIDs.
+	AllowedPeers *Peers
 }
 
 // HandlerFuncs is a Handler built from functions, like http.HandlerFunc. A nil

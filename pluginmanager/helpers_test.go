@@ -1,23 +1,21 @@
 package pluginmanager_test
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestMain(m *testing.M) {
@@ -28,8 +26,10 @@ func TestMain(m *testing.M) {
 // milliseconds; it is generous because -race on two busy cores is slow.
 const wait = 20 * time.Second
 
-// harness is a running manager with a way to wait for its state.
+// harness is a running manager (plugintest's), with its own subscription
+// for the tests that read the event stream themselves.
 type harness struct {
+	*plugintest.Manager
 	t   *testing.T
 	m   *pluginmanager.Manager
 	dir string
@@ -44,81 +44,14 @@ func start(t *testing.T, opts pluginmanager.Options, handlers map[string]pluginm
 	if opts.Dir == "" {
 		opts.Dir = testenv.ShortDir(t, "pm")
 	}
-	if opts.BackoffInitial == 0 {
-		opts.BackoffInitial = 20 * time.Millisecond
-		opts.BackoffMax = 200 * time.Millisecond
-	}
-	m, err := pluginmanager.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for typ, h := range handlers {
-		m.AddHandler(typ, h)
-	}
-	h := &harness{t: t, m: m, dir: opts.Dir, sub: m.Subscribe()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(wait):
-			t.Errorf("Run did not return within %s of cancellation", wait)
-		}
-	})
-	return h
+	pm := plugintest.NewManagerWith(t, opts, handlers)
+	pm.Timeout = wait
+	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir, sub: pm.Manager().Subscribe()}
 }
 
-// until waits for cond to hold on the manager's snapshot, re-checking on every
-// event, and fails the test at the deadline with the last snapshot.
-func (h *harness) until(what string, cond func([]pluginmanager.PluginStatus) bool) []pluginmanager.PluginStatus {
-	h.t.Helper()
-	deadline := time.After(wait)
-	for {
-		snap := h.m.Plugins()
-		if cond(snap) {
-			return snap
-		}
-		select {
-		case <-h.sub.Events():
-		case <-deadline:
-			h.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
-		}
-	}
-}
-
-// status waits for the socket at path to reach state, and returns its status.
-func (h *harness) status(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	h.t.Helper()
-	var got pluginmanager.PluginStatus
-	h.until(fmt.Sprintf("%s to be %s", filepath.Base(path), state), func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path && p.State == state {
-				got = p
-				return true
-			}
-		}
-		return false
-	})
-	return got
-}
-
-// gone waits until the manager has forgotten path.
-func (h *harness) gone(path string) {
-	h.t.Helper()
-	h.until(filepath.Base(path)+" to be forgotten", func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path {
-				return false
-			}
-		}
-		return true
-	})
-}
+// fakeClock is a fake clock at the time now, for a manager whose time the
+// test moves.
+func fakeClock() *testingclock.FakeClock { return testingclock.NewFakeClock(time.Now()) }
 
 // startPlugin serves the registration service with the SDK and closes it at
 // the end of the test.
@@ -150,85 +83,13 @@ func statuses() (func(plugin.Status), <-chan plugin.Status) {
 	return func(st plugin.Status) { c <- st }, c
 }
 
-// recorder is a handler that records its calls and answers as told.
-type recorder struct {
-	mu          sync.Mutex
-	calls       []string // "validate name", "register name", "deregister name"
-	validateErr func(p pluginmanager.Plugin) error
-	registerErr func(p pluginmanager.Plugin) error
-	registered  map[string]pluginmanager.Plugin // by socket
-	changed     chan struct{}
-}
-
-func newRecorder() *recorder {
-	return &recorder{registered: make(map[string]pluginmanager.Plugin), changed: make(chan struct{}, 1)}
-}
-
-func (r *recorder) record(call string) {
-	r.calls = append(r.calls, call)
-	select {
-	case r.changed <- struct{}{}:
-	default:
+// calls are rec's calls as "op name", in order.
+func calls(rec *plugintest.Recorder) []string {
+	var out []string
+	for _, c := range rec.Calls() {
+		out = append(out, c.Op+" "+c.Plugin.Name)
 	}
-}
-
-func (r *recorder) Validate(_ context.Context, p pluginmanager.Plugin) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.record("validate " + p.Name)
-	if r.validateErr != nil {
-		return r.validateErr(p)
-	}
-	return nil
-}
-
-func (r *recorder) Register(_ context.Context, p pluginmanager.Plugin) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.record("register " + p.Name)
-	if r.registerErr != nil {
-		if err := r.registerErr(p); err != nil {
-			return err
-		}
-	}
-	r.registered[p.Socket] = p
-	return nil
-}
-
-func (r *recorder) Deregister(_ context.Context, p pluginmanager.Plugin) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.record("deregister " + p.Name)
-	delete(r.registered, p.Socket)
-}
-
-func (r *recorder) Calls() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.calls...)
-}
-
-func (r *recorder) count(call string) int {
-	n := 0
-	for _, c := range r.Calls() {
-		if c == call {
-			n++
-		}
-	}
-	return n
-}
-
-// waitCalls waits until the recorder has seen call n times.
-func (r *recorder) waitCalls(t *testing.T, call string, n int) {
-	t.Helper()
-	deadline := time.After(wait)
-	for r.count(call) < n {
-		select {
-		case <-r.changed:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %d× %q; calls: %q", n, call, r.Calls())
-		}
-	}
+	return out
 }
 
 // staleSocket leaves a socket file at path with nobody listening, as a
@@ -293,25 +154,4 @@ func counterFrom(t *testing.T, reg *prometheus.Registry, name string) prometheus
 		}
 	}
 	return c
-}
-
-// pollUntil is until for conditions no event announces (an observer's
-// repeated looks at a plugin that keeps answering change no state): it looks
-// at the snapshot every 10ms, and fails the test at the deadline.
-func (h *harness) pollUntil(what string, cond func([]pluginmanager.PluginStatus) bool) {
-	h.t.Helper()
-	deadline := time.After(wait)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		snap := h.m.Plugins()
-		if cond(snap) {
-			return
-		}
-		select {
-		case <-tick.C:
-		case <-deadline:
-			h.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
-		}
-	}
 }

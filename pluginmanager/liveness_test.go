@@ -16,6 +16,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 // moody is a plugin whose answers the test changes while it runs.
@@ -45,56 +46,47 @@ func (p *moody) NotifyRegistrationStatus(context.Context, *registerapi.Registrat
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
-// waitEvent waits for an event of typ about the socket at path.
-func (h *harness) waitEvent(path string, typ pluginmanager.EventType) pluginmanager.Event {
-	h.t.Helper()
-	deadline := time.After(wait)
-	for {
-		select {
-		case ev := <-h.sub.Events():
-			if ev.Plugin.Socket == path && ev.Type == typ {
-				return ev
-			}
-		case <-deadline:
-			h.t.Fatalf("no %s event for %s", typ, filepath.Base(path))
-		}
-	}
-}
+// probeEvery is how often plugins are probed in these tests: on a fake
+// clock, they are probed when the test moves it.
+const probeEvery = 10 * time.Second
 
 func TestUnhealthyThenHealthyWithoutFlapping(t *testing.T) {
-	rec := newRecorder()
-	h := start(t, pluginmanager.Options{ProbeInterval: 50 * time.Millisecond, UnhealthyGrace: time.Hour},
+	rec := plugintest.NewRecorder()
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{ProbeInterval: probeEvery, UnhealthyGrace: time.Hour, Clock: clk},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "moody.sock")
 	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "moody", SupportedVersions: []string{"1.0.0"}}}
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
 	p.set(func(p *moody) { p.down = true })
-	ev := h.waitEvent(path, pluginmanager.EventUnhealthy)
+	clk.Step(plugintest.MaxProbeDelay(probeEvery))
+	ev := h.WaitEvent(path, pluginmanager.EventUnhealthy)
 	if ev.Reason != pluginmanager.ReasonUnhealthy || ev.State != pluginmanager.StateUnhealthy {
 		t.Errorf("unhealthy event = %+v", ev)
 	}
-	if s := h.status(path, pluginmanager.StateUnhealthy); s.UnhealthySince.IsZero() || s.RegisteredSince.IsZero() {
+	if s := h.WaitSocket(path, pluginmanager.StateUnhealthy); s.UnhealthySince.IsZero() || s.RegisteredSince.IsZero() {
 		t.Errorf("unhealthy status = %+v, want still registered, with the time it stopped answering", s)
 	}
 
 	p.set(func(p *moody) { p.down = false })
-	h.waitEvent(path, pluginmanager.EventHealthy)
-	if s := h.status(path, pluginmanager.StateRegistered); !s.UnhealthySince.IsZero() || s.LastError != "" {
+	clk.Step(probeEvery) // an Unhealthy plugin is asked again each interval, unjittered
+	h.WaitEvent(path, pluginmanager.EventHealthy)
+	if s := h.WaitSocket(path, pluginmanager.StateRegistered); !s.UnhealthySince.IsZero() || s.LastError != "" {
 		t.Errorf("recovered status = %+v", s)
 	}
-	if got := rec.Calls(); len(got) != 2 {
+	if got := calls(rec); len(got) != 2 {
 		t.Errorf("handler calls = %q, want only the first validate and register: no flapping", got)
 	}
 }
 
 func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
-	rec := newRecorder()
-	h := start(t, pluginmanager.Options{
-		ProbeInterval: 50 * time.Millisecond,
-		GracePeriods:  map[string]time.Duration{"CSIPlugin": 300 * time.Millisecond},
-	}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	const grace = 30 * time.Second
+	rec := plugintest.NewRecorder()
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{ProbeInterval: probeEvery, Clock: clk}, nil)
+	h.m.AddHandler("CSIPlugin", rec, pluginmanager.HandlerOptions{UnhealthyGrace: grace})
 	path := filepath.Join(h.dir, "crash.sock")
 	info := &registerapi.PluginInfo{Type: "CSIPlugin", Name: "crash", SupportedVersions: []string{"1.0.0"}}
 
@@ -109,21 +101,29 @@ func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
 	registerapi.RegisterRegistrationServer(srv, &moody{info: info})
 	served := make(chan struct{})
 	go func() { defer close(served); srv.Serve(l) }()
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
+	// Its connection hangs up: probed at once, without the clock moving.
 	srv.Stop()
 	<-served
-	unhealthy := h.waitEvent(path, pluginmanager.EventUnhealthy)
-	dereg := h.waitEvent(path, pluginmanager.EventDeregistered)
-	if held := dereg.Time.Sub(unhealthy.Time); held < 300*time.Millisecond {
-		t.Errorf("deregistered %s after it stopped answering, before its 300ms grace period", held)
+	unhealthy := h.WaitEvent(path, pluginmanager.EventUnhealthy)
+	// Asked again every interval, it is let go at the end of its grace
+	// period, not a nanosecond before.
+	clk.Step(grace - time.Nanosecond)
+	clk.Step(time.Nanosecond)
+	dereg := h.WaitEvent(path, pluginmanager.EventDeregistered)
+	if held := dereg.Time.Sub(unhealthy.Time); held != grace {
+		t.Errorf("deregistered %s after it stopped answering, want at the end of its %s grace period", held, grace)
 	}
-	s := h.status(path, pluginmanager.StateFailed)
+	s := h.WaitSocket(path, pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonUnhealthy || s.NextRetry.IsZero() {
 		t.Errorf("after the grace period: %+v", s)
 	}
-	if rec.count("deregister crash") != 1 {
-		t.Errorf("calls = %q", rec.Calls())
+	if rec.Count("deregister", "crash") != 1 {
+		t.Errorf("calls = %q", calls(rec))
+	}
+	if !s.NextRetry.Equal(dereg.Time.Add(probeEvery)) {
+		t.Errorf("tried again at %s, want a probe interval after it was let go (%s)", s.NextRetry, dereg.Time.Add(probeEvery))
 	}
 
 	// The plugin restarts: a new socket, registered at once.
@@ -131,40 +131,42 @@ func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
 	if err := renameOver(path+".new", path); err != nil {
 		t.Fatal(err)
 	}
-	h.status(path, pluginmanager.StateRegistered)
-	rec.waitCalls(t, "register crash", 2)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
+	rec.WaitCalls(t, "register", "crash", 2)
 }
 
 func TestProbeFindingAnotherPluginRegistersItAfresh(t *testing.T) {
-	rec := newRecorder()
-	h := start(t, pluginmanager.Options{ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	rec := plugintest.NewRecorder()
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{ProbeInterval: probeEvery, Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "shifty.sock")
 	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "first", SupportedVersions: []string{"1.0.0"}}}
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
 	p.set(func(p *moody) {
 		p.info = &registerapi.PluginInfo{Type: "CSIPlugin", Name: "second", SupportedVersions: []string{"1.0.0"}}
 	})
-	rec.waitCalls(t, "register second", 1)
-	if got := rec.Calls(); len(got) != 5 || got[2] != "deregister first" {
+	clk.Step(plugintest.MaxProbeDelay(probeEvery))
+	rec.WaitCalls(t, "register", "second", 1)
+	if got := calls(rec); len(got) != 5 || got[2] != "deregister first" {
 		t.Errorf("calls = %q, want the first taken back before the second registers", got)
 	}
-	if s := h.status(path, pluginmanager.StateRegistered); s.Name != "second" {
+	if s := h.WaitSocket(path, pluginmanager.StateRegistered); s.Name != "second" {
 		t.Errorf("status = %+v", s)
 	}
 }
 
 func TestStaleSocketIsReportedAndOptionallyRemoved(t *testing.T) {
-	h := start(t, pluginmanager.Options{RemoveStaleAfter: time.Nanosecond}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{RemoveStaleAfter: time.Nanosecond}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	path := filepath.Join(h.dir, "left.sock")
 	staleSocket(t, path)
 	// Stale, then removed by the manager (it is older than a nanosecond),
 	// and so forgotten.
-	if ev := h.waitEvent(path, pluginmanager.EventFailed); ev.State != pluginmanager.StateStale {
+	if ev := h.WaitEvent(path, pluginmanager.EventFailed); ev.State != pluginmanager.StateStale {
 		t.Errorf("a socket nobody listens on is %s, want Stale", ev.State)
 	}
-	h.waitEvent(path, pluginmanager.EventRemoved)
+	h.WaitEvent(path, pluginmanager.EventRemoved)
 	if _, ok := statPath(path); ok {
 		t.Error("the stale socket is still there")
 	}
@@ -198,8 +200,9 @@ func (p counting) GetInfo(ctx context.Context, r *registerapi.InfoRequest) (*reg
 // Probes go over the connection the plugin registered over: the plugin sees
 // one connection, however many times it is asked.
 func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
-	h := start(t, pluginmanager.Options{ProbeInterval: 20 * time.Millisecond},
-		map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{ProbeInterval: probeEvery, Clock: clk},
+		map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	path := filepath.Join(h.dir, "held.sock")
 	p := counting{
 		moody: &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "held", SupportedVersions: []string{"1.0.0"}}},
@@ -207,10 +210,13 @@ func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
 	}
 	cc := connCounter{conns: make(chan struct{}, 100)}
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) }, grpc.StatsHandler(cc))
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
 	deadline := time.After(wait)
 	for i := 0; i < 10; i++ { // the registration's GetInfo, then probes
+		if i > 0 {
+			clk.Step(plugintest.MaxProbeDelay(probeEvery))
+		}
 		select {
 		case <-p.calls:
 		case <-deadline:
@@ -226,7 +232,7 @@ func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
 // asked again on a new connection the moment it does: it stays Registered,
 // without a word to its handler, and with no probe due for an hour.
 func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{ProbeInterval: time.Hour},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "aging.sock")
@@ -235,7 +241,7 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) },
 		grpc.StatsHandler(cc),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 30 * time.Millisecond, MaxConnectionAgeGrace: 10 * time.Millisecond}))
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
 	deadline := time.After(wait)
 	// grpc-go closes a connection a second after telling the client it will
@@ -252,8 +258,8 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 			t.Errorf("event %s (%s), want none after registration", ev.Type, ev.Error)
 		}
 	}
-	h.status(path, pluginmanager.StateRegistered)
-	if got := rec.Calls(); len(got) != 2 {
+	h.WaitSocket(path, pluginmanager.StateRegistered)
+	if got := calls(rec); len(got) != 2 {
 		t.Errorf("handler calls = %q, want only the first validate and register", got)
 	}
 }
@@ -264,11 +270,11 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 // seconds for an answer before it closes it by itself.
 func TestGracefulStopOfARegisteredPluginIsNotHeldUp(t *testing.T) {
 	h := start(t, pluginmanager.Options{ProbeInterval: time.Hour},
-		map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+		map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	path := filepath.Join(h.dir, "graceful.sock")
 	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "graceful", SupportedVersions: []string{"1.0.0"}}}
 	srv := serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 
 	stopped := make(chan struct{})
 	go func() {

@@ -19,10 +19,11 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestRegister(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}, OnStatus: onStatus})
@@ -30,7 +31,7 @@ func TestRegister(t *testing.T) {
 	if st := told(t, got); !st.Registered || st.Error != "" {
 		t.Fatalf("plugin was told %+v, want registered", st)
 	}
-	s := h.status(p.Path(), pluginmanager.StateRegistered)
+	s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	want := pluginmanager.Plugin{Type: "CSIPlugin", Name: "csi.example.com", Endpoint: p.Path(), Versions: []string{"1.0.0"}, Socket: p.Path()}
 	if !equalPlugin(s.Plugin, want) {
 		t.Errorf("status plugin = %+v, want %+v", s.Plugin, want)
@@ -38,13 +39,10 @@ func TestRegister(t *testing.T) {
 	if s.Attempts != 1 || s.LastError != "" || s.RegisteredSince.IsZero() || !s.Newest {
 		t.Errorf("status = %+v, want 1 attempt, no error, registered since set, newest", s)
 	}
-	if got := rec.Calls(); !slices.Equal(got, []string{"validate csi.example.com", "register csi.example.com"}) {
+	if got := calls(rec); !slices.Equal(got, []string{"validate csi.example.com", "register csi.example.com"}) {
 		t.Errorf("handler calls = %q", got)
 	}
-	rec.mu.Lock() // the plugin hearing of it over a socket is no happens-before the race detector sees
-	rp := rec.registered[p.Path()]
-	rec.mu.Unlock()
-	if !equalPlugin(rp, want) {
+	if rp, _ := rec.Holds(p.Path()); !equalPlugin(rp, want) {
 		t.Errorf("handler was given %+v, want %+v", rp, want)
 	}
 	if n := p.Notifications(); n != 1 {
@@ -57,35 +55,35 @@ func equalPlugin(a, b pluginmanager.Plugin) bool {
 }
 
 func TestEndpointIsKept(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"DRAPlugin": rec})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/run/dra/dra.sock", Versions: []string{"v1.DRAPlugin"}})
-	if s := h.status(p.Path(), pluginmanager.StateRegistered); s.Endpoint != "/run/dra/dra.sock" {
+	if s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered); s.Endpoint != "/run/dra/dra.sock" {
 		t.Errorf("endpoint = %q, want the one the plugin sent", s.Endpoint)
 	}
 }
 
 func TestDeregisterOnRemoval(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "a"})
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	h.gone(p.Path())
-	if got := rec.Calls(); !slices.Equal(got, []string{"validate a", "register a", "deregister a"}) {
+	h.WaitGone(p.Path())
+	if got := calls(rec); !slices.Equal(got, []string{"validate a", "register a", "deregister a"}) {
 		t.Errorf("handler calls = %q", got)
 	}
 }
 
 func TestReregisterWhenRecreated(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	cfg := plugin.Config{Dir: h.dir, Socket: "a.sock", Type: "CSIPlugin", Name: "a"}
 	first := startPlugin(t, cfg)
-	h.status(first.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
 
 	// A restarted plugin removes its old socket and listens anew at the same path.
 	onStatus, got := statuses()
@@ -94,17 +92,17 @@ func TestReregisterWhenRecreated(t *testing.T) {
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("re-created plugin was told %+v", st)
 	}
-	rec.waitCalls(t, "register a", 2)
-	if got := rec.Calls(); !slices.Equal(got, []string{"validate a", "register a", "deregister a", "validate a", "register a"}) {
+	rec.WaitCalls(t, "register", "a", 2)
+	if got := calls(rec); !slices.Equal(got, []string{"validate a", "register a", "deregister a", "validate a", "register a"}) {
 		t.Errorf("handler calls = %q, want the old registration taken back before the new one", got)
 	}
-	if s := h.status(second.Path(), pluginmanager.StateRegistered); s.Attempts != 1 {
+	if s := h.WaitSocket(second.Path(), pluginmanager.StateRegistered); s.Attempts != 1 {
 		t.Errorf("attempts = %d, want a fresh count for the new socket", s.Attempts)
 	}
 }
 
 func TestSubdirectoryCreatedAfterStart(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	<-h.m.Synced() // so the subdirectory is found by its watch event, not the first walk
 	sub := filepath.Join(h.dir, "sub", "deeper")
@@ -112,19 +110,19 @@ func TestSubdirectoryCreatedAfterStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startPlugin(t, plugin.Config{Dir: sub, Type: "CSIPlugin", Name: "nested"})
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	// And removing the whole directory deregisters what was in it.
 	if err := os.RemoveAll(filepath.Join(h.dir, "sub")); err != nil {
 		t.Fatal(err)
 	}
-	h.gone(p.Path())
-	rec.waitCalls(t, "deregister nested", 1)
+	h.WaitGone(p.Path())
+	rec.WaitCalls(t, "deregister", "nested", 1)
 }
 
 func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
 	dir := testenv.ShortDir(t, "pm")
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	// Some are there before the manager starts, some appear after.
 	ignored := func(tag string) {
 		if err := os.WriteFile(filepath.Join(dir, tag+"-file.sock"), nil, 0o600); err != nil {
@@ -154,44 +152,44 @@ func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
 	// Events are handled in order, so once a plugin created last is registered,
 	// everything created before it has been looked at.
 	last := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "real"})
-	h.status(last.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(last.Path(), pluginmanager.StateRegistered)
 
 	if ps := h.m.Plugins(); len(ps) != 1 {
 		t.Errorf("plugins = %+v, want only the real one", ps)
 	}
-	if got := rec.Calls(); !slices.Equal(got, []string{"validate real", "register real"}) {
+	if got := calls(rec); !slices.Equal(got, []string{"validate real", "register real"}) {
 		t.Errorf("handler calls = %q", got)
 	}
 }
 
 func TestStaleSocketRetriedThenRegistered(t *testing.T) {
-	rec := newRecorder()
-	h := start(t, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 80 * time.Millisecond},
+	rec := plugintest.NewRecorder()
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 80 * time.Millisecond, Clock: clk},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "crashed.sock")
+	made := time.Now()
 	staleSocket(t, path)
 
-	// Retried with growing delays while nobody listens. The first retry comes
-	// at once (a socket that refuses just after it appeared is likely not
-	// listening yet); after that the delays double, up to the cap.
-	var delays []time.Duration
-	deadline := time.After(wait)
-	for len(delays) < 4 {
-		select {
-		case ev := <-h.sub.Events():
-			if ev.Plugin.Socket != path || ev.Type != pluginmanager.EventFailed {
-				continue
+	// The first attempt connects again a few times over some 15ms before the
+	// refusal counts (a socket that refuses just after it appeared is likely
+	// not listening yet). Then it is retried with doubling delays (±20%), up
+	// to the cap, each exactly when due.
+	want := []struct{ lo, hi time.Duration }{{16, 24}, {32, 48}, {64, 80}, {64, 80}}
+	for i, w := range want {
+		ev := h.WaitEvent(path, pluginmanager.EventFailed)
+		if i == 0 {
+			if took := time.Since(made); took < 15*time.Millisecond {
+				t.Errorf("the first attempt failed %s after the socket appeared, want its refused dial retried for 15ms first", took)
 			}
-			if ev.Reason != pluginmanager.ReasonDial || !strings.Contains(ev.Error, "connection refused") {
-				t.Errorf("failure = %s %q, want a refused dial", ev.Reason, ev.Error)
-			}
-			delays = append(delays, ev.NextRetry.Sub(ev.Time))
-		case <-deadline:
-			t.Fatalf("timed out; retry delays so far %v", delays)
 		}
-	}
-	if !(delays[0] <= 10*time.Millisecond && delays[1] < delays[2] && delays[2] < delays[3] && delays[3] <= 80*time.Millisecond) {
-		t.Errorf("retry delays %v, want a quick one, then growing up to the 80ms cap", delays)
+		if ev.Reason != pluginmanager.ReasonDial || ev.State != pluginmanager.StateStale || !strings.Contains(ev.Error, "connection refused") || ev.Attempt != i+1 {
+			t.Errorf("failure %d = %s %s %q (attempt %d), want a refused dial, Stale", i+1, ev.Reason, ev.State, ev.Error, ev.Attempt)
+		}
+		if d := ev.NextRetry.Sub(ev.Time); d < w.lo*time.Millisecond || d > w.hi*time.Millisecond {
+			t.Errorf("retry delay %d = %s, want within [%dms, %dms]", i+1, d, w.lo, w.hi)
+		}
+		clk.SetTime(ev.NextRetry)
 	}
 
 	// The plugin comes back: it replaces the stale socket and is registered at once.
@@ -200,7 +198,7 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("told %+v", st)
 	}
-	if s := h.status(path, pluginmanager.StateRegistered); s.Attempts != 1 {
+	if s := h.WaitSocket(path, pluginmanager.StateRegistered); s.Attempts != 1 {
 		t.Errorf("attempts = %d, want 1: a new socket starts without the old one's backoff", s.Attempts)
 	}
 }
@@ -214,29 +212,24 @@ func TestNoHandlerRejectedUntilAddHandler(t *testing.T) {
 	if st.Registered || !strings.Contains(st.Error, "no handler") || !strings.Contains(st.Error, "example.com/Widget") {
 		t.Fatalf("plugin was told %+v, want not registered, no handler for its type", st)
 	}
-	s := h.status(p.Path(), pluginmanager.StateRejected)
+	s := h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonNoHandler || s.Type != "example.com/Widget" || !s.NextRetry.IsZero() {
 		t.Errorf("status = %+v", s)
 	}
 
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h.m.AddHandler("example.com/Widget", rec)
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("after AddHandler plugin was told %+v", st)
 	}
-	if s := h.status(p.Path(), pluginmanager.StateRegistered); s.Attempts != 2 {
+	if s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered); s.Attempts != 2 {
 		t.Errorf("attempts = %d, want 2", s.Attempts)
 	}
 }
 
 func TestValidationRefusedIsRejected(t *testing.T) {
-	rec := newRecorder()
-	rec.validateErr = func(p pluginmanager.Plugin) error {
-		if p.Name == "bad" {
-			return errors.New("version 0.3 is not supported")
-		}
-		return nil
-	}
+	rec := plugintest.NewRecorder()
+	rec.RefuseValidate("bad", errors.New("version 0.3 is not supported"))
 	h := start(t, pluginmanager.Options{BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
@@ -244,15 +237,15 @@ func TestValidationRefusedIsRejected(t *testing.T) {
 	if st := told(t, got); st.Registered || !strings.Contains(st.Error, "version 0.3 is not supported") {
 		t.Fatalf("told %+v", st)
 	}
-	s := h.status(bad.Path(), pluginmanager.StateRejected)
+	s := h.WaitSocket(bad.Path(), pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonValidate {
 		t.Errorf("reason = %s", s.Reason)
 	}
 	// With a 1ms backoff, a wrongly retried rejection would have been tried many
 	// times by the time a later plugin is through.
 	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
-	h.status(good.Path(), pluginmanager.StateRegistered)
-	if n := rec.count("validate bad"); n != 1 {
+	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
+	if n := rec.Count("validate", "bad"); n != 1 {
 		t.Errorf("validated %d times, want once", n)
 	}
 	if n := bad.Notifications(); n != 1 {
@@ -261,16 +254,10 @@ func TestValidationRefusedIsRejected(t *testing.T) {
 }
 
 func TestRegisterFailureRetried(t *testing.T) {
-	rec := newRecorder()
-	var failures int
-	rec.registerErr = func(pluginmanager.Plugin) error {
-		if failures < 2 {
-			failures++
-			return fmt.Errorf("backend not ready (%d)", failures)
-		}
-		return nil
-	}
-	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	clk := fakeClock()
+	rec := plugintest.NewRecorder()
+	rec.FailRegister("flaky", errors.New("backend not ready (1)"))
+	h := start(t, pluginmanager.Options{Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "flaky", OnStatus: onStatus})
 
@@ -279,27 +266,35 @@ func TestRegisterFailureRetried(t *testing.T) {
 		if st.Registered || st.Error != fmt.Sprintf("backend not ready (%d)", i) {
 			t.Fatalf("notification %d = %+v, want a failure", i, st)
 		}
+		ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
+		if ev.Reason != pluginmanager.ReasonRegister || !ev.NextRetry.After(ev.Time) {
+			t.Fatalf("failure %d = %+v, want the register step, retried later", i, ev)
+		}
+		if i == 1 {
+			rec.FailRegister("flaky", errors.New("backend not ready (2)"))
+		} else {
+			rec.FailRegister("flaky", nil)
+		}
+		clk.SetTime(ev.NextRetry) // the retry is due: exactly then
 	}
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("third notification = %+v, want registered", st)
 	}
-	if s := h.status(p.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
+	if s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
 		t.Errorf("attempts = %d, want 3", s.Attempts)
 	}
 	// The failed attempts never reached the handler's registered set.
-	if rec.count("deregister flaky") != 0 {
-		t.Errorf("calls = %q", rec.Calls())
+	if rec.Count("deregister", "flaky") != 0 {
+		t.Errorf("calls = %q", calls(rec))
 	}
 }
 
 func TestRegisterTerminalErrorRejects(t *testing.T) {
-	rec := newRecorder()
-	rec.registerErr = func(pluginmanager.Plugin) error {
-		return pluginmanager.TerminalError(errors.New("license refused"))
-	}
+	rec := plugintest.NewRecorder()
+	rec.FailRegister("x", pluginmanager.TerminalError(errors.New("license refused")))
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
-	s := h.status(p.Path(), pluginmanager.StateRejected)
+	s := h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonRegister || s.LastError != "license refused" {
 		t.Errorf("status = %+v", s)
 	}
@@ -318,7 +313,7 @@ func (b *blockingInfo) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) 
 }
 
 func TestHangingGetInfoDoesNotDelayOthers(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{GetInfoTimeout: 2 * time.Second, Workers: 2},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	hang := &blockingInfo{entered: make(chan struct{}, 10)}
@@ -332,24 +327,24 @@ func TestHangingGetInfoDoesNotDelayOthers(t *testing.T) {
 
 	// While it hangs, another plugin registers.
 	other := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "other"})
-	h.status(other.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(other.Path(), pluginmanager.StateRegistered)
 	for _, s := range h.m.Plugins() {
 		if s.Socket == path && s.State != pluginmanager.StateRegistering {
 			t.Errorf("hanging plugin is %s before its deadline; the test needs it still waiting", s.State)
 		}
 	}
 
-	s := h.status(path, pluginmanager.StateFailed)
+	s := h.WaitSocket(path, pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonGetInfo || !strings.Contains(s.LastError, "no answer within 2s") {
 		t.Errorf("status = %s %q, want GetInfo given up at its deadline", s.Reason, s.LastError)
 	}
 }
 
 func TestNotServingRegistrationIsRejected(t *testing.T) {
-	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	path := filepath.Join(h.dir, "other-service.sock")
 	serveRaw(t, path, nil) // a gRPC server, but not a plugin
-	s := h.status(path, pluginmanager.StateRejected)
+	s := h.WaitSocket(path, pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonGetInfo || !strings.Contains(s.LastError, "Unimplemented") {
 		t.Errorf("status = %s %q", s.Reason, s.LastError)
 	}
@@ -385,12 +380,12 @@ func TestMalformedInfoRejected(t *testing.T) {
 		{"huge answer", &registerapi.PluginInfo{Type: "CSIPlugin", Name: "x", Endpoint: strings.Repeat("e", 1<<20)}, "ResourceExhausted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+			h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 			srv := &fixedInfo{info: tc.info, status: make(chan *registerapi.RegistrationStatus, 10)}
 			path := filepath.Join(h.dir, "bad.sock")
 			serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, srv) })
 			var s pluginmanager.PluginStatus
-			h.until("a verdict", func(ps []pluginmanager.PluginStatus) bool {
+			h.Until("a verdict", func(ps []pluginmanager.PluginStatus) bool {
 				for _, p := range ps {
 					// A dial refused between the bind and the listen of the raw
 					// server is retried at once; wait for the verdict on the answer.
@@ -454,18 +449,18 @@ func TestHandlerBlocksOrPanics(t *testing.T) {
 	panics := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "panics"})
 	fine := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "fine"})
 
-	h.status(fine.Path(), pluginmanager.StateRegistered)
-	s := h.status(blocks.Path(), pluginmanager.StateFailed)
+	h.WaitSocket(fine.Path(), pluginmanager.StateRegistered)
+	s := h.WaitSocket(blocks.Path(), pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonRegister || !strings.Contains(s.LastError, "did not return within 200ms") {
 		t.Errorf("blocking handler: %s %q", s.Reason, s.LastError)
 	}
 	// The panic is recovered, reported, and the retry succeeds.
-	h.status(panics.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(panics.Path(), pluginmanager.StateRegistered)
 
 	// Not called again while the abandoned call still runs; once it returns,
 	// the socket is retried and registers.
 	close(release)
-	h.status(blocks.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(blocks.Path(), pluginmanager.StateRegistered)
 	mu.Lock()
 	defer mu.Unlock()
 	if calls["blocks"] != 2 || calls["panics"] != 2 {
@@ -479,7 +474,7 @@ func TestPanicIsReported(t *testing.T) {
 	}
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
-	s := h.status(p.Path(), pluginmanager.StateFailed)
+	s := h.WaitSocket(p.Path(), pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonValidate || !strings.Contains(s.LastError, "handler Validate panicked: boom") {
 		t.Errorf("status = %s %q, want a retried panic", s.Reason, s.LastError)
 	}
@@ -527,7 +522,7 @@ func TestNotifyRedialsAfterSlowHandler(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("plugin never told it was registered")
 	}
-	if s := h.status(path, pluginmanager.StateRegistered); s.LastError != "" {
+	if s := h.WaitSocket(path, pluginmanager.StateRegistered); s.LastError != "" {
 		t.Errorf("registered with error %q", s.LastError)
 	}
 }
@@ -546,12 +541,12 @@ func (l recordingListener) Accept() (net.Conn, error) {
 }
 
 func TestSeveralInstancesOfOnePlugin(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"DRAPlugin": rec})
 	old := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-old.sock", Type: "DRAPlugin", Name: "dra.example.com"})
-	h.status(old.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(old.Path(), pluginmanager.StateRegistered)
 	newer := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-new.sock", Type: "DRAPlugin", Name: "dra.example.com"})
-	h.status(newer.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(newer.Path(), pluginmanager.StateRegistered)
 
 	for _, s := range h.m.Plugins() {
 		if want := s.Socket == newer.Path(); s.Newest != want {
@@ -560,20 +555,20 @@ func TestSeveralInstancesOfOnePlugin(t *testing.T) {
 	}
 	// Removing the old instance leaves the new one registered.
 	old.Close()
-	h.gone(old.Path())
-	if s := h.status(newer.Path(), pluginmanager.StateRegistered); !s.Newest {
+	h.WaitGone(old.Path())
+	if s := h.WaitSocket(newer.Path(), pluginmanager.StateRegistered); !s.Newest {
 		t.Errorf("remaining instance not newest: %+v", s)
 	}
-	if rec.count("register dra.example.com") != 2 || rec.count("deregister dra.example.com") != 1 {
-		t.Errorf("calls = %q", rec.Calls())
+	if rec.Count("register", "dra.example.com") != 2 || rec.Count("deregister", "dra.example.com") != 1 {
+		t.Errorf("calls = %q", calls(rec))
 	}
 }
 
 func TestChmodIsNotANewSocket(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{ResyncInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	if err := os.Chmod(p.Path(), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -581,9 +576,9 @@ func TestChmodIsNotANewSocket(t *testing.T) {
 	// by a plugin registered after them.
 	for i := range 3 {
 		q := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprint("marker", i)})
-		h.status(q.Path(), pluginmanager.StateRegistered)
+		h.WaitSocket(q.Path(), pluginmanager.StateRegistered)
 	}
-	if n := rec.count("register x"); n != 1 {
+	if n := rec.Count("register", "x"); n != 1 {
 		t.Errorf("registered %d times after a chmod, want once", n)
 	}
 }
@@ -593,14 +588,14 @@ func TestBurstOf1000(t *testing.T) {
 		t.Skip("1000 plugins")
 	}
 	const n = 1000
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	begin := time.Now()
 	servers := make([]*plugin.Server, n)
 	for i := range n {
 		servers[i] = startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprintf("p%04d", i)})
 	}
-	h.until("all registered", func(ps []pluginmanager.PluginStatus) bool {
+	h.Until("all registered", func(ps []pluginmanager.PluginStatus) bool {
 		registered := 0
 		for _, p := range ps {
 			if p.State == pluginmanager.StateRegistered {
@@ -615,7 +610,7 @@ func TestBurstOf1000(t *testing.T) {
 			t.Fatalf("%s: registered=%v after %d notifications, want told once", s.Path(), s.Registered(), s.Notifications())
 		}
 	}
-	if got := len(rec.Calls()); got != 2*n {
+	if got := len(calls(rec)); got != 2*n {
 		t.Errorf("%d handler calls, want %d", got, 2*n)
 	}
 }

@@ -69,25 +69,25 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counts := make(map[key]int)
 	m := c.m
-	m.mu.Lock()
 	// Every handled type reports every state, so that series do not vanish at zero.
-	for typ := range m.handlers {
-		for _, s := range m.statesLocked() {
+	for _, typ := range m.table.types() {
+		for _, s := range m.rec.states() {
 			counts[key{typ, s}] = 0
 		}
 	}
-	for _, e := range m.entries {
-		counts[key{m.typeLabelLocked(e.status.Type), e.status.State}]++
+	m.reg.mu.Lock()
+	for _, e := range m.reg.entries {
+		counts[key{m.typeLabel(e.status.Type), e.status.State}]++
 	}
-	m.mu.Unlock()
+	m.reg.mu.Unlock()
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(m.metrics.plugins, prometheus.GaugeValue, float64(n), k.typ, string(k.state))
 	}
 }
 
-// typeLabelLocked is the metric label for a plugin type. m.mu must be held.
-func (m *Manager) typeLabelLocked(typ string) string {
-	if _, ok := m.handlers[typ]; ok {
+// typeLabel is the metric label for a plugin type.
+func (p *parts) typeLabel(typ string) string {
+	if p.table.known(typ) {
 		return typ
 	}
 	switch typ {

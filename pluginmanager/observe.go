@@ -3,6 +3,7 @@ package pluginmanager
 import (
 	"context"
 	"errors"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -17,68 +18,127 @@ func isDialError(err error) bool {
 	return errors.As(err, &d)
 }
 
-// statesLocked are the states this manager reports.
-func (m *Manager) statesLocked() []State {
-	if m.opts.Observe {
-		return []State{StatePending, StateAnswering, StateNotAnswering, StateStale}
-	}
-	return []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy}
+// onlooker is the manager observing (Options.Observe): beside another
+// manager that registers the plugins, it only looks at each, at once and
+// then every probe interval, and records what it saw. It never notifies a
+// plugin, calls no handler (only observers), keeps no connection between
+// looks, and never changes a file.
+type onlooker struct {
+	*parts
 }
 
-// observe asks a plugin who it is, and records what it saw: no notification,
-// no handler, nothing written. The next look is a probe interval away.
-func (m *Manager) observe(ctx context.Context, path string, e *entry) {
-	p, conn, err := m.ask(ctx, path, nil)
+func (o *onlooker) states() []State {
+	return []State{StatePending, StateAnswering, StateNotAnswering, StateStale}
+}
+
+func (o *onlooker) start(*sync.WaitGroup) error { return nil }
+
+func (o *onlooker) stop(context.Context) { o.calls.wait(o.opts.HandlerTimeout) }
+
+// reconcile forgets what is gone, and looks at a socket whose look is due.
+func (o *onlooker) reconcile(ctx context.Context, path string) result {
+	if ctx.Err() != nil || o.calls.isBusy(path) {
+		return result{}
+	}
+	id, present := statSocket(path)
+	now := o.clock.Now()
+	o.reg.mu.Lock()
+	e := o.reg.entries[path]
+	if e == nil && !present {
+		o.reg.mu.Unlock()
+		return result{}
+	}
+	if !present {
+		// The observer forgets first, so that whoever sees the socket
+		// removed sees the observer's record gone too.
+		seen := e.status.Plugin
+		o.reg.mu.Unlock()
+		if obs := o.observer(seen.Type); obs != nil {
+			obs.Forget(seen)
+		}
+		o.reg.mu.Lock()
+		o.reg.forgetLocked(path, e, o.clock.Now())
+		o.reg.mu.Unlock()
+		return result{}
+	}
+	if e == nil || e.id != id {
+		if e = o.reg.discoverLocked(path, id, e, now); e == nil {
+			o.reg.mu.Unlock() // over Options.MaxSockets
+			return result{}
+		}
+	}
+	// A new socket is looked at at once, then once per interval.
+	if e.status.State != StatePending && (e.due.IsZero() || now.Before(e.due)) {
+		o.reg.mu.Unlock()
+		return result{at: e.due}
+	}
+	fresh := e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second
+	o.reg.mu.Unlock()
+	return o.look(ctx, path, e, fresh, now)
+}
+
+// observer is the observer for plugins of type typ, or nil.
+func (o *onlooker) observer(typ string) Observer {
+	if typ == "" {
+		return nil
+	}
+	return o.table.observer(typ)
+}
+
+// look asks a plugin who it is, and records what it saw: no notification,
+// no handler, nothing written. The next look is a probe interval after this
+// one started.
+func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, started time.Time) result {
+	p, conn, err := o.askNew(ctx, path, nil, fresh)
 	closeConn(conn) // looks are far apart: no connection is kept between them
 	endpointFailed := false
 	if err == nil {
-		m.mu.Lock()
-		obs, _ := m.handlers[p.Type].(Observer)
-		m.mu.Unlock()
-		if obs != nil {
-			err = m.callHandler(ctx, e, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
+		if obs := o.observer(p.Type); obs != nil {
+			err = o.calls.call(ctx, path, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
 			endpointFailed = err != nil
 		}
 	}
 	if ctx.Err() != nil {
-		return // shutting down
+		return result{} // shutting down
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	now := o.clock.Now()
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
 	was := e.status.State
 	e.status.Attempts++
+	e.due = nextProbe(started, o.opts.ProbeInterval)
 	if err == nil {
 		e.status.Plugin = p
 		e.status.State = StateAnswering
 		e.status.Reason, e.status.LastError = "", ""
 		e.status.UnhealthySince = time.Time{}
-		if was != StateAnswering {
-			m.publishLocked(EventAnswering, e)
-			m.log.Info("plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		if was == StateAnswering {
+			return result{at: e.due, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
-	} else {
-		state, reason := StateNotAnswering, ReasonGetInfo
-		switch {
-		case endpointFailed:
-			e.status.Plugin = p
-			reason = ReasonEndpoint
-		case errors.Is(err, errInvalidInfo):
-			reason = ReasonInvalidInfo
-		case errors.Is(err, syscall.ECONNREFUSED):
-			state, reason = StateStale, ReasonDial
-		case isDialError(err):
-			reason = ReasonDial
-		}
-		e.status.State = state
-		e.status.Reason, e.status.LastError = reason, printable(err.Error())
-		if was == StateAnswering || was == StatePending {
-			e.status.UnhealthySince = time.Now()
-		}
-		if was != state {
-			m.metrics.failures.WithLabelValues(m.typeLabelLocked(e.status.Type), string(reason)).Inc()
-			m.publishLocked(EventNotAnswering, e)
-			m.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "err", e.status.LastError)
-		}
+		o.log.Info("plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		return result{at: e.due, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
-	m.scheduleProbeLocked(path, e, m.opts.ProbeInterval, true)
+	state, reason := StateNotAnswering, ReasonGetInfo
+	switch {
+	case endpointFailed:
+		e.status.Plugin = p
+		reason = ReasonEndpoint
+	case errors.Is(err, errInvalidInfo):
+		reason = ReasonInvalidInfo
+	case errors.Is(err, syscall.ECONNREFUSED):
+		state, reason = StateStale, ReasonDial
+	case isDialError(err):
+		reason = ReasonDial
+	}
+	e.status.State = state
+	e.status.Reason, e.status.LastError = reason, printable(err.Error())
+	if was == StateAnswering || was == StatePending {
+		e.status.UnhealthySince = now
+	}
+	if was == state {
+		return result{at: e.due, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
+	}
+	o.metrics.failures.WithLabelValues(o.typeLabel(e.status.Type), string(reason)).Inc()
+	o.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "err", e.status.LastError)
+	return result{at: e.due, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }

@@ -16,10 +16,12 @@ import (
 
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 // registrar serves a registration socket as node-driver-registrar does for a
@@ -45,10 +47,10 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 // An observer beside the manager that registers: it sees every plugin and
 // whether it answers, and no plugin hears from it.
 func TestObserverBesideARegisteringManager(t *testing.T) {
-	const probe = 100 * time.Millisecond
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	owner := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec, "example.com/Greeter": rec})
-	obs := start(t, pluginmanager.Options{Dir: owner.dir, Observe: true, ProbeInterval: probe}, nil)
+	clk := fakeClock()
+	obs := start(t, pluginmanager.Options{Dir: owner.dir, Observe: true, ProbeInterval: lookEvery, Clock: clk}, nil)
 
 	reg := &registrar{endpoint: filepath.Join(testenv.ShortDir(t, "csi"), "csi.sock")}
 	regPath := filepath.Join(owner.dir, "csi.example.com-reg.sock")
@@ -64,24 +66,22 @@ func TestObserverBesideARegisteringManager(t *testing.T) {
 	t.Cleanup(func() { srv.Stop(); <-served; os.Remove(regPath) })
 	greeter := startPlugin(t, plugin.Config{Dir: owner.dir, Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}})
 
-	owner.status(regPath, pluginmanager.StateRegistered)
-	owner.status(greeter.Path(), pluginmanager.StateRegistered)
-	seen := obs.status(regPath, pluginmanager.StateAnswering)
+	owner.WaitSocket(regPath, pluginmanager.StateRegistered)
+	owner.WaitSocket(greeter.Path(), pluginmanager.StateRegistered)
+	seen := obs.WaitSocket(regPath, pluginmanager.StateAnswering)
 	if seen.Type != "CSIPlugin" || seen.Name != "csi.example.com" || seen.Endpoint != reg.endpoint {
 		t.Errorf("the observer saw %+v", seen.Plugin)
 	}
-	obs.status(greeter.Path(), pluginmanager.StateAnswering)
+	obs.WaitSocket(greeter.Path(), pluginmanager.StateAnswering)
 
 	// Several looks later, each plugin was still told once, by its manager.
-	obs.pollUntil("three looks at each plugin", func(ps []pluginmanager.PluginStatus) bool {
-		n := 0
-		for _, p := range ps {
-			if p.Attempts >= 3 {
-				n++
+	for look := 2; look <= 3; look++ {
+		for _, s := range obs.lookAgain(clk, regPath, greeter.Path()) {
+			if s.State != pluginmanager.StateAnswering || s.Attempts != look {
+				t.Errorf("look %d at %s: %s, attempt %d; want still Answering", look, filepath.Base(s.Socket), s.State, s.Attempts)
 			}
 		}
-		return n == 2
-	})
+	}
 	if n := reg.told.Load(); n != 1 {
 		t.Errorf("the registrar was told %d times, want once", n)
 	}
@@ -91,25 +91,46 @@ func TestObserverBesideARegisteringManager(t *testing.T) {
 	if n := greeter.Notifications(); n != 1 {
 		t.Errorf("the SDK plugin was told %d times, want once", n)
 	}
-	if n := len(rec.Calls()); n != 4 {
-		t.Errorf("the owner's handler calls = %q; the observer must call none", rec.Calls())
+	if n := len(calls(rec)); n != 4 {
+		t.Errorf("the owner's handler calls = %q; the observer must call none", calls(rec))
 	}
 
-	// Killed: not answering within one probe interval.
-	killed := time.Now()
+	// Killed: not answering at the next look.
 	srv.Stop()
 	<-served
-	ev := obs.waitEvent(regPath, pluginmanager.EventNotAnswering)
-	if took := ev.Time.Sub(killed); took > probe*11/10+500*time.Millisecond {
-		t.Errorf("the observer saw it stop answering %s after the kill, want within a probe interval (%s)", took, probe)
-	}
-	if ev.State != pluginmanager.StateStale {
-		t.Errorf("a socket nobody listens on is %s to the observer, want Stale", ev.State)
+	if s := obs.lookAgain(clk, regPath)[0]; s.State != pluginmanager.StateStale {
+		t.Errorf("at the next look after the kill it is %s, want Stale (a socket nobody listens on)", s.State)
 	}
 
 	// Removed: gone from the observer too.
 	greeter.Close()
-	obs.gone(greeter.Path())
+	obs.WaitGone(greeter.Path())
+}
+
+// lookEvery is how often an observer in these tests looks at each plugin:
+// on a fake clock, it looks again when the test says (lookAgain).
+const lookEvery = time.Minute
+
+// lookAgain makes the observer look at each of paths once more, and
+// returns their statuses after that look, in the order of paths.
+func (h *harness) lookAgain(clk *testingclock.FakeClock, paths ...string) []pluginmanager.PluginStatus {
+	h.t.Helper()
+	before := h.m.Plugins()
+	clk.Step(plugintest.MaxProbeDelay(lookEvery))
+	var out []pluginmanager.PluginStatus
+	h.Until("one more look at each", func(ps []pluginmanager.PluginStatus) bool {
+		out = out[:0]
+		for _, path := range paths {
+			was, _ := plugintest.Find(before, path)
+			now, ok := plugintest.Find(ps, path)
+			if !ok || now.Attempts != was.Attempts+1 {
+				return false
+			}
+			out = append(out, now)
+		}
+		return true
+	})
+	return out
 }
 
 // snapshot records everything about a directory tree that a writer could
@@ -159,20 +180,16 @@ func TestObserverChangesNothing(t *testing.T) {
 	t.Cleanup(func() { os.Chmod(dir, 0o700) })
 	before := snapshot(t, dir)
 
-	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 50 * time.Millisecond, RemoveStaleAfter: time.Nanosecond}, nil)
-	obs.status(live.Path(), pluginmanager.StateAnswering)
-	obs.status(filepath.Join(dir, "stale.sock"), pluginmanager.StateStale)
-	obs.pollUntil("several looks at every socket", func(ps []pluginmanager.PluginStatus) bool {
-		if len(ps) != 3 {
-			return false
-		}
-		for _, p := range ps {
-			if p.Attempts < 3 {
-				return false
-			}
-		}
-		return true
-	})
+	clk := fakeClock()
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, RemoveStaleAfter: time.Nanosecond, Clock: clk}, nil)
+	obs.WaitSocket(live.Path(), pluginmanager.StateAnswering)
+	obs.WaitSocket(filepath.Join(dir, "stale.sock"), pluginmanager.StateStale)
+	nested := filepath.Join(dir, "sub", "nested.sock")
+	obs.WaitSocket(nested, pluginmanager.StateAnswering)
+	for range 2 {
+		clk.Step(time.Hour) // long past RemoveStaleAfter, were it not ignored
+		obs.lookAgain(clk, live.Path(), filepath.Join(dir, "stale.sock"), nested)
+	}
 	if after := snapshot(t, dir); !equalStrings(before, after) {
 		t.Errorf("the observer changed the directory:\nbefore %q\nafter  %q", before, after)
 	}
@@ -228,7 +245,6 @@ func readOnlyMount(t *testing.T, dir string) {
 
 // looker is an Observer: it counts looks and can say the endpoint is down.
 type looker struct {
-	pluginmanager.HandlerFuncs
 	looks, forgets atomic.Int32
 	down           atomic.Bool
 }
@@ -243,31 +259,39 @@ func (l *looker) Observe(context.Context, pluginmanager.Plugin) error {
 
 func (l *looker) Forget(pluginmanager.Plugin) { l.forgets.Add(1) }
 
-// In observe mode a handler that can look (an Observer) is asked to, after
-// every answered GetInfo, and is never asked to validate or register.
-func TestObserverHandlerLooks(t *testing.T) {
+// In observe mode the observer of a type is asked to look, after every
+// answered GetInfo, and the type's handler is never asked to validate or
+// register.
+func TestObserverLooks(t *testing.T) {
 	calls := atomic.Int32{}
-	l := &looker{HandlerFuncs: pluginmanager.HandlerFuncs{
+	handler := pluginmanager.HandlerFuncs{
 		ValidateFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
 		RegisterFunc: func(context.Context, pluginmanager.Plugin) error { calls.Add(1); return nil },
-	}}
+	}
+	l := &looker{}
 	dir := testenv.ShortDir(t, "ob")
-	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": l})
+	clk := fakeClock()
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
+	obs.m.AddObserver("CSIPlugin", l)
 	p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
-	obs.status(p.Path(), pluginmanager.StateAnswering)
+	obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
 
 	l.down.Store(true)
-	ev := obs.waitEvent(p.Path(), pluginmanager.EventNotAnswering)
-	if ev.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ev.Error, "not ready") {
+	clk.Step(plugintest.MaxProbeDelay(lookEvery))
+	ev := obs.WaitLook(p.Path())
+	if ev.Type != pluginmanager.EventNotAnswering || ev.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ev.Error, "not ready") {
 		t.Errorf("event = %+v, want NotAnswering for the endpoint", ev)
 	}
 	l.down.Store(false)
-	obs.waitEvent(p.Path(), pluginmanager.EventAnswering)
+	clk.Step(plugintest.MaxProbeDelay(lookEvery))
+	if ev := obs.WaitLook(p.Path()); ev.Type != pluginmanager.EventAnswering {
+		t.Errorf("event = %+v, want Answering", ev)
+	}
 
 	p.Close()
-	obs.gone(p.Path())
-	if calls.Load() != 0 || l.looks.Load() < 3 || l.forgets.Load() != 1 {
-		t.Errorf("validate/register calls %d, looks %d, forgets %d; want 0, at least 3, 1", calls.Load(), l.looks.Load(), l.forgets.Load())
+	obs.WaitGone(p.Path())
+	if calls.Load() != 0 || l.looks.Load() != 3 || l.forgets.Load() != 1 {
+		t.Errorf("validate/register calls %d, looks %d, forgets %d; want 0, 3, 1", calls.Load(), l.looks.Load(), l.forgets.Load())
 	}
 	if n := p.Notifications(); n != 0 {
 		t.Errorf("the observed plugin was told %d times", n)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // Options configure a Manager. Only Dir is required; the zero value of every
@@ -57,16 +58,17 @@ type Options struct {
 
 	// Observe makes the manager an observer, for a node whose plugins
 	// another manager (a kubelet) registers: it discovers sockets and asks
-	// each GetInfo (at once, then every ProbeInterval), and reports what it
-	// sees (Answering, NotAnswering, Stale), but never notifies a plugin,
-	// never calls a handler, and never creates, removes or changes a file;
-	// the registry directory may be mounted read-only. Handlers added are
-	// not used.
+	// each GetInfo (at once, then every ProbeInterval), asks the Observer
+	// added for the plugin's type (AddObserver) to look too, and reports
+	// what it sees (Answering, NotAnswering, Stale; an event per look), but
+	// never notifies a plugin, never calls a handler, and never creates,
+	// removes or changes a file; the registry directory may be mounted
+	// read-only. Handlers added are not used.
 	Observe bool
 
 	// ProbeInterval is how often each registered plugin is asked GetInfo,
-	// with jitter, to tell a live plugin from a dead one; probes due within
-	// a tenth of it (at most a second) run together. The manager keeps the
+	// start to start, with jitter, to tell a live plugin from a dead one;
+	// probes due within a tenth of it (at most a second) run together. The manager keeps the
 	// connection each plugin registered over open, and probes over it; idle
 	// between probes, it tells at once when the plugin's process goes (the
 	// kernel hangs it up) and the plugin is probed then. A plugin that
@@ -78,9 +80,9 @@ type Options struct {
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
 	// before it is deregistered; it is registered again as soon as it
-	// answers. Zero means 30s. GracePeriods overrides it per plugin type.
+	// answers. Zero means 30s. HandlerOptions.UnhealthyGrace overrides it
+	// for a plugin type.
 	UnhealthyGrace time.Duration
-	GracePeriods   map[string]time.Duration
 
 	// MaxSockets bounds how many sockets the manager tracks; more are left
 	// alone (logged, and counted in plugd_sockets_over_limit_total) until
@@ -94,11 +96,11 @@ type Options struct {
 	EndpointRoots []string
 
 	// AllowedPeers, if set, says which processes may serve registration
-	// sockets, by plugin type: the process listening on the socket (as the
-	// kernel reports it, SO_PEERCRED) must run as one of the UIDs or GIDs
-	// listed for the plugin's type, or for "*" if its type has no entry.
-	// A plugin of a type with neither entry is not checked.
-	AllowedPeers map[string]Peers
+	// sockets: the process listening on the socket (as the kernel reports
+	// it, SO_PEERCRED) must run as one of its UIDs or GIDs. It applies to
+	// every plugin type whose HandlerOptions.AllowedPeers is not set, types
+	// without a handler included. Nil: anyone may.
+	AllowedPeers *Peers
 
 	// AllowWritableDir lets Run use a registry directory that users other
 	// than its owner may write to. Off: such a directory is refused, since
@@ -114,6 +116,13 @@ type Options struct {
 	// it returns. Off by default, so that restarting the manager does not make
 	// the plugins' handlers flap.
 	DeregisterOnShutdown bool
+
+	// Clock is the manager's time: when retries, probes and grace periods
+	// fall due, the periodic resync, and the times it reports. Tests set a
+	// fake one (k8s.io/utils/clock/testing) to make time pass exactly. The
+	// deadlines of RPCs and handler calls are real time whatever it is.
+	// Nil means the real clock.
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // withDefaults returns a copy of o with zero fields set to their defaults, or
@@ -124,6 +133,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	ints := []struct {
 		name string
@@ -188,11 +200,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.UnhealthyGrace == 0 {
 		o.UnhealthyGrace = 30 * time.Second
-	}
-	for typ, d := range o.GracePeriods {
-		if d <= 0 {
-			return o, fmt.Errorf("pluginmanager: Options.GracePeriods[%q] is %s: it must be positive", typ, d)
-		}
 	}
 	return o, nil
 }

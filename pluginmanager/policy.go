@@ -17,15 +17,24 @@ func (p Peers) allow(who peer) bool {
 	return who.known && (slices.Contains(p.UIDs, who.uid) || slices.Contains(p.GIDs, who.gid))
 }
 
-// checkPolicy applies the rules of Options that keep plugins in bounds. Its
-// error names the rule, so that an operator knows which setting refused.
-func (m *Manager) checkPolicy(p Plugin, who peer) error {
-	if rule, ok := m.peerRule(p.Type); ok && !rule.allow(who) {
-		if !who.known {
-			return fmt.Errorf("the credentials of the process serving %s could not be read, and Options.AllowedPeers requires them", p.Socket)
+// checkPolicy applies the rules that keep plugins in bounds: who may serve
+// the plugin's type (he's AllowedPeers, or the Options' for a type without
+// a handler or without its own) and where its endpoint may be. Its error
+// names the rule, so that an operator knows which setting refused.
+func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
+	rule, setting := m.opts.AllowedPeers, "Options.AllowedPeers"
+	if he != nil {
+		rule = he.peers
+		if rule != m.opts.AllowedPeers {
+			setting = "the HandlerOptions.AllowedPeers of its type"
 		}
-		return fmt.Errorf("the process serving %s (pid %d) runs as uid %d, gid %d, which Options.AllowedPeers does not allow for %s plugins (uids %v, gids %v)",
-			p.Socket, who.pid, who.uid, who.gid, p.Type, rule.UIDs, rule.GIDs)
+	}
+	if rule != nil && !rule.allow(who) {
+		if !who.known {
+			return fmt.Errorf("the credentials of the process serving %s could not be read, and %s requires them", p.Socket, setting)
+		}
+		return fmt.Errorf("the process serving %s (pid %d) runs as uid %d, gid %d, which %s does not allow for %s plugins (uids %v, gids %v)",
+			p.Socket, who.pid, who.uid, who.gid, setting, p.Type, rule.UIDs, rule.GIDs)
 	}
 	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
 		ep := resolveExisting(endpointPath(p.Endpoint)) // a symlink inside a root may point out of it
@@ -34,14 +43,6 @@ func (m *Manager) checkPolicy(p Plugin, who peer) error {
 		}
 	}
 	return nil
-}
-
-func (m *Manager) peerRule(typ string) (Peers, bool) {
-	if r, ok := m.opts.AllowedPeers[typ]; ok {
-		return r, true
-	}
-	r, ok := m.opts.AllowedPeers["*"]
-	return r, ok
 }
 
 // within reports whether path is root or inside it.

@@ -16,6 +16,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 func TestEndpointRules(t *testing.T) {
@@ -25,7 +26,7 @@ func TestEndpointRules(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(roots, "escape")); err != nil {
 		t.Fatal(err)
 	}
-	h := start(t, pluginmanager.Options{EndpointRoots: []string{roots}}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{EndpointRoots: []string{roots}}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	for _, tc := range []struct {
 		endpoint string
 		state    pluginmanager.State
@@ -42,7 +43,7 @@ func TestEndpointRules(t *testing.T) {
 	} {
 		name := fmt.Sprintf("p%d", len(h.m.Plugins()))
 		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name, Endpoint: tc.endpoint})
-		s := h.status(p.Path(), tc.state)
+		s := h.WaitSocket(p.Path(), tc.state)
 		if s.Reason != tc.reason || !strings.Contains(s.LastError, tc.says) {
 			t.Errorf("endpoint %q: %s %s %q, want %s %s %q", tc.endpoint, s.State, s.Reason, s.LastError, tc.state, tc.reason, tc.says)
 		}
@@ -56,14 +57,15 @@ func TestEndpointRules(t *testing.T) {
 
 func TestAllowedPeers(t *testing.T) {
 	me, mygid := uint32(os.Geteuid()), uint32(os.Getegid())
-	h := start(t, pluginmanager.Options{AllowedPeers: map[string]pluginmanager.Peers{
-		"CSIPlugin": {UIDs: []uint32{me}},         // this test's own processes may
-		"*":         {UIDs: []uint32{me + 12345}}, // but not for other types
-	}}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder(), "DevicePlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{
+		AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{me + 12345}}, // not this test's own processes, by default
+	}, map[string]pluginmanager.Handler{"DevicePlugin": plugintest.NewRecorder()})
+	// but for CSI drivers, they may
+	h.m.AddHandler("CSIPlugin", plugintest.NewRecorder(), pluginmanager.HandlerOptions{AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{me}}})
 	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "mine"})
-	h.status(ok.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
 	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "theirs"})
-	s := h.status(refused.Path(), pluginmanager.StateRejected)
+	s := h.WaitSocket(refused.Path(), pluginmanager.StateRejected)
 	want := fmt.Sprintf("runs as uid %d, gid %d, which Options.AllowedPeers does not allow for DevicePlugin plugins (uids [%d], gids [])", me, mygid, me+12345)
 	if s.Reason != pluginmanager.ReasonPolicy || !strings.Contains(s.LastError, want) {
 		t.Errorf("refusal = %s %q, want it to say %q", s.Reason, s.LastError, want)
@@ -97,7 +99,7 @@ func TestGroupWritableRegistryDirIsRefusedUnlessAllowed(t *testing.T) {
 
 func TestMaxSockets(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	h := start(t, pluginmanager.Options{MaxSockets: 2, Registerer: reg, Workers: 1}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{MaxSockets: 2, Registerer: reg, Workers: 1}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	var paths []string
 	for i := range 3 {
 		path := filepath.Join(h.dir, fmt.Sprintf("s%d.sock", i))
@@ -106,17 +108,17 @@ func TestMaxSockets(t *testing.T) {
 		})
 		paths = append(paths, path)
 		if i < 2 {
-			h.status(path, pluginmanager.StateRegistered)
+			h.WaitSocket(path, pluginmanager.StateRegistered)
 		}
 	}
 	// One worker takes paths in order: the third socket's turn came before
 	// the first one's removal, which frees a place and brings it in.
 	os.Remove(paths[0])
-	h.gone(paths[0])
+	h.WaitGone(paths[0])
 	if n := testutil.ToFloat64(overLimit(t, reg)); n < 1 {
 		t.Errorf("over-limit count = %v, want the third socket counted", n)
 	}
-	h.status(paths[2], pluginmanager.StateRegistered)
+	h.WaitSocket(paths[2], pluginmanager.StateRegistered)
 }
 
 // overLimit finds the over-limit counter among reg's metrics.

@@ -2,9 +2,12 @@ package pluginmanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 	"unicode"
 
 	"golang.org/x/sys/unix"
@@ -39,18 +42,46 @@ type peer struct {
 // and later the liveness probes are made (see unaryconn for why not a
 // grpc-go ClientConn). A refused connection fails at once with the dialer's
 // error; one that is not answered fails at the deadline, with its cause.
-func (m *Manager) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+func (m *parts) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
+	return m.dialRetrying(ctx, path, 0)
+}
+
+// dialNew is dial for a socket that appeared a moment ago, which is most
+// likely bound but not listening yet if it refuses: a server's socket file
+// appears when it binds, before it listens (node-driver-registrar, and
+// net.Listen, do both in place). A refused connection is tried again after
+// 1, 2, 4 and 8 ms before it counts. That wait is the plugin's own start-up,
+// so it is real time, and it is bounded by the dial's deadline.
+func (m *parts) dialNew(ctx context.Context, path string) (*unaryconn.Conn, error) {
+	return m.dialRetrying(ctx, path, 4)
+}
+
+func (m *parts) dialRetrying(ctx context.Context, path string, retries int) (*unaryconn.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
 	defer cancel()
-	conn, err := unaryconn.Dial(ctx, path)
-	if err != nil {
+	wait := time.Millisecond
+	for {
+		conn, err := unaryconn.Dial(ctx, path)
+		if err == nil {
+			return conn, nil
+		}
+		if retries > 0 && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+			retries--
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			wait *= 2
+			continue
+		}
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
-	return conn, nil
 }
 
 // peerOf asks the kernel who is at the other end of a connection.
@@ -160,7 +191,7 @@ func checkField(name, v string, max int, required bool) error {
 // slow handler let it idle), it dials again rather than fail. conn is
 // notify's: it returns the connection it used, open, or nil, and closes any
 // other.
-func (m *Manager) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
+func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}

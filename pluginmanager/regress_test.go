@@ -21,6 +21,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 // slowNotify answers GetInfo, and blocks NotifyRegistrationStatus until released.
@@ -59,7 +60,7 @@ func TestAddHandlerDuringRefusal(t *testing.T) {
 	// The worker is between its handler lookup and fail(): state is Registering.
 	h.m.AddHandler("X", pluginmanager.HandlerFuncs{})
 	close(srv.release)
-	h.status(path, pluginmanager.StateRegistered)
+	h.WaitSocket(path, pluginmanager.StateRegistered)
 }
 
 // A Register abandoned at its deadline may succeed late; the retry must take
@@ -106,10 +107,10 @@ func TestRetryAfterRegisterTimeoutDeregistersFirst(t *testing.T) {
 	h := start(t, pluginmanager.Options{HandlerTimeout: 100 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	onStatus, got := statuses()
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "slow", OnStatus: onStatus})
-	h.status(p.Path(), pluginmanager.StateFailed)
+	h.WaitSocket(p.Path(), pluginmanager.StateFailed)
 	told(t, got) // false: timed out
 	close(release)
-	s := h.until("a verdict after the late success", func(ps []pluginmanager.PluginStatus) bool {
+	s := h.Until("a verdict after the late success", func(ps []pluginmanager.PluginStatus) bool {
 		for _, x := range ps {
 			if x.Socket == p.Path() && (x.State == pluginmanager.StateRegistered || x.State == pluginmanager.StateRejected) {
 				return true
@@ -141,7 +142,7 @@ func TestLongReasonIsCutCleanly(t *testing.T) {
 	}})
 	onStatus, got := statuses()
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "u", OnStatus: onStatus})
-	h.status(p.Path(), pluginmanager.StateRejected)
+	h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 	st := told(t, got)
 	if st.Registered || !strings.HasPrefix(st.Error, "xéé") || len(st.Error) > 1024 || !utf8.ValidString(st.Error) {
 		t.Errorf("told registered=%v, %d bytes of reason, valid UTF-8: %v", st.Registered, len(st.Error), utf8.ValidString(st.Error))
@@ -157,10 +158,10 @@ func TestRegistryDirIsASymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	startPlugin(t, plugin.Config{Dir: real, Type: "CSIPlugin", Name: "pre"})
-	h := start(t, pluginmanager.Options{Dir: link}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{Dir: link}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	q := startPlugin(t, plugin.Config{Dir: link, Type: "CSIPlugin", Name: "post"})
-	h.status(q.Path(), pluginmanager.StateRegistered)
-	h.status(filepath.Join(link, "pre.sock"), pluginmanager.StateRegistered)
+	h.WaitSocket(q.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(filepath.Join(link, "pre.sock"), pluginmanager.StateRegistered)
 }
 
 // Once Synced is closed, every socket present at start is in Plugins.
@@ -169,7 +170,7 @@ func TestSyncedMeansKnown(t *testing.T) {
 	for i := range 50 {
 		startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("s", i)})
 	}
-	h := start(t, pluginmanager.Options{Dir: dir, Workers: 1}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{Dir: dir, Workers: 1}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	<-h.m.Synced()
 	if n := len(h.m.Plugins()); n != 50 {
 		t.Errorf("after Synced, Plugins() knows %d of 50 sockets", n)
@@ -212,12 +213,12 @@ func TestShutdownDeregistersInParallel(t *testing.T) {
 // (escape sequences, newlines, any length), not a socket name with control
 // characters (ignored).
 func TestPluginTextIsMadePrintable(t *testing.T) {
-	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": newRecorder()})
+	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	evil := "\x1b]0;pwned\x07\x1b[31mred\nsecond line" + strings.Repeat("x", 5000)
 	path := filepath.Join(h.dir, "evil.sock")
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, &failingInfo{msg: evil}) })
 	var s pluginmanager.PluginStatus
-	h.until("GetInfo's error recorded", func(ps []pluginmanager.PluginStatus) bool {
+	h.Until("GetInfo's error recorded", func(ps []pluginmanager.PluginStatus) bool {
 		for _, p := range ps {
 			if p.Socket == path && p.Reason == pluginmanager.ReasonGetInfo {
 				s = p
@@ -234,7 +235,7 @@ func TestPluginTextIsMadePrintable(t *testing.T) {
 	// one created after it is.
 	startPlugin(t, plugin.Config{Dir: h.dir, Socket: "bad\x1b[2Jname.sock", Type: "CSIPlugin", Name: "bad"})
 	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
-	h.status(good.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
 	for _, p := range h.m.Plugins() {
 		if strings.Contains(p.Socket, "\x1b") {
 			t.Errorf("a socket with a control character in its name is known: %q", p.Socket)
@@ -269,20 +270,20 @@ func TestWorldWritableRegistryDirIsRefused(t *testing.T) {
 // The registry directory removed and made again: its plugins are let go, and
 // plugins in the new one register at once, without waiting for a resync.
 func TestRegistryDirRemovedAndRecreated(t *testing.T) {
-	rec := newRecorder()
+	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{ResyncInterval: -1}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	before := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "before"})
-	h.status(before.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(before.Path(), pluginmanager.StateRegistered)
 
 	if err := os.RemoveAll(h.dir); err != nil {
 		t.Fatal(err)
 	}
-	h.gone(before.Path())
-	rec.waitCalls(t, "deregister before", 1)
+	h.WaitGone(before.Path())
+	rec.WaitCalls(t, "deregister", "before", 1)
 
 	if err := os.Mkdir(h.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	after := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "after"})
-	h.status(after.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(after.Path(), pluginmanager.StateRegistered)
 }

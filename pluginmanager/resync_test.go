@@ -46,13 +46,13 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 		return path, id
 	}
 	unchanged, id := socket("unchanged.sock")
-	m.entries[unchanged] = &entry{id: id}
+	m.reg.entries[unchanged] = &entry{id: id}
 	replaced, id := socket("replaced.sock")
-	m.entries[replaced] = &entry{id: id}
+	m.reg.entries[replaced] = &entry{id: id}
 	os.Remove(replaced)
 	socket("replaced.sock")
 	gone := filepath.Join(dir, "gone.sock")
-	m.entries[gone] = &entry{}
+	m.reg.entries[gone] = &entry{}
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,11 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 
 	m.resync(w)
 
-	got := slices.Clone(m.queue.items)
+	var got []string
+	for range m.queue.Len() {
+		path, _ := m.queue.Get()
+		got = append(got, path)
+	}
 	slices.Sort(got)
 	want := []string{gone, replaced, added}
 	slices.Sort(want)

@@ -149,21 +149,21 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 	case ev.Has(fsnotify.Create):
 		fi, err := os.Lstat(ev.Name)
 		if err != nil {
-			m.queue.add(ev.Name) // gone already; the worker forgets it if we knew it
+			m.queue.Add(ev.Name) // gone already; the worker forgets it if we knew it
 			return
 		}
 		if fi.IsDir() {
 			// Sockets may have appeared in it before the watch was in place.
-			if err := w.watchTree(ev.Name, func(path string, _ fileID) { m.queue.add(path) }); err != nil {
+			if err := w.watchTree(ev.Name, func(path string, _ fileID) { m.queue.Add(path) }); err != nil {
 				m.log.Warn("watching new directory", "dir", ev.Name, "err", err)
 			}
 			return
 		}
 		if fi.Mode()&fs.ModeSocket != 0 {
-			m.queue.add(ev.Name)
+			m.queue.Add(ev.Name)
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
-		m.queue.add(ev.Name)
+		m.queue.Add(ev.Name)
 		if w.dirs[ev.Name] {
 			// A whole directory of sockets went. Only then is every known
 			// socket looked at, so removing N sockets costs O(N), not O(N²).

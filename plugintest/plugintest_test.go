@@ -107,7 +107,45 @@ func TestNewManagerWith(t *testing.T) {
 		t.Errorf("registered %q", g.registered)
 	}
 	g.mu.Unlock()
-	if calls := m.Calls(); len(calls) != 0 {
-		t.Errorf("the recorder saw %+v on a manager with the author's handler", calls)
+}
+
+// A Recorder works beside an author's handler: the Manager's recorder
+// methods are its.
+func TestNewManagerWithARecorder(t *testing.T) {
+	rec := plugintest.NewRecorder()
+	m := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"example.com/Gate": &gate{}, "example.com/Rec": rec})
+	m.RefuseValidate("no", errors.New("refused"))
+	yes := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "yes"})
+	no := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "no"})
+	m.WaitSocket(yes.Path(), pluginmanager.StateRegistered)
+	m.WaitSocket(no.Path(), pluginmanager.StateRejected)
+	m.WaitCalls("register", "yes", 1)
+	if p, ok := rec.Holds(yes.Path()); !ok || p.Name != "yes" {
+		t.Errorf("the recorder holds %+v (%v) for yes", p, ok)
 	}
+	if rec.Count("validate", "no") != 1 || rec.Count("register", "no") != 0 {
+		t.Errorf("calls = %+v", m.Calls())
+	}
+	yes.Close()
+	m.WaitGone(yes.Path())
+	if _, ok := rec.Holds(yes.Path()); ok || rec.Count("deregister", "yes") != 1 {
+		t.Errorf("after the socket went, calls = %+v", m.Calls())
+	}
+}
+
+// The Recorder keeps the contract of a handler.
+func TestRecorderPassesTestHandler(t *testing.T) {
+	plugintest.TestHandler(t, plugintest.HandlerCase{
+		Type: "example.com/Greeter",
+		New: func(*testing.T) pluginmanager.Handler {
+			r := plugintest.NewRecorder()
+			r.RefuseValidate("refused", errors.New("not on the list"))
+			return r
+		},
+		Start: func(t *testing.T, dir, name string) (string, func()) {
+			s := start(t, plugin.Config{Dir: dir, Type: "example.com/Greeter", Name: name, Versions: []string{"v1"}})
+			return s.Path(), func() { s.Close() }
+		},
+		Refused: pluginmanager.Plugin{Type: "example.com/Greeter", Name: "refused", Socket: "/nowhere.sock"},
+	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -66,33 +67,8 @@ type Driver struct {
 }
 
 // Instance is one registration of a driver: one registration socket, and the
-// driver endpoint it announced.
-type Instance struct {
-	// Socket is the registration socket in the registry directory.
-	Socket string `json:"socket"`
-	// Endpoint is the path of the driver's CSI socket.
-	Endpoint string `json:"endpoint"`
-	// Version is the CSI version chosen, as the driver wrote it: the highest
-	// 1.x it offered.
-	Version string `json:"version"`
-	// VendorVersion and Manifest are what GetPluginInfo answered, cut to the
-	// spec's limits (128 bytes, 4 KiB).
-	VendorVersion string            `json:"vendorVersion"`
-	Manifest      map[string]string `json:"manifest,omitempty"`
-	// NodeID, MaxVolumes and Topology are what NodeGetInfo answered. A
-	// MaxVolumes of zero means the driver sets no limit.
-	NodeID     string            `json:"nodeID"`
-	MaxVolumes int64             `json:"maxVolumes"`
-	Topology   map[string]string `json:"topology,omitempty"`
-	// Capabilities are the node service capabilities, e.g. "STAGE_UNSTAGE_VOLUME".
-	Capabilities []string `json:"capabilities"`
-	// RegisteredAt is when the instance was registered; for an observed one,
-	// when it was first seen answering.
-	RegisteredAt time.Time `json:"registeredAt"`
-	// Observed is set on an instance recorded by Observe: another manager (a
-	// kubelet) registered it, and this handler only looks at it.
-	Observed bool `json:"observed,omitempty"`
-}
+// driver endpoint it announced (plugd's status API type).
+type Instance = api.CSIInstance
 
 // New returns a Handler for opts. It panics if opts.Registerer refuses its
 // metrics (say, because another Handler's are already there), as
@@ -329,18 +305,9 @@ func (h *Handler) Drivers() []Driver {
 	return out
 }
 
-// details is what Details returns: the instance, and where it stands.
-type details struct {
-	Driver string `json:"driver"`
-	// Active is false for an older instance kept during a rolling restart.
-	Active    bool `json:"active"`
-	Instances int  `json:"instances"`
-	Instance
-}
-
-// Details describes the instance registered from p.Socket, as a value that
-// encodes to a JSON object for plugd's status API: the driver's name, whether
-// the instance is the active one, how many instances the driver has, and the
+// Details describes the instance registered from p.Socket as an
+// api.CSIDetails, for plugd's status API: the driver's name, whether the
+// instance is the active one, how many instances the driver has, and the
 // Instance's fields. It returns nil for a plugin this handler has not
 // registered (or observed answering). It is safe to call at any time.
 func (h *Handler) Details(p pluginmanager.Plugin) any {
@@ -349,7 +316,7 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	rs := h.drivers[p.Name]
 	for _, r := range rs {
 		if r.Socket == p.Socket {
-			return details{Driver: p.Name, Active: activeOf(rs) == r, Instances: len(rs), Instance: r.clone()}
+			return api.CSIDetails{Driver: p.Name, Active: activeOf(rs) == r, Instances: len(rs), CSIInstance: r.clone()}
 		}
 	}
 	return nil

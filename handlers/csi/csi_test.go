@@ -259,86 +259,34 @@ func (r *registrar) plugin() pluginmanager.Plugin {
 
 // harness is a running manager with the CSI handler.
 type harness struct {
-	t   *testing.T
-	m   *pluginmanager.Manager
-	h   *csi.Handler
-	dir string
-	sub *pluginmanager.Subscription
+	*plugintest.Manager
+	t *testing.T
+	m *pluginmanager.Manager
+	h *csi.Handler
 }
 
 // start runs a manager on a fresh registry directory with h for CSIPlugin and
 // fast retries, until the end of the test.
 func start(t *testing.T, h *csi.Handler) *harness {
 	t.Helper()
-	return newHarness(t, h, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	return newHarness(t, h, pluginmanager.Options{})
 }
 
 // newHarness runs a manager with opts and h for CSIPlugin, until the end of
-// the test. The harness has its own subscription, so that status and event
-// share one ordered stream.
+// the test.
 func newHarness(t *testing.T, h *csi.Handler, opts pluginmanager.Options) *harness {
 	t.Helper()
 	pm := plugintest.NewManagerWith(t, opts, map[string]pluginmanager.Handler{csi.Type: h})
 	pm.Timeout = wait
-	m := pm.Manager()
-	return &harness{t: t, m: m, h: h, dir: pm.Dir, sub: m.Subscribe()}
-}
-
-// until waits for cond to hold on the manager's snapshot, checking again on
-// every event.
-func (hm *harness) until(what string, cond func([]pluginmanager.PluginStatus) bool) {
-	hm.t.Helper()
-	deadline := time.After(wait)
-	for {
-		snap := hm.m.Plugins()
-		if cond(snap) {
-			return
-		}
-		select {
-		case <-hm.sub.Events():
-		case <-deadline:
-			hm.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
-		}
-	}
-}
-
-// status waits for the socket at path to be in state, and returns its status.
-func (hm *harness) status(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	hm.t.Helper()
-	var got pluginmanager.PluginStatus
-	hm.until(filepath.Base(path)+" to be "+string(state), func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path && p.State == state {
-				got = p
-				return true
-			}
-		}
-		return false
-	})
-	return got
-}
-
-// gone waits until the manager has forgotten the socket at path.
-func (hm *harness) gone(path string) {
-	hm.t.Helper()
-	hm.until(filepath.Base(path)+" to be forgotten", func(ps []pluginmanager.PluginStatus) bool {
-		return !slices.ContainsFunc(ps, func(p pluginmanager.PluginStatus) bool { return p.Socket == path })
-	})
+	return &harness{Manager: pm, t: t, m: pm.Manager(), h: h}
 }
 
 // event waits for the next event of type typ and reason for the socket at path.
 func (hm *harness) event(path string, typ pluginmanager.EventType, reason pluginmanager.Reason) pluginmanager.Event {
 	hm.t.Helper()
-	deadline := time.After(wait)
 	for {
-		select {
-		case ev := <-hm.sub.Events():
-			if ev.Plugin.Socket == path && ev.Type == typ && ev.Reason == reason {
-				return ev
-			}
-		case <-deadline:
-			hm.t.Fatalf("timed out waiting for %s %s of %s; plugins: %+v", typ, reason, filepath.Base(path), hm.m.Plugins())
-			return pluginmanager.Event{}
+		if ev := hm.WaitEvent(path, typ); ev.Reason == reason {
+			return ev
 		}
 	}
 }
@@ -391,12 +339,12 @@ func TestRegister(t *testing.T) {
 			d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 			reg := prometheus.NewPedanticRegistry()
 			hm := start(t, csi.New(csi.Options{Registerer: reg}))
-			r := startRegistrar(t, hm.dir, "", driverName, tc.scheme+d.path, "1.0.0")
+			r := startRegistrar(t, hm.Dir, "", driverName, tc.scheme+d.path, "1.0.0")
 
 			if st := r.told(t, true); st.Error != "" {
 				t.Errorf("registrar told %+v", st)
 			}
-			s := hm.status(r.path, pluginmanager.StateRegistered)
+			s := hm.WaitSocket(r.path, pluginmanager.StateRegistered)
 			if n := len(r.all()); n != 1 {
 				t.Errorf("registrar notified %d times: %v", n, r.all())
 			}
@@ -450,10 +398,10 @@ plugd_csi_drivers 1
 func TestUnsupportedVersionRejected(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{}))
 	good := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
-	startRegistrar(t, hm.dir, "", driverName, good.path, "1.0.0").told(t, true)
+	startRegistrar(t, hm.Dir, "", driverName, good.path, "1.0.0").told(t, true)
 
 	old := serveDriver(t, testenv.ShortDir(t, "csi"), "old.example.com")
-	r := startRegistrar(t, hm.dir, "", "old.example.com", old.path, "0.3.0")
+	r := startRegistrar(t, hm.Dir, "", "old.example.com", old.path, "0.3.0")
 	st := r.told(t, false)
 	t.Log(st.Error)
 	for _, want := range []string{`"old.example.com"`, `["0.3.0"]`, "CSI 1.x"} {
@@ -461,7 +409,7 @@ func TestUnsupportedVersionRejected(t *testing.T) {
 			t.Errorf("registrar told %q, want it to say %s", st.Error, want)
 		}
 	}
-	s := hm.status(r.path, pluginmanager.StateRejected)
+	s := hm.WaitSocket(r.path, pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonValidate || s.LastError != st.Error {
 		t.Errorf("status = %s %q, want the validation error the registrar was told", s.Reason, s.LastError)
 	}
@@ -476,7 +424,7 @@ func TestUnsupportedVersionRejected(t *testing.T) {
 func TestNameMismatchRejected(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), "other.example.com")
-	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
 	st := r.told(t, false)
 	for _, want := range []string{`"csi.example.com"`, `"other.example.com"`, "GetPluginInfo"} {
@@ -484,7 +432,7 @@ func TestNameMismatchRejected(t *testing.T) {
 			t.Errorf("registrar told %q, want it to name %s", st.Error, want)
 		}
 	}
-	if s := hm.status(r.path, pluginmanager.StateRejected); s.Reason != pluginmanager.ReasonRegister {
+	if s := hm.WaitSocket(r.path, pluginmanager.StateRejected); s.Reason != pluginmanager.ReasonRegister {
 		t.Errorf("rejected for %s, want %s", s.Reason, pluginmanager.ReasonRegister)
 	}
 	if n := d.called("GetPluginInfo"); n != 1 {
@@ -497,7 +445,7 @@ func TestNotReadyRetried(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	d.set(func(d *driver) { d.ready = false })
-	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
 	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
 	if !strings.Contains(ev.Error, "driver not ready") {
@@ -510,7 +458,7 @@ func TestNotReadyRetried(t *testing.T) {
 
 	d.set(func(d *driver) { d.ready = true })
 	r.told(t, true)
-	hm.status(r.path, pluginmanager.StateRegistered)
+	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
 	want := wantInstance(r.path, d.path, "1.0.0")
 	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
 	if n := d.called("Probe"); n < 2 {
@@ -521,18 +469,18 @@ func TestNotReadyRetried(t *testing.T) {
 func TestRollingRestart(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{}))
 	oldDriver := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
-	oldReg := startRegistrar(t, hm.dir, "", driverName, oldDriver.path, "1.0.0")
+	oldReg := startRegistrar(t, hm.Dir, "", driverName, oldDriver.path, "1.0.0")
 	oldReg.told(t, true)
 
 	// The new pod's driver serves on its own endpoint, and its registrar on a
 	// socket of its own; it offers more versions, the highest 1.x of which is
 	// chosen.
 	newDriver := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
-	newReg := startRegistrar(t, hm.dir, driverName+"-new-reg.sock", driverName, newDriver.path, "0.3.0", "1.2", "v1.5.0", "1.0.0")
+	newReg := startRegistrar(t, hm.Dir, driverName+"-new-reg.sock", driverName, newDriver.path, "0.3.0", "1.2", "v1.5.0", "1.0.0")
 	if st := newReg.told(t, true); st.Error != "" {
 		t.Errorf("new registrar told %+v", st)
 	}
-	if s := hm.status(newReg.path, pluginmanager.StateRegistered); !s.Newest {
+	if s := hm.WaitSocket(newReg.path, pluginmanager.StateRegistered); !s.Newest {
 		t.Errorf("new instance's status %+v is not the newest", s)
 	}
 	oldInst := wantInstance(oldReg.path, oldDriver.path, "1.0.0")
@@ -544,9 +492,9 @@ func TestRollingRestart(t *testing.T) {
 
 	// The old pod goes: the driver stays registered, with the new instance.
 	oldReg.stop()
-	hm.gone(oldReg.path)
+	hm.WaitGone(oldReg.path)
 	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: newInst, Instances: []csi.Instance{newInst}})
-	hm.status(newReg.path, pluginmanager.StateRegistered)
+	hm.WaitSocket(newReg.path, pluginmanager.StateRegistered)
 	if hm.h.Details(oldReg.plugin()) != nil {
 		t.Error("details of the old instance are still there")
 	}
@@ -556,15 +504,15 @@ func TestDeregister(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	hm := start(t, csi.New(csi.Options{Registerer: reg}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
-	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 	r.told(t, true)
-	hm.status(r.path, pluginmanager.StateRegistered)
+	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
 	if len(hm.h.Drivers()) != 1 {
 		t.Fatalf("drivers = %+v", hm.h.Drivers())
 	}
 
 	r.stop()
-	hm.gone(r.path)
+	hm.WaitGone(r.path)
 	checkDrivers(t, hm.h.Drivers())
 	if got := hm.h.Details(r.plugin()); got != nil {
 		t.Errorf("details = %+v after deregistration, want nil", got)
@@ -585,7 +533,7 @@ func TestHangingDriverFailsAtDeadline(t *testing.T) {
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	d.set(func(d *driver) { d.hang = true })
 	began := time.Now()
-	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
 	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
 	t.Log(ev.Error)

@@ -28,11 +28,11 @@
 // consumes CSI drivers yet, so they are recorded only, where the kubelet keeps
 // a client for its volume manager.
 //
-// It is also a pluginmanager.Observer: with a manager in observe mode, on a
-// node whose kubelet registers the drivers, Handler.Observe only reads
-// (GetPluginInfo, Probe, NodeGetCapabilities, NodeGetInfo) and records each
-// instance it sees answering, marked Observed; Handler.Forget drops it when
-// its socket goes.
+// It is also a pluginmanager.Observer (see Manager.AddObserver): with a
+// manager in observe mode, on a node whose kubelet registers the drivers,
+// Handler.Observe only reads (GetPluginInfo, Probe, NodeGetCapabilities,
+// NodeGetInfo) and records each instance it sees answering, marked
+// Observed; Handler.Forget drops it when its socket goes.
 //
 // With Options.Registerer set, the handler exports:
 //

@@ -8,29 +8,32 @@ import (
 	"testing"
 	"time"
 
+	testingclock "k8s.io/utils/clock/testing"
+
 	"github.com/plugd/plugd/handlers/csi"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
-// startObserver runs a manager in observe mode, looking every 100ms, with h for
-// CSIPlugin, until the end of the test.
-func startObserver(t *testing.T, h *csi.Handler) *harness {
+// startObserver runs a manager in observe mode with h for CSIPlugin, until
+// the end of the test, on a fake clock: it looks again when the test says
+// (lookAgain).
+func startObserver(t *testing.T, h *csi.Handler) (*harness, *testingclock.FakeClock) {
 	t.Helper()
-	return newHarness(t, h, pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
+	clk := testingclock.NewFakeClock(time.Now())
+	return newHarness(t, h, pluginmanager.Options{Observe: true, ProbeInterval: lookEvery, Clock: clk}), clk
 }
 
-// poll waits for cond, checking every 10ms: an observer publishes no event
-// when a look finds nothing new.
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+// lookEvery is how often an observer looks at each plugin.
+const lookEvery = time.Minute
+
+// lookAgain makes the observer look at path once more, and returns the
+// event of that look.
+func (hm *harness) lookAgain(clk *testingclock.FakeClock, path string) pluginmanager.Event {
+	hm.t.Helper()
+	clk.Step(plugintest.MaxProbeDelay(lookEvery))
+	return hm.WaitLook(path)
 }
 
 func jsonOf(t *testing.T, v any) string {
@@ -43,11 +46,11 @@ func jsonOf(t *testing.T, v any) string {
 }
 
 func TestObserve(t *testing.T) {
-	hm := startObserver(t, csi.New(csi.Options{}))
+	hm, clk := startObserver(t, csi.New(csi.Options{}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
-	r := startRegistrar(t, hm.dir, "", driverName, d.path, "1.0.0")
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
-	s := hm.status(r.path, pluginmanager.StateAnswering)
+	s := hm.WaitSocket(r.path, pluginmanager.StateAnswering)
 	want := wantInstance(r.path, d.path, "1.0.0")
 	want.Observed = true
 	checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
@@ -58,15 +61,11 @@ func TestObserve(t *testing.T) {
 	// Looked at again and again, the registrar is never told anything, and the
 	// record stays as it was.
 	first := hm.h.Drivers()[0].Active.RegisteredAt
-	var attempts int
-	poll(t, "3 more looks", func() bool {
-		for _, p := range hm.m.Plugins() {
-			if p.Socket == r.path {
-				attempts = p.Attempts
-			}
+	for i := 2; i <= 4; i++ {
+		if ev := hm.lookAgain(clk, r.path); ev.Type != pluginmanager.EventLooked || ev.Attempt != i {
+			t.Fatalf("look %d: event %s (attempt %d), want Looked, nothing new", i, ev.Type, ev.Attempt)
 		}
-		return attempts >= 4 && d.called("NodeGetInfo") >= 4
-	})
+	}
 	if n := len(r.all()); n != 0 {
 		t.Errorf("registrar notified %d times by an observer: %v", n, r.all())
 	}
@@ -74,18 +73,18 @@ func TestObserve(t *testing.T) {
 		t.Errorf("first-seen time moved from %s to %s", first, got)
 	}
 	for _, m := range []string{"GetPluginInfo", "Probe", "NodeGetCapabilities", "NodeGetInfo"} {
-		if n := d.called(m); n < 4 {
+		if n := d.called(m); n != 4 {
 			t.Errorf("%s called %d times, want one per look", m, n)
 		}
 	}
 
 	// A driver that is not ready does not answer as it should.
 	d.set(func(d *driver) { d.ready = false })
-	ev := hm.event(r.path, pluginmanager.EventNotAnswering, pluginmanager.ReasonEndpoint)
-	if !strings.Contains(ev.Error, "not ready") {
-		t.Errorf("NotAnswering error %q, want it to say not ready", ev.Error)
+	ev := hm.lookAgain(clk, r.path)
+	if ev.Type != pluginmanager.EventNotAnswering || ev.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ev.Error, "not ready") {
+		t.Errorf("look at a driver not ready: %s %s %q, want NotAnswering for the endpoint, saying not ready", ev.Type, ev.Reason, ev.Error)
 	}
-	if s := hm.status(r.path, pluginmanager.StateNotAnswering); s.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(s.LastError, "not ready") {
+	if s := hm.WaitSocket(r.path, pluginmanager.StateNotAnswering); s.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(s.LastError, "not ready") {
 		t.Errorf("status = %s %q", s.Reason, s.LastError)
 	}
 	if got := hm.h.Details(r.plugin()); got != nil {
@@ -94,14 +93,16 @@ func TestObserve(t *testing.T) {
 
 	// Ready again, it answers again.
 	d.set(func(d *driver) { d.ready = true })
-	hm.status(r.path, pluginmanager.StateAnswering)
+	if ev := hm.lookAgain(clk, r.path); ev.Type != pluginmanager.EventAnswering {
+		t.Errorf("look at a driver ready again: %s, want Answering", ev.Type)
+	}
 	if ds := hm.h.Drivers(); len(ds) != 1 || ds[0].Active.NodeID != "node-1" || !ds[0].Active.Observed {
 		t.Errorf("drivers = %+v", ds)
 	}
 
 	// The registrar goes: the handler forgets the instance.
 	r.stop()
-	hm.gone(r.path)
+	hm.WaitGone(r.path)
 	if got := hm.h.Details(r.plugin()); got != nil {
 		t.Errorf("details = %s after the socket went, want nil", jsonOf(t, got))
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/internal/testenv"
@@ -170,6 +171,7 @@ type env struct {
 	m   *pluginmanager.Manager
 	sub *pluginmanager.Subscription
 	reg *prometheus.Registry
+	clk *testingclock.FakeClock // set by the observe tests
 	dir string
 }
 
@@ -306,26 +308,6 @@ func (e *env) resource(name string) deviceplugin.Resource {
 	}
 	e.t.Fatalf("no resource %s in %+v", name, e.h.Resources())
 	return deviceplugin.Resource{}
-}
-
-// pluginGone waits until the manager has forgotten path.
-func (e *env) pluginGone(path string) {
-	e.t.Helper()
-	deadline := time.After(wait)
-	for {
-		found := false
-		for _, p := range e.m.Plugins() {
-			found = found || p.Socket == path
-		}
-		if !found {
-			return
-		}
-		select {
-		case <-e.sub.Events():
-		case <-deadline:
-			e.t.Fatalf("timed out waiting for %s to be forgotten", filepath.Base(path))
-		}
-	}
 }
 
 // instanceDetails is Details as plugd's status API encodes it.
@@ -727,7 +709,7 @@ func TestRollingUpdate(t *testing.T) {
 	}
 
 	a.Close()
-	e.pluginGone(a.Path())
+	e.pm.WaitGone(a.Path())
 	if r := e.resource(gpu); r.Socket != c.Path() || !r.Connected || r.Dropped {
 		t.Errorf("resource = %+v after the old instance went, want still served from c", r)
 	}

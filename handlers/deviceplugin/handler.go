@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -92,22 +93,14 @@ type Resource struct {
 	Since time.Time `json:"since"`
 }
 
-// PluginOptions are a device plugin's answer to GetDevicePluginOptions.
-type PluginOptions struct {
-	PreStartRequired                bool `json:"preStartRequired,omitempty"`
-	GetPreferredAllocationAvailable bool `json:"getPreferredAllocationAvailable,omitempty"`
-}
+// PluginOptions are a device plugin's answer to GetDevicePluginOptions
+// (plugd's status API type).
+type PluginOptions = plugdapi.DevicePluginOptions
 
-// Device is one device of a resource.
-type Device struct {
-	ID string `json:"id"`
-	// Health is "Healthy" or "Unhealthy" (v1beta1.Healthy, v1beta1.Unhealthy);
-	// a device whose plugin sent anything else counts as Unhealthy, as in the
-	// kubelet.
-	Health string `json:"health"`
-	// Topology lists the NUMA nodes the device is attached to, if the plugin said.
-	Topology []int64 `json:"topology,omitempty"`
-}
+// Device is one device of a resource (plugd's status API type). Its Health
+// is "Healthy" or "Unhealthy" (v1beta1.Healthy, v1beta1.Unhealthy); a device
+// whose plugin sent anything else counts as Unhealthy, as in the kubelet.
+type Device = plugdapi.Device
 
 // Handler is the pluginmanager.Handler for device plugins. Create it with New,
 // add it to a manager for type "DevicePlugin", and Close it when the manager's
@@ -472,20 +465,6 @@ func cloneDevices(devs []Device) []Device {
 	return out
 }
 
-// details is what Details returns: one plugin instance, as plugd's status API
-// shows it.
-type details struct {
-	Resource  string         `json:"resource"`
-	Endpoint  string         `json:"endpoint"`
-	Serving   bool           `json:"serving"` // the newest instance, whose devices the resource has
-	Connected bool           `json:"connected"`
-	Dropped   bool           `json:"dropped,omitempty"`
-	Devices   map[string]int `json:"devices"` // counts by health
-	Options   PluginOptions  `json:"options"`
-	LastError string         `json:"lastError,omitempty"`
-	Since     time.Time      `json:"since"`
-}
-
 // Details describes the registered instance p as a value that encodes to a
 // JSON object: its resource, whether it serves it, whether its stream is up,
 // and its devices counted by health. For a plugin seen in observe mode it
@@ -503,7 +482,7 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	for _, d := range inst.devices {
 		counts[d.Health]++
 	}
-	return details{
+	return plugdapi.DevicePluginDetails{
 		Resource:  inst.res.name,
 		Endpoint:  inst.plugin.Endpoint,
 		Serving:   inst.res.serving() == inst,

@@ -7,6 +7,7 @@ import (
 
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -20,21 +21,6 @@ type observation struct {
 	devices []Device
 	at      time.Time // of the last successful look
 	lastErr string    // of the last look, if it failed
-}
-
-// observedDetails is what Details returns for an observed plugin.
-type observedDetails struct {
-	Resource string `json:"resource"`
-	Endpoint string `json:"endpoint"`
-	// Observed is always true: this is a snapshot taken by observe mode, not
-	// a registration the handler keeps a stream to.
-	Observed  bool           `json:"observed"`
-	Devices   map[string]int `json:"devices"`   // counts by health
-	Inventory []Device       `json:"inventory"` // the first list of the last look, sorted by ID
-	Options   PluginOptions  `json:"options"`
-	LastError string         `json:"lastError,omitempty"`
-	// ObservedAt is when the inventory was taken.
-	ObservedAt time.Time `json:"observedAt,omitzero"`
 }
 
 // Observe looks at a device plugin another manager registered, only
@@ -117,7 +103,7 @@ func (h *Handler) observedDetailsLocked(p pluginmanager.Plugin) any {
 	for _, d := range o.devices {
 		counts[d.Health]++
 	}
-	return observedDetails{
+	return plugdapi.DevicePluginObserved{
 		Resource:   o.plugin.Name,
 		Endpoint:   o.plugin.Endpoint,
 		Observed:   true,

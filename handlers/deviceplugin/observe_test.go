@@ -10,18 +10,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
-// newObserveEnv is newEnv with the manager in observe mode, looking every
-// 100ms.
+// newObserveEnv is newEnv with the manager in observe mode, on a fake
+// clock: it looks again when the test says (looks).
 func newObserveEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), clk: testingclock.NewFakeClock(time.Now())}
 	e.h = deviceplugin.New(deviceplugin.Options{Registerer: e.reg})
 	// Registered first, so run last: after the manager has stopped.
 	t.Cleanup(func() {
@@ -30,9 +32,12 @@ func newObserveEnv(t *testing.T) *env {
 			e.sub.Close()
 		}
 	})
-	e.startManager(pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
+	e.startManager(pluginmanager.Options{Observe: true, ProbeInterval: lookEvery, Clock: e.clk})
 	return e
 }
+
+// lookEvery is how often the observer looks at each plugin.
+const lookEvery = time.Minute
 
 // observedDetails is Details of an observed plugin as plugd's status API
 // encodes it.
@@ -63,27 +68,16 @@ func (e *env) observed(p pluginmanager.Plugin) (observedDetails, bool) {
 	return out, true
 }
 
-// looks waits until the manager has looked at the socket at path at least n
-// more times than it had when called.
-func (e *env) looks(path string, n int) {
+// looks makes the observer look at the socket at path n more times, and
+// returns the event of the last look.
+func (e *env) looks(path string, n int) pluginmanager.Event {
 	e.t.Helper()
-	from := -1
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
-		for _, p := range e.m.Plugins() {
-			if p.Socket != path {
-				continue
-			}
-			if from < 0 {
-				from = p.Attempts
-			}
-			if p.Attempts >= from+n {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ev pluginmanager.Event
+	for range n {
+		e.clk.Step(plugintest.MaxProbeDelay(lookEvery))
+		ev = e.pm.WaitLook(path)
 	}
-	e.t.Fatalf("the manager did not look at %s %d more times within %s: %+v", filepath.Base(path), n, wait, e.m.Plugins())
+	return ev
 }
 
 // In observe mode the handler reads a device plugin's inventory once per
@@ -125,6 +119,9 @@ func TestObserve(t *testing.T) {
 
 	// The device service stops while the registration socket still answers.
 	srv.Stop()
+	if ev := e.looks(reg.Path(), 1); ev.Type != pluginmanager.EventNotAnswering {
+		t.Errorf("the look after the service stopped: %s, want NotAnswering", ev.Type)
+	}
 	ps = e.pm.WaitSocket(reg.Path(), pluginmanager.StateNotAnswering)
 	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "GetDevicePluginOptions") {
 		t.Errorf("status = %+v, want reason endpoint naming the call that failed", ps)
@@ -137,13 +134,8 @@ func TestObserve(t *testing.T) {
 	if err := reg.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.pluginGone(reg.Path())
-	// Forget runs just after the manager dropped the socket.
-	deadline := time.Now().Add(wait)
-	for e.h.Details(ps.Plugin) != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("details after the socket went = %+v, want nil", e.h.Details(ps.Plugin))
-		}
-		time.Sleep(10 * time.Millisecond)
+	e.pm.WaitGone(reg.Path())
+	if d := e.h.Details(ps.Plugin); d != nil {
+		t.Errorf("details after the socket went = %+v, want nil", d)
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/plugd/plugd/internal/backoff"
 )
 
 // Bounds on what a plugin may send. A list larger than this is a broken or
@@ -197,8 +199,7 @@ func inventory(resp *api.ListAndWatchResponse) ([]Device, error) {
 // per Options.ReconnectBackoffMax however it fails.
 func (h *Handler) run(life context.Context, inst *instance, s *session) {
 	defer close(inst.done)
-	b := backoff{initial: h.opts.ReconnectBackoff, max: h.opts.ReconnectBackoffMax}
-	b.reset()
+	b := backoff.New(h.opts.ReconnectBackoff, h.opts.ReconnectBackoffMax, 0)
 	warn := breakLog{every: h.opts.ReconnectBackoffMax}
 	for {
 		up := time.Now()
@@ -207,8 +208,8 @@ func (h *Handler) run(life context.Context, inst *instance, s *session) {
 		if life.Err() != nil {
 			return
 		}
-		if time.Since(up) > b.max {
-			b.reset()
+		if time.Since(up) > b.Max() {
+			b.Reset()
 		}
 		h.lost(inst, err, &warn)
 		if s = h.redial(life, inst, &b, &warn); s == nil {
@@ -216,21 +217,6 @@ func (h *Handler) run(life context.Context, inst *instance, s *session) {
 		}
 	}
 }
-
-// backoff is the delay before the next redial of one instance.
-type backoff struct {
-	initial, max time.Duration
-	delay        time.Duration
-}
-
-// next returns the delay to wait now, and doubles the one after it.
-func (b *backoff) next() time.Duration {
-	d := b.delay
-	b.delay = min(2*d, b.max)
-	return d
-}
-
-func (b *backoff) reset() { b.delay = b.initial }
 
 // breakLog keeps a plugin whose stream keeps breaking from flooding the log:
 // the first break of an instance is a warning, and then at most one break
@@ -320,9 +306,9 @@ func unhealthy(devs []Device) []Device {
 // attempt, until it succeeds or life is done (then it returns nil). After the
 // grace period, or as soon as a newer instance serves the resource, it drops
 // inst's devices, and keeps trying.
-func (h *Handler) redial(life context.Context, inst *instance, b *backoff, warn *breakLog) *session {
+func (h *Handler) redial(life context.Context, inst *instance, b *backoff.Backoff, warn *breakLog) *session {
 	dropAt := time.Now().Add(h.opts.GracePeriod)
-	timer := time.NewTimer(min(b.next(), h.opts.GracePeriod))
+	timer := time.NewTimer(min(b.Next(), h.opts.GracePeriod))
 	defer timer.Stop()
 	for {
 		select {
@@ -356,7 +342,7 @@ func (h *Handler) redial(life context.Context, inst *instance, b *backoff, warn 
 		}
 		h.mu.Unlock()
 
-		next := b.next()
+		next := b.Next()
 		if !dropped {
 			next = max(0, min(next, time.Until(dropAt)))
 		}

@@ -4,19 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"unicode"
 
-	"github.com/plugd/plugd/internal/textsafe"
-)
+	"k8s.io/apimachinery/pkg/util/validation"
 
-// The rules of Kubernetes' IsQualifiedName and IsDNS1123Subdomain, which an
-// extended resource name must pass; written here rather than imported, as
-// they are all the handler needs of k8s.io/apimachinery.
-var (
-	dnsSubdomain  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	qualifiedName = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 const (
@@ -32,7 +25,9 @@ const (
 
 // checkResourceName says why name is not an extended resource name:
 // domain/resource, the domain a DNS subdomain outside kubernetes.io, the
-// resource a qualified name.
+// resource a qualified name. The syntax is Kubernetes' own (apimachinery's
+// validation, as the kubelet applies it); the shape and the reserved names
+// are checked first, to say plainly what is wrong.
 func checkResourceName(name string) error {
 	domain, res, ok := strings.Cut(name, "/")
 	switch {
@@ -44,8 +39,8 @@ func checkResourceName(name string) error {
 		return errors.New("the domain is empty")
 	case len(quotaPrefix)+len(domain) > maxSubdomainLen:
 		return fmt.Errorf("the domain is %d bytes long, at most %d are allowed", len(domain), maxSubdomainLen-len(quotaPrefix))
-	case !dnsSubdomain.MatchString(domain):
-		return fmt.Errorf("domain %q is not a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit", domain)
+	case len(validation.IsDNS1123Subdomain(domain)) > 0:
+		return fmt.Errorf("domain %q is not a DNS subdomain: %s", domain, strings.Join(validation.IsDNS1123Subdomain(domain), "; "))
 	case domain == reservedZone || strings.HasSuffix(domain, "."+reservedZone):
 		return fmt.Errorf("domain %q is in the kubernetes.io namespace, which is reserved for native resources", domain)
 	case strings.HasPrefix(domain, quotaPrefix):
@@ -54,8 +49,8 @@ func checkResourceName(name string) error {
 		return errors.New("the resource after the domain is empty")
 	case len(res) > maxNameLen:
 		return fmt.Errorf("the resource %q is %d bytes long, at most %d are allowed", res, len(res), maxNameLen)
-	case !qualifiedName.MatchString(res):
-		return fmt.Errorf("resource %q is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a letter or digit", res)
+	case len(validation.IsQualifiedName(res)) > 0:
+		return fmt.Errorf("resource %q is not a qualified name: %s", res, strings.Join(validation.IsQualifiedName(res), "; "))
 	}
 	return nil
 }

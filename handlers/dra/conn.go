@@ -13,13 +13,15 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+
+	"github.com/plugd/plugd/internal/backoff"
 )
 
 // How long to wait before opening a health stream again after it ended: the
@@ -70,7 +72,7 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 		// should be seen well within the grace period: retry sooner and more
 		// often than gRPC's defaults (1s, growing to 2m).
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
+			Backoff: grpcbackoff.Config{
 				BaseDelay:  250 * time.Millisecond,
 				Multiplier: 1.6,
 				Jitter:     0.2,
@@ -154,7 +156,7 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	default:
 		client = drahealthv1.NewDRAResourceHealthClient(in.conn)
 	}
-	delay := healthRetryMin
+	b := backoff.New(healthRetryMin, healthRetryMax, 0)
 	for {
 		received, err := h.healthStream(ctx, in, client)
 		if ctx.Err() != nil {
@@ -165,8 +167,9 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 			return
 		}
 		if received {
-			delay = healthRetryMin
+			b.Reset()
 		}
+		delay := b.Next()
 		// The error may carry the plugin's own message.
 		reason := printable(fmt.Sprint(err), maxMessageLen)
 		if status.Code(err) == codes.ResourceExhausted {
@@ -181,7 +184,6 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 			return
 		case <-t.C:
 		}
-		delay = min(2*delay, healthRetryMax)
 	}
 }
 
@@ -228,7 +230,7 @@ func (h *Handler) healthUnsupported(in *instance, err error) {
 // once to make room, and new devices the room does not cover are counted and
 // dropped, while the devices already kept are still refreshed.
 func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResourcesResponse) {
-	now := time.Now()
+	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sockets[in.socket] != in {

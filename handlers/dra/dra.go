@@ -19,7 +19,9 @@ import (
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	"k8s.io/utils/clock"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -85,6 +87,11 @@ type Options struct {
 	// CallTimeout bounds connecting to a plugin's endpoint in Register (the
 	// manager's deadline for the call applies as well). Zero means 10s.
 	CallTimeout time.Duration
+
+	// Clock tells the time of what the handler records (registrations,
+	// disconnections, health reports) and when reported health goes stale;
+	// tests set a fake one. Nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // Handler is the pluginmanager.Handler for DRA drivers (type "DRAPlugin"),
@@ -205,21 +212,9 @@ type Driver struct {
 	DevicesDropped int `json:"devicesDropped,omitempty"`
 }
 
-// Instance is a snapshot of one registered instance of a driver.
-type Instance struct {
-	// Socket is the registration socket; Endpoint is where the DRA service is.
-	Socket   string `json:"socket"`
-	Endpoint string `json:"endpoint"`
-	// Service is the DRA gRPC service chosen, e.g. "v1.DRAPlugin".
-	Service string `json:"service"`
-	// HealthService is the health service followed, e.g. "v1.DRAResourceHealth";
-	// empty if the plugin advertises none or answered that it has none.
-	HealthService string    `json:"healthService,omitempty"`
-	Connected     bool      `json:"connected"`
-	RegisteredAt  time.Time `json:"registeredAt"`
-	// DisconnectedAt is when the connection was lost, zero while connected.
-	DisconnectedAt time.Time `json:"disconnectedAt,omitzero"`
-}
+// Instance is a snapshot of one registered instance of a driver (plugd's
+// status API type).
+type Instance = api.DRAInstance
 
 // DeviceHealth is the last health a driver reported for one of its devices.
 type DeviceHealth struct {
@@ -234,13 +229,8 @@ type DeviceHealth struct {
 }
 
 // InstanceStatus is what Details returns: one instance, and where it stands
-// within its driver.
-type InstanceStatus struct {
-	Driver string `json:"driver"`
-	Instance
-	Serving         bool `json:"serving"`
-	DriverAvailable bool `json:"driverAvailable"`
-}
+// within its driver (plugd's status API type).
+type InstanceStatus = api.DRADetails
 
 // New returns a Handler for opts. Nothing runs until a plugin registers. It
 // panics if opts.Registerer refuses the handler's metrics (as
@@ -255,6 +245,9 @@ func New(opts Options) *Handler {
 	}
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 10 * time.Second
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	h := &Handler{
 		opts:        opts,
@@ -351,7 +344,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		endpoint:      p.Endpoint,
 		service:       service,
 		healthService: health,
-		registeredAt:  time.Now(),
+		registeredAt:  h.opts.Clock.Now(),
 		connected:     true,
 		conn:          conn,
 		cancel:        cancel,
@@ -478,7 +471,7 @@ func (h *Handler) setConnected(in *instance, connected bool) {
 		in.disconnectedAt = time.Time{}
 		h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
 	} else {
-		in.disconnectedAt = time.Now()
+		in.disconnectedAt = h.opts.Clock.Now()
 		h.log.Warn("DRA driver instance lost its connection", "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint)
 	}
 	h.updateLocked(in.driver)
@@ -508,7 +501,7 @@ func (h *Handler) updateLocked(d *driver) {
 		return
 	}
 	if d.lostAt.IsZero() {
-		d.lostAt = time.Now()
+		d.lostAt = h.opts.Clock.Now()
 		d.timerGen++
 		gen := d.timerGen
 		d.timer = time.AfterFunc(h.opts.GracePeriod, func() { h.expire(d, gen) })
@@ -529,7 +522,7 @@ func (h *Handler) expire(d *driver, gen uint64) {
 		h.forgetLocked(d)
 	} else {
 		d.available = false
-		d.unavailableSince = time.Now()
+		d.unavailableSince = h.opts.Clock.Now()
 		h.log.Warn("DRA driver unavailable: no instance connected within the grace period", "driver", d.name, "gracePeriod", h.opts.GracePeriod)
 	}
 	h.notifyLocked()
@@ -580,7 +573,7 @@ func (d *driver) serving() *instance {
 // Drivers returns a snapshot of every driver known, sorted by name. It is
 // safe to call at any time.
 func (h *Handler) Drivers() []Driver {
-	now := time.Now()
+	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := make([]Driver, 0, len(h.drivers))
@@ -655,7 +648,7 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	}
 	return &InstanceStatus{
 		Driver:          in.driver.name,
-		Instance:        in.snapshot(),
+		DRAInstance:     in.snapshot(),
 		Serving:         in.driver.serving() == in,
 		DriverAvailable: in.driver.available,
 	}

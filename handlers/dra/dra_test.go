@@ -30,6 +30,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
@@ -52,7 +53,8 @@ type env struct {
 	m   *pluginmanager.Manager
 	h   *Handler
 	reg *prometheus.Registry
-	dir string // the registry directory
+	clk *testingclock.FakeClock // set by the observe tests
+	dir string                  // the registry directory
 	sub *pluginmanager.Subscription
 }
 
@@ -539,8 +541,11 @@ func TestClosed(t *testing.T) {
 // Health reports are bounded: devices per driver, message length; a device
 // not refreshed within its timeout is Unknown.
 func TestHealthBounds(t *testing.T) {
-	h := New(Options{})
-	d, in := handMade(h)
+	// The devices' health holds for a second: on the real clock a slow
+	// machine could see it go stale before the first look.
+	clk := testingclock.NewFakePassiveClock(time.Now())
+	h := New(Options{Clock: clk})
+	_, in := handMade(h)
 
 	var resp drahealthv1.NodeWatchResourcesResponse
 	for i := range maxDevices + 10 {
@@ -566,11 +571,11 @@ func TestHealthBounds(t *testing.T) {
 	}
 
 	// Once stale, devices read Unknown, and make room for new ones.
-	h.mu.Lock()
-	for _, dev := range d.devices {
-		dev.receivedAt = dev.receivedAt.Add(-2 * time.Second)
+	clk.SetTime(clk.Now().Add(time.Second))
+	if devs := h.Drivers()[0].Devices; devs[0].Health != Healthy {
+		t.Errorf("device health at its timeout = %s, want still Healthy", devs[0].Health)
 	}
-	h.mu.Unlock()
+	clk.SetTime(clk.Now().Add(time.Nanosecond))
 	if devs := h.Drivers()[0].Devices; devs[0].Health != Unknown {
 		t.Errorf("stale device health = %s, want Unknown", devs[0].Health)
 	}

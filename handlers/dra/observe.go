@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -21,21 +22,8 @@ type observation struct {
 }
 
 // ObservedStatus is what Details returns for a plugin seen in observe mode:
-// the last look at it, not a registration.
-type ObservedStatus struct {
-	Driver   string `json:"driver"`
-	Endpoint string `json:"endpoint"`
-	// Service is the DRA gRPC service the plugin would be used with: the
-	// first in its versions that is supported, as Validate chooses it.
-	Service string `json:"service"`
-	// Observed is always true: the plugin is looked at, not registered.
-	Observed bool `json:"observed"`
-	// Reachable says the last look connected to the endpoint; ReachableAt is
-	// when one last did.
-	Reachable   bool      `json:"reachable"`
-	ReachableAt time.Time `json:"reachableAt,omitzero"`
-	LastError   string    `json:"lastError,omitempty"`
-}
+// the last look at it, not a registration (plugd's status API type).
+type ObservedStatus = api.DRAObserved
 
 // Observe looks at a DRA driver another manager registered, only reading:
 // it connects to the endpoint, waits for the connection to be ready within
@@ -77,7 +65,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 		o.lastErr = printable(err.Error(), maxMessageLen)
 	} else {
 		o.lastErr = ""
-		o.reachableAt = time.Now()
+		o.reachableAt = h.opts.Clock.Now()
 	}
 	h.notifyLocked()
 	return err

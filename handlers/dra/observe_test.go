@@ -11,21 +11,26 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
-// startObserving is start with the manager in observe mode, looking every
-// 100ms.
+// startObserving is start with the manager in observe mode, on a fake
+// clock: it looks again when the test says (looks).
 func startObserving(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewPedanticRegistry()}
+	e := &env{t: t, reg: prometheus.NewPedanticRegistry(), clk: testingclock.NewFakeClock(time.Now())}
 	e.h = New(Options{Registerer: e.reg})
-	e.run(pluginmanager.Options{Observe: true, ProbeInterval: 100 * time.Millisecond})
+	e.run(pluginmanager.Options{Observe: true, ProbeInterval: lookEvery, Clock: e.clk})
 	return e
 }
+
+// lookEvery is how often the observer looks at each plugin.
+const lookEvery = time.Minute
 
 // serveGRPC serves a gRPC server without services on a unix socket at path,
 // as a DRA endpoint that only has to be reachable; Stop closes it.
@@ -68,24 +73,16 @@ func (e *env) observedOf(p pluginmanager.Plugin) (ObservedStatus, bool) {
 	return out, true
 }
 
-// looks waits until the manager has looked at the socket at path at least n
-// more times than it had when called.
-func (e *env) looks(path string, n int) {
+// looks makes the observer look at the socket at path n more times, and
+// returns the event of the last look.
+func (e *env) looks(path string, n int) pluginmanager.Event {
 	e.t.Helper()
-	from := -1
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
-		if p, ok := e.plugin(path); ok {
-			if from < 0 {
-				from = p.Attempts
-			}
-			if p.Attempts >= from+n {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ev pluginmanager.Event
+	for range n {
+		e.clk.Step(plugintest.MaxProbeDelay(lookEvery))
+		ev = e.pm.WaitLook(path)
 	}
-	e.t.Fatalf("the manager did not look at %s %d more times within %s: %+v", filepath.Base(path), n, wait, e.m.Plugins())
+	return ev
 }
 
 // In observe mode the handler checks that a DRA driver's endpoint is
@@ -94,6 +91,7 @@ func TestObserve(t *testing.T) {
 	e := startObserving(t)
 	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
 	srv := serveGRPC(t, endpoint)
+	before := time.Now() // the manager may look as soon as the socket is there
 	reg, err := plugin.Start(plugin.Config{
 		Dir: e.dir, Type: Type, Name: "seen.example.com", Endpoint: endpoint,
 		Versions: []string{"v2.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"},
@@ -103,7 +101,6 @@ func TestObserve(t *testing.T) {
 	}
 	t.Cleanup(func() { reg.Close() })
 
-	before := time.Now()
 	ps := e.pm.WaitSocket(reg.Path(), pluginmanager.StateAnswering)
 	d, ok := e.observedOf(ps.Plugin)
 	if !ok || !d.Observed || d.Driver != "seen.example.com" || d.Endpoint != endpoint || d.Service != "v1beta1.DRAPlugin" ||
@@ -121,6 +118,9 @@ func TestObserve(t *testing.T) {
 
 	// The DRA service goes while the registration socket still answers.
 	srv.Stop()
+	if ev := e.looks(reg.Path(), 1); ev.Type != pluginmanager.EventNotAnswering {
+		t.Errorf("the look after the service went: %s, want NotAnswering", ev.Type)
+	}
 	ps = e.pm.WaitSocket(reg.Path(), pluginmanager.StateNotAnswering)
 	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, endpoint) {
 		t.Errorf("status = %+v, want reason endpoint naming %s", ps, endpoint)
@@ -136,10 +136,10 @@ func TestObserve(t *testing.T) {
 	if err := reg.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.until("the plugin to be forgotten", func() bool {
-		_, known := e.plugin(reg.Path())
-		return !known && e.h.Details(ps.Plugin) == nil
-	})
+	e.pm.WaitGone(reg.Path())
+	if d := e.h.Details(ps.Plugin); d != nil {
+		t.Errorf("details after the socket went = %+v, want none", d)
+	}
 }
 
 // A driver offering no supported DRA service is NotAnswering, and says why.

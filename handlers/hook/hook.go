@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -106,28 +107,9 @@ type record struct {
 	validateErr error
 }
 
-// Run is the record of one run of a hook, as Details returns it.
-type Run struct {
-	// Event is the call that ran the hook: validate, register or deregister.
-	Event string `json:"event"`
-	// Result is accepted, refused, error or timeout.
-	Result string `json:"result"`
-	// Start is when the run started.
-	Start time.Time `json:"start"`
-	// DurationSeconds is how long it took.
-	DurationSeconds float64 `json:"durationSeconds"`
-	// ExitStatus is a command's exit status; nil if it did not exit of itself
-	// (it could not be started, or was killed).
-	ExitStatus *int `json:"exitStatus,omitempty"`
-	// HTTPStatus is the status code of a URL's response; zero if none came.
-	HTTPStatus int `json:"httpStatus,omitempty"`
-	// Output is the last 4 KiB a command wrote to stderr (or to stdout, if
-	// nothing to stderr), or the first 4 KiB of a response's body, with
-	// control characters escaped.
-	Output string `json:"output,omitempty"`
-	// Error is why the hook did not accept the plugin; empty if it did.
-	Error string `json:"error,omitempty"`
-}
+// Run is the record of one run of a hook, as Details returns it (plugd's
+// status API type).
+type Run = api.HookRun
 
 // New returns a Handler for cfg, or an error naming the field of cfg that is
 // wrong. Nothing runs until the manager calls the handler.

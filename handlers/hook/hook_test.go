@@ -55,7 +55,7 @@ printf '%s\n' "$PLUGD_EVENT" "$PLUGD_PLUGIN_TYPE" "$PLUGD_PLUGIN_NAME" "$PLUGD_P
 	}, hook.Options{Registerer: reg})
 	h := start(t, hk)
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "hook.example.com", Endpoint: "/run/example/api.sock", Versions: []string{"1.0", "2.0"}})
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	want := pluginmanager.Plugin{Type: typ, Name: "hook.example.com", Endpoint: "/run/example/api.sock", Versions: []string{"1.0", "2.0"}, Socket: p.Path()}
 	checkMessage(t, readFile(t, filepath.Join(dir, "register.json")), "register", want)
@@ -122,14 +122,14 @@ echo "$PLUGD_EVENT $PLUGD_PLUGIN_NAME" >> "$1/calls"`, dir),
 	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "good"})
 
 	const reason = `validate hook refused the plugin (exit status 1): checking...\n\x1b[31mplugin bad is not allowed\x1b[0m`
-	s := h.status(bad.Path(), pluginmanager.StateRejected)
+	s := h.WaitSocket(bad.Path(), pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonValidate || s.LastError != reason {
 		t.Errorf("rejected with %s %q, want validate %q", s.Reason, s.LastError, reason)
 	}
 	if st := waitStatus(t, told); st.Registered || st.Error != reason {
 		t.Errorf("plugin was told %+v, want not registered because %q", st, reason)
 	}
-	h.status(good.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
 	if calls := readFile(t, filepath.Join(dir, "calls")); calls != "validate good\nregister good\n" {
 		t.Errorf("hook ran for %q, want validate and register for good only", calls)
 	}
@@ -145,7 +145,7 @@ func TestCommandRegisterExitStatus(t *testing.T) {
 		hk := newHook(t, hook.Config{Command: sh(`echo "no room for $PLUGD_PLUGIN_NAME" >&2; exit 3`)}, hook.Options{})
 		h := start(t, hk)
 		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "full"})
-		s := h.status(p.Path(), pluginmanager.StateRejected)
+		s := h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 		if want := "register hook refused the plugin (exit status 3): no room for full"; s.Reason != pluginmanager.ReasonRegister || s.LastError != want || s.Attempts != 1 {
 			t.Errorf("status = %+v, want rejected at register after 1 attempt with %q", s, want)
 		}
@@ -157,11 +157,11 @@ func TestCommandRegisterExitStatus(t *testing.T) {
 if [ "$(wc -l < "$1/runs")" -lt 3 ]; then echo "busy, try again" >&2; exit 1; fi`, dir)}, hook.Options{Registerer: reg})
 		h := start(t, hk)
 		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "busy"})
-		ev := h.event(p.Path(), pluginmanager.EventFailed)
+		ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
 		if want := "register hook refused the plugin (exit status 1): busy, try again"; ev.Reason != pluginmanager.ReasonRegister || ev.Error != want {
 			t.Errorf("failed with %s %q, want register %q", ev.Reason, ev.Error, want)
 		}
-		if s := h.status(p.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
+		if s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
 			t.Errorf("registered after %d attempts, want 3", s.Attempts)
 		}
 		if runs := readFile(t, filepath.Join(dir, "runs")); runs != "run\nrun\nrun\n" {
@@ -187,13 +187,13 @@ fi`, dir),
 	h := start(t, hk)
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "slow"})
 
-	ev := h.event(p.Path(), pluginmanager.EventFailed)
+	ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
 	if want := "register hook did not finish within 300ms; it was killed: waiting for the device"; ev.Error != want {
 		t.Errorf("failed with %q, want %q", ev.Error, want)
 	}
 	waitExited(t, readPid(t, filepath.Join(dir, "child")))
 
-	h.status(p.Path(), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	checkRuns(t, reg, "register", map[string]float64{"accepted": 1, "timeout": 1})
 	if run := hk.Details(ev.Plugin).(hook.Run); run.Result != "accepted" {
 		t.Errorf("Details = %+v, want the last run, which accepted", run)
@@ -289,17 +289,17 @@ func TestHTTP(t *testing.T) {
 	denyRegister := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "deny-register"})
 	flaky := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "flaky"})
 
-	h.status(ok.Path(), pluginmanager.StateRegistered)
-	s := h.status(denyValidate.Path(), pluginmanager.StateRejected)
+	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
+	s := h.WaitSocket(denyValidate.Path(), pluginmanager.StateRejected)
 	if want := "validate hook refused the plugin (HTTP 403 Forbidden): deny-validate is not on the list"; s.Reason != pluginmanager.ReasonValidate || s.LastError != want {
 		t.Errorf("deny-validate rejected with %s %q, want validate %q", s.Reason, s.LastError, want)
 	}
-	s = h.status(denyRegister.Path(), pluginmanager.StateRejected)
+	s = h.WaitSocket(denyRegister.Path(), pluginmanager.StateRejected)
 	if want := `register hook refused the plugin (HTTP 409 Conflict): no capacity for\x1b[2J deny-register`; s.Reason != pluginmanager.ReasonRegister || s.LastError != want || s.Attempts != 1 {
 		t.Errorf("deny-register = %+v, want rejected at register after 1 attempt with %q", s, want)
 	}
 	// A 500 is retried, on validate (through Register) as on register.
-	if s := h.status(flaky.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
+	if s := h.WaitSocket(flaky.Path(), pluginmanager.StateRegistered); s.Attempts != 3 {
 		t.Errorf("flaky registered after %d attempts, want 3", s.Attempts)
 	}
 
@@ -327,7 +327,7 @@ func TestHTTPUnreachable(t *testing.T) {
 	hk := newHook(t, hook.Config{URL: srv.URL + "/hook?token=s3cret", Events: []string{"validate"}}, hook.Options{})
 	h := start(t, hk)
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "a"})
-	ev := h.event(p.Path(), pluginmanager.EventFailed)
+	ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
 	// Validate cannot ask for a retry; Register does it for it.
 	if ev.Reason != pluginmanager.ReasonRegister || !strings.HasPrefix(ev.Error, "validate hook failed: ") || strings.Contains(ev.Error, "s3cret") {
 		t.Errorf("failed with %s %q, want register, a validate hook failure that does not show the URL", ev.Reason, ev.Error)
@@ -346,7 +346,7 @@ if [ "$PLUGD_EVENT" = deregister ]; then echo "cleanup failed" >&2; exit 1; fi`,
 		hook.Options{Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	h := start(t, hk)
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "leaving"})
-	s := h.status(p.Path(), pluginmanager.StateRegistered)
+	s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	if hk.Details(s.Plugin) == nil {
 		t.Fatal("no Details for a registered plugin")
 	}
@@ -354,7 +354,7 @@ if [ "$PLUGD_EVENT" = deregister ]; then echo "cleanup failed" >&2; exit 1; fi`,
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	h.gone(p.Path())
+	h.WaitGone(p.Path())
 	checkMessage(t, readFile(t, filepath.Join(dir, "deregister.json")), "deregister", s.Plugin)
 	if d := hk.Details(s.Plugin); d != nil {
 		t.Errorf("Details after deregistration = %+v, want nil", d)
@@ -535,91 +535,21 @@ func family(t *testing.T, reg *prometheus.Registry, name string) []*dto.Metric {
 	return nil
 }
 
-// harness is a running manager with the hook handler added for typ, and a way
-// to wait for its state.
+// harness is a running manager with the hook handler.
 type harness struct {
+	*plugintest.Manager
 	t   *testing.T
 	m   *pluginmanager.Manager
 	dir string
-	sub *pluginmanager.Subscription
 }
 
 // start runs a manager with fast test timings and h as the handler for typ,
-// and stops it at the end of the test, checking that Run returned. The
-// harness has its own subscription, so that status and event share one
-// ordered stream.
+// and stops it at the end of the test, checking that Run returned.
 func start(t *testing.T, h pluginmanager.Handler) *harness {
 	t.Helper()
-	pm := plugintest.NewManagerWith(t, pluginmanager.Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
-		map[string]pluginmanager.Handler{typ: h})
+	pm := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{typ: h})
 	pm.Timeout = wait
-	m := pm.Manager()
-	return &harness{t: t, m: m, dir: pm.Dir, sub: m.Subscribe()}
-}
-
-// until waits for cond to hold on the manager's snapshot, re-checking on every
-// event, and fails the test at the deadline with the last snapshot.
-func (h *harness) until(what string, cond func([]pluginmanager.PluginStatus) bool) {
-	h.t.Helper()
-	deadline := time.After(wait)
-	for {
-		snap := h.m.Plugins()
-		if cond(snap) {
-			return
-		}
-		select {
-		case <-h.sub.Events():
-		case <-deadline:
-			h.t.Fatalf("timed out waiting for %s; plugins: %+v", what, snap)
-		}
-	}
-}
-
-// status waits for the socket at path to reach state, and returns its status.
-func (h *harness) status(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	h.t.Helper()
-	var got pluginmanager.PluginStatus
-	h.until(fmt.Sprintf("%s to be %s", filepath.Base(path), state), func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path && p.State == state {
-				got = p
-				return true
-			}
-		}
-		return false
-	})
-	return got
-}
-
-// gone waits until the manager has forgotten path.
-func (h *harness) gone(path string) {
-	h.t.Helper()
-	h.until(filepath.Base(path)+" to be forgotten", func(ps []pluginmanager.PluginStatus) bool {
-		return !slices.ContainsFunc(ps, func(p pluginmanager.PluginStatus) bool { return p.Socket == path })
-	})
-}
-
-// event waits for the next event of type typ for the socket at path. Unlike a
-// snapshot, the stream shows a state that lasts only until the next retry.
-func (h *harness) event(path string, typ pluginmanager.EventType) pluginmanager.Event {
-	h.t.Helper()
-	deadline := time.After(wait)
-	for {
-		select {
-		case ev, ok := <-h.sub.Events():
-			if !ok {
-				h.t.Fatalf("event stream closed waiting for %s of %s", typ, filepath.Base(path))
-			}
-			if ev.Type == pluginmanager.EventLost {
-				h.t.Fatalf("lost %d events waiting for %s of %s", ev.Missed, typ, filepath.Base(path))
-			}
-			if ev.Plugin.Socket == path && ev.Type == typ {
-				return ev
-			}
-		case <-deadline:
-			h.t.Fatalf("timed out waiting for %s of %s; plugins: %+v", typ, filepath.Base(path), h.m.Plugins())
-		}
-	}
+	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir}
 }
 
 // startPlugin serves the registration service with the SDK and closes it at

@@ -14,7 +14,7 @@ import (
 )
 
 // states are the plugin states plugd reports, as the API spells them.
-var states = api.States
+var states = api.States()
 
 // Output formats.
 var (

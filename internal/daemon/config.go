@@ -492,21 +492,29 @@ func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) p
 		MaxSockets:           c.Policy.MaxSockets,
 		Observe:              c.Mode == "observe",
 	}
-	for _, h := range c.Handlers {
-		if h.UnhealthyGrace > 0 {
-			if o.GracePeriods == nil {
-				o.GracePeriods = map[string]time.Duration{}
-			}
-			o.GracePeriods[h.Type] = time.Duration(h.UnhealthyGrace)
-		}
-	}
-	for _, r := range c.Policy.AllowedPeers {
-		if o.AllowedPeers == nil {
-			o.AllowedPeers = map[string]pluginmanager.Peers{}
-		}
-		o.AllowedPeers[r.Type] = pluginmanager.Peers{UIDs: r.UIDs, GIDs: r.GIDs}
-	}
+	o.AllowedPeers, _ = c.peerRule("*")
 	return o
+}
+
+// handlerOptions are the manager's settings for the plugin type of h: its
+// own unhealthy grace, and who may serve it (policy.allowedPeers' rule for
+// the type; without one, the "*" rule, which is the manager's default).
+func (c Config) handlerOptions(h HandlerConfig) pluginmanager.HandlerOptions {
+	ho := pluginmanager.HandlerOptions{UnhealthyGrace: time.Duration(h.UnhealthyGrace)}
+	if r, ok := c.peerRule(h.Type); ok {
+		ho.AllowedPeers = r
+	}
+	return ho
+}
+
+// peerRule is the policy.allowedPeers rule for typ, if there is one.
+func (c Config) peerRule(typ string) (*pluginmanager.Peers, bool) {
+	for _, r := range c.Policy.AllowedPeers {
+		if r.Type == typ {
+			return &pluginmanager.Peers{UIDs: r.UIDs, GIDs: r.GIDs}, true
+		}
+	}
+	return nil, false
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -213,7 +213,10 @@ func (d *Daemon) addHandler(hc HandlerConfig) error {
 		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
 	}
 	d.handlers[hc.Type] = h
-	d.m.AddHandler(hc.Type, h.Handler)
+	d.m.AddHandler(hc.Type, h.Handler, d.cfg.handlerOptions(hc))
+	if obs, ok := h.Handler.(pluginmanager.Observer); ok {
+		d.m.AddObserver(hc.Type, obs) // used when observing
+	}
 	return nil
 }
 

@@ -23,7 +23,6 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
-	"github.com/plugd/plugd/pluginmanager"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -567,19 +566,6 @@ func TestHandlerSettingsAreChecked(t *testing.T) {
 	}
 }
 
-// The API's list of states is the manager's.
-func TestAPIStatesAreTheManagers(t *testing.T) {
-	want := []string{}
-	for _, s := range []pluginmanager.State{pluginmanager.StatePending, pluginmanager.StateRegistering, pluginmanager.StateRegistered,
-		pluginmanager.StateFailed, pluginmanager.StateStale, pluginmanager.StateRejected, pluginmanager.StateUnhealthy,
-		pluginmanager.StateAnswering, pluginmanager.StateNotAnswering} {
-		want = append(want, string(s))
-	}
-	if !slices.Equal(api.States, want) {
-		t.Errorf("api.States = %v, want %v", api.States, want)
-	}
-}
-
 func TestPolicyAndLivenessFromFlags(t *testing.T) {
 	var o options
 	flags := pflag.NewFlagSet("plugd", pflag.ContinueOnError)
@@ -593,10 +579,13 @@ func TestPolicyAndLivenessFromFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	mo := cfg.managerOptions(nil, nil)
-	if p := mo.AllowedPeers["CSIPlugin"]; !slices.Equal(p.UIDs, []uint32{0}) || !slices.Equal(p.GIDs, []uint32{10}) {
-		t.Errorf("peers = %+v", mo.AllowedPeers)
+	if p := cfg.handlerOptions(HandlerConfig{Type: "CSIPlugin"}).AllowedPeers; p == nil || !slices.Equal(p.UIDs, []uint32{0}) || !slices.Equal(p.GIDs, []uint32{10}) {
+		t.Errorf("CSIPlugin peers = %+v", p)
 	}
-	if _, ok := mo.AllowedPeers["*"]; !ok || mo.ProbeInterval != 5*time.Second || mo.UnhealthyGrace != time.Minute ||
+	if p := cfg.handlerOptions(HandlerConfig{Type: "DevicePlugin"}).AllowedPeers; p != nil {
+		t.Errorf("DevicePlugin peers = %+v, want none of its own: the manager's (the * rule)", p)
+	}
+	if p := mo.AllowedPeers; p == nil || !slices.Equal(p.UIDs, []uint32{0}) || mo.ProbeInterval != 5*time.Second || mo.UnhealthyGrace != time.Minute ||
 		mo.MaxSockets != 50 || !slices.Equal(mo.EndpointRoots, []string{"/var/lib/kubelet/plugins"}) {
 		t.Errorf("manager options = %+v", mo)
 	}

@@ -80,8 +80,8 @@ func (d *Daemon) Handler() http.Handler {
 func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	typ, name, state := q.Get("type"), q.Get("name"), q.Get("state")
-	if state != "" && !slices.Contains(api.States, state) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q is not one of %v", state, api.States))
+	if state != "" && !slices.Contains(api.States(), state) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q is not one of %v", state, api.States()))
 		return
 	}
 	dir := d.Config().RegistryDir

@@ -133,7 +133,7 @@ func summary(plugins []api.Plugin) string {
 		counts[p.State]++
 	}
 	var parts []string
-	for _, s := range api.States {
+	for _, s := range api.States() {
 		if counts[s] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
 			delete(counts, s)

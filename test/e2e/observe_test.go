@@ -60,22 +60,25 @@ func TestObserveBesideAManager(t *testing.T) {
 		t.Errorf("plugd observed:\n%s", out)
 	}
 
-	// Several looks later (no event marks a look that changes nothing, so
-	// this asks), each was told exactly once, by the registering manager.
-	deadline := time.Now().Add(wait)
-	for looks := 0; looks < 3; {
-		looks = 3
-		for _, id := range []string{"a.example.com.sock", "b.example.com.sock"} {
-			p, err := n.client.Plugin(context.Background(), id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			looks = min(looks, p.Attempts)
+	// Several looks later (each look is an event), each was told exactly
+	// once, by the registering manager.
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	events, err := n.client.Events(ctx, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
+	looks := map[string]int{}
+	for looks["a.example.com.sock"] < 3 || looks["b.example.com.sock"] < 3 {
+		ev, err := events.Next()
+		if err != nil {
+			t.Fatalf("plugd looked at the plugins %v times, then the event stream ended: %v", looks, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("plugd looked at the plugins only %d times", looks)
+		switch ev.Type {
+		case api.EventAnswering, api.EventNotAnswering, api.EventLooked:
+			looks[ev.Plugin.ID]++
 		}
-		time.Sleep(20 * time.Millisecond) // the poll's pace, not a wait for an event
 	}
 	for _, p := range []*proc{a, b} {
 		if got := strings.Count(p.out.String(), "plugin registered by manager"); got != 1 {

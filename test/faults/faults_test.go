@@ -91,7 +91,7 @@ func TestHangInNotify(t *testing.T) {
 		t.Errorf("the hanging plugin was registered %s after it was discovered, want at its %s notification deadline", took, deadline)
 	}
 	notHeldUp(t, m, other.Path(), hang.path, pluginmanager.EventRegistered)
-	s := m.state(hang.path, pluginmanager.StateRegistered)
+	s := m.WaitSocket(hang.path, pluginmanager.StateRegistered)
 	if s.Reason != pluginmanager.ReasonNotify || !strings.Contains(s.LastError, "NotifyRegistrationStatus") || !strings.Contains(s.LastError, "no answer within 1s") {
 		t.Errorf("status = %s %q, want the failed notification recorded", s.Reason, s.LastError)
 	}
@@ -295,8 +295,8 @@ func TestRegistrationStorm(t *testing.T) {
 	checkLeaks(t, dir)
 	rec := newRecorder()
 	m := runManager(t, pluginmanager.Options{Dir: dir, BackoffMax: time.Second}, map[string]pluginmanager.Handler{testType: rec})
-	m.keepHistory = false    // tens of thousands of events; and they would count as the manager's memory
-	m.patience = time.Minute // how long it takes to settle is logged, not asserted
+	m.keepHistory = false   // tens of thousands of events; and they would count as the manager's memory
+	m.Timeout = time.Minute // how long it takes to settle is logged, not asserted
 	select {
 	case <-m.m.Synced():
 	case <-time.After(wait):
@@ -395,7 +395,7 @@ func TestRegistrationStorm(t *testing.T) {
 	})
 
 	// The final state: converged once nothing changes any more.
-	m.until("the manager to know exactly the sockets on disk, and the handler to hold exactly the live plugins", func(ps []pluginmanager.PluginStatus) bool {
+	m.Until("the manager to know exactly the sockets on disk, and the handler to hold exactly the live plugins", func(ps []pluginmanager.PluginStatus) bool {
 		known := make([]string, 0, len(ps))
 		for _, p := range ps {
 			known = append(known, p.Socket)
@@ -431,7 +431,7 @@ func TestRegistrationStorm(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	m.until("the manager to forget every socket, and the handler to hold none", func(ps []pluginmanager.PluginStatus) bool {
+	m.Until("the manager to forget every socket, and the handler to hold none", func(ps []pluginmanager.PluginStatus) bool {
 		return len(ps) == 0 && len(rec.heldSockets()) == 0
 	})
 	rec.checkProblems(t)
@@ -454,12 +454,12 @@ func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 		t.Fatal("the manager did not walk the registry directory")
 	}
 	first := startPlugin(t, dir, "ok", "-name", "first")
-	m.state(first.path, pluginmanager.StateRegistered)
+	m.WaitSocket(first.path, pluginmanager.StateRegistered)
 
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	m.gone(first.path)
+	m.WaitGone(first.path)
 	if _, _, deregisters := rec.counts(); deregisters[first.path] != 1 {
 		t.Errorf("the plugin whose socket went with the directory was deregistered %d times, want once", deregisters[first.path])
 	}
@@ -471,7 +471,7 @@ func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 	}
 	recreated := time.Now()
 	second := startPlugin(t, dir, "ok", "-name", "second")
-	s := m.state(second.path, pluginmanager.StateRegistered)
+	s := m.WaitSocket(second.path, pluginmanager.StateRegistered)
 	took := s.RegisteredSince.Sub(recreated)
 	t.Logf("a plugin in the re-created directory registered %s after it was re-created (resync every %s)", took.Round(time.Millisecond), resync)
 	if took > resync+2*time.Second {
@@ -481,7 +481,7 @@ func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 	// The watch is back too: a third plugin is found by its event.
 	created := time.Now()
 	third := startPlugin(t, dir, "ok", "-name", "third")
-	s = m.state(third.path, pluginmanager.StateRegistered)
+	s = m.WaitSocket(third.path, pluginmanager.StateRegistered)
 	t.Logf("a third plugin was discovered %s after its process was started", s.Discovered.Sub(created).Round(time.Millisecond))
 	if got, want := rec.heldSockets(), []string{second.path, third.path}; !slices.Equal(got, want) {
 		t.Errorf("the handler holds %q, want %q", got, want)
@@ -514,8 +514,8 @@ func TestRestartWith500Plugins(t *testing.T) {
 	for round := 1; round <= 2; round++ {
 		rec := newRecorder()
 		m := runManager(t, opts, map[string]pluginmanager.Handler{testType: rec})
-		m.patience = time.Minute // measured, not asserted: see the log
-		ps := m.until(fmt.Sprintf("all %d plugins registered", n), func(ps []pluginmanager.PluginStatus) bool {
+		m.Timeout = time.Minute // measured, not asserted: see the log
+		ps := m.Until(fmt.Sprintf("all %d plugins registered", n), func(ps []pluginmanager.PluginStatus) bool {
 			registered := 0
 			for _, p := range ps {
 				if p.State == pluginmanager.StateRegistered {
@@ -531,7 +531,7 @@ func TestRestartWith500Plugins(t *testing.T) {
 			}
 		}
 		t.Logf("manager %d: all %d plugins registered %s after Run started", round, n, last.Sub(m.started).Round(time.Millisecond))
-		m.stop() // DeregisterOnShutdown is off: the handler keeps them
+		m.Stop() // DeregisterOnShutdown is off: the handler keeps them
 
 		validates, registers, deregisters := rec.counts()
 		for _, s := range servers {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 // faultplugin is the path of the fault plugin binary, built once by TestMain.
@@ -183,20 +184,16 @@ func heapInuse() uint64 {
 
 const mib = 1 << 20
 
-// manager is a pluginmanager.Manager running in the test process.
+// manager is a pluginmanager.Manager running in the test process, through
+// plugintest, with every event of the run kept for find.
 type manager struct {
+	*plugintest.Manager
 	t       *testing.T
 	m       *pluginmanager.Manager
 	dir     string
-	sub     *pluginmanager.Subscription
+	sub     *pluginmanager.Subscription // the run's events, for find and events
 	log     *tailBuffer
 	started time.Time
-	cancel  context.CancelFunc
-	done    chan error
-	stopped bool
-
-	// patience is how long until, status and find wait; wait unless set.
-	patience time.Duration
 
 	// history is every event read so far, for find; nil if keepHistory is off.
 	history     []pluginmanager.Event
@@ -205,7 +202,7 @@ type manager struct {
 
 // runManager starts a manager with opts (zero timings get short test values)
 // and handlers, and stops it at the end of the test. Its log is shown if the
-// test fails.
+// test fails. Its Timeout (how long its waits and find wait) is wait.
 func runManager(t *testing.T, opts pluginmanager.Options, handlers map[string]pluginmanager.Handler) *manager {
 	t.Helper()
 	setDefault := func(d *time.Duration, v time.Duration) {
@@ -217,49 +214,21 @@ func runManager(t *testing.T, opts pluginmanager.Options, handlers map[string]pl
 	setDefault(&opts.GetInfoTimeout, time.Second)
 	setDefault(&opts.NotifyTimeout, time.Second)
 	setDefault(&opts.HandlerTimeout, 2*time.Second)
-	setDefault(&opts.BackoffInitial, 20*time.Millisecond)
-	setDefault(&opts.BackoffMax, 200*time.Millisecond)
 	buf := &tailBuffer{max: 256 << 10}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	pm, err := pluginmanager.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for typ, h := range handlers {
-		pm.AddHandler(typ, h)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m := &manager{t: t, m: pm, dir: opts.Dir, sub: pm.Subscribe(), log: buf, cancel: cancel, done: make(chan error, 1), patience: wait, keepHistory: true}
-	m.started = time.Now()
-	go func() { m.done <- pm.Run(ctx) }()
-	t.Cleanup(func() {
-		m.stop()
+	t.Cleanup(func() { // after the manager stopped
 		if t.Failed() {
 			t.Logf("the manager's log (its last %d KiB):\n%s", buf.max>>10, buf)
 		}
 	})
+	started := time.Now()
+	pm := plugintest.NewManagerWith(t, opts, handlers)
+	pm.Timeout = wait
+	m := &manager{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir, sub: pm.Manager().SubscribeWithReplay(1 << 20), log: buf, started: started, keepHistory: true}
+	t.Cleanup(m.sub.Close)
 	return m
-}
-
-// stop cancels Run and waits for it to return. It may be called more than once.
-func (m *manager) stop() {
-	m.t.Helper()
-	if m.stopped {
-		return
-	}
-	m.stopped = true
-	m.cancel()
-	select {
-	case err := <-m.done:
-		if err != nil {
-			m.t.Errorf("Run returned %v", err)
-		}
-	case <-time.After(wait):
-		m.t.Errorf("Run did not return within %s of cancellation", wait)
-	}
-	m.sub.Close()
 }
 
 // next waits for the manager's next event until deadline; ok is false at the deadline.
@@ -279,42 +248,16 @@ func (m *manager) next(deadline <-chan time.Time) (ev pluginmanager.Event, ok bo
 	}
 }
 
-// until waits for cond to hold on the manager's snapshot, looking again after
-// every event, and fails the test at the deadline with the last snapshot.
-func (m *manager) until(what string, cond func([]pluginmanager.PluginStatus) bool) []pluginmanager.PluginStatus {
-	m.t.Helper()
-	deadline := time.After(m.patience)
-	for {
-		snap := m.m.Plugins()
-		if cond(snap) {
-			return snap
-		}
-		if _, ok := m.next(deadline); !ok {
-			m.t.Fatalf("timed out after %s waiting for %s; plugins: %s", m.patience, what, summary(snap))
-		}
-	}
-}
-
 // status waits until the socket at path satisfies cond, and returns its status.
 func (m *manager) status(path, what string, cond func(pluginmanager.PluginStatus) bool) pluginmanager.PluginStatus {
 	m.t.Helper()
 	var got pluginmanager.PluginStatus
-	m.until(filepath.Base(path)+" to be "+what, func(ps []pluginmanager.PluginStatus) bool {
-		for _, p := range ps {
-			if p.Socket == path && cond(p) {
-				got = p
-				return true
-			}
-		}
-		return false
+	m.Until(filepath.Base(path)+" to be "+what, func(ps []pluginmanager.PluginStatus) bool {
+		p, ok := plugintest.Find(ps, path)
+		got = p
+		return ok && cond(p)
 	})
 	return got
-}
-
-// state waits for the socket at path to be in state.
-func (m *manager) state(path string, state pluginmanager.State) pluginmanager.PluginStatus {
-	m.t.Helper()
-	return m.status(path, string(state), func(p pluginmanager.PluginStatus) bool { return p.State == state })
 }
 
 // verdict waits for the manager to have tried the socket at path and decided:
@@ -333,14 +276,6 @@ func (m *manager) verdict(path string) pluginmanager.PluginStatus {
 	})
 }
 
-// gone waits until the manager has forgotten path.
-func (m *manager) gone(path string) {
-	m.t.Helper()
-	m.until(filepath.Base(path)+" to be forgotten", func(ps []pluginmanager.PluginStatus) bool {
-		return !slices.ContainsFunc(ps, func(p pluginmanager.PluginStatus) bool { return p.Socket == path })
-	})
-}
-
 // find returns the first event of the run that match accepts, reading more
 // events until one comes.
 func (m *manager) find(what string, match func(pluginmanager.Event) bool) pluginmanager.Event {
@@ -348,11 +283,11 @@ func (m *manager) find(what string, match func(pluginmanager.Event) bool) plugin
 	if i := slices.IndexFunc(m.history, match); i >= 0 {
 		return m.history[i]
 	}
-	deadline := time.After(m.patience)
+	deadline := time.After(m.Timeout)
 	for {
 		ev, ok := m.next(deadline)
 		if !ok {
-			m.t.Fatalf("timed out after %s waiting for %s; plugins: %s", m.patience, what, summary(m.m.Plugins()))
+			m.t.Fatalf("timed out after %s waiting for %s; plugins: %s", m.Timeout, what, plugintest.Summary(m.m.Plugins()))
 		}
 		if match(ev) {
 			return ev
@@ -374,24 +309,6 @@ func (m *manager) events(match func(pluginmanager.Event) bool) []pluginmanager.E
 // on matches events of type typ for the socket at path.
 func on(path string, typ pluginmanager.EventType) func(pluginmanager.Event) bool {
 	return func(ev pluginmanager.Event) bool { return ev.Plugin.Socket == path && ev.Type == typ }
-}
-
-// summary shows a snapshot briefly: socket name, state, reason and error.
-func summary(ps []pluginmanager.PluginStatus) string {
-	const most = 20
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d sockets", len(ps))
-	for i, p := range ps {
-		if i == most {
-			fmt.Fprintf(&b, "; and %d more", len(ps)-most)
-			break
-		}
-		fmt.Fprintf(&b, "; %s %s", filepath.Base(p.Socket), p.State)
-		if p.Reason != "" {
-			fmt.Fprintf(&b, " (%s: %.200s)", p.Reason, p.LastError)
-		}
-	}
-	return b.String()
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -26,7 +26,7 @@ func TestKilledPlugin(t *testing.T) {
 	m := runManager(t, pluginmanager.Options{Dir: dir, ProbeInterval: probe, UnhealthyGrace: grace},
 		map[string]pluginmanager.Handler{testType: rec})
 	p := startPlugin(t, dir, "ok", "-name", "victim")
-	m.state(p.path, pluginmanager.StateRegistered)
+	m.WaitSocket(p.path, pluginmanager.StateRegistered)
 
 	killed := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -73,10 +73,10 @@ func TestPeerNotOnAllowList(t *testing.T) {
 	checkLeaks(t, dir)
 	rec := newRecorder()
 	other := uint32(os.Geteuid() + 4242)
-	m := runManager(t, pluginmanager.Options{Dir: dir, AllowedPeers: map[string]pluginmanager.Peers{testType: {UIDs: []uint32{other}}}},
+	m := runManager(t, pluginmanager.Options{Dir: dir, AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{other}}},
 		map[string]pluginmanager.Handler{testType: rec})
 	p := startPlugin(t, dir, "ok", "-name", "intruder")
-	s := m.state(p.path, pluginmanager.StateRejected)
+	s := m.WaitSocket(p.path, pluginmanager.StateRejected)
 	want := fmt.Sprintf("runs as uid %d", os.Geteuid())
 	if s.Reason != pluginmanager.ReasonPolicy || !strings.Contains(s.LastError, want) || !strings.Contains(s.LastError, "Options.AllowedPeers") {
 		t.Errorf("refusal = %s %q, want policy, naming the uid and the rule", s.Reason, s.LastError)
@@ -97,12 +97,12 @@ func TestEndpointOutsideRoots(t *testing.T) {
 	m := runManager(t, pluginmanager.Options{Dir: dir, EndpointRoots: []string{roots}}, map[string]pluginmanager.Handler{testType: newRecorder()})
 	out := startPlugin(t, dir, "ok", "-name", "outside", "-endpoint", "/var/run/elsewhere.sock")
 	in := startPlugin(t, dir, "ok", "-name", "inside", "-endpoint", filepath.Join(roots, "csi.sock"))
-	s := m.state(out.path, pluginmanager.StateRejected)
+	s := m.WaitSocket(out.path, pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonPolicy || !strings.Contains(s.LastError, "outside the directories Options.EndpointRoots allows") {
 		t.Errorf("refusal = %s %q", s.Reason, s.LastError)
 	}
 	out.logged("notified registered=false")
-	m.state(in.path, pluginmanager.StateRegistered)
+	m.WaitSocket(in.path, pluginmanager.StateRegistered)
 }
 
 // A registry directory its group may write to is refused, unless allowed.

@@ -1,0 +1,51 @@
+// Package backoff is plugd's one retry delay: the manager's registration
+// retries, a device plugin's stream redials and a DRA driver's health stream
+// reopenings all wait by it. The delay starts at an initial value and doubles
+// after each failure up to a cap (k8s.io/apimachinery's wait.Backoff does the
+// stepping); jitter spreads each delay around its step so that plugins that
+// failed together do not retry together, and never past the cap.
+package backoff
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// Backoff is the delay before each next attempt. The zero value waits no
+// time; make one with New. It is not safe for concurrent use: each retrying
+// thing (a socket, a stream) has its own.
+type Backoff struct {
+	initial, max time.Duration
+	jitter       float64
+	steps        wait.Backoff
+}
+
+// New returns a Backoff whose first delay is initial, doubling after each
+// attempt up to limit (initial if limit is smaller). With jitter j (0 ≤ j < 1),
+// each delay is its step times a random factor in [1-j, 1+j], and at most
+// limit.
+func New(initial, limit time.Duration, jitter float64) Backoff {
+	b := Backoff{initial: initial, max: max(initial, limit), jitter: jitter}
+	b.Reset()
+	return b
+}
+
+// Next returns the delay to wait now, and moves on to the next step.
+func (b *Backoff) Next() time.Duration {
+	d := b.steps.Step()
+	if b.jitter > 0 {
+		d = time.Duration(float64(d) * (1 - b.jitter + 2*b.jitter*rand.Float64()))
+	}
+	return min(d, b.max)
+}
+
+// Reset starts again from the initial delay: the thing retried came back.
+func (b *Backoff) Reset() {
+	b.steps = wait.Backoff{Duration: b.initial, Factor: 2, Steps: math.MaxInt32, Cap: b.max}
+}
+
+// Max is the longest delay Next returns.
+func (b *Backoff) Max() time.Duration { return b.max }

@@ -1,0 +1,359 @@
+package pluginmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/plugd/plugd/internal/unaryconn"
+	"github.com/plugd/plugd/pluginmanager/internal/connset"
+	"github.com/plugd/plugd/pluginmanager/internal/queue"
+)
+
+// registrar is the manager's default way of running: it registers plugins
+// with their handlers and tells them so, keeps the connection each
+// registered over (conns) to know at once when one goes, probes them, and
+// takes back what is gone.
+type registrar struct {
+	*parts
+	queue *queue.Queue
+	conns *connset.Set // nil until start
+}
+
+func (r *registrar) states() []State {
+	return []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy}
+}
+
+func (r *registrar) start(wg *sync.WaitGroup) error {
+	conns, err := connset.New(r.queue.Add)
+	if err != nil {
+		return fmt.Errorf("pluginmanager: watching plugins' connections: %w", err)
+	}
+	r.conns = conns
+	wg.Go(conns.Run)
+	return nil
+}
+
+// stop runs after the workers have stopped: the connections kept are
+// closed, handler calls are given a bounded time to return, and
+// registrations are dropped only if asked to.
+func (r *registrar) stop(ctx context.Context) {
+	r.conns.Close()
+	r.calls.wait(r.opts.HandlerTimeout)
+	if !r.opts.DeregisterOnShutdown {
+		return
+	}
+	// ctx is done; the deregistrations need a live context of their own, and
+	// share one deadline, so that shutdown takes one HandlerTimeout at most
+	// however many plugins there are.
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), r.opts.HandlerTimeout,
+		fmt.Errorf("shutdown: deregistration did not finish within %s", r.opts.HandlerTimeout))
+	defer cancel()
+	type held struct {
+		path string
+		e    *entry
+		reg  *registration
+	}
+	var all []held
+	r.reg.mu.Lock()
+	for path, e := range r.reg.entries {
+		if e.reg != nil && !r.calls.isBusy(path) {
+			all = append(all, held{path, e, e.reg})
+			e.reg = nil
+		}
+	}
+	r.reg.mu.Unlock()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, r.opts.Workers)
+	for _, h := range all {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			r.deregister(ctx, h.path, h.e, h.reg)
+		})
+	}
+	wg.Wait()
+	r.calls.wait(r.opts.HandlerTimeout)
+}
+
+// reconcile brings one socket path's registration in line with the file there
+// now: it deregisters what is gone or replaced before it registers the
+// successor, probes a registered plugin whose probe is due or whose
+// connection went, and retries a failed one whose retry is due.
+func (r *registrar) reconcile(ctx context.Context, path string) result {
+	if ctx.Err() != nil {
+		return result{}
+	}
+	if r.calls.isBusy(path) {
+		return result{} // the abandoned call queues the path again when it returns
+	}
+	id, present := statSocket(path)
+	watched := r.conns.Watching(path)
+	now := r.clock.Now()
+
+	r.reg.mu.Lock()
+	e := r.reg.entries[path]
+	if e == nil && !present {
+		r.reg.mu.Unlock()
+		return result{}
+	}
+	// Take back what is gone or replaced, and what a timed-out Register may
+	// have left with the handler before it is registered again.
+	if e != nil && e.reg != nil && (!present || e.reg.id != id || !e.status.State.registered()) {
+		reg := e.reg
+		e.reg = nil
+		r.reg.mu.Unlock()
+		if !r.deregister(ctx, path, e, reg) {
+			return result{}
+		}
+		now = r.clock.Now()
+		r.reg.mu.Lock()
+	}
+	if !present {
+		r.reg.forgetLocked(path, e, now)
+		r.reg.mu.Unlock()
+		return result{}
+	}
+	if e == nil || e.id != id {
+		if e = r.reg.discoverLocked(path, id, e, now); e == nil {
+			r.reg.mu.Unlock() // over Options.MaxSockets
+			return result{}
+		}
+	}
+	switch e.status.State {
+	case StateRegistered, StateUnhealthy:
+		if e.reg == nil {
+			break // let go at shutdown; register it again
+		}
+		he := r.table.get(e.reg.plugin.Type)
+		if he == nil || he.probe < 0 {
+			r.reg.mu.Unlock()
+			return result{} // no liveness for this type
+		}
+		// A probe is due at its time, or at once when the connection kept
+		// for the liveness watch went: the plugin's process may be gone.
+		if now.Before(e.due) && watched {
+			r.reg.mu.Unlock()
+			return result{at: e.due}
+		}
+		reg := e.reg
+		r.reg.mu.Unlock()
+		return r.probe(ctx, path, e, reg, he)
+	case StateFailed, StateStale:
+		if now.Before(e.due) {
+			r.reg.mu.Unlock()
+			return result{at: e.due}
+		}
+	case StateRejected:
+		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
+			r.reg.mu.Unlock()
+			return result{}
+		}
+	}
+	e.status.State = StateRegistering
+	e.status.Attempts++
+	e.status.NextRetry = time.Time{}
+	e.due = time.Time{}
+	e.answer.Store(nil)
+	attempt := e.status.Attempts
+	fid := e.id
+	fresh := attempt == 1 && now.Sub(e.status.Discovered) < time.Second
+	r.reg.mu.Unlock()
+
+	r.metrics.attempts.Inc()
+	return r.register(ctx, path, e, fid, attempt, fresh, now)
+}
+
+// register runs the handshake with the plugin and its handler, and records
+// how it went. The first probe is due a probe interval after the attempt
+// started.
+func (r *registrar) register(ctx context.Context, path string, e *entry, id fileID, attempt int, fresh bool, started time.Time) result {
+	p := Plugin{Socket: path}
+
+	dial := r.dial
+	if fresh {
+		dial = r.dialNew
+	}
+	conn, err := dial(ctx, path)
+	if err != nil {
+		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
+	}
+	who := peerOf(conn)
+	// From here, refuse takes conn, to tell the plugin; a registration keeps
+	// it for the liveness watch.
+
+	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout,
+		fmt.Errorf("no answer within %s", r.opts.GetInfoTimeout))
+	info, err := getInfo(infoCtx, conn)
+	cancel()
+	if status.Code(err) == codes.ResourceExhausted {
+		// An answer over the size cap is malformed, not unlucky: retrying
+		// would only make the plugin send it again.
+		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
+	}
+	if err != nil {
+		conn.Close()
+		// A plugin that does not serve Registration at all will not start to by retrying.
+		return r.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err), attempt)
+	}
+	if p, err = pluginFromInfo(info, path); err != nil {
+		// Keep none of what it said: the error says what was wrong, bounded.
+		return r.refuse(ctx, conn, e, Plugin{Socket: path}, ReasonInvalidInfo, err, true, attempt)
+	}
+	e.answer.Store(&p)
+
+	he := r.table.get(p.Type)
+	if err := r.checkPolicy(p, who, he); err != nil {
+		return r.refuse(ctx, conn, e, p, ReasonPolicy, err, true, attempt)
+	}
+	if he == nil {
+		return r.refuse(ctx, conn, e, p, ReasonNoHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type), true, attempt)
+	}
+	h := he.h
+
+	if err := r.calls.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
+		// A refusal is final; a handler that timed out or panicked may do better next time.
+		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err), attempt)
+	}
+
+	reg := &registration{id: id, plugin: p, handler: h}
+	if err := r.calls.call(ctx, path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
+		if isFault(err) {
+			// A handler that timed out may still take the plugin, so that
+			// registration is kept, to be taken back if the socket goes or
+			// before it is registered again.
+			r.reg.mu.Lock()
+			e.reg = reg
+			r.reg.mu.Unlock()
+		}
+		return res
+	}
+
+	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
+		fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
+	conn, notifyErr := r.notify(notifyCtx, conn, path, true, "")
+	cancel()
+	r.keep(ctx, path, conn, he)
+
+	now := r.clock.Now()
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	e.reg = reg
+	e.answer.Store(nil)
+	e.status.Plugin = p
+	e.status.State = StateRegistered
+	e.status.RegisteredSince = now
+	e.status.Reason, e.status.LastError = "", ""
+	label := r.typeLabel(p.Type)
+	if notifyErr != nil {
+		// The handler holds the plugin; failing the registration now would only
+		// make the handler flap. The plugin learns of it from its next GetInfo.
+		e.status.Reason, e.status.LastError = ReasonNotify, printable(notifyErr.Error())
+		r.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
+		r.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
+	}
+	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
+	e.due = nextProbe(started, he.probe)
+	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
+	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
+}
+
+// refuse tells the plugin, over conn, that it was not registered, then
+// records the failure. conn is closed.
+func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
+	if ctx.Err() == nil {
+		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
+			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
+		used, nerr := r.notify(notifyCtx, conn, p.Socket, false, err.Error())
+		if nerr != nil {
+			r.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
+		}
+		closeConn(used)
+		cancel()
+	} else {
+		conn.Close()
+	}
+	return r.fail(ctx, e, p, reason, err, terminal, attempt)
+}
+
+// fail records a failed attempt: Rejected if terminal, else Failed (or
+// Stale) with a retry after backoff.
+func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
+	now := r.clock.Now()
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	if ctx.Err() != nil {
+		// Shutting down: the attempt was cut short, not failed.
+		e.status.State = StatePending
+		return result{}
+	}
+	e.answer.Store(nil)
+	e.status.Plugin = p
+	e.status.Reason, e.status.LastError = reason, printable(err.Error())
+	r.metrics.failures.WithLabelValues(r.typeLabel(p.Type), string(reason)).Inc()
+	if terminal {
+		e.status.State = StateRejected
+		r.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
+		res := result{err: err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
+		if reason == ReasonNoHandler && r.table.get(p.Type) != nil {
+			// AddHandler ran while this attempt was refusing the plugin, and
+			// saw it Registering, not Rejected: it is up to us to retry.
+			res.at = now
+		}
+		return res
+	}
+	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
+	if e.backoff == nil {
+		b := r.newBackoff()
+		e.backoff = &b
+	}
+	delay := e.backoff.Next()
+	e.status.State = StateFailed
+	if refused {
+		// A socket file nobody listens on: what a crashed plugin leaves.
+		e.status.State = StateStale
+		r.removeIfStaleLocked(e, now)
+	}
+	e.status.NextRetry = now.Add(delay)
+	e.due = e.status.NextRetry
+	r.log.Warn("plugin registration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay)
+	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
+}
+
+// deregister takes reg back from its handler, and the connection kept for
+// it. It reports false if the handler call was abandoned at its deadline;
+// the path is queued again when it returns.
+func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
+	r.conns.Unwatch(path)
+	err := r.calls.call(ctx, path, "Deregister", func(ctx context.Context) error {
+		reg.handler.Deregister(ctx, reg.plugin)
+		return nil
+	})
+	p := reg.plugin
+	now := r.clock.Now()
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	if e.status.State.registered() {
+		e.status.State = StatePending
+	}
+	e.due = time.Time{}
+	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
+	r.metrics.deregistrations.WithLabelValues(r.typeLabel(p.Type)).Inc()
+	ev := r.reg.eventLocked(EventDeregistered, e, now)
+	ev.Plugin = p
+	if err != nil {
+		ev.Error = printable(err.Error())
+		r.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
+	} else {
+		r.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
+	}
+	r.reg.publishLocked(ev)
+	return !r.calls.isBusy(path)
+}

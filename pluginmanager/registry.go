@@ -1,0 +1,180 @@
+package pluginmanager
+
+import (
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plugd/plugd/internal/backoff"
+)
+
+// registry is every socket the manager knows, by path, under one lock: what
+// is on disk (the file's identity), what its handler holds (the
+// registration), and what the manager reports (the status). Events are
+// published under the same lock, so that they come in the order of the
+// changes they report.
+//
+// A worker holding a path in the queue is the only writer of that path's
+// entry, apart from discovery of a new path by a resync; so a registration
+// takes the lock twice, once to start the attempt and once to record how it
+// went.
+type registry struct {
+	events  *broker
+	metrics *metrics
+	log     *slog.Logger
+	max     int    // Options.MaxSockets
+	rescan  func() // asks for a walk of the directory: a place is free again
+
+	mu               sync.Mutex
+	entries          map[string]*entry
+	discoveries      uint64    // socket files discovered so far: each entry's seq
+	overLimit        bool      // sockets were left untracked: look again when one goes
+	lastLimitWarning time.Time // when the limit was last logged
+}
+
+// entry is one socket path.
+type entry struct {
+	id     fileID
+	seq    uint64        // when the file was discovered, in discoveries (see markNewest)
+	reg    *registration // nil unless the handler holds this socket's plugin
+	status PluginStatus
+	// backoff is the delay of the next retry, made at the first failure (most
+	// sockets never fail); it starts afresh with each new file at the path.
+	backoff *backoff.Backoff
+	// due is when the next look at the socket is: a retry (Failed, Stale),
+	// a probe (Registered, Unhealthy, observed); zero if none is. The queue
+	// holds the same time; this one tells a look that is due from a wake-up
+	// for some other reason.
+	due time.Time
+	// answer is what the plugin said in GetInfo during the attempt under
+	// way, for Plugins to show while Registering: it is written without the
+	// lock, which an attempt takes only to start and to finish, and dropped
+	// when the attempt is recorded.
+	answer atomic.Pointer[Plugin]
+}
+
+// registration is what was handed to a handler, kept to take it back.
+type registration struct {
+	id      fileID
+	plugin  Plugin
+	handler Handler
+}
+
+func newRegistry(events *broker, metrics *metrics, log *slog.Logger, max int, rescan func()) *registry {
+	return &registry{events: events, metrics: metrics, log: log, max: max, rescan: rescan, entries: make(map[string]*entry)}
+}
+
+// discoverLocked starts afresh for a new socket file at path, in e (nil for
+// a path not known yet): no attempts, no backoff, no verdict carried over
+// from a file that was there before. It returns nil, and tracks nothing, if
+// the manager already tracks as many sockets as it may.
+func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Time) *entry {
+	if e == nil {
+		if len(r.entries) >= r.max {
+			r.metrics.overLimit.Inc()
+			r.overLimit = true
+			if now.Sub(r.lastLimitWarning) > time.Minute {
+				r.lastLimitWarning = now
+				r.log.Error("too many sockets: new ones are not tracked until some go; raise Options.MaxSockets if this node needs more",
+					"limit", r.max, "socket", path)
+			}
+			return nil
+		}
+		e = &entry{}
+		r.entries[path] = e
+	}
+	e.id = id
+	r.discoveries++
+	e.seq = r.discoveries
+	e.backoff = nil
+	e.due = time.Time{}
+	e.answer.Store(nil)
+	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
+	r.publishLocked(r.eventLocked(EventDiscovered, e, now))
+	r.log.Debug("socket discovered", "socket", path)
+	return e
+}
+
+// forgetLocked drops the entry of a socket that is gone.
+func (r *registry) forgetLocked(path string, e *entry, now time.Time) {
+	if r.overLimit {
+		// A place is free: find the sockets that were left untracked.
+		r.overLimit = false
+		r.rescan()
+	}
+	delete(r.entries, path)
+	r.publishLocked(r.eventLocked(EventRemoved, e, now))
+	r.log.Debug("socket removed", "socket", path)
+}
+
+// eventLocked is an event of e's status as it is now.
+func (r *registry) eventLocked(typ EventType, e *entry, now time.Time) Event {
+	s := e.status
+	return Event{
+		Time:      now,
+		Type:      typ,
+		Plugin:    s.Plugin,
+		State:     s.State,
+		Reason:    s.Reason,
+		Error:     s.LastError,
+		Attempt:   s.Attempts,
+		NextRetry: s.NextRetry,
+	}
+}
+
+// publishLocked publishes while r.mu is held, so that events are in the order
+// of the changes they report.
+func (r *registry) publishLocked(ev Event) { r.events.publish(ev) }
+
+// plugins is the snapshot Manager.Plugins returns.
+func (r *registry) plugins() []PluginStatus {
+	r.mu.Lock()
+	out := make([]PluginStatus, 0, len(r.entries))
+	order := make(map[string]uint64, len(r.entries))
+	for path, e := range r.entries {
+		s := e.status
+		if s.State == StateRegistering && s.Type == "" {
+			if p := e.answer.Load(); p != nil {
+				s.Plugin = *p
+			}
+		}
+		s.Versions = slices.Clone(s.Versions)
+		out = append(out, s)
+		order[path] = e.seq
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b PluginStatus) int { return strings.Compare(a.Socket, b.Socket) })
+	markNewest(out, order)
+	return out
+}
+
+// markNewest marks the newest registered socket of each (type, name) in ps:
+// the one whose file was made last, and of files made at the same time, the
+// one discovered last (order holds each socket's place in the order of
+// discovery). Birth times tie more often than one would think: a
+// filesystem stamps a new file with a clock that ticks once per scheduler
+// tick (1-10 ms) unless someone has just asked for a fine-grained time, so
+// an old and a new instance of a plugin started within one tick are born at
+// the same nanosecond, and the socket path alone would then pick one.
+func markNewest(ps []PluginStatus, order map[string]uint64) {
+	type key struct{ typ, name string }
+	newest := make(map[key]int)
+	for i, s := range ps {
+		if s.State != StateRegistered {
+			continue
+		}
+		k := key{s.Type, s.Name}
+		// The newest socket, not the latest registration: an old instance
+		// registered again after a blip must not look like the new one.
+		j, ok := newest[k]
+		if !ok || s.Created.After(ps[j].Created) || s.Created.Equal(ps[j].Created) && order[s.Socket] > order[ps[j].Socket] {
+			newest[k] = i
+		}
+	}
+	for _, i := range newest {
+		ps[i].Newest = true
+	}
+}
