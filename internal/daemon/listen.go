@@ -27,10 +27,10 @@ const (
 	// maxHeaderBytes bounds a request's header (net/http's default is 1 MiB);
 	// the API's requests are a path and a short query.
 	maxHeaderBytes = 8 << 10
-	// answerBudget bounds the bytes of answers (JSON lists, findings,
+	// answerBudget bounds the bytes of answers (JSON lists, a plugin,
 	// metrics) held in memory while they are written, per listener: a
 	// client that does not read pins its answer until writeDeadline.
-	answerBudget = 8 << 20
+	answerBudget = 4 << 20
 	// readHeaderTimeout bounds a request's arrival; idleTimeout how long a
 	// keep-alive connection may wait for the next one (and a full listener
 	// closes idle ones sooner, see statusListener).
