@@ -44,6 +44,13 @@ type Options struct {
 	// from ReconnectBackoff. Zero means 100ms and 5s.
 	ReconnectBackoff    time.Duration
 	ReconnectBackoffMax time.Duration
+
+	// EndpointRoots, if set, are the directories endpoints must be in: the
+	// manager's Options.EndpointRoots. The manager checks an endpoint when
+	// its plugin registers; the handler checks again at every connection,
+	// redials included, and refuses an endpoint that resolves outside them
+	// by then (one swapped for a symlink, say).
+	EndpointRoots []string
 }
 
 // withDefaults returns a copy of o with the zero fields filled in.
@@ -235,7 +242,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		waitDone(ctx, old)
 	}
 
-	s, devs, err := h.open(life, ctx, p.Endpoint)
+	s, devs, err := h.open(life, ctx, p)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err == nil && inst.gone {

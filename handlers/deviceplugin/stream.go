@@ -16,7 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager"
 )
 
 // Bounds on what a plugin may send. A list larger than this is a broken or
@@ -46,12 +48,13 @@ func (s *session) close() {
 	s.conn.Close()
 }
 
-// dial returns a client for the device plugin serving on the unix socket at
-// endpoint. It connects on first use.
-func dial(endpoint string) (*grpc.ClientConn, error) {
+// dial returns a client for p's device plugin, serving on the unix socket at
+// its endpoint. It connects on first use, and every connection is confined
+// to Options.EndpointRoots.
+func (h *Handler) dial(p pluginmanager.Plugin) (*grpc.ClientConn, error) {
+	confined := endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots)
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", endpoint)
+		return confined.Dial(ctx, p.Endpoint)
 	}
 	// The dialer ignores the target, so a constant one keeps the path out of
 	// gRPC's target parsing.
@@ -70,16 +73,16 @@ func dial(endpoint string) (*grpc.ClientConn, error) {
 //
 // A new connection per session, rather than one gRPC reconnects by itself,
 // lets the handler's own backoff decide when a dead plugin is tried again.
-func (h *Handler) open(life, wait context.Context, endpoint string) (_ *session, _ []Device, err error) {
+func (h *Handler) open(life, wait context.Context, p pluginmanager.Plugin) (_ *session, _ []Device, err error) {
 	// Register's wait is its caller's context: Deregister and Close must
 	// end the calls too.
 	wait, cancelWait := context.WithCancel(wait)
 	defer cancelWait()
 	defer context.AfterFunc(life, cancelWait)()
 
-	conn, err := dial(endpoint)
+	conn, err := h.dial(p)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect %s: %w", endpoint, err)
+		return nil, nil, fmt.Errorf("connect %s: %w", p.Endpoint, err)
 	}
 	defer func() {
 		if err != nil {
@@ -323,7 +326,7 @@ func (h *Handler) redial(life context.Context, inst *instance, b *backoff.Backof
 		if !dropped {
 			wait, cancel = context.WithDeadlineCause(life, dropAt, fmt.Errorf("grace period of %s is over", h.opts.GracePeriod))
 		}
-		s, devs, err := h.open(life, wait, inst.plugin.Endpoint)
+		s, devs, err := h.open(life, wait, inst.plugin)
 		cancel()
 		if err == nil {
 			if h.restore(inst, s, devs, warn.quiet) {

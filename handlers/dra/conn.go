@@ -2,7 +2,9 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -21,7 +23,9 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
+	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager"
 )
 
 // How long to wait before opening a health stream again after it ended: the
@@ -32,32 +36,38 @@ const (
 	healthRetryMax = 30 * time.Second
 )
 
-// dialer connects to unix sockets and keeps the last failure, so that an
-// unreachable endpoint can be reported with its reason rather than just the
-// connection's state.
+// dialer connects to a plugin's endpoint, confined to the endpoint roots at
+// every connection (gRPC reconnects through it too), and keeps the last
+// failure, so that an unreachable endpoint can be reported with its reason
+// rather than just the connection's state.
 type dialer struct {
-	lastErr atomic.Pointer[error]
+	confined endpoint.Dialer
+	log      *slog.Logger
+	lastErr  atomic.Pointer[error]
+	warned   atomic.Bool // of an endpoint outside the roots, once
 }
 
 func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, "unix", addr)
+	c, err := d.confined.Dial(ctx, addr)
 	if err != nil {
 		d.lastErr.Store(&err)
+		if errors.Is(err, endpoint.ErrOutside) && !d.warned.Swap(true) {
+			d.log.Warn("DRA endpoint now leads outside the allowed directories; not connecting to it", "error", err)
+		}
 	}
 	return c, err
 }
 
-// connect opens a connection to endpoint and waits until it is ready, for at
-// most Options.CallTimeout. A connection that fails is not waited for: the
+// connect opens a connection to p's endpoint and waits until it is ready, for
+// at most Options.CallTimeout. A connection that fails is not waited for: the
 // manager retries Register with its own backoff.
-func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientConn, error) {
+func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.ClientConn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, h.opts.CallTimeout,
 		fmt.Errorf("endpoint not ready within %s", h.opts.CallTimeout))
 	defer cancel()
 
-	d := new(dialer)
-	conn, err := grpc.NewClient("passthrough:///"+endpoint,
+	d := &dialer{confined: endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots), log: h.log.With("driver", p.Name, "socket", p.Socket)}
+	conn, err := grpc.NewClient("passthrough:///"+p.Endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(d.dial),
 		// A unix socket path is no authority; gRPC would otherwise send it as one.
@@ -82,7 +92,7 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to DRA endpoint %s: %w", endpoint, err)
+		return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, err)
 	}
 	conn.Connect()
 	for {
@@ -96,13 +106,13 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 			if err := d.lastErr.Load(); err != nil {
 				reason = (*err).Error()
 			}
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", endpoint, reason)
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", p.Endpoint, reason)
 		case connectivity.Idle:
 			conn.Connect()
 		}
 		if !conn.WaitForStateChange(ctx, state) {
 			conn.Close()
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", endpoint, context.Cause(ctx))
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, context.Cause(ctx))
 		}
 	}
 }

@@ -92,6 +92,13 @@ type Options struct {
 	// disconnections, health reports) and when reported health goes stale;
 	// tests set a fake one. Nil means the real clock.
 	Clock clock.PassiveClock
+
+	// EndpointRoots, if set, are the directories endpoints must be in: the
+	// manager's Options.EndpointRoots. The manager checks an endpoint when
+	// its plugin registers; the handler checks again at every connection,
+	// reconnections included, and refuses an endpoint that resolves outside
+	// them by then (one swapped for a symlink, say).
+	EndpointRoots []string
 }
 
 // Handler is the pluginmanager.Handler for DRA drivers (type "DRAPlugin"),
@@ -328,7 +335,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		h.wg.Done()
 	}()
 
-	conn, err := h.connect(ctx, p.Endpoint)
+	conn, err := h.connect(ctx, p)
 	if err != nil {
 		if errors.Is(context.Cause(ctx), ErrClosed) {
 			return ErrClosed

@@ -208,7 +208,7 @@ func (d *Daemon) kubeletView(s pluginmanager.PluginStatus) *api.KubeletView {
 // addHandler builds the handler hc names and hands it to the manager. d.mu
 // must be held, or d not yet shared.
 func (d *Daemon) addHandler(hc HandlerConfig) error {
-	h, err := newHandler(hc, d.log, d.metrics)
+	h, err := newHandler(hc, d.cfg.Policy.EndpointRoots, d.log, d.metrics)
 	if err != nil {
 		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/plugd/plugd/plugin"
@@ -65,4 +66,41 @@ func DeadSocket(t testing.TB, path string) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
+}
+
+// AcceptCounter serves a unix socket at path that accepts connections,
+// counts them and closes them: a third party that plugd must not be led to.
+// Connected is closed at the first connection.
+type AcceptCounter struct {
+	n         atomic.Int64
+	Connected chan struct{}
+}
+
+// Count is how many connections were accepted.
+func (a *AcceptCounter) Count() int64 { return a.n.Load() }
+
+// CountAccepts serves an AcceptCounter at path until the test ends.
+func CountAccepts(t testing.TB, path string) *AcceptCounter {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &AcceptCounter{Connected: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if a.n.Add(1) == 1 {
+				close(a.Connected)
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); <-done })
+	return a
 }
