@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 
 	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
@@ -51,6 +52,10 @@ type Options struct {
 	// redials included, and refuses an endpoint that resolves outside them
 	// by then (one swapped for a symlink, say).
 	EndpointRoots []string
+
+	// Clock paces each plugin's ListAndWatch stream (1 MiB of device lists a
+	// second, 4 MiB at once); tests set a fake one. Nil means the real clock.
+	Clock clock.Clock
 }
 
 // withDefaults returns a copy of o with the zero fields filled in.

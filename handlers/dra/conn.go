@@ -20,10 +20,12 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
 	"github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -75,6 +77,8 @@ func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.Cl
 		// The health stream is all the handler receives on this connection:
 		// bound what a plugin can make it decode, and then walk under its lock.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxHealthMessageSize)),
+		grpc.WithInitialWindowSize(windowBytes),
+		grpc.WithInitialConnWindowSize(windowBytes),
 		// The connection's state is the instance's liveness: it must not go
 		// idle merely because nobody called the driver for a while.
 		grpc.WithIdleTimeout(0),
@@ -167,8 +171,11 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		client = drahealthv1.NewDRAResourceHealthClient(in.conn)
 	}
 	b := backoff.New(healthRetryMin, healthRetryMax, 0)
+	// One pace for the instance, whatever its streams: reopening one does
+	// not reset it.
+	pace := pacing.New(h.opts.Clock, healthBytesPerSecond, healthBurst, minHealthCost)
 	for {
-		received, err := h.healthStream(ctx, in, client)
+		received, err := h.healthStream(ctx, in, client, pace)
 		if ctx.Err() != nil {
 			return
 		}
@@ -197,9 +204,9 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	}
 }
 
-// healthStream runs one stream until it ends, and says whether it delivered
-// anything.
-func (h *Handler) healthStream(ctx context.Context, in *instance, client drahealthv1.DRAResourceHealthClient) (received bool, err error) {
+// healthStream runs one stream until it ends, at the pace, and says whether
+// it delivered anything.
+func (h *Handler) healthStream(ctx context.Context, in *instance, client drahealthv1.DRAResourceHealthClient, pace *pacing.Pacer) (received bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A watch has no deadline: it lasts as long as the instance, whose
@@ -209,6 +216,7 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 	if err != nil {
 		return false, err
 	}
+	slowed := false
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -216,6 +224,15 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 		}
 		received = true
 		h.recordHealth(in, resp)
+		waited, err := pace.Wait(ctx, proto.Size(resp))
+		if err != nil {
+			return received, err
+		}
+		if waited && !slowed {
+			slowed = true
+			h.log.Warn("DRA driver sends health reports faster than they are taken; its stream is slowed to the pace",
+				"driver", in.driver.name, "socket", in.socket, "bytesPerSecond", healthBytesPerSecond)
+		}
 	}
 }
 

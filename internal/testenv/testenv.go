@@ -7,6 +7,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/plugin"
 )
@@ -103,4 +107,28 @@ func CountAccepts(t testing.TB, path string) *AcceptCounter {
 	}()
 	t.Cleanup(func() { l.Close(); <-done })
 	return a
+}
+
+// TimerClock is a fake clock that tells when a timer is made on it, so that
+// a test can wait for the code under test to start waiting, then step it.
+type TimerClock struct {
+	*testingclock.FakeClock
+	// Timers receives the duration of every timer made, as it is made
+	// (the first 1024 not yet received; more are not told).
+	Timers chan time.Duration
+}
+
+// NewTimerClock is a TimerClock at a fixed time.
+func NewTimerClock() *TimerClock {
+	return &TimerClock{FakeClock: testingclock.NewFakeClock(time.Unix(1_700_000_000, 0)), Timers: make(chan time.Duration, 1024)}
+}
+
+// NewTimer makes a timer of the fake clock, and tells Timers.
+func (c *TimerClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d)
+	select {
+	case c.Timers <- d:
+	default:
+	}
+	return t
 }
