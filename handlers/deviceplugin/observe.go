@@ -46,7 +46,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	// close ends it at once after the first list.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, devs, err := h.open(ctx, ctx, p.Endpoint)
+	s, devs, err := h.open(ctx, ctx, p)
 	if err != nil {
 		return h.observeFailed(p, err)
 	}

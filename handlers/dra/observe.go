@@ -41,7 +41,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 		if closed {
 			return ErrClosed
 		}
-		conn, cerr := h.connect(ctx, p.Endpoint)
+		conn, cerr := h.connect(ctx, p)
 		if cerr == nil {
 			conn.Close()
 		}

@@ -84,23 +84,19 @@ func checkHandler(h HandlerConfig) error {
 	if h.GracePeriod != 0 && h.Handler != "dra" && h.Handler != "deviceplugin" {
 		return fmt.Errorf("gracePeriod applies to the dra and deviceplugin handlers, not %s", h.Handler)
 	}
-	if h.UnhealthyGrace < 0 {
-		return fmt.Errorf("unhealthyGrace is %s: it must be positive, or left out for liveness.unhealthyGrace", h.UnhealthyGrace)
-	}
-	if h.GracePeriod < 0 {
-		return fmt.Errorf("gracePeriod is %s: it must be positive (default 30s)", h.GracePeriod)
-	}
-	return nil
+	return h.checkBounds()
 }
 
 func hookConfig(h *HookConfig) hook.Config {
 	return hook.Config{Command: h.Command, URL: h.URL, Timeout: time.Duration(h.Timeout), Events: h.Events, Env: h.Env}
 }
 
-// newHandler builds the handler hc names (checked by WithDefaults). Its
+// newHandler builds the handler hc names (checked by WithDefaults), its
+// connections to endpoints confined to roots (policy.endpointRoots) at every
+// connection, as the manager confines registrations. Its
 // metrics carry the plugin type it serves, so that two types served by the
 // same kind of handler do not collide.
-func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
+func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
 	log = log.With("handler", hc.Handler, "pluginType", hc.Type)
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"plugin_type": hc.Type}, reg)
@@ -110,12 +106,12 @@ func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (
 	case "accept":
 		return handler{acceptHandler{}, func() {}}, nil
 	case "csi":
-		return handler{csi.New(csi.Options{Logger: log, Registerer: reg}), func() {}}, nil
+		return handler{csi.New(csi.Options{Logger: log, Registerer: reg, EndpointRoots: roots}), func() {}}, nil
 	case "deviceplugin":
-		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "dra":
-		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "hook":
 		h, err := hook.New(hookConfig(hc.Hook), hook.Options{Logger: log, Registerer: reg})
