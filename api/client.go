@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,10 +13,17 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // Client talks to plugd's status API. Its zero value talks to the daemon on
 // DefaultSocket. It is safe for concurrent use.
+//
+// It does not trust the other end: it reads at most MaxAnswerSize of an
+// answer and MaxEventSize of an event, 64 KiB of headers, and refuses a
+// compressed answer (it never asks for one).
 type Client struct {
 	// Socket is the unix socket of the status API. Zero means DefaultSocket(),
 	// unless Address is set.
@@ -34,7 +42,16 @@ var (
 	// ErrNotReady is returned, wrapped, by Ready while plugd has not yet
 	// scanned its registry directory.
 	ErrNotReady = errors.New("not ready")
+	// ErrBusy is returned, wrapped, when plugd turned the request away for
+	// now because one of its limits was reached (event streams, answers
+	// being written to slow clients), after the client retried a few times.
+	ErrBusy = errors.New("busy")
 )
+
+// busyRetries are the pauses before asking again when plugd says it is busy
+// (HTTP 503 or 429 with Retry-After): plugd's own limits free up within
+// moments unless it is flooded.
+var busyRetries = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond}
 
 // Filter selects plugins; an empty field matches every plugin.
 type Filter struct {
@@ -49,8 +66,12 @@ func (c *Client) Plugins(ctx context.Context, f Filter) ([]Plugin, error) {
 			q.Set(k, v)
 		}
 	}
+	path := "/v1/plugins"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
 	var list PluginList
-	if err := c.get(ctx, "/v1/plugins?"+q.Encode(), &list); err != nil {
+	if err := c.get(ctx, path, &list); err != nil {
 		return nil, err
 	}
 	return list.Plugins, nil
@@ -89,21 +110,42 @@ func (c *Client) Ready(ctx context.Context) error {
 
 // EventStream is a stream of events from Client.Events.
 type EventStream struct {
-	body io.ReadCloser
-	dec  *json.Decoder
+	body  io.ReadCloser
+	lines *bufio.Scanner
 }
 
 // Next blocks until the next event arrives. It returns io.EOF when the
-// daemon ends the stream, and an error when the stream's context is done.
+// daemon ends the stream, and an error when the stream's context is done or
+// the daemon sends something that is not an event (or an event longer than
+// MaxEventSize).
 func (s *EventStream) Next() (Event, error) {
-	var ev Event
-	if err := s.dec.Decode(&ev); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			err = io.EOF
+	for s.lines.Scan() {
+		line := s.lines.Bytes()
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
 		}
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			return Event{}, fmt.Errorf("plugd sent an event that is not valid JSON: %w", err)
+		}
+		return ev, nil
+	}
+	switch err := s.lines.Err(); {
+	case errors.Is(err, bufio.ErrTooLong):
+		return Event{}, fmt.Errorf("plugd sent an event longer than %d KiB, the most a client reads", MaxEventSize>>10)
+	case err != nil:
 		return Event{}, err
 	}
-	return ev, nil
+	return Event{}, io.EOF
+}
+
+// scanEvents splits the event stream into lines, and drops a last line the
+// daemon did not finish (it stopped mid-event).
+func scanEvents(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	return 0, nil, nil
 }
 
 // Close ends the stream.
@@ -116,7 +158,39 @@ func (c *Client) Events(ctx context.Context, replay int) (*EventStream, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &EventStream{body: resp.Body, dec: json.NewDecoder(bufio.NewReader(resp.Body))}, nil
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(make([]byte, 0, 4<<10), MaxEventSize)
+	lines.Split(scanEvents)
+	return &EventStream{body: resp.Body, lines: lines}, nil
+}
+
+// What a Client reads of an answer, at most: it does not trust the other end
+// to be plugd, or plugd to be sane. A plugd with 20,000 plugins answers
+// /v1/plugins in about 10 MiB; an event is one plugin, without details.
+const (
+	MaxAnswerSize = 32 << 20
+	MaxEventSize  = 1 << 20
+)
+
+// errTooLarge is what reading past MaxAnswerSize returns.
+var errTooLarge = errors.New("too large")
+
+// limitedBody reads at most left bytes of an answer, then errTooLarge.
+type limitedBody struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitedBody) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
 }
 
 func (c *Client) get(ctx context.Context, path string, into any) error {
@@ -128,14 +202,37 @@ func (c *Client) get(ctx context.Context, path string, into any) error {
 	if into == nil {
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+	tooLarge := fmt.Errorf("plugd's answer to %s is larger than %d MiB, the most a client reads; ask for less (a filter such as --type or --name)", path, MaxAnswerSize>>20)
+	if resp.ContentLength > MaxAnswerSize {
+		return tooLarge
+	}
+	if err := json.NewDecoder(&limitedBody{r: resp.Body, left: MaxAnswerSize}).Decode(into); err != nil {
+		if errors.Is(err, errTooLarge) {
+			return tooLarge
+		}
 		return fmt.Errorf("plugd sent an answer to %s that is not valid JSON: %w", path, err)
 	}
 	return nil
 }
 
-// do sends a GET and turns every failure into an error that says what to do.
+// do sends a GET, asks again while plugd says it is busy, and turns every
+// failure into an error that says what to do.
 func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
+	for _, pause := range busyRetries {
+		resp, err := c.doOnce(ctx, path)
+		if !errors.Is(err, ErrBusy) {
+			return resp, err
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
+	return c.doOnce(ctx, path)
+}
+
+func (c *Client) doOnce(ctx context.Context, path string) (*http.Response, error) {
 	base, hc := c.transport()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
@@ -151,6 +248,12 @@ func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("cannot reach plugd at %s: %w; is plugd running? Start it with 'plugd', or point --socket (or --address) at the status API it serves", c.where(), unwrapURLError(err))
 	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
+		// Never asked for (DisableCompression): a compressed answer could be
+		// a bomb of gigabytes once inflated.
+		resp.Body.Close()
+		return nil, fmt.Errorf("the answer from %s is compressed (Content-Encoding %q), which plugd never does and this client does not read; is it plugd?", c.where(), textsafe.Printable(enc, 64))
+	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil
 	}
@@ -160,11 +263,15 @@ func (c *Client) do(ctx context.Context, path string) (*http.Response, error) {
 	if json.Unmarshal(body, &e) != nil || e.Message == "" {
 		e.Message = strings.TrimSpace(string(body))
 	}
+	e.Message = textsafe.Printable(e.Message, 4<<10) // it goes to a terminal
 	err = fmt.Errorf("plugd: %s (HTTP %d)", e.Message, resp.StatusCode)
-	switch resp.StatusCode {
-	case http.StatusNotFound:
+	busy := resp.Header.Get("Retry-After") != ""
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
-	case http.StatusServiceUnavailable:
+	case busy && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests):
+		err = fmt.Errorf("%w: %w", ErrBusy, err)
+	case resp.StatusCode == http.StatusServiceUnavailable:
 		err = fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	return nil, err
@@ -195,7 +302,7 @@ func (c *Client) transport() (string, *http.Client) {
 		}
 		return base, c.HTTPClient
 	}
-	tr := &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true, DisableCompression: true, MaxResponseHeaderBytes: 64 << 10}
 	if base == "" {
 		socket := c.socket()
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -17,7 +17,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -68,6 +70,7 @@ type manifests struct {
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
 	daemonSets      []appsv1.DaemonSet
+	networkPolicies []networkingv1.NetworkPolicy
 }
 
 // loadManifests decodes every document of the manifest by its apiVersion and
@@ -106,6 +109,9 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 		case "apps/v1 DaemonSet":
 			m.daemonSets = append(m.daemonSets, appsv1.DaemonSet{})
 			obj = &m.daemonSets[len(m.daemonSets)-1]
+		case "networking.k8s.io/v1 NetworkPolicy":
+			m.networkPolicies = append(m.networkPolicies, networkingv1.NetworkPolicy{})
+			obj = &m.networkPolicies[len(m.networkPolicies)-1]
 		default:
 			t.Fatalf("%s: document %d: unknown kind %q of apiVersion %q", manifestPath, i+1, tm.Kind, tm.APIVersion)
 		}
@@ -426,6 +432,84 @@ func TestDaemonSet(t *testing.T) {
 	// Room for plugd's own shutdown before the kubelet kills it.
 	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= time.Duration(cfg.ShutdownTimeout) {
 		t.Errorf("terminationGracePeriodSeconds must exceed plugd's shutdown timeout %s", cfg.ShutdownTimeout)
+	}
+}
+
+// Issue 13, item 1: the status API's TCP port is guarded. A NetworkPolicy
+// selects plugd's pods (which are not hostNetwork, where a policy would not
+// apply) and admits to them only the status port, only from selected pods;
+// egress, which plugd needs for the API server, is left alone. plugd's
+// soft memory limit is below the container's.
+func TestNetworkPolicy(t *testing.T) {
+	m := loadManifests(t, manifestPath)
+	if len(m.daemonSets) != 1 || len(m.namespaces) != 1 {
+		t.Fatalf("want one DaemonSet and one Namespace, have %d and %d", len(m.daemonSets), len(m.namespaces))
+	}
+	ds, ns := m.daemonSets[0], m.namespaces[0].Name
+	pod := ds.Spec.Template
+	if pod.Spec.HostNetwork {
+		t.Errorf("the pod uses the host's network: no NetworkPolicy applies to it, and --status-tcp would be on the node's addresses")
+	}
+	c := pod.Spec.Containers[0]
+	cfg := plugdArgs(t, c, &m.configMaps[0], "/etc/plugd")
+	_, port, err := net.SplitHostPort(cfg.Status.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := false
+	for _, np := range m.networkPolicies {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			t.Fatalf("NetworkPolicy %s: %v", np.Name, err)
+		}
+		if np.Namespace != ns || !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		guarded = true
+		if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			t.Errorf("NetworkPolicy %s does not restrict ingress", np.Name)
+		}
+		if slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+			t.Errorf("NetworkPolicy %s restricts egress: plugd needs the API server", np.Name)
+		}
+		for i, rule := range np.Spec.Ingress {
+			if len(rule.From) == 0 {
+				t.Errorf("NetworkPolicy %s ingress[%d] admits every source", np.Name, i)
+			}
+			for j, peer := range rule.From {
+				if peer.IPBlock != nil || peer.PodSelector == nil && peer.NamespaceSelector == nil {
+					t.Errorf("NetworkPolicy %s ingress[%d].from[%d] is not a selection of pods: %+v", np.Name, i, j, peer)
+				}
+				if peer.NamespaceSelector != nil && len(peer.NamespaceSelector.MatchLabels)+len(peer.NamespaceSelector.MatchExpressions) == 0 {
+					t.Errorf("NetworkPolicy %s ingress[%d].from[%d] admits every namespace", np.Name, i, j)
+				}
+			}
+			if len(rule.Ports) == 0 {
+				t.Errorf("NetworkPolicy %s ingress[%d] admits every port", np.Name, i)
+			}
+			for _, p := range rule.Ports {
+				if p.Port == nil || p.Port.String() != port || p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP {
+					t.Errorf("NetworkPolicy %s ingress[%d] admits port %v, not only the status port %s/TCP", np.Name, i, p.Port, port)
+				}
+			}
+		}
+	}
+	if !guarded {
+		t.Errorf("no NetworkPolicy in namespace %s selects plugd's pods: anyone in the cluster reaches the status API on port %s", ns, port)
+	}
+
+	limit := c.Resources.Limits.Memory()
+	for _, e := range c.Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		soft, err := resource.ParseQuantity(strings.TrimSuffix(e.Value, "B"))
+		if err != nil {
+			t.Fatalf("GOMEMLIMIT %q: %v", e.Value, err)
+		}
+		if limit.IsZero() || soft.Cmp(*limit) >= 0 {
+			t.Errorf("GOMEMLIMIT %s is not below the memory limit %s", e.Value, limit)
+		}
 	}
 }
 

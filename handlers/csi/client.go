@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	confine "github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -70,15 +71,17 @@ type nodeInfo struct {
 	capabilities  []string
 }
 
-// query asks the driver at endpoint who it is, whether it is ready, and what
-// it knows of this node. Every call has its own deadline of h.callTimeout,
+// query asks p's driver, at endpoint (p's, made a path), who it is, whether
+// it is ready, and what it knows of this node. The connection is confined to
+// Options.EndpointRoots. Every call has its own deadline of h.callTimeout,
 // bounded by ctx. Answers that break the spec, a name that is not the one the
 // driver registered with, and a call the driver does not implement are
 // terminal errors: retrying would get the same answer.
-func (h *Handler) query(ctx context.Context, name, endpoint string) (*nodeInfo, error) {
+func (h *Handler) query(ctx context.Context, p pluginmanager.Plugin, endpoint string) (*nodeInfo, error) {
+	name := p.Name
+	confined := confine.For(endpoint, p.Socket, h.roots)
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", endpoint)
+		return confined.Dial(ctx, endpoint)
 	}
 	// The dialer ignores the target, so a constant one keeps the path away
 	// from gRPC's URL parsing.

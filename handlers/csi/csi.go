@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plugd/plugd/api"
+	confine "github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -34,6 +35,13 @@ type Options struct {
 	// CallTimeout bounds each CSI call made to a driver; the deadline of the
 	// handler call it is made in bounds it too. Zero means 10s.
 	CallTimeout time.Duration
+
+	// EndpointRoots, if set, are the directories endpoints must be in: the
+	// manager's Options.EndpointRoots. The manager checks an endpoint when
+	// its plugin registers; the handler checks again at every connection to
+	// the driver, and refuses an endpoint that resolves outside them by then
+	// (one swapped for a symlink, say).
+	EndpointRoots []string
 }
 
 // Handler is the pluginmanager.Handler for CSI drivers (type "CSIPlugin"). It
@@ -43,6 +51,7 @@ type Options struct {
 type Handler struct {
 	log         *slog.Logger
 	callTimeout time.Duration
+	roots       []string // Options.EndpointRoots
 	metrics     *metrics
 
 	mu      sync.Mutex
@@ -79,6 +88,7 @@ func New(opts Options) *Handler {
 	h := &Handler{
 		log:         opts.Logger,
 		callTimeout: opts.CallTimeout,
+		roots:       opts.EndpointRoots,
 		metrics:     newMetrics(),
 		drivers:     make(map[string][]*record),
 	}
@@ -192,7 +202,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	if err != nil {
 		return pluginmanager.TerminalError(err)
 	}
-	info, err := h.query(ctx, p.Name, endpoint)
+	info, err := h.query(ctx, p, endpoint)
 	if err != nil {
 		return err
 	}
@@ -222,8 +232,9 @@ func (h *Handler) watch(ctx context.Context, p pluginmanager.Plugin, endpoint st
 	return endpointwatch.Start(ctx, endpoint, endpointwatch.Options{
 		Report:  pluginmanager.EndpointReporter(ctx),
 		Timeout: h.callTimeout,
+		Dial:    confine.For(endpoint, p.Socket, h.roots).Dial,
 		Check: func(ctx context.Context) error {
-			info, err := h.query(ctx, p.Name, endpoint)
+			info, err := h.query(ctx, p, endpoint)
 			if err != nil {
 				return err
 			}

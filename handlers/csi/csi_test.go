@@ -743,3 +743,38 @@ func TestDeadDriverIsUnhealthy(t *testing.T) {
 		t.Errorf("the registrar was told %v, want registered once", r.statuses)
 	}
 }
+
+// Issue 13, item 3: the handler checks the endpoint roots itself at every
+// connection to a driver: an endpoint inside them that became a symlink to a
+// socket outside them after the manager's check is refused, not connected
+// to; one that stays inside is fine.
+func TestEndpointRootsCheckedAtConnection(t *testing.T) {
+	base := testenv.ShortDir(t, "csr")
+	root, outside, good := filepath.Join(base, "root"), filepath.Join(base, "out"), filepath.Join(base, "root", "good")
+	for _, d := range []string{good, outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
+	if err := os.Symlink(filepath.Join(outside, "evil.sock"), filepath.Join(root, "csi.sock")); err != nil {
+		t.Fatal(err)
+	}
+	serveDriver(t, good, "good.example.com")
+	h := csi.New(csi.Options{EndpointRoots: []string{root}})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	plugin := func(name, endpoint string) pluginmanager.Plugin {
+		return pluginmanager.Plugin{Type: "CSIPlugin", Name: name, Endpoint: endpoint, Socket: filepath.Join(base, name+"-reg.sock"), Versions: []string{"1.0.0"}}
+	}
+	err := h.Register(ctx, plugin("evil.example.com", filepath.Join(root, "csi.sock")))
+	if err == nil || !strings.Contains(err.Error(), "outside the directories endpoints must be in") {
+		t.Errorf("Register through a symlink out of the roots: %v, want a refusal that says so", err)
+	}
+	if n := evil.Count(); n != 0 {
+		t.Errorf("the handler connected %d times to the socket outside the roots", n)
+	}
+	if err := h.Register(ctx, plugin("good.example.com", filepath.Join(good, "csi.sock"))); err != nil {
+		t.Errorf("Register inside the roots: %v", err)
+	}
+}

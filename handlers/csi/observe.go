@@ -62,7 +62,7 @@ func (h *Handler) observe(ctx context.Context, p pluginmanager.Plugin) (_ *nodeI
 	if err != nil {
 		return nil, "", "", version{}, err
 	}
-	info, err := h.query(ctx, p.Name, endpoint)
+	info, err := h.query(ctx, p, endpoint)
 	if err != nil {
 		return nil, "", "", version{}, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -941,5 +942,40 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	}
 	if rs := h.Resources(); len(rs) != 0 {
 		t.Errorf("resources = %+v", rs)
+	}
+}
+
+// Issue 13, item 3: an endpoint inside the endpoint roots that is swapped for
+// a symlink to a socket outside them while the stream is down does not lead
+// the redial out: every connection is checked again.
+func TestRedialStaysInEndpointRoots(t *testing.T) {
+	base := testenv.ShortDir(t, "dpr")
+	root, outside := filepath.Join(base, "root"), filepath.Join(base, "out")
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newEnv(t, deviceplugin.Options{GracePeriod: wait, EndpointRoots: []string{root}})
+	endpoint := filepath.Join(root, "gpu.sock")
+	srv := serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
+	reg := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
+	registered(t, reg)
+
+	srv.Stop()
+	e.until("the stream to break", wait, func(rs map[string]deviceplugin.Resource) bool { return !rs[gpu].Connected })
+	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
+	os.Remove(endpoint)
+	if err := os.Symlink(filepath.Join(outside, "evil.sock"), endpoint); err != nil {
+		t.Fatal(err)
+	}
+	rs := e.until("the redial to be refused or to connect", wait, func(rs map[string]deviceplugin.Resource) bool {
+		return strings.Contains(rs[gpu].LastError, "outside the directories endpoints must be in") || evil.Count() > 0
+	})
+	if n := evil.Count(); n != 0 {
+		t.Errorf("the redial connected %d times to the socket outside the roots; resource %+v", n, rs[gpu])
+	}
+	if r := rs[gpu]; r.Connected {
+		t.Errorf("resource = %+v, want it disconnected", r)
 	}
 }

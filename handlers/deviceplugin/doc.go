@@ -51,7 +51,12 @@
 // does, so the devices of the last good list turn Unhealthy and the handler
 // redials with backoff. A redial whose first list is bad counts as a failed
 // attempt, so a plugin that goes on sending bad lists is dropped after the
-// grace period, and redialed until it sends a good one.
+// grace period, and redialed until it sends a good one. Lists are taken at
+// a pace of 1 MiB a second (4 MiB at once, each list counted as at least
+// 1 KiB): a plugin that sends faster waits in its own Send, held back by
+// gRPC's flow control with a window of 1 MiB, and is logged once. With
+// Options.EndpointRoots, every connection to the endpoint, redials
+// included, is checked to lead inside them.
 //
 // # Seeing what happens
 //

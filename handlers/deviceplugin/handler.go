@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 
 	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/pluginmanager"
@@ -44,6 +45,17 @@ type Options struct {
 	// from ReconnectBackoff. Zero means 100ms and 5s.
 	ReconnectBackoff    time.Duration
 	ReconnectBackoffMax time.Duration
+
+	// EndpointRoots, if set, are the directories endpoints must be in: the
+	// manager's Options.EndpointRoots. The manager checks an endpoint when
+	// its plugin registers; the handler checks again at every connection,
+	// redials included, and refuses an endpoint that resolves outside them
+	// by then (one swapped for a symlink, say).
+	EndpointRoots []string
+
+	// Clock paces each plugin's ListAndWatch stream (1 MiB of device lists a
+	// second, 4 MiB at once); tests set a fake one. Nil means the real clock.
+	Clock clock.Clock
 }
 
 // withDefaults returns a copy of o with the zero fields filled in.
@@ -239,7 +251,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		waitDone(ctx, old)
 	}
 
-	s, devs, err := h.open(life, ctx, p.Endpoint)
+	s, devs, err := h.open(life, ctx, p)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err == nil && inst.gone {

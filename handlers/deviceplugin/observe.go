@@ -8,6 +8,7 @@ import (
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	plugdapi "github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -56,7 +57,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	// close ends it at once after the first list.
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, devs, err := h.open(sctx, sctx, p.Endpoint)
+	s, devs, err := h.open(sctx, sctx, p)
 	if err != nil {
 		return h.observeFailed(p, err)
 	}
@@ -90,6 +91,7 @@ func (h *Handler) watchObserved(ctx context.Context, p pluginmanager.Plugin, loo
 	report := pluginmanager.EndpointReporter(ctx)
 	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
 		Timeout: h.opts.CallTimeout,
+		Dial:    endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
 		Report: func(err error) {
 			report(err)
 			if err == nil {

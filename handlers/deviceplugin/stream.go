@@ -14,9 +14,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager"
 )
 
 // Bounds on what a plugin may send. A list larger than this is a broken or
@@ -26,6 +30,18 @@ const (
 	maxDevices      = 10000
 	maxDeviceIDLen  = 256
 	maxNUMANodes    = 256
+)
+
+// The pace of a stream (see package pacing): device lists of 1 MiB a second
+// (a list of 10,000 devices is about 250 KiB), 4 MiB at once, each counted
+// as at least 1 KiB (at most 1,024 lists a second however small). A plugin
+// that sends faster waits in its own Send: gRPC's flow control, with a
+// window of windowBytes rather than one that grows to 16 MiB, holds it back.
+const (
+	listBytesPerSecond = 1 << 20
+	listBurst          = maxMessageBytes
+	minListCost        = 1 << 10
+	windowBytes        = 1 << 20
 )
 
 // errBadPlugin marks what a retry cannot fix: the plugin does not serve the
@@ -46,12 +62,13 @@ func (s *session) close() {
 	s.conn.Close()
 }
 
-// dial returns a client for the device plugin serving on the unix socket at
-// endpoint. It connects on first use.
-func dial(endpoint string) (*grpc.ClientConn, error) {
+// dial returns a client for p's device plugin, serving on the unix socket at
+// its endpoint. It connects on first use, and every connection is confined
+// to Options.EndpointRoots.
+func (h *Handler) dial(p pluginmanager.Plugin) (*grpc.ClientConn, error) {
+	confined := endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots)
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", endpoint)
+		return confined.Dial(ctx, p.Endpoint)
 	}
 	// The dialer ignores the target, so a constant one keeps the path out of
 	// gRPC's target parsing.
@@ -60,6 +77,8 @@ func dial(endpoint string) (*grpc.ClientConn, error) {
 		grpc.WithAuthority("localhost"),
 		grpc.WithContextDialer(dialer),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes)),
+		grpc.WithInitialWindowSize(windowBytes),
+		grpc.WithInitialConnWindowSize(windowBytes),
 	)
 }
 
@@ -70,16 +89,16 @@ func dial(endpoint string) (*grpc.ClientConn, error) {
 //
 // A new connection per session, rather than one gRPC reconnects by itself,
 // lets the handler's own backoff decide when a dead plugin is tried again.
-func (h *Handler) open(life, wait context.Context, endpoint string) (_ *session, _ []Device, err error) {
+func (h *Handler) open(life, wait context.Context, p pluginmanager.Plugin) (_ *session, _ []Device, err error) {
 	// Register's wait is its caller's context: Deregister and Close must
 	// end the calls too.
 	wait, cancelWait := context.WithCancel(wait)
 	defer cancelWait()
 	defer context.AfterFunc(life, cancelWait)()
 
-	conn, err := dial(endpoint)
+	conn, err := h.dial(p)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect %s: %w", endpoint, err)
+		return nil, nil, fmt.Errorf("connect %s: %w", p.Endpoint, err)
 	}
 	defer func() {
 		if err != nil {
@@ -201,9 +220,12 @@ func (h *Handler) run(life context.Context, inst *instance, s *session) {
 	defer close(inst.done)
 	b := backoff.New(h.opts.ReconnectBackoff, h.opts.ReconnectBackoffMax, 0)
 	warn := breakLog{every: h.opts.ReconnectBackoffMax}
+	// One pace for the instance, whatever its sessions: redialing does not
+	// reset it.
+	pace := pacing.New(h.opts.Clock, listBytesPerSecond, listBurst, minListCost)
 	for {
 		up := time.Now()
-		err := h.watch(inst, s)
+		err := h.watch(inst, s, pace)
 		s.close()
 		if life.Err() != nil {
 			return
@@ -242,8 +264,11 @@ func (l *breakLog) note(now time.Time) (warn bool, breaks int) {
 	return true, breaks
 }
 
-// watch applies the device lists the stream sends until it breaks.
-func (h *Handler) watch(inst *instance, s *session) error {
+// watch applies the device lists the stream sends until it breaks, at the
+// pace: before it takes the next list, it waits as long as the last one
+// puts the stream beyond it.
+func (h *Handler) watch(inst *instance, s *session, pace *pacing.Pacer) error {
+	slowed := false
 	for {
 		resp, err := s.stream.Recv()
 		if err != nil {
@@ -260,6 +285,15 @@ func (h *Handler) watch(inst *instance, s *session) error {
 			h.notifyLocked()
 		}
 		h.mu.Unlock()
+		waited, err := pace.Wait(s.stream.Context(), proto.Size(resp))
+		if err != nil {
+			return rpcError(s.stream.Context(), "ListAndWatch", err)
+		}
+		if waited && !slowed {
+			slowed = true
+			h.log.Warn("device plugin sends device lists faster than they are taken; its stream is slowed to the pace",
+				"resource", inst.plugin.Name, "socket", inst.plugin.Socket, "bytesPerSecond", listBytesPerSecond)
+		}
 	}
 }
 
@@ -324,7 +358,7 @@ func (h *Handler) redial(life context.Context, inst *instance, b *backoff.Backof
 		if !dropped {
 			wait, cancel = context.WithDeadlineCause(life, dropAt, fmt.Errorf("grace period of %s is over", h.opts.GracePeriod))
 		}
-		s, devs, err := h.open(life, wait, inst.plugin.Endpoint)
+		s, devs, err := h.open(life, wait, inst.plugin)
 		cancel()
 		if err == nil {
 			if h.restore(inst, s, devs, warn.quiet) {

@@ -2,7 +2,9 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -18,10 +20,14 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
+	"github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager"
 )
 
 // How long to wait before opening a health stream again after it ended: the
@@ -32,32 +38,38 @@ const (
 	healthRetryMax = 30 * time.Second
 )
 
-// dialer connects to unix sockets and keeps the last failure, so that an
-// unreachable endpoint can be reported with its reason rather than just the
-// connection's state.
+// dialer connects to a plugin's endpoint, confined to the endpoint roots at
+// every connection (gRPC reconnects through it too), and keeps the last
+// failure, so that an unreachable endpoint can be reported with its reason
+// rather than just the connection's state.
 type dialer struct {
-	lastErr atomic.Pointer[error]
+	confined endpoint.Dialer
+	log      *slog.Logger
+	lastErr  atomic.Pointer[error]
+	warned   atomic.Bool // of an endpoint outside the roots, once
 }
 
 func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, "unix", addr)
+	c, err := d.confined.Dial(ctx, addr)
 	if err != nil {
 		d.lastErr.Store(&err)
+		if errors.Is(err, endpoint.ErrOutside) && !d.warned.Swap(true) {
+			d.log.Warn("DRA endpoint now leads outside the allowed directories; not connecting to it", "error", err)
+		}
 	}
 	return c, err
 }
 
-// connect opens a connection to endpoint and waits until it is ready, for at
-// most Options.CallTimeout. A connection that fails is not waited for: the
+// connect opens a connection to p's endpoint and waits until it is ready, for
+// at most Options.CallTimeout. A connection that fails is not waited for: the
 // manager retries Register with its own backoff.
-func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientConn, error) {
+func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.ClientConn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, h.opts.CallTimeout,
 		fmt.Errorf("endpoint not ready within %s", h.opts.CallTimeout))
 	defer cancel()
 
-	d := new(dialer)
-	conn, err := grpc.NewClient("passthrough:///"+endpoint,
+	d := &dialer{confined: endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots), log: h.log.With("driver", p.Name, "socket", p.Socket)}
+	conn, err := grpc.NewClient("passthrough:///"+p.Endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(d.dial),
 		// A unix socket path is no authority; gRPC would otherwise send it as one.
@@ -65,6 +77,8 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 		// The health stream is all the handler receives on this connection:
 		// bound what a plugin can make it decode, and then walk under its lock.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxHealthMessageSize)),
+		grpc.WithInitialWindowSize(windowBytes),
+		grpc.WithInitialConnWindowSize(windowBytes),
 		// The connection's state is the instance's liveness: it must not go
 		// idle merely because nobody called the driver for a while.
 		grpc.WithIdleTimeout(0),
@@ -82,7 +96,7 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to DRA endpoint %s: %w", endpoint, err)
+		return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, err)
 	}
 	conn.Connect()
 	for {
@@ -96,13 +110,13 @@ func (h *Handler) connect(ctx context.Context, endpoint string) (*grpc.ClientCon
 			if err := d.lastErr.Load(); err != nil {
 				reason = (*err).Error()
 			}
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", endpoint, reason)
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", p.Endpoint, reason)
 		case connectivity.Idle:
 			conn.Connect()
 		}
 		if !conn.WaitForStateChange(ctx, state) {
 			conn.Close()
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", endpoint, context.Cause(ctx))
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, context.Cause(ctx))
 		}
 	}
 }
@@ -157,8 +171,11 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		client = drahealthv1.NewDRAResourceHealthClient(in.conn)
 	}
 	b := backoff.New(healthRetryMin, healthRetryMax, 0)
+	// One pace for the instance, whatever its streams: reopening one does
+	// not reset it.
+	pace := pacing.New(h.opts.Clock, healthBytesPerSecond, healthBurst, minHealthCost)
 	for {
-		received, err := h.healthStream(ctx, in, client)
+		received, err := h.healthStream(ctx, in, client, pace)
 		if ctx.Err() != nil {
 			return
 		}
@@ -187,9 +204,9 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	}
 }
 
-// healthStream runs one stream until it ends, and says whether it delivered
-// anything.
-func (h *Handler) healthStream(ctx context.Context, in *instance, client drahealthv1.DRAResourceHealthClient) (received bool, err error) {
+// healthStream runs one stream until it ends, at the pace, and says whether
+// it delivered anything.
+func (h *Handler) healthStream(ctx context.Context, in *instance, client drahealthv1.DRAResourceHealthClient, pace *pacing.Pacer) (received bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A watch has no deadline: it lasts as long as the instance, whose
@@ -199,6 +216,7 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 	if err != nil {
 		return false, err
 	}
+	slowed := false
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -206,6 +224,15 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 		}
 		received = true
 		h.recordHealth(in, resp)
+		waited, err := pace.Wait(ctx, proto.Size(resp))
+		if err != nil {
+			return received, err
+		}
+		if waited && !slowed {
+			slowed = true
+			h.log.Warn("DRA driver sends health reports faster than they are taken; its stream is slowed to the pace",
+				"driver", in.driver.name, "socket", in.socket, "bytesPerSecond", healthBytesPerSecond)
+		}
 	}
 }
 

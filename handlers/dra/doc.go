@@ -38,7 +38,10 @@
 // "v1alpha1.DRAResourceHealth" (kubeletplugin does by default) is asked for a
 // NodeWatchResources stream, and the health of every device it reports is
 // recorded, up to 1024 devices per driver; further devices are counted in
-// Driver.DevicesDropped and not followed. A report may be at most 256 KiB. A
+// Driver.DevicesDropped and not followed. A report may be at most 256 KiB,
+// and reports are taken at a pace of 512 KiB a second (1 MiB at once, each
+// counted as at least 1 KiB): a driver that sends faster waits in its own
+// Send, held back by gRPC's flow control with a window of 1 MiB. A
 // device not refreshed within its health check timeout (30s unless the driver
 // says otherwise, at most an hour) is reported Unknown, as the kubelet does. A
 // driver that answers Unimplemented, which is what kubeletplugin does for a

@@ -56,6 +56,15 @@ const (
 	// maxDevices devices, and small enough that a plugin cannot make the
 	// handler decode, and walk under its lock, a report of any size.
 	maxHealthMessageSize = 256 << 10
+	// The pace of a health stream (see package pacing): reports of 512 KiB
+	// a second (a report of maxDevices devices is about 70 KiB), 1 MiB at
+	// once, each counted as at least 1 KiB. A driver that sends faster
+	// waits in its own Send, held back by gRPC's flow control with a window
+	// of windowBytes (rather than one that grows to 16 MiB).
+	healthBytesPerSecond = 512 << 10
+	healthBurst          = 1 << 20
+	minHealthCost        = 1 << 10
+	windowBytes          = 1 << 20
 	// defaultHealthTimeout is how long a device's reported health holds when the
 	// plugin names no timeout of its own: the kubelet's default.
 	defaultHealthTimeout = 30 * time.Second
@@ -89,9 +98,17 @@ type Options struct {
 	CallTimeout time.Duration
 
 	// Clock tells the time of what the handler records (registrations,
-	// disconnections, health reports) and when reported health goes stale;
-	// tests set a fake one. Nil means the real clock.
-	Clock clock.PassiveClock
+	// disconnections, health reports) and when reported health goes stale,
+	// and paces the health streams; tests set a fake one. Nil means the real
+	// clock.
+	Clock clock.Clock
+
+	// EndpointRoots, if set, are the directories endpoints must be in: the
+	// manager's Options.EndpointRoots. The manager checks an endpoint when
+	// its plugin registers; the handler checks again at every connection,
+	// reconnections included, and refuses an endpoint that resolves outside
+	// them by then (one swapped for a symlink, say).
+	EndpointRoots []string
 }
 
 // Handler is the pluginmanager.Handler for DRA drivers (type "DRAPlugin"),
@@ -330,7 +347,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		h.wg.Done()
 	}()
 
-	conn, err := h.connect(ctx, p.Endpoint)
+	conn, err := h.connect(ctx, p)
 	if err != nil {
 		if errors.Is(context.Cause(ctx), ErrClosed) {
 			return ErrClosed

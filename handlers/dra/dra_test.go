@@ -545,7 +545,7 @@ func TestClosed(t *testing.T) {
 func TestHealthBounds(t *testing.T) {
 	// The devices' health holds for a second: on the real clock a slow
 	// machine could see it go stale before the first look.
-	clk := testingclock.NewFakePassiveClock(time.Now())
+	clk := testingclock.NewFakeClock(time.Now())
 	h := New(Options{Clock: clk})
 	_, in := handMade(h)
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -50,7 +51,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	}
 	var w *endpointwatch.Watch
 	if err == nil {
-		conn, cerr := h.connect(ctx, p.Endpoint)
+		conn, cerr := h.connect(ctx, p)
 		if cerr == nil {
 			conn.Close()
 			w, cerr = h.watchObserved(ctx, p, look)
@@ -98,6 +99,7 @@ func (h *Handler) watchObserved(ctx context.Context, p pluginmanager.Plugin, loo
 	report := pluginmanager.EndpointReporter(ctx)
 	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
 		Timeout: h.opts.CallTimeout,
+		Dial:    endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
 		Report: func(err error) {
 			report(err)
 			h.mu.Lock()

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -542,6 +544,30 @@ func TestWaitRegisteredLater(t *testing.T) {
 	}
 }
 
+// Issue 13, item 6: wait (a readiness probe) works when plugd has no event
+// stream left for it: it asks for the list instead.
+func TestWaitWithoutAStream(t *testing.T) {
+	e := startDaemon(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &api.Client{Socket: e.sock}
+	for {
+		s, err := c.Events(ctx, 0)
+		if err != nil {
+			t.Logf("plugd has no stream left for this client: %v", err)
+			break
+		}
+		defer s.Close()
+	}
+	b := e.background(t, "wait", "--type", "CSIPlugin", "--name", "csi.example.com", "--for", "registered")
+	waitLine(t, b.stderr, "plugd has no event stream free .*this client .* has 16 event streams open.*; asking every 250ms instead")
+	waitLine(t, b.stderr, regexp.QuoteMeta("waiting up to 30s for a plugin with type=CSIPlugin name=csi.example.com to be Registered; now no plugin matches"))
+	e.plugin(t, "CSIPlugin", "csi.example.com")
+	if code, stdout, stderr := b.result(t); code != ExitOK || stdout != csiID+" is Registered" {
+		t.Errorf("exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
 func TestWaitRejected(t *testing.T) {
 	e := startDaemon(t)
 	e.plugin(t, "example.com/Nope", "nope.example.com")
@@ -600,6 +626,63 @@ func TestUsageErrors(t *testing.T) {
 		if strings.Contains(r.stderr, "Usage:") || r.stdout != "" {
 			t.Errorf("plugctl %q: a usage error should print a hint, not the usage; stdout %q, stderr %q", tc.args, r.stdout, r.stderr)
 		}
+	}
+}
+
+// Issue 13, item 9: plugctl does not trust the server. An endless answer
+// and an endless event end with errors that say so; text meant to drive the
+// terminal (an escape sequence in an error) reaches it escaped.
+func TestHostileDaemon(t *testing.T) {
+	const evil = "\x1b]0;owned\x07\x1b[2J"
+	plugin := api.Plugin{ID: "x.sock", Type: "T", Name: "x", State: "Failed", Reason: "dial", LastError: "refused " + evil}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fill := func(prefix string) {
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, prefix)
+			chunk := bytes.Repeat([]byte("A"), 64<<10)
+			for range 1024 { // 64 MiB
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+		}
+		switch {
+		case r.URL.Path == "/v1/plugins" && r.URL.Query().Get("name") == "endless":
+			fill(`{"plugins": [{"id": "`)
+		case r.URL.Path == "/v1/plugins":
+			json.NewEncoder(w).Encode(api.PluginList{Plugins: []api.Plugin{plugin}})
+		case r.URL.Path == "/v1/events":
+			json.NewEncoder(w).Encode(api.Event{Seq: 1, Type: "Failed", Plugin: plugin})
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	endlessEvents := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		chunk := bytes.Repeat([]byte("A"), 64<<10)
+		for range 1024 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	defer endlessEvents.Close()
+
+	r := run("--address", srv.URL, "list", "--name", "endless")
+	r.want(t, ExitError, "larger than 32 MiB")
+	r = run("--address", endlessEvents.URL, "watch")
+	r.want(t, ExitError, "longer than 1024 KiB")
+	r = run("--address", srv.URL, "watch")
+	r.want(t, ExitError, "closed the event stream")
+	if !strings.Contains(r.stdout, "refused ") || strings.ContainsAny(r.stdout, "\x1b\x07") {
+		t.Errorf("watch printed the event unescaped, or not at all: %q", r.stdout)
+	}
+	r = run("--address", srv.URL, "wait", "--name", "x", "--for", "registered")
+	r.want(t, ExitError, "x.sock is Failed, error (dial): refused ")
+	if strings.ContainsAny(r.stderr, "\x1b\x07") {
+		t.Errorf("wait printed the error unescaped: %q", r.stderr)
 	}
 }
 

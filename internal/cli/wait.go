@@ -39,9 +39,11 @@ func (a *app) waitCommand() *cobra.Command {
   present     at least one plugin matches, in any state
   gone        no plugin matches
 
-wait reacts to plugd's events as they happen; it does not poll. (Only "gone"
-first lets a plugd that has just started finish scanning its directory, as a
-plugin it has not found yet is not gone.) Progress goes to standard error, the
+wait reacts to plugd's events as they happen; it does not poll, unless plugd
+has no event stream free for it (they are limited per client), and then it
+asks for the list every 250ms. (Only "gone" first lets a plugd that has just
+started finish scanning its directory, as a plugin it has not found yet is
+not gone.) Progress goes to standard error, the
 plugins that met the condition to standard output.
 
 Exit codes:
@@ -164,11 +166,33 @@ func (a *app) wait(ctx context.Context, w waitSpec) error {
 		defer cancel()
 	}
 	c := a.client()
+	// Without an event stream (plugd has none free for this client), wait
+	// asks for the list every pollEvery instead: readiness probes must not
+	// depend on a stream.
+	var next func() error
 	stream, err := c.Events(ctx, 0)
-	if err != nil {
+	switch {
+	case errors.Is(err, api.ErrBusy):
+		fmt.Fprintf(a.stderr, "plugd has no event stream free (%v); asking every %s instead\n", err, pollEvery)
+		tick := time.NewTicker(pollEvery)
+		defer tick.Stop()
+		next = func() error {
+			select {
+			case <-tick.C:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	case err != nil:
 		return w.failed(ctx, c, err, nil, false)
+	default:
+		defer stream.Close()
+		next = func() error {
+			_, err := stream.Next()
+			return err
+		}
 	}
-	defer stream.Close()
 	if w.cond == "gone" {
 		if err := w.untilScanned(ctx, c); err != nil {
 			return err
@@ -180,17 +204,21 @@ func (a *app) wait(ctx context.Context, w waitSpec) error {
 	)
 	for {
 		matching, err := lookup(ctx, c, w.sel)
-		if err != nil {
+		switch {
+		case stream == nil && errors.Is(err, api.ErrBusy) && ctx.Err() == nil:
+			// Polling, and plugd is too busy to answer this once: ask again.
+		case err != nil:
 			return w.failed(ctx, c, err, last, seen)
+		default:
+			if hits, ok := w.met(matching); ok {
+				return a.reportMet(w, hits)
+			}
+			if !seen {
+				fmt.Fprintf(a.stderr, "waiting %s for %s; now %s\n", forHowLong(w.timeout), w.goal(), describe(matching))
+			}
+			last, seen = matching, true
 		}
-		if hits, ok := w.met(matching); ok {
-			return a.reportMet(w, hits)
-		}
-		if !seen {
-			fmt.Fprintf(a.stderr, "waiting %s for %s; now %s\n", forHowLong(w.timeout), w.goal(), describe(matching))
-		}
-		last, seen = matching, true
-		if _, err := stream.Next(); err != nil {
+		if err := next(); err != nil {
 			return w.failed(ctx, c, err, last, seen)
 		}
 	}
@@ -218,7 +246,7 @@ func (a *app) reportMet(w waitSpec, hits []api.Plugin) error {
 		return err
 	}
 	for _, p := range hits {
-		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", p.ID, p.State); err != nil {
+		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", cell(p.ID), cell(p.State)); err != nil {
 			return err
 		}
 	}
@@ -253,7 +281,7 @@ func describe(matching []api.Plugin) string {
 			parts = append(parts, fmt.Sprintf("and %d more ('plugctl list' shows all)", len(matching)-i))
 			break
 		}
-		s := fmt.Sprintf("%s is %s", p.ID, p.State)
+		s := fmt.Sprintf("%s is %s", cell(p.ID), cell(p.State))
 		if p.LastError != "" {
 			s += ", " + errorText(p)
 		}
@@ -268,6 +296,10 @@ func forHowLong(d time.Duration) string {
 	}
 	return "up to " + d.String()
 }
+
+// pollEvery is how often wait asks for the list when plugd has no event
+// stream for it.
+const pollEvery = 250 * time.Millisecond
 
 // scanPoll is how often untilScanned asks whether plugd has scanned.
 const scanPoll = 100 * time.Millisecond

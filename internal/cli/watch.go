@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 var watchOutputs = []string{"text", "json"}
@@ -132,7 +133,7 @@ func eventLine(ev api.Event) string {
 		return fmt.Sprintf("%s  %-12s  missed %d events; 'plugctl list' shows the current state", t, ev.Type, ev.Missed)
 	}
 	p := ev.Plugin
-	line := fmt.Sprintf("%s  %-12s  %s  %s  %s  %s", t, ev.Type, cell(p.Type), cell(p.Name), cell(p.ID), cell(p.State))
+	line := fmt.Sprintf("%s  %-12s  %s  %s  %s  %s", t, cell(ev.Type), cell(p.Type), cell(p.Name), cell(p.ID), cell(p.State))
 	if p.LastError != "" {
 		line += "  " + errorText(p)
 	}
@@ -141,9 +142,10 @@ func eventLine(ev api.Event) string {
 
 // errorText is a plugin's last error with the step it happened at.
 func errorText(p api.Plugin) string {
-	msg := strings.Join(strings.Fields(p.LastError), " ")
+	// Escaped here too: a daemon that did not must not drive the terminal.
+	msg := textsafe.Escape(strings.Join(strings.Fields(p.LastError), " "))
 	if p.Reason != "" {
-		return fmt.Sprintf("error (%s): %s", p.Reason, msg)
+		return fmt.Sprintf("error (%s): %s", textsafe.Escape(p.Reason), msg)
 	}
 	return "error: " + msg
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -311,9 +309,9 @@ func DefaultHandlers() []HandlerConfig {
 // every error names the file and the field.
 func LoadConfig(path string) (Config, error) {
 	var c Config
-	b, err := os.ReadFile(path)
+	b, err := readConfigFile(path)
 	if err != nil {
-		return c, fmt.Errorf("reading config: %w", err)
+		return c, err
 	}
 	if err := yaml.UnmarshalStrict(b, &c); err != nil {
 		return c, fmt.Errorf("config %s: %w", path, err)
@@ -336,6 +334,9 @@ func (c Config) WithDefaults() (Config, error) {
 	}
 	if abs, err := filepath.Abs(c.RegistryDir); err == nil {
 		c.RegistryDir = abs
+	}
+	if err := checkRegistryDir(c.RegistryDir); err != nil {
+		return c, err
 	}
 	if len(c.Handlers) == 0 {
 		c.Handlers = DefaultHandlers()
@@ -360,20 +361,22 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.Status.Socket == "" {
 		c.Status.Socket = api.DefaultSocket()
 	}
+	if c.Status.Socket != "none" {
+		if abs, err := filepath.Abs(c.Status.Socket); err == nil {
+			if err := checkStatusSocket(abs, c.RegistryDir); err != nil {
+				return c, err
+			}
+		}
+	}
 	if c.Status.TCP != "" {
-		host, _, err := net.SplitHostPort(c.Status.TCP)
+		addr, err := statusTCP(c.Status.TCP, c.Status.AllowNonLoopback)
 		if err != nil {
-			return c, fmt.Errorf("status.tcp is %q: it must be host:port, such as 127.0.0.1:9090", c.Status.TCP)
+			return c, err
 		}
-		if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && !c.Status.AllowNonLoopback {
-			return c, fmt.Errorf("status.tcp is %q, which is not a loopback address: the status API has no authentication; use 127.0.0.1, or set status.allowNonLoopback to expose it", c.Status.TCP)
-		}
+		c.Status.TCP = addr
 	}
-	if c.Workers < 0 {
-		return c, fmt.Errorf("workers is %d: it must be positive (default 16)", c.Workers)
-	}
-	if c.ShutdownTimeout < 0 {
-		return c, fmt.Errorf("shutdownTimeout is %s: it must be positive (default 10s)", c.ShutdownTimeout)
+	if err := c.checkBounds(); err != nil {
+		return c, err
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(10 * time.Second)
@@ -396,32 +399,6 @@ func (c Config) WithDefaults() (Config, error) {
 	for i, root := range c.Policy.EndpointRoots {
 		if !filepath.IsAbs(root) {
 			return c, fmt.Errorf("policy.endpointRoots[%d] %q is not an absolute path", i, root)
-		}
-	}
-	for _, d := range []struct {
-		name string
-		v    Duration
-	}{{"liveness.unhealthyGrace", c.Liveness.UnhealthyGrace}, {"policy.removeStaleAfter", c.Policy.RemoveStaleAfter}} {
-		if d.v < 0 {
-			return c, fmt.Errorf("%s is %s: it must be positive, or left out for the default", d.name, d.v)
-		}
-	}
-	if c.Policy.MaxSockets < 0 {
-		return c, fmt.Errorf("policy.maxSockets is %d: it must be positive (default 20000)", c.Policy.MaxSockets)
-	}
-	if c.ResyncInterval > 0 && c.ResyncInterval < Duration(time.Second) {
-		return c, fmt.Errorf("resyncInterval is %s: it must be at least 1s (default 30s), or negative to disable the walk", c.ResyncInterval)
-	}
-	for _, d := range []struct {
-		name string
-		v    Duration
-	}{
-		{"backoff.initial", c.Backoff.Initial}, {"backoff.max", c.Backoff.Max},
-		{"timeouts.dial", c.Timeouts.Dial}, {"timeouts.getInfo", c.Timeouts.GetInfo},
-		{"timeouts.notify", c.Timeouts.Notify}, {"timeouts.handler", c.Timeouts.Handler},
-	} {
-		if d.v < 0 {
-			return c, fmt.Errorf("%s is %s: it must be positive, or left out for the default", d.name, d.v)
 		}
 	}
 	if c.Log.Format == "" {
@@ -467,9 +444,6 @@ func (c *Config) checkKubernetes() error {
 		c.Kubernetes = &kc
 		if kc.NodeName == "" {
 			return errors.New("kubernetes.nodeName is empty: set it, --node-name or NODE_NAME (the DaemonSet sets NODE_NAME from spec.nodeName)")
-		}
-		if kc.DisagreementGrace < 0 {
-			return fmt.Errorf("kubernetes.disagreementGrace is %s: it must be positive (default 1m)", kc.DisagreementGrace)
 		}
 		if kc.RemoveTaintWhenReady != "" {
 			if _, _, err := kubenode.ParseTaint(kc.RemoveTaintWhenReady); err != nil {

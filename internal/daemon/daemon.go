@@ -40,7 +40,11 @@ type Daemon struct {
 	m       *pluginmanager.Manager
 	streams chan struct{}  // a slot per open event stream
 	doctors chan struct{}  // a slot per doctor run (GET /v1/findings) under way
+	answers *answers       // for requests that come through no statusListener (tests)
 	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
+
+	streamsMu sync.Mutex
+	streamsBy map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
 
 	seenMu sync.Mutex
 	seen   map[string]pluginmanager.Plugin // what each socket last said in GetInfo, by path; guarded by seenMu
@@ -65,13 +69,15 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		h = slog.NewJSONHandler(logOut, hopts)
 	}
 	d := &Daemon{
-		log:     slog.New(h),
-		level:   level,
-		metrics: prometheus.NewRegistry(),
-		streams: make(chan struct{}, maxStreams),
-		doctors: make(chan struct{}, maxDoctors),
-		cfg:     cfg,
-		seen:    map[string]pluginmanager.Plugin{},
+		log:       slog.New(h),
+		level:     level,
+		metrics:   prometheus.NewRegistry(),
+		streams:   make(chan struct{}, maxStreams),
+		doctors:   make(chan struct{}, maxDoctors),
+		answers:   newAnswers(),
+		streamsBy: map[string]int{},
+		cfg:       cfg,
+		seen:      map[string]pluginmanager.Plugin{},
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
@@ -206,7 +212,7 @@ func (d *Daemon) kubeletView(s pluginmanager.PluginStatus) *api.KubeletView {
 // addHandler builds the handler hc names and hands it to the manager. d.mu
 // must be held, or d not yet shared.
 func (d *Daemon) addHandler(hc HandlerConfig) error {
-	h, err := newHandler(hc, d.log, d.metrics)
+	h, err := newHandler(hc, d.cfg.Policy.EndpointRoots, d.log, d.metrics)
 	if err != nil {
 		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
 	}
@@ -260,10 +266,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopServing()
 	srv := &http.Server{
 		Handler:           d.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       time.Minute,
-		BaseContext:       func(net.Listener) context.Context { return serveCtx },
-		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		ReadHeaderTimeout: readHeaderTimeout,
+		// A backstop: every answer sets its own write deadline (streams
+		// before each event), which takes the place of this one.
+		WriteTimeout:   doctorTimeout + writeDeadline,
+		IdleTimeout:    idleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		BaseContext:    func(net.Listener) context.Context { return serveCtx },
+		ConnContext:    connContext,
+		ConnState:      connState,
+		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -315,7 +327,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // listen opens the status API's listeners: the unix socket (0660) and, if
-// configured, TCP.
+// configured, TCP. Each serves a bounded number of connections (see
+// statusConnLimit), so that a flood on one neither starves the other nor
+// takes the file descriptors plugins' sockets need.
 func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 	var ls []net.Listener
 	closeAll := func() {
@@ -337,6 +351,12 @@ func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 			return nil, fmt.Errorf("status.tcp: %w", err)
 		}
 		ls = append(ls, l)
+	}
+	nofile := openFileLimit()
+	limit := statusConnLimit(nofile, len(ls))
+	for i, l := range ls {
+		ls[i] = newStatusListener(l, limit)
+		d.log.Info("serving the status API", "address", l.Addr().String(), "maxConnections", limit, "openFileLimit", nofile)
 	}
 	return ls, nil
 }

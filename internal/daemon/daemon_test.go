@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -439,32 +440,75 @@ func TestStatusSocketDirectoryMustBePrivate(t *testing.T) {
 }
 
 func TestReadOnlyAPIAndBoundedStreams(t *testing.T) {
-	r := runDaemon(t, Config{})
+	r := runDaemon(t, Config{Status: StatusConfig{TCP: "127.0.0.1:0"}})
 	w := httptest.NewRecorder()
 	r.d.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/v1/plugins", nil))
 	if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD" || !strings.Contains(w.Body.String(), "read-only") {
 		t.Errorf("POST /v1/plugins = %d %q %s", w.Code, w.Header().Get("Allow"), w.Body)
 	}
 
-	// Streams beyond the limit are turned away, not buffered.
+	// Streams beyond the limit are turned away, not buffered: four
+	// clients take every stream, and a fifth gets none.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var open []*api.EventStream
-	defer func() {
-		for _, s := range open {
-			s.Close()
-		}
-	}()
-	for range maxStreams {
-		s, err := r.client.Events(ctx, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		open = append(open, s)
+	addr := r.tcpAddr(t)
+	for i := range maxStreams / maxClientStreams {
+		openStreams(t, ctx, clientFrom(addr, fmt.Sprintf("127.0.0.%d", i+2)), maxClientStreams)
 	}
-	if _, err := r.client.Events(ctx, 0); err == nil || !strings.Contains(err.Error(), "too many event streams") {
+	if _, err := r.client.Events(ctx, 0); !errors.Is(err, api.ErrBusy) || !strings.Contains(err.Error(), "too many event streams") {
 		t.Errorf("stream %d: %v", maxStreams+1, err)
 	}
+}
+
+// Issue 13, item 6: a client that holds streams it does not read cannot lock
+// the others out. One client gets maxClientStreams, no more; another client
+// (the readiness probe's plugctl on the unix socket) still gets its own.
+func TestEventStreamsPerClient(t *testing.T) {
+	r := runDaemon(t, Config{Status: StatusConfig{TCP: "127.0.0.1:0"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	greedy := clientFrom(r.tcpAddr(t), "127.0.0.2")
+	if n, err := openStreams(t, ctx, greedy, maxStreams); n != maxClientStreams || !errors.Is(err, api.ErrBusy) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("this client (address 127.0.0.2) has %d event streams open", maxClientStreams)) {
+		t.Errorf("one client opened %d streams, then: %v; want %d, then a refusal that says why", n, err, maxClientStreams)
+	}
+	s, err := r.client.Events(ctx, 0)
+	if err != nil {
+		t.Fatalf("another client, after the first took its share: %v", err)
+	}
+	s.Close()
+}
+
+// openStreams opens up to n event streams with c, which stay open until ctx
+// ends, and returns how many it opened and the error that stopped it.
+func openStreams(t *testing.T, ctx context.Context, c *api.Client, n int) (int, error) {
+	t.Helper()
+	for i := range n {
+		s, err := c.Events(ctx, 0)
+		if err != nil {
+			return i, err
+		}
+		t.Cleanup(func() { s.Close() })
+	}
+	return n, nil
+}
+
+// tcpAddr is the address plugd's status API listens on over TCP, as it logs it.
+func (r *running) tcpAddr(t *testing.T) string {
+	t.Helper()
+	m := regexp.MustCompile(`msg="serving the status API" address=(127\.0\.0\.1:\d+)`).FindStringSubmatch(r.logs.String())
+	if m == nil {
+		t.Fatalf("plugd did not log a TCP address:\n%s", r.logs)
+	}
+	return m[1]
+}
+
+// clientFrom is a client of the status API at addr that connects from the
+// loopback address src: plugd sees each src as a client of its own.
+func clientFrom(addr, src string) *api.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	return &api.Client{Address: "http://" + addr, HTTPClient: &http.Client{
+		Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}}
 }
 
 func TestHandlersByNameWithDetails(t *testing.T) {
@@ -662,5 +706,22 @@ handlers:
 	}
 	if ho := cfg.handlerOptions(cfg.Handlers[1]); ho.ProbeInterval != 10*time.Second || !ho.DeregisterWithRegistrar {
 		t.Errorf("DevicePlugin: %+v", ho)
+	}
+}
+
+// The status API's connections are a quarter of plugd's file descriptors, at
+// least 16 and at most 256, shared by its listeners.
+func TestStatusConnLimit(t *testing.T) {
+	for _, tc := range []struct {
+		nofile    uint64
+		listeners int
+		want      int
+	}{
+		{1024, 1, 256}, {1024, 2, 128}, {512, 1, 128}, {40, 1, 16}, {40, 2, 8},
+		{1 << 20, 2, 128}, {0, 1, 256},
+	} {
+		if got := statusConnLimit(tc.nofile, tc.listeners); got != tc.want {
+			t.Errorf("statusConnLimit(%d, %d) = %d, want %d", tc.nofile, tc.listeners, got, tc.want)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/csi"
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/handlers/dra"
@@ -24,37 +24,35 @@ type detailer interface {
 	Details(p pluginmanager.Plugin) any
 }
 
-// handlerFacts is what the Kubernetes side and the doctor use of a plugin's
-// handler details: a CSI driver's node id, a device plugin's devices. It is
-// the one place the daemon reads into the handlers' details, which are
-// untyped (JSON objects) for now.
+// handlerFacts is what the Kubernetes side uses of a plugin's
+// handler details: a CSI driver's node id, a device plugin's devices.
 type handlerFacts struct {
 	nodeID           string
 	devicesKnown     bool
 	devices, healthy int
 }
 
+// handlerFacts reads them from the details the built-in handlers return
+// (api.CSIDetails, api.DevicePluginDetails, api.DevicePluginObserved); any
+// other handler's details say nothing of them. Only the details of those two
+// types are read: the Kubernetes side asks for every plugin every few seconds.
 func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
 	var f handlerFacts
 	if p.Type != "CSIPlugin" && p.Type != "DevicePlugin" {
 		return f
 	}
-	det := d.details(p)
-	if det == nil {
-		return f
+	var devices map[string]int // counts by health
+	switch det := d.details(p).(type) {
+	case api.CSIDetails:
+		f.nodeID = det.NodeID
+	case api.DevicePluginDetails:
+		devices = det.Devices
+	case api.DevicePluginObserved:
+		devices = det.Devices
 	}
-	b, err := json.Marshal(det)
-	var v struct {
-		NodeID  string         `json:"nodeID"`  // csi: NodeGetInfo's answer
-		Devices map[string]int `json:"devices"` // deviceplugin: counts by health
-	}
-	if err != nil || json.Unmarshal(b, &v) != nil {
-		return f
-	}
-	f.nodeID = v.NodeID
-	if p.Type == "DevicePlugin" && v.Devices != nil {
+	if devices != nil {
 		f.devicesKnown = true
-		for health, n := range v.Devices {
+		for health, n := range devices {
 			f.devices += n
 			if health == "Healthy" {
 				f.healthy += n
@@ -86,23 +84,19 @@ func checkHandler(h HandlerConfig) error {
 	if h.GracePeriod != 0 && h.Handler != "dra" && h.Handler != "deviceplugin" {
 		return fmt.Errorf("gracePeriod applies to the dra and deviceplugin handlers, not %s", h.Handler)
 	}
-	if h.UnhealthyGrace < 0 {
-		return fmt.Errorf("unhealthyGrace is %s: it must be positive, or left out for liveness.unhealthyGrace", h.UnhealthyGrace)
-	}
-	if h.GracePeriod < 0 {
-		return fmt.Errorf("gracePeriod is %s: it must be positive (default 30s)", h.GracePeriod)
-	}
-	return nil
+	return h.checkBounds()
 }
 
 func hookConfig(h *HookConfig) hook.Config {
 	return hook.Config{Command: h.Command, URL: h.URL, Timeout: time.Duration(h.Timeout), Events: h.Events, Env: h.Env}
 }
 
-// newHandler builds the handler hc names (checked by WithDefaults). Its
+// newHandler builds the handler hc names (checked by WithDefaults), its
+// connections to endpoints confined to roots (policy.endpointRoots) at every
+// connection, as the manager confines registrations. Its
 // metrics carry the plugin type it serves, so that two types served by the
 // same kind of handler do not collide.
-func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
+func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
 	log = log.With("handler", hc.Handler, "pluginType", hc.Type)
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"plugin_type": hc.Type}, reg)
@@ -112,13 +106,13 @@ func newHandler(hc HandlerConfig, log *slog.Logger, reg prometheus.Registerer) (
 	case "accept":
 		return handler{acceptHandler{}, func() {}}, nil
 	case "csi":
-		h := csi.New(csi.Options{Logger: log, Registerer: reg})
+		h := csi.New(csi.Options{Logger: log, Registerer: reg, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "deviceplugin":
-		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "dra":
-		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace})
+		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "hook":
 		h, err := hook.New(hookConfig(hc.Hook), hook.Options{Logger: log, Registerer: reg})

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -21,25 +23,35 @@ import (
 // Bounds on the event streams, which anyone who can reach the status API can
 // open: each holds a buffer of events, so their number and size are capped.
 const (
-	maxReplay     = 1000 // ?replay= at most; plugd keeps 1024 recent events
-	maxStreams    = 64   // event streams open at once
-	streamBuffer  = 256  // events a stream may fall behind before it is told it lost some
-	writeDeadline = 10 * time.Second
-	maxDoctors    = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
-	doctorTimeout = 10 * time.Second // bound on one doctor run
+	maxReplay  = 1000 // ?replay= at most; plugd keeps 1024 recent events
+	maxStreams = 64   // event streams open at once
+	// maxClientStreams is how many of them one client may hold: a uid on
+	// the unix socket, an address over TCP. A few clients that open streams
+	// and never read them cannot then take every stream from the others.
+	maxClientStreams = 16
+	streamBuffer     = 256 // events a stream may fall behind before it is told it lost some
+	writeDeadline    = 10 * time.Second
+	maxDoctors       = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
+	doctorTimeout    = 10 * time.Second // bound on one doctor run
+	// answerWait is how long an answer may wait for its turn to be built
+	// (see bounded) before it is a 503.
+	answerWait = 2 * time.Second
 )
 
 // Handler is the status API (see package api for the endpoints).
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/plugins", d.listPlugins)
-	mux.HandleFunc("GET /v1/plugins/{id...}", d.getPlugin)
+	mux.HandleFunc("GET /v1/plugins", d.bounded(d.listPlugins))
+	mux.HandleFunc("GET /v1/plugins/{id...}", d.bounded(d.getPlugin))
 	mux.HandleFunc("GET /v1/events", d.streamEvents)
 	mux.HandleFunc("GET /v1/findings", d.findings)
 	mux.HandleFunc("GET /v1/version", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.Version{Version: Version, GoVersion: runtime.Version(), RegistryDir: d.Config().RegistryDir})
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}}))
+	// Uncompressed: a gzip writer costs most of a megabyte while a slow
+	// client reads, and the metrics are a few kilobytes on a node.
+	mux.HandleFunc("GET /metrics", d.bounded(promhttp.HandlerFor(d.metrics,
+		promhttp.HandlerOpts{ErrorLog: slogPrinter{d}, DisableCompression: true}).ServeHTTP))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -154,10 +166,21 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		replay = n
 	}
+	peer := "local"
+	if c := connOf(r); c != nil {
+		peer = c.peer
+	}
+	if !d.openStream(peer) {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, the most one client may have; close one and retry", peer, maxClientStreams))
+		return
+	}
+	defer d.closeStream(peer)
 	select {
 	case d.streams <- struct{}{}:
 		defer func() { <-d.streams }()
 	default:
+		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams))
 		return
 	}
@@ -198,6 +221,91 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// bounded serves h's answer from memory, so that what clients that do not
+// read can make plugd hold is bounded: per listener, one answer is built at
+// a time, and the answers being written share a budget of answerBudget
+// bytes; each write has writeDeadline. When the budget has no room for an
+// answer of the size h's last one had, the client is told at once (503),
+// without building it: a flood is turned away as fast as it comes, and
+// what does not use the budget (/healthz, /readyz) is answered meanwhile.
+func (d *Daemon) bounded(h http.HandlerFunc) http.HandlerFunc {
+	var last atomic.Int64 // the size of h's last answer
+	return func(w http.ResponseWriter, r *http.Request) {
+		a := d.answers
+		if c := connOf(r); c != nil {
+			a = c.l.answers
+		}
+		if !a.budget.fits(int(last.Load())) {
+			writeBusy(w)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), answerWait)
+		defer cancel()
+		select {
+		case a.building <- struct{}{}:
+		case <-ctx.Done():
+			writeBusy(w)
+			return
+		}
+		ans := &heldAnswer{header: w.Header(), status: http.StatusOK}
+		ans.body.Grow(int(last.Load()))
+		h(ans, r)
+		body := ans.body.Bytes()
+		if cap(body) > len(body)+len(body)/8 {
+			body = bytes.Clone(body) // what the budget counts is what is held
+		}
+		ans.body = bytes.Buffer{}
+		last.Store(int64(len(body)))
+		release, ok := a.budget.take(cap(body))
+		<-a.building
+		if !ok {
+			writeBusy(w)
+			return
+		}
+		defer release()
+		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeDeadline))
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(ans.status)
+		w.Write(body)
+	}
+}
+
+func writeBusy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
+		"the status API is busy: answers to clients that read them slowly or not at all hold its %d MiB; retry in a moment", answerBudget>>20))
+}
+
+// heldAnswer is an answer kept in memory until bounded writes it.
+type heldAnswer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (a *heldAnswer) Header() http.Header         { return a.header }
+func (a *heldAnswer) WriteHeader(status int)      { a.status = status }
+func (a *heldAnswer) Write(b []byte) (int, error) { return a.body.Write(b) }
+
+// openStream counts a stream of peer's, unless it has maxClientStreams.
+func (d *Daemon) openStream(peer string) bool {
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if d.streamsBy[peer] >= maxClientStreams {
+		return false
+	}
+	d.streamsBy[peer]++
+	return true
+}
+
+func (d *Daemon) closeStream(peer string) {
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if d.streamsBy[peer]--; d.streamsBy[peer] <= 0 {
+		delete(d.streamsBy, peer)
+	}
+}
+
 // toAPI is a socket's status as the API shows it.
 func toAPI(dir string, s pluginmanager.PluginStatus) api.Plugin {
 	id, err := filepath.Rel(dir, s.Socket)
@@ -212,8 +320,11 @@ func toAPI(dir string, s pluginmanager.PluginStatus) api.Plugin {
 	}
 }
 
+// writeJSON writes v as indented JSON, within writeDeadline: a client that
+// does not read its answer does not hold it (and its connection) for longer.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeDeadline))
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -114,12 +114,6 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	return c.out
 }
 
-// AtLeast says whether any finding is at severity min or above.
-func AtLeast(fs []api.Finding, min string) bool {
-	m := slices.Index(api.Severities, min)
-	return slices.ContainsFunc(fs, func(f api.Finding) bool { return slices.Index(api.Severities, f.Severity) >= m })
-}
-
 type checker struct {
 	in    Input
 	looks []look
@@ -357,6 +351,9 @@ func (c *checker) kubernetes() {
 			f.Severity = api.SeverityError
 			f.Summary = fmt.Sprintf("plugd may not %s: it lacks the permission %q", k.Operation, k.Permission)
 			f.Remedy = "bind the ClusterRole of deploy/kubernetes/daemonset.yaml to plugd's ServiceAccount (kubectl apply -f deploy/kubernetes/daemonset.yaml)"
+			if k.Permission == "patch nodes" { // only kubernetes.removeTaintWhenReady needs it, and has a file of its own
+				f.Remedy = "bind the ClusterRole of deploy/kubernetes/remove-taint-rbac.yaml to plugd's ServiceAccount (kubectl apply -f deploy/kubernetes/remove-taint-rbac.yaml), or unset kubernetes.removeTaintWhenReady"
+			}
 		case "Unauthorized":
 			f.Severity = api.SeverityError
 			f.Remedy = "plugd's credentials are refused: check its kubeconfig, or that its ServiceAccount token is mounted and current"

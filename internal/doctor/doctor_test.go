@@ -144,9 +144,6 @@ func TestCheck(t *testing.T) {
 	if fs[0].Severity != api.SeverityError || fs[len(fs)-1].Severity == api.SeverityError {
 		t.Errorf("findings are not most serious first")
 	}
-	if !AtLeast(fs, api.SeverityWarning) || AtLeast(nil, api.SeverityInfo) {
-		t.Error("AtLeast")
-	}
 }
 
 // A kubelet found among the processes, with a --root-dir other than the
@@ -164,5 +161,19 @@ func TestRunningKubeletRoot(t *testing.T) {
 	got := findings(fs, "other-kubelet-root", "")
 	if len(got) != 1 || !strings.Contains(got[0].Summary, root+"/plugins_registry") || !strings.Contains(got[0].Evidence[0], "pid 4242") {
 		t.Errorf("findings: %+v", fs)
+	}
+}
+
+// A refused permission's remedy names the manifest that grants it.
+func TestKubernetesRemedy(t *testing.T) {
+	for _, tc := range []struct{ perm, manifest string }{
+		{"patch nodes/status", "deploy/kubernetes/daemonset.yaml"},
+		{"patch nodes", "deploy/kubernetes/remove-taint-rbac.yaml"},
+	} {
+		fs := Check(context.Background(), Input{RegistryDir: t.TempDir(), KubeletRoots: []string{}, Now: time.Now(),
+			Kubernetes: []KubernetesProblem{{Operation: "do it", Reason: "Forbidden", Permission: tc.perm, Since: time.Now()}}})
+		if len(fs) != 1 || !strings.Contains(fs[0].Summary, tc.perm) || !strings.Contains(fs[0].Remedy, "kubectl apply -f "+tc.manifest) {
+			t.Errorf("lacking %q: %+v; want a remedy that applies %s", tc.perm, fs, tc.manifest)
+		}
 	}
 }

@@ -213,14 +213,46 @@ func conditionsPatch(set []corev1.NodeCondition, drop []string) ([]byte, error) 
 	return json.Marshal(map[string]any{"status": map[string]any{"conditions": items}})
 }
 
-// unexpected are the conditions on n that plugd wrote (Owned) for plugins
-// it no longer expects: a condition left True for a plugin nobody checks
-// any more would keep telling readiness rules it is ready.
+// unexpected are the conditions on n that plugd wrote for plugins it no
+// longer expects: a condition left True for a plugin nobody checks any more
+// would keep telling readiness rules it is ready. A condition is plugd's
+// when the API server's managedFields say plugd's field manager set it, and
+// its message is in plugd's form (Owned): a message anyone can write, so
+// that alone never gets a condition of others deleted.
 func unexpected(n *corev1.Node, expect []Expectation) []string {
 	var out []string
+	mine := managedConditions(n, fieldManager)
 	for _, c := range n.Status.Conditions {
-		if Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
+		if mine[string(c.Type)] && Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
 			out = append(out, string(c.Type))
+		}
+	}
+	return out
+}
+
+// managedConditions are the types of n's conditions that manager set
+// through nodes/status, as the API server records it in managedFields.
+func managedConditions(n *corev1.Node, manager string) map[string]bool {
+	out := map[string]bool{}
+	for _, mf := range n.ManagedFields {
+		if mf.Manager != manager || mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Status struct {
+				Conditions map[string]json.RawMessage `json:"f:conditions"`
+			} `json:"f:status"`
+		}
+		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
+			continue
+		}
+		for k := range fields.Status.Conditions { // k:{"type":"..."}: a list item, by its key
+			var item struct {
+				Type string `json:"type"`
+			}
+			if rest, ok := strings.CutPrefix(k, "k:"); ok && json.Unmarshal([]byte(rest), &item) == nil && item.Type != "" {
+				out[item.Type] = true
+			}
 		}
 	}
 	return out

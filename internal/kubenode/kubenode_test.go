@@ -1,7 +1,11 @@
 package kubenode
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,11 +13,15 @@ import (
 	"go.uber.org/goleak"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
 )
@@ -61,6 +69,8 @@ func TestKubeletView(t *testing.T) {
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}, api.KubeletRegistered, "", "capacity 2", 2},
 		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 1},
+		{"device plugin gone, in the kubelet's grace", key{TypeDevice, "vendor.example/gpu"}, nil,
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "0"})}, api.KubeletRegistered, "", "grace period", 0},
 		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
 			snapshot{node: node(nil, nil)}, api.KubeletNotRegistered, "NotInCapacity", "status.capacity", 0},
 		{"device capacity zero", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
@@ -171,7 +181,16 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 		nodeCondition("c1", verdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
 		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
 	}
-	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")})
+	n.Status.Conditions = append(n.Status.Conditions,
+		corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")},
+		// In plugd's form, but written by someone else: not plugd's to delete.
+		corev1.NodeCondition{Type: "example.com/Mimic", Status: corev1.ConditionTrue, Message: conditionMessage("CSIPlugin", "mimic.example.com", "ready")})
+	n.ManagedFields = []metav1.ManagedFieldsEntry{
+		{Manager: "plugd", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"c1\"}":{".":{},"f:message":{}},"k:{\"type\":\"gone\"}":{".":{},"f:message":{}}}}}`)}},
+		{Manager: "kubectl-edit", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"example.com/Mimic\"}":{".":{},"f:message":{}}}}}`)}},
+	}
 	if got := unexpected(n, []Expectation{{Condition: "c1"}, {Condition: "c2"}}); len(got) != 1 || got[0] != "gone" {
 		t.Errorf("unexpected = %q; want only plugd's condition of a plugin it no longer expects", got)
 	}
@@ -192,7 +211,7 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 	for _, c := range out.Status.Conditions {
 		got[string(c.Type)] = c
 	}
-	if len(got) != 4 || got["Ready"].Reason != "KubeletReady" || got["example.com/Other"].Reason != "TheirsAlone" {
+	if len(got) != 5 || got["Ready"].Reason != "KubeletReady" || got["example.com/Other"].Reason != "TheirsAlone" {
 		t.Errorf("others' conditions changed: %+v", out.Status.Conditions)
 	}
 	if c := got["c1"]; c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(now) {
@@ -280,5 +299,95 @@ func TestSummarize(t *testing.T) {
 	}
 	if c := got[1]; c.Name != "vendor.example/gpu" || c.Ready != 1 || c.Expected != 1 {
 		t.Errorf("gpu: %+v", c)
+	}
+}
+
+// A disagreement between the socket and the kubelet is told once, after the
+// grace; a device plugin that went, whose capacity the kubelet keeps for its
+// own grace period with nothing allocatable, is no disagreement.
+func TestDisagreements(t *testing.T) {
+	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
+	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}
+	registered := view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "in CSINode"}}
+	notRegistered := view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Message: "not in CSINode"}}
+	for _, tc := range []struct {
+		name  string
+		k     key
+		socks []Plugin
+		v     view
+		want  string // the event, or "" for none
+	}{
+		{"answers, kubelet lacks it", csi, up, notRegistered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, its socket answers, but the kubelet has not registered it: not in CSINode"},
+		{"kubelet has it, no socket", csi, nil, registered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{registered.KubeletView, 0}, ""},
+		{"device plugin gone, devices still allocatable", gpu, nil, view{registered.KubeletView, 2}, "Warning KubeletDisagrees DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"agree", csi, up, registered, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := events.NewFakeRecorder(10)
+			n := &Node{grace: time.Minute}
+			n.m = newMetrics(n, nil)
+			l := &loop{n: n, rec: rec, disagree: map[key]*disagreement{}}
+			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			socks, views := map[key][]Plugin{tc.k: tc.socks}, map[key]view{tc.k: tc.v}
+			nd := node(nil, nil)
+			next := l.disagreements(t0, socks, views, nd)
+			if tc.want != "" && !next.Equal(t0.Add(time.Minute)) {
+				t.Errorf("the next look is due at %s, want at the end of the grace", next)
+			}
+			l.disagreements(t0.Add(59*time.Second), socks, views, nd)
+			l.disagreements(t0.Add(time.Minute), socks, views, nd)
+			l.disagreements(t0.Add(2*time.Minute), socks, views, nd) // told once only
+			close(rec.Events)
+			var got []string
+			for e := range rec.Events {
+				got = append(got, e)
+			}
+			if want := []string{tc.want}; (tc.want == "" && len(got) != 0) || (tc.want != "" && !slices.Equal(got, want)) {
+				t.Errorf("events: %q; want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// sinkFunc answers every event write with err.
+type sinkFunc func() error
+
+func (f sinkFunc) Create(context.Context, *eventsv1.Event) (*eventsv1.Event, error) { return nil, f() }
+func (f sinkFunc) Update(context.Context, *eventsv1.Event) (*eventsv1.Event, error) { return nil, f() }
+func (f sinkFunc) Patch(context.Context, *eventsv1.Event, []byte) (*eventsv1.Event, error) {
+	return nil, f()
+}
+
+// A refused event is a Problem that names the permission, until an event is
+// written; a series patch whose event is gone (the machinery creates it
+// anew) is none.
+func TestEventSinkKeepsRefusals(t *testing.T) {
+	n := &Node{problems: map[string]*Problem{}, log: slog.New(slog.DiscardHandler),
+		eventWrite: writeOp{"record events about Node node-a", "create, patch events.events.k8s.io", "event"}}
+	n.m = newMetrics(n, nil)
+	var err error
+	s := eventSink{n, sinkFunc(func() error { return err })}
+	ctx := context.Background()
+	problems := func() (out []Problem) { // of writes: the Node has no informers here
+		for _, p := range n.problems {
+			out = append(out, *p)
+		}
+		return out
+	}
+	err = apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("RBAC: no"))
+	s.Create(ctx, &eventsv1.Event{})
+	if ps := problems(); len(ps) != 1 || ps[0].Reason != ReasonForbidden || ps[0].Permission != "create, patch events.events.k8s.io" {
+		t.Fatalf("problems after a refused event: %+v", ps)
+	}
+	err = nil
+	s.Create(ctx, &eventsv1.Event{})
+	if ps := problems(); len(ps) != 0 {
+		t.Fatalf("problems after an event was written: %+v", ps)
+	}
+	err = apierrors.NewNotFound(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "e")
+	s.Patch(ctx, &eventsv1.Event{}, nil)
+	if ps := problems(); len(ps) != 0 {
+		t.Fatalf("problems after a series patch found no event: %+v", ps)
 	}
 }

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -86,6 +88,8 @@ type Node struct {
 	kick                  chan struct{}
 	m                     *metrics
 
+	statusWrite, taintWrite, eventWrite writeOp
+
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
 	problems map[string]*Problem     // of writes, by operation; guarded by mu
@@ -124,7 +128,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), grace: cmp.Or(cfg.DisagreementGrace, time.Minute),
 		views: map[key]api.KubeletView{}, problems: map[string]*Problem{}, ready: map[string]bool{}}
-	for i, e := range cfg.Expect {
+	n.cfg.Expect = slices.Clone(cfg.Expect) // defaults go into plugd's copy, not the caller's
+	for i, e := range n.cfg.Expect {
 		e, err := e.WithDefaults()
 		if err != nil {
 			return nil, fmt.Errorf("expect[%d]: %w", i, err)
@@ -137,6 +142,9 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("kubernetes.removeTaintWhenReady: %w", err)
 		}
 	}
+	n.statusWrite = writeOp{"patch nodes/status of " + cfg.NodeName, "patch nodes/status", "patch_node_status"}
+	n.taintWrite = writeOp{"remove the taint " + cfg.RemoveTaint + " from Node " + cfg.NodeName, "patch nodes", "remove_taint"}
+	n.eventWrite = writeOp{"record events about Node " + cfg.NodeName, "create, patch events.events.k8s.io", "event"}
 	rc, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -197,7 +205,7 @@ func (n *Node) buildSources() {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
-		s.onChange = func(*Problem) { n.Changed() }
+		s.onChange = n.Changed
 		count := s == n.node
 		onEvent := func() {
 			if count {
@@ -233,7 +241,7 @@ func (n *Node) Run(ctx context.Context) error {
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
-	bc := events.NewBroadcaster(&events.EventSinkImpl{Interface: n.events})
+	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
 		n.log.Warn("Kubernetes events will not be recorded", "err", err)
@@ -295,9 +303,6 @@ func (n *Node) Problems() []Problem {
 	slices.SortFunc(out, func(a, b Problem) int { return a.Since.Compare(b.Since) })
 	return out
 }
-
-// Expectations are the expected plugins, defaults filled in.
-func (n *Node) Expectations() []Expectation { return slices.Clone(n.cfg.Expect) }
 
 // snapshot reads the informers' caches.
 func (n *Node) snapshot() snapshot {
@@ -402,92 +407,134 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	allReady = allReady && len(n.cfg.Expect) > 0
-	if len(set) > 0 || len(drop) > 0 || (allReady && n.taintKey != "") {
-		if now.Before(l.nextWrite) {
-			return earliest(next, l.nextWrite)
+	var taint []byte // the patch that removes the startup taint, when it is due
+	if allReady && n.taintKey != "" {
+		if p, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect); has && err == nil {
+			taint = p
 		}
 	}
-	if len(set) > 0 || len(drop) > 0 {
-		seq := n.nodeEvents.Load()
-		if !l.write(ctx, now, "patch nodes/status of "+n.cfg.NodeName, "patch nodes/status", func(ctx context.Context) error {
-			patch, err := conditionsPatch(set, drop)
-			if err == nil {
-				_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status")
-			}
+	// A write that failed and is no longer needed (the plugin went back to
+	// what the Node shows, the taint is gone) is no trouble any more.
+	if len(set) == 0 && len(drop) == 0 {
+		n.setWriteProblem(n.statusWrite.op, nil, "the failed write is no longer needed")
+	}
+	if taint == nil {
+		n.setWriteProblem(n.taintWrite.op, nil, "the failed write is no longer needed")
+	}
+	if len(set) == 0 && len(drop) == 0 && taint == nil {
+		return next
+	}
+	if now.Before(l.nextWrite) {
+		return earliest(next, l.nextWrite)
+	}
+	if (len(set) > 0 || len(drop) > 0) && !l.writeConditions(ctx, now, snap.node, set, drop, notes) {
+		return earliest(next, l.nextWrite)
+	}
+	if taint != nil {
+		if !l.write(ctx, now, n.taintWrite, func(ctx context.Context) error {
+			_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, taint, metav1.PatchOptions{FieldManager: fieldManager})
 			return err
 		}) {
 			return earliest(next, l.nextWrite)
 		}
-		for _, c := range set {
-			l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
-			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
-		}
-		for _, typ := range drop {
-			l.written[typ] = written{seq: seq}
-			n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
-		}
-		for _, e := range notes {
-			l.record(snap.node, e)
-		}
-	}
-	if allReady && n.taintKey != "" {
-		patch, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect)
-		if has && err == nil {
-			if !l.write(ctx, now, "remove the taint "+n.cfg.RemoveTaint+" from Node "+n.cfg.NodeName, "patch nodes", func(ctx context.Context) error {
-				_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "plugd"})
-				return err
-			}) {
-				return earliest(next, l.nextWrite)
-			}
-			n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
-		}
+		n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
 	}
 	return next
 }
 
-// write runs one write with a deadline, and keeps its outcome: a failure is
-// a Problem (logged once per change) and a backoff before the next write.
-func (l *loop) write(ctx context.Context, now time.Time, op, perm string, do func(context.Context) error) bool {
+// writeConditions patches the Node's status: the conditions in set, and
+// those of the types in drop deleted. Once that is written, it sends the
+// events of the changes, about node.
+func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.Node, set []corev1.NodeCondition, drop []string, notes []event) bool {
 	n := l.n
+	seq := n.nodeEvents.Load()
+	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
+		patch, err := conditionsPatch(set, drop)
+		if err == nil {
+			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+		}
+		return err
+	}) {
+		return false
+	}
+	for _, c := range set {
+		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
+		n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+	}
+	for _, typ := range drop {
+		l.written[typ] = written{seq: seq}
+		n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
+	}
+	for _, e := range notes {
+		l.record(node, e)
+	}
+	return true
+}
+
+// writeOp is one kind of write plugd makes: what its Problem calls it, the
+// permission it needs (as RBAC writes it), and its metrics' label.
+type writeOp struct{ op, perm, metric string }
+
+// fieldManager is who plugd's writes are from, in the objects' managedFields.
+const fieldManager = "plugd"
+
+// write runs one write with a deadline, and keeps its outcome (noteWrite);
+// a failure puts off every write by a backoff.
+func (l *loop) write(ctx context.Context, now time.Time, w writeOp, do func(context.Context) error) bool {
 	ctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
 	err := do(ctx)
 	if ctx.Err() != nil && err != nil {
 		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
 	}
 	cancel()
-	metric := "patch_node_status"
-	if perm == "patch nodes" {
-		metric = "remove_taint"
-	}
-	n.m.writes.WithLabelValues(metric).Inc()
-	n.mu.Lock()
-	was := n.problems[op]
-	n.mu.Unlock()
+	l.n.noteWrite(w, err, now)
 	if err == nil {
 		l.failures, l.nextWrite = 0, time.Time{}
-		if was != nil {
-			n.mu.Lock()
-			delete(n.problems, op)
-			n.mu.Unlock()
-			n.log.Info("Kubernetes API: writing again", "operation", op, "troubleSince", was.Since)
-		}
 		return true
 	}
-	p := classify(op, perm, err, now)
-	n.m.apiErrors.WithLabelValues(metric, p.Reason).Inc()
-	if was != nil && was.Reason == p.Reason {
-		p.Since = was.Since
-	} else {
-		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
-	}
-	n.mu.Lock()
-	n.problems[op] = p
-	n.mu.Unlock()
 	d := min(writeBackoffMin<<min(l.failures, 10), writeBackoffMax)
 	d = d/2 + rand.N(d/2+1) // jitter: a cluster's nodes do not retry in step
 	l.failures++
 	l.nextWrite = now.Add(d)
 	return false
+}
+
+// noteWrite counts a write, and keeps its failure as the Problem of its
+// operation until one succeeds (or is no longer needed).
+func (n *Node) noteWrite(w writeOp, err error, now time.Time) {
+	n.m.writes.WithLabelValues(w.metric).Inc()
+	var p *Problem
+	if err != nil {
+		p = classify(w.op, w.perm, err, now)
+		n.m.apiErrors.WithLabelValues(w.metric, p.Reason).Inc()
+	}
+	n.setWriteProblem(w.op, p, "writing again")
+}
+
+// setWriteProblem makes p the trouble of the write op (nil: none, for the
+// reason ended), and logs each change of it once.
+func (n *Node) setWriteProblem(op string, p *Problem, ended string) {
+	n.mu.Lock()
+	was := n.problems[op]
+	switch {
+	case p == nil && was == nil:
+		n.mu.Unlock()
+		return
+	case p == nil:
+		delete(n.problems, op)
+	default:
+		if was != nil && was.Reason == p.Reason {
+			p.Since = was.Since
+		}
+		n.problems[op] = p
+	}
+	n.mu.Unlock()
+	switch {
+	case p == nil:
+		n.log.Info("Kubernetes API: "+ended, "operation", op, "troubleSince", was.Since)
+	case was == nil || was.Reason != p.Reason:
+		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
+	}
 }
 
 // event is one Kubernetes event about the Node.
@@ -505,7 +552,6 @@ func (l *loop) record(node *corev1.Node, e event) {
 	if node == nil {
 		return
 	}
-	l.n.m.writes.WithLabelValues("event").Inc()
 	action := "Check " + e.plugin.String()
 	if len(action) > 128 {
 		action = action[:128]
@@ -519,6 +565,46 @@ func (l *loop) record(node *corev1.Node, e event) {
 	// would fold into a series.
 	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
 	l.rec.Eventf(ref, nil, e.typ, e.reason, action, "%s", note)
+}
+
+// eventSink is where client-go's event machinery writes plugd's events:
+// each write has a deadline, and its outcome is kept as that of plugd's
+// other writes, so that a refused event names the permission.
+type eventSink struct {
+	n    *Node
+	sink events.EventSink
+}
+
+func (s eventSink) Create(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Create(ctx, e) })
+}
+
+func (s eventSink) Update(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Update(ctx, e) })
+}
+
+// Patch updates a series; when its event is gone the machinery creates it
+// anew, so that a patch that finds none is no trouble.
+func (s eventSink) Patch(ctx context.Context, old *eventsv1.Event, data []byte) (*eventsv1.Event, error) {
+	return s.write(ctx, true, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Patch(ctx, old, data) })
+}
+
+// write makes one write; it returns the error as it came, which the
+// machinery tells retries by.
+func (s eventSink) write(ctx context.Context, patch bool, do func(context.Context) (*eventsv1.Event, error)) (*eventsv1.Event, error) {
+	wctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
+	defer cancel()
+	e, err := do(wctx)
+	switch {
+	case ctx.Err() != nil: // plugd is stopping
+	case patch && apierrors.IsNotFound(err):
+		s.n.m.writes.WithLabelValues(s.n.eventWrite.metric).Inc()
+	case err != nil && wctx.Err() != nil:
+		s.n.noteWrite(s.n.eventWrite, fmt.Errorf("%w (%w)", err, context.Cause(wctx)), time.Now())
+	default:
+		s.n.noteWrite(s.n.eventWrite, err, time.Now())
+	}
+	return e, err
 }
 
 // disagreements records an event for each plugin whose socket and kubelet
@@ -535,7 +621,10 @@ func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[ke
 		switch {
 		case answering && v.State == api.KubeletNotRegistered:
 			text = "its socket answers, but the kubelet has not registered it: " + v.Message
-		case !answering && v.State == api.KubeletRegistered:
+		case !answering && v.State == api.KubeletRegistered && !(k.typ == TypeDevice && v.allocatable == 0):
+			// A device plugin that went keeps its capacity for the kubelet's
+			// grace period, with nothing allocatable: the kubelet has let it
+			// go, and agrees.
 			text = "the kubelet has it (" + v.Message + "), but no socket of it answers"
 		default:
 			delete(l.disagree, k)

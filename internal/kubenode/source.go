@@ -75,7 +75,7 @@ type source struct {
 	op, perm string
 	inf      cache.SharedIndexInformer
 	log      *slog.Logger
-	onChange func(*Problem) // called, outside mu, when the problem changes
+	onChange func() // called, outside mu, when the problem changes
 
 	mu      sync.Mutex
 	problem *Problem // nil while reads work; guarded by mu
@@ -143,7 +143,7 @@ func (s *source) record(ctx context.Context, err error) {
 		s.log.Warn("Kubernetes API: cannot read; the plugins' kubelet view is Unknown until it can", "operation", s.op, "reason", now.Reason, "err", now.Message)
 	}
 	if s.onChange != nil && (now == nil || was == nil || was.Reason != now.Reason) {
-		s.onChange(now)
+		s.onChange()
 	}
 }
 

@@ -139,8 +139,11 @@ func kubeletViewOf(k key, socks []Plugin, s snapshot) api.KubeletView {
 			return api.KubeletView{State: api.KubeletRegistered, Reason: "AllocatableMismatch",
 				Message: fmt.Sprintf("Node %s has %s allocatable of %s, but the plugin reports %d healthy of %d devices", s.nodeName, alloc.String(), k.name, healthy, devices)}
 		}
-		return api.KubeletView{State: api.KubeletRegistered,
-			Message: fmt.Sprintf("Node %s has capacity %s, allocatable %s of %s", s.nodeName, capacity.String(), alloc.String(), k.name)}
+		msg := fmt.Sprintf("Node %s has capacity %s, allocatable %s of %s", s.nodeName, capacity.String(), alloc.String(), k.name)
+		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Plugin) bool { return p.Answering }) {
+			msg += ": its plugin went, and the kubelet keeps the capacity for a grace period (5 minutes) before it drops to 0"
+		}
+		return api.KubeletView{State: api.KubeletRegistered, Message: msg}
 
 	case TypeDRA:
 		if s.sliceProblem != nil {

@@ -6,7 +6,12 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/plugin"
 )
@@ -74,4 +79,65 @@ func DeadSocket(t testing.TB, path string) {
 func WarnLogger() (*slog.Logger, *Buffer) {
 	b := new(Buffer)
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelWarn})), b
+}
+
+// AcceptCounter serves a unix socket at path that accepts connections,
+// counts them and closes them: a third party that plugd must not be led to.
+// Connected is closed at the first connection.
+type AcceptCounter struct {
+	n         atomic.Int64
+	Connected chan struct{}
+}
+
+// Count is how many connections were accepted.
+func (a *AcceptCounter) Count() int64 { return a.n.Load() }
+
+// CountAccepts serves an AcceptCounter at path until the test ends.
+func CountAccepts(t testing.TB, path string) *AcceptCounter {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &AcceptCounter{Connected: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if a.n.Add(1) == 1 {
+				close(a.Connected)
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); <-done })
+	return a
+}
+
+// TimerClock is a fake clock that tells when a timer is made on it, so that
+// a test can wait for the code under test to start waiting, then step it.
+type TimerClock struct {
+	*testingclock.FakeClock
+	// Timers receives the duration of every timer made, as it is made
+	// (the first 1024 not yet received; more are not told).
+	Timers chan time.Duration
+}
+
+// NewTimerClock is a TimerClock at a fixed time.
+func NewTimerClock() *TimerClock {
+	return &TimerClock{FakeClock: testingclock.NewFakeClock(time.Unix(1_700_000_000, 0)), Timers: make(chan time.Duration, 1024)}
+}
+
+// NewTimer makes a timer of the fake clock, and tells Timers.
+func (c *TimerClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d)
+	select {
+	case c.Timers <- d:
+	default:
+	}
+	return t
 }

@@ -109,8 +109,16 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return NewConn(ctx, nc.(*net.UnixConn))
+}
+
+// NewConn opens an HTTP/2 connection on nc, a unix socket connection the
+// caller made its own way (through a path that cannot follow a swapped
+// symlink, say), as Dial does after connecting. The Conn owns nc from then
+// on: it is closed if the handshake fails.
+func NewConn(ctx context.Context, nc *net.UnixConn) (*Conn, error) {
 	c := &Conn{
-		nc:         nc.(*net.UnixConn),
+		nc:         nc,
 		dec:        hpack.NewDecoder(4096, nil),
 		next:       1,
 		sendConn:   defaultWindow,

@@ -171,6 +171,15 @@ func startPlugd(t *testing.T, config string) *node {
 // registry directory first.
 func launchPlugd(t *testing.T, config string, prepare func(reg string)) *node {
 	t.Helper()
+	n, args := newNode(t, config, prepare)
+	n.plugd = start(t, "plugd", args...)
+	return n
+}
+
+// newNode is launchPlugd without the start: the node, with its configuration
+// written, and plugd's arguments.
+func newNode(t *testing.T, config string, prepare func(reg string)) (*node, []string) {
+	t.Helper()
 	dir := testenv.ShortDir(t, "e2e")
 	n := &node{dir: dir, reg: filepath.Join(dir, "reg"), socket: filepath.Join(dir, "plugd.sock")}
 	if prepare != nil {
@@ -181,9 +190,8 @@ func launchPlugd(t *testing.T, config string, prepare func(reg string)) *node {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.plugd = start(t, "plugd", "--config", path, "--backoff-initial", "50ms")
 	n.client = &api.Client{Socket: n.socket}
-	return n
+	return n, []string{"--config", path, "--backoff-initial", "50ms"}
 }
 
 // waitReady asks /readyz every poll until plugd is ready, and returns how

@@ -260,6 +260,9 @@ type plugd struct {
 	done   chan struct{}
 	socket string
 	client *api.Client
+	// started is when it was started, for counting its requests in the
+	// audit log.
+	started time.Time
 }
 
 // startPlugd runs plugd with config (YAML) and waits until it is ready.
@@ -273,6 +276,7 @@ func startPlugd(t *testing.T, dir, config string) *plugd {
 	p.cmd = exec.Command(filepath.Join(dirs.Bin, "plugd"), "--config", path, "--status-socket", p.socket)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
+	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

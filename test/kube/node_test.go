@@ -85,6 +85,11 @@ func startDRA(t *testing.T, reg, data, node string) *kubeletplugin.Helper {
 // least privilege; and an API server that goes away.
 func TestNode(t *testing.T) {
 	top := t // what must outlive a subtest is the test's
+	begin := time.Now()
+	defer func() {
+		total, err := auditCount(plugdUser, begin, time.Now())
+		t.Logf("plugd's requests over the whole scenario, by verb (audit log): %v, %v", total, err)
+	}()
 	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
 	applyManifest(t, "deploy/kubernetes/remove-taint-rbac.yaml")
 	token := plugdToken(t)
@@ -277,17 +282,20 @@ doctor: {kubeletRoots: [%s]}
 		bind(t, "plugd-reads")
 		pd.waitKubelet(t, csiName, api.KubeletRegistered, "")
 		k.setDevices(gpuName, 2, 0)
-		eventually(t, "a refused write named in the doctor", func() (bool, string) {
-			out, _ := plugctl(t, "--socket", pd.socket, "doctor", "-o", "json")
-			var l api.FindingList
-			decode(t, out, &l)
-			for _, f := range l.Findings {
-				if f.Check == "kubernetes-api" && strings.Contains(f.Summary, `lacks the permission "patch nodes/status"`) {
-					return true, ""
-				}
-			}
-			return false, out
+		pd.waitAPIFinding(t, `lacks the permission "patch nodes/status"`)
+		// The plugin goes back to what the Node shows: nothing is left to
+		// write, and a refused write that is no longer needed is no trouble.
+		k.setDevices(gpuName, 2, 2)
+		eventually(t, "the refused write forgotten once nothing needs writing", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", pd.socket, "doctor")
+			return !strings.Contains(out, "kubernetes-api"), out
 		})
+		// A refused event names its permission too (the CSINode entry goes:
+		// the kubelet and the socket disagree past the grace).
+		k.setCSIDriver(csiName, "")
+		pd.waitAPIFinding(t, `lacks the permission "create, patch events.events.k8s.io"`)
+		k.setCSIDriver(csiName, node)
+		k.setDevices(gpuName, 2, 0)
 		admin.RbacV1().ClusterRoleBindings().Delete(ctx, "plugd-reads", metav1.DeleteOptions{})
 		bind(t, "plugd")
 		// Converges: the write is retried with backoff and lands.
@@ -301,6 +309,12 @@ doctor: {kubeletRoots: [%s]}
 	})
 
 	t.Run("a plugin no longer expected takes its condition with it", func(t *testing.T) {
+		// A condition in plugd's form that someone else wrote is not plugd's.
+		const mimic = "example.com/Mimic"
+		patch := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"True","reason":"Copied","message":"plugd: CSIPlugin mimic.example.com: copied by hand"}]}}`, mimic)
+		if _, err := admin.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: "someone-else"}, "status"); err != nil {
+			t.Fatal(err)
+		}
 		pd.stop(t)
 		fewer := strings.Replace(config, "  - {type: DRAPlugin, name: "+draName+"}\n", "", 1)
 		if fewer == config {
@@ -311,6 +325,9 @@ doctor: {kubeletRoots: [%s]}
 			n := getNode(t, node)
 			return condition(n, draCond) == nil && condition(n, csiCond) != nil && condition(n, "example.com/KernelDeadlock") != nil, fmt.Sprint(len(n.Status.Conditions))
 		})
+		if condition(getNode(t, node), mimic) == nil {
+			t.Errorf("plugd deleted %s, a condition in its form that someone else wrote", mimic)
+		}
 		pd.stop(t)
 		pd = startPlugd(top, dir, config)
 		waitCondition(t, node, draCond, corev1.ConditionTrue, "PluginReady")
@@ -349,6 +366,23 @@ doctor: {kubeletRoots: [%s]}
 		waitCondition(t, node, gpuCond, corev1.ConditionFalse, "SocketMissing")
 		gpu = startDevicePlugin(top, reg, gpuName, 2)
 		waitCondition(t, node, gpuCond, corev1.ConditionTrue, "PluginReady")
+	})
+}
+
+// waitAPIFinding waits until plugctl doctor has a kubernetes-api finding
+// whose summary holds want.
+func (p *plugd) waitAPIFinding(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, "a kubernetes-api finding that says "+want, func() (bool, string) {
+		out, _ := plugctl(t, "--socket", p.socket, "doctor", "-o", "json")
+		var l api.FindingList
+		decode(t, out, &l)
+		for _, f := range l.Findings {
+			if f.Check == "kubernetes-api" && strings.Contains(f.Summary, want) {
+				return true, ""
+			}
+		}
+		return false, out
 	})
 }
 
@@ -404,16 +438,19 @@ func quietMinute(t *testing.T, pd *plugd) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"create", "patch", "update", "delete"} {
-		if byVerb[v] != 0 {
-			t.Errorf("plugd made %d %s requests over the quiet minute", byVerb[v], v)
-		}
+	if len(byVerb) != 0 {
+		t.Errorf("plugd made requests over the quiet minute: %v; want none (its watches stay open)", byVerb)
 	}
-	total, err := auditCount(plugdUser, time.Time{}, to)
+	total, err := auditCount(plugdUser, pd.started, to)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("plugd's requests by verb from its start to the end of the quiet minute (audit log): %v", total)
+	// The three watches (Node, CSINode, ResourceSlices) stream the initial
+	// state: no list, and no watch reopened.
+	if total["list"] != 0 || total["watch"] != 3 {
+		t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 3", total["list"], total["watch"])
+	}
 	m, _ := plugctlMetrics(t, pd)
 	t.Logf("quiet minute %s: apiserver_request_total writes to nodes/events/csinodes: %d; plugd's requests by verb (audit log): %v",
 		to.Sub(from).Round(time.Second), writes, byVerb)

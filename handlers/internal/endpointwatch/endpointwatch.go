@@ -15,6 +15,7 @@ package endpointwatch
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,10 @@ type Options struct {
 	Check func(ctx context.Context) error
 	// Timeout bounds each connection attempt, and Check. Zero means 5s.
 	Timeout time.Duration
+	// Dial connects to the endpoint's unix socket, at Start and at every
+	// reconnection (a handler confining endpoints to its roots checks them
+	// again here). Nil dials the path as it is.
+	Dial func(ctx context.Context, path string) (net.Conn, error)
 	// Backoff and BackoffMax are the first delay before connecting again
 	// after the endpoint went, and its cap, which it doubles to after each
 	// failed attempt. Zero means 250ms and 10s.
@@ -91,7 +96,7 @@ func Start(ctx context.Context, path string, opts Options) (*Watch, error) {
 func (w *Watch) dial(ctx context.Context) (*unaryconn.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, w.opts.Timeout, fmt.Errorf("no connection within %s", w.opts.Timeout))
 	defer cancel()
-	conn, err := unaryconn.Dial(ctx, w.path)
+	conn, err := w.connect(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
@@ -99,6 +104,22 @@ func (w *Watch) dial(ctx context.Context) (*unaryconn.Conn, error) {
 		return nil, fmt.Errorf("endpoint %s: %w", w.path, err)
 	}
 	return conn, nil
+}
+
+func (w *Watch) connect(ctx context.Context) (*unaryconn.Conn, error) {
+	if w.opts.Dial == nil {
+		return unaryconn.Dial(ctx, w.path)
+	}
+	nc, err := w.opts.Dial(ctx, w.path)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		nc.Close()
+		return nil, fmt.Errorf("not a unix socket connection (%T)", nc)
+	}
+	return unaryconn.NewConn(ctx, uc)
 }
 
 // hold watches conn and reports the endpoint serving, unless Stop came

@@ -1,0 +1,108 @@
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestDial(t *testing.T) {
+	dir := testenv.ShortDir(t, "ep")
+	root, outside := filepath.Join(dir, "root"), filepath.Join(dir, "outside")
+	for _, d := range []string{filepath.Join(root, "sub"), outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inside := testenv.CountAccepts(t, filepath.Join(root, "sub", "ok.sock"))
+	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
+	for link, target := range map[string]string{
+		filepath.Join(root, "evil.sock"): filepath.Join(outside, "evil.sock"), // a symlink out of the root
+		filepath.Join(root, "alias"):     filepath.Join(root, "sub"),          // one that stays in it
+		filepath.Join(dir, "rootlink"):   root,                                // the root reached through a symlink
+	} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	dial := func(d Dialer, path string) error {
+		c, err := d.Dial(ctx, path)
+		if err == nil {
+			c.Read(make([]byte, 1)) // the end: the listener has counted it
+			c.Close()
+		}
+		return err
+	}
+	confined := Dialer{Roots: []string{filepath.Join(dir, "rootlink")}}
+	for _, path := range []string{filepath.Join(root, "sub", "ok.sock"), filepath.Join(root, "alias", "ok.sock")} {
+		if err := dial(confined, path); err != nil {
+			t.Errorf("%s, inside the root: %v", path, err)
+		}
+	}
+	if err := dial(confined, filepath.Join(root, "evil.sock")); !errors.Is(err, ErrOutside) {
+		t.Errorf("a symlink out of the root: %v, want ErrOutside", err)
+	}
+	if err := dial(confined, filepath.Join(outside, "evil.sock")); !errors.Is(err, ErrOutside) {
+		t.Errorf("outside the root: %v, want ErrOutside", err)
+	}
+	if err := dial(confined, filepath.Join(root, "gone.sock")); err == nil || errors.Is(err, ErrOutside) {
+		t.Errorf("a missing socket: %v, want an error that is not ErrOutside", err)
+	}
+	if n := evil.Count(); n != 0 {
+		t.Errorf("the socket outside the root was connected to %d times", n)
+	}
+	if inside.Count() != 2 {
+		t.Errorf("the socket inside the root was connected to %d times, want 2", inside.Count())
+	}
+
+	// Without roots, or for the registration socket itself, anything goes.
+	if err := dial(Dialer{}, filepath.Join(root, "evil.sock")); err != nil {
+		t.Errorf("without roots: %v", err)
+	}
+	if d := For(filepath.Join(root, "evil.sock"), filepath.Join(root, "evil.sock"), confined.Roots); len(d.Roots) != 0 {
+		t.Errorf("For the registration socket = %+v, want no roots", d)
+	}
+}
+
+// A component swapped for a symlink after Dial resolved the path is refused
+// on the way, not followed.
+func TestSwappedWhileConnecting(t *testing.T) {
+	if _, err := os.Stat("/proc/self/fd"); err != nil {
+		t.Skip("connects through /proc/self/fd, which is not here")
+	}
+	dir := testenv.ShortDir(t, "ep")
+	root, outside := filepath.Join(dir, "root"), filepath.Join(dir, "outside")
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
+	// What Dial resolved was root/sub/evil.sock, with sub a directory;
+	// sub is now a symlink to outside.
+	if err := os.Symlink(outside, filepath.Join(root, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dialBeneath(context.Background(), "the endpoint", root, filepath.Join("sub", "evil.sock")); !errors.Is(err, ErrOutside) {
+		t.Errorf("through a swapped directory: %v, want ErrOutside", err)
+	}
+	// And the socket itself swapped for a symlink.
+	if err := os.Symlink(filepath.Join(outside, "evil.sock"), filepath.Join(root, "evil.sock")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dialBeneath(context.Background(), "the endpoint", root, "evil.sock"); !errors.Is(err, ErrOutside) {
+		t.Errorf("through a swapped socket: %v, want ErrOutside", err)
+	}
+	if n := evil.Count(); n != 0 {
+		t.Errorf("the socket outside the root was connected to %d times", n)
+	}
+}

@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+// Issue 13, item 10 (the daemon's half): dangerous configurations are
+// refused with a message that says why and what to do, from the file and
+// from flags alike.
+func TestDangerousConfigsRefused(t *testing.T) {
+	dir := testenv.ShortDir(t, "pd")
+	reg := filepath.Join(dir, "reg")
+	if err := os.Mkdir(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"root": "/", "reglink": reg} {
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// Every socket on the system would be dialled, every directory watched.
+		{[]string{"--registry-dir", "/"}, "registryDir / is a system directory: plugd would watch every directory beneath it and dial every socket there"},
+		{[]string{"--registry-dir", "/run"}, "registryDir /run is a system directory"},
+		{[]string{"--registry-dir", "/etc/"}, "registryDir /etc is a system directory"},
+		{[]string{"--registry-dir", filepath.Join(dir, "root")}, "(through symlinks, /) is a system directory"},
+		{[]string{"--registry-dir", "/proc/self"}, "is in /proc, which holds the kernel's files"},
+		{[]string{"--registry-dir", "/var/lib/kubelet"}, "is the kubelet's root directory"},
+		// plugd would dial itself.
+		{[]string{"--registry-dir", reg, "--status-socket", filepath.Join(reg, "plugd.sock")}, "status.socket " + reg + "/plugd.sock is inside registryDir " + reg + ": plugd would find its own status socket there"},
+		{[]string{"--registry-dir", filepath.Join(dir, "reglink"), "--status-socket", filepath.Join(reg, "sub", "plugd.sock")}, "is inside registryDir"},
+		// A name is not trusted to mean loopback.
+		{[]string{"--status-tcp", "plugd.example.com:9090"}, "without status.allowNonLoopback it must be a loopback IP address"},
+		// Floors and ceilings.
+		{[]string{"--probe-interval", "1ns"}, "liveness.probeInterval is 1ns: it must be at least 100ms and at most 24h0m0s"},
+		{[]string{"--backoff-initial", "1ns"}, "backoff.initial is 1ns: it must be at least 10ms"},
+		{[]string{"--backoff-max", "1000h"}, "backoff.max is 1000h0m0s: it must be at least 10ms and at most 1h0m0s"},
+		{[]string{"--workers", "1000000"}, "workers is 1000000: it must be from 1 to 1024"},
+		{[]string{"--max-sockets", "10000000"}, "policy.maxSockets is 10000000: it must be from 1 to 100000"},
+		{[]string{"--dial-timeout", "1000h"}, "timeouts.dial is 1000h0m0s: it must be at least 10ms and at most 5m0s"},
+		{[]string{"--get-info-timeout", "1ns"}, "timeouts.getInfo is 1ns"},
+		{[]string{"--notify-timeout", "1ns"}, "timeouts.notify is 1ns"},
+		{[]string{"--handler-timeout", "1ns"}, "timeouts.handler is 1ns"},
+		{[]string{"--shutdown-timeout", "1ns"}, "shutdownTimeout is 1ns: it must be at least 100ms"},
+		{[]string{"--resync-interval", "1000h"}, "resyncInterval is 1000h0m0s: it must be at least 1s and at most 24h0m0s (default 30s), or negative to disable it"},
+		{[]string{"--unhealthy-grace", "1000h"}, "liveness.unhealthyGrace is 1000h0m0s"},
+		{[]string{"--remove-stale-after", "1ms"}, "policy.removeStaleAfter is 1ms: it must be at least 1s"},
+	} {
+		_, err := LoadArgs(tc.args, func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("plugd %q: error %v, want it to say %q", tc.args, err, tc.want)
+		}
+	}
+
+	// What is accepted: negative still disables, localhost is 127.0.0.1
+	// without asking /etc/hosts, a socket beside the directory is fine.
+	cfg, err := LoadArgs([]string{"--registry-dir", reg, "--status-socket", filepath.Join(dir, "plugd.sock"),
+		"--status-tcp", "localhost:9090", "--probe-interval", "-1s", "--resync-interval", "-1s"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Status.TCP != "127.0.0.1:9090" {
+		t.Errorf("status.tcp localhost:9090 is %q, want 127.0.0.1:9090", cfg.Status.TCP)
+	}
+
+	// In the file, and for a handler's own settings.
+	path := filepath.Join(dir, "c.yaml")
+	for _, tc := range []struct{ yaml, want string }{
+		{"handlers: [{type: DRAPlugin, handler: dra, gracePeriod: 1ns}]\n", "handlers[0]: gracePeriod is 1ns: it must be at least 10ms"},
+		{"handlers: [{type: X, handler: accept, unhealthyGrace: 1000h}]\n", "handlers[0]: unhealthyGrace is 1000h0m0s"},
+		{"handlers: [{type: X, handler: hook, hook: {command: [/bin/true], timeout: 1ns}}]\n", "handlers[0]: hook.timeout is 1ns"},
+		{"kubernetes: {nodeName: n, disagreementGrace: 1ms}\n", "kubernetes.disagreementGrace is 1ms: it must be at least 1s"},
+	} {
+		if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadArgs([]string{"--config", path}, func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to say %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// Issue 13, item 10: --config reads regular files only, of a bounded size,
+// and never blocks: /dev/zero, a FIFO nobody writes to, a directory and a
+// huge file are refused at once, on SIGHUP too.
+func TestConfigFileMustBeARegularFile(t *testing.T) {
+	dir := testenv.ShortDir(t, "pd")
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.yaml")
+	if err := os.WriteFile(huge, []byte("# "+strings.Repeat("x", 2<<20)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	load := func(path string) error {
+		done := make(chan error, 1)
+		go func() { _, err := LoadConfig(path); done <- err }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(wait):
+			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
+			t.Fatalf("LoadConfig(%s) did not return", path)
+			return nil
+		}
+	}
+	for path, want := range map[string]string{
+		"/dev/zero": "config /dev/zero is a device, not a regular file",
+		fifo:        "is a named pipe (FIFO), not a regular file",
+		dir:         "is a directory, not a regular file",
+		huge:        "is larger than 1024 KiB",
+	} {
+		if err := load(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadConfig(%s): %v, want it to say %q", path, err, want)
+		}
+	}
+
+	// A reload from a file replaced by a FIFO is refused, and plugd goes on.
+	r := runDaemon(t, Config{})
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		r.d.reloadFrom(func() (Config, error) { return LoadConfig(fifo) })
+	}()
+	select {
+	case <-reloaded:
+	case <-time.After(wait):
+		os.WriteFile(fifo, nil, 0)
+		t.Fatal("a reload from a FIFO did not return")
+	}
+	if !strings.Contains(r.logs.String(), "reload refused") || !strings.Contains(r.logs.String(), "named pipe") {
+		t.Errorf("the reload is not logged as refused:\n%s", r.logs)
+	}
+	if _, err := r.client.Plugins(context.Background(), api.Filter{}); err != nil {
+		t.Errorf("after the refused reload: %v", err)
+	}
+}
