@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -117,5 +119,54 @@ func TestStartFails(t *testing.T) {
 	}
 	if reported {
 		t.Error("a failed Start reported")
+	}
+}
+
+// Issue 13, item 3: every reconnection goes through Options.Dial, so a
+// handler's confinement holds after the first connection: an endpoint
+// swapped for a symlink out of the roots while its server was down is
+// refused, not connected to.
+func TestReconnectionsDialConfined(t *testing.T) {
+	base := testenv.ShortDir(t, "ewc")
+	root, outside := filepath.Join(base, "root"), filepath.Join(base, "out")
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(root, "csi.sock")
+	stop := serve(t, path)
+	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
+	reports := make(chan error, 100)
+	w, err := Start(context.Background(), path, Options{
+		Report:  func(err error) { reports <- err },
+		Dial:    endpoint.Dialer{Roots: []string{root}}.Dial,
+		Backoff: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := next(t, reports); err != nil {
+		t.Fatalf("first report %v, want serving", err)
+	}
+	stop()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "evil.sock"), path); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		err := next(t, reports)
+		if err == nil {
+			t.Fatal("serving, through a symlink out of the roots")
+		}
+		if errors.Is(err, endpoint.ErrOutside) {
+			break
+		}
+	}
+	if n := evil.Count(); n != 0 {
+		t.Errorf("the watch connected %d times to the socket outside the roots", n)
 	}
 }
