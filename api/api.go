@@ -176,7 +176,7 @@ const (
 	ReasonNotify      = "notify"       // the plugin could not be told it was registered
 	ReasonPolicy      = "policy"       // a rule of plugd's policy refused it (endpoint roots, peer credentials)
 	ReasonUnhealthy   = "unhealthy"    // it stopped answering while registered
-	ReasonEndpoint    = "endpoint"     // observe mode: its own service did not answer the handler's look
+	ReasonEndpoint    = "endpoint"     // its own service went, or did not answer its handler's (or observer's) look
 )
 
 // Reasons returns the reasons a failure can have.

@@ -115,11 +115,11 @@ func plan(cfg *config) []step {
 	if cfg.churn > 0 {
 		steps = append(steps, step{"churn", cfg.managers, churn(cfg.churnBase, cfg.churn, cfg.gap)})
 	}
-	// plugd's idle cost is measured with liveness probing at its default
-	// and off, so its probing is seen apart from the rest.
+	// plugd's idle cost is measured at its defaults and probing every
+	// 10 s, so that frequent probing is seen apart from the rest.
 	burstManagers := cfg.managers
 	if cfg.idle > 0 && slices.Contains(cfg.managers, plugd) {
-		burstManagers = slices.Insert(slices.Clone(cfg.managers), slices.Index(cfg.managers, plugd)+1, plugdNoProbe)
+		burstManagers = slices.Insert(slices.Clone(cfg.managers), slices.Index(cfg.managers, plugd)+1, plugdProbing)
 	}
 	for _, n := range cfg.bursts {
 		steps = append(steps, step{burstScenario(n), burstManagers, burst(n, cfg.settle, cfg.idle)})

@@ -193,7 +193,7 @@ func burst(n int, settle, window time.Duration) func(*session) (map[string]float
 			"load_cpu_s": (load1 - load0).Seconds(),
 		}
 		if window > 0 {
-			if s.mgr.name == plugd {
+			if s.mgr.name == plugdProbing {
 				settle = max(settle, probeSettle)
 			}
 			cpu, rss, err := s.idle(settle, window)

@@ -3,6 +3,7 @@ package pluginmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -77,6 +78,7 @@ type kubeletStyle struct {
 	mu    sync.Mutex
 	calls []string
 	tmo   *time.Duration
+	ctx   context.Context // RegisterPlugin's
 }
 
 func (k *kubeletStyle) ValidatePlugin(_ context.Context, name, endpoint string, versions []string) error {
@@ -89,11 +91,11 @@ func (k *kubeletStyle) ValidatePlugin(_ context.Context, name, endpoint string, 
 	return nil
 }
 
-func (k *kubeletStyle) RegisterPlugin(_ context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
+func (k *kubeletStyle) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls = append(k.calls, "register "+name)
-	k.tmo = timeout
+	k.tmo, k.ctx = timeout, ctx
 	return nil
 }
 
@@ -103,26 +105,93 @@ func (k *kubeletStyle) DeRegisterPlugin(_ context.Context, name, endpoint string
 	k.calls = append(k.calls, "deregister "+name)
 }
 
+// A kubelet handler is called as the kubelet calls it: a nil client
+// timeout, a context that outlives the call and ends with the manager, and
+// a refusal retried with backoff rather than final.
 func TestKubeletHandlerAdapter(t *testing.T) {
 	k := &kubeletStyle{}
-	h := start(t, pluginmanager.Options{HandlerTimeout: 7 * time.Second}, map[string]pluginmanager.Handler{"DevicePlugin": pluginmanager.KubeletHandler(k)})
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{HandlerTimeout: 7 * time.Second, Clock: clk}, map[string]pluginmanager.Handler{"DevicePlugin": pluginmanager.KubeletHandler(k)})
 	p := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
-	if s := h.WaitSocket(refused.Path(), pluginmanager.StateRejected); s.LastError != "not on the list" {
-		t.Errorf("refusal = %q", s.LastError)
+	s := h.WaitSocket(refused.Path(), pluginmanager.StateFailed)
+	if s.Reason != pluginmanager.ReasonValidate || s.LastError != "not on the list" || s.NextRetry.IsZero() {
+		t.Errorf("refusal = %+v, want Failed, retried", s)
 	}
+	clk.Step(time.Second) // past the retry
+	h.WaitEvent(refused.Path(), pluginmanager.EventFailed)
 	p.Close()
 	h.WaitGone(p.Path())
 
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	want := []string{"validate example.com/gpu v1beta1", "register example.com/gpu", "validate refused ", "deregister example.com/gpu"}
+	want := []string{"validate example.com/gpu v1beta1", "register example.com/gpu", "validate refused ", "validate refused ", "deregister example.com/gpu"}
 	if !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %q, want %q", k.calls, want)
 	}
-	if k.tmo == nil || *k.tmo <= 0 || *k.tmo > 7*time.Second {
-		t.Errorf("RegisterPlugin timeout = %v, want what is left of the 7s handler deadline", k.tmo)
+	if k.tmo != nil {
+		t.Errorf("RegisterPlugin timeout = %v, want nil, as the kubelet passes", *k.tmo)
+	}
+	ctx := k.ctx
+	k.mu.Unlock()
+	if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+		t.Errorf("RegisterPlugin's context has a deadline or ended with the call: %v", ctx.Err())
+	}
+	h.Stop()
+	if ctx.Err() == nil {
+		t.Error("RegisterPlugin's context outlived the manager")
+	}
+}
+
+// kubeletCSI refuses a second socket of a driver it has, as the kubelet's
+// CSI handler does (the version is not higher), and deregisters by name.
+type kubeletCSI struct {
+	mu      sync.Mutex
+	drivers map[string]string // name: endpoint
+}
+
+func (k *kubeletCSI) ValidatePlugin(_ context.Context, name, endpoint string, versions []string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.drivers[name]; ok {
+		return fmt.Errorf("validation failed for CSI driver %s at endpoint %s: a driver of that name is already registered with a version not lower", name, endpoint)
+	}
+	return nil
+}
+
+func (k *kubeletCSI) RegisterPlugin(_ context.Context, name, endpoint string, versions []string, _ *time.Duration) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.drivers[name] = endpoint
+	return nil
+}
+
+func (k *kubeletCSI) DeRegisterPlugin(_ context.Context, name, endpoint string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.drivers, name)
+}
+
+// Two registrars of one CSI driver (a rolling update that gives the new one
+// its own socket): the kubelet's handler refuses the second while the first
+// is registered. Retried, the second registers once the first has gone, so
+// the node is not left without the driver.
+func TestKubeletCSISecondSocketRegistersOnceTheFirstGoes(t *testing.T) {
+	k := &kubeletCSI{drivers: map[string]string{}}
+	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.KubeletHandler(k)})
+	first := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-old.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
+	second := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-new.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	if s := h.WaitSocket(second.Path(), pluginmanager.StateFailed); s.Reason != pluginmanager.ReasonValidate {
+		t.Fatalf("the second socket: %+v, want refused and retried", s)
+	}
+	first.Close()
+	h.WaitGone(first.Path())
+	h.WaitSocket(second.Path(), pluginmanager.StateRegistered)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.drivers["csi.example.com"] == "" {
+		t.Error("the node is left without the CSI driver")
 	}
 }
 

@@ -40,11 +40,16 @@
 // Every RPC and every handler call has a deadline, and everything a plugin
 // sends is bounded in size.
 //
-// A registered plugin is watched (Options.ProbeInterval): the manager keeps
-// the connection it registered over open, so a plugin whose process dies is
-// Unhealthy the moment the kernel hangs that connection up, and asks GetInfo
-// on it periodically to catch a wedged one. The kubelet never looks at a
-// registered plugin again.
+// A registered plugin is watched, quietly. The manager holds the connection
+// it registered over open and idle, so a plugin whose process dies is
+// Unhealthy the moment the kernel hangs that connection up; a connection
+// the plugin's server closes is replaced without a call, so nothing shows in
+// the plugin's log. A handler may watch the plugin's own endpoint and say
+// when it stops serving (EndpointReporter): the plugin is then Unhealthy,
+// reason endpoint, in both modes. A GetInfo every Options.ProbeInterval
+// (5 minutes by default) catches a plugin wedged while its connection
+// stays up. An Unhealthy plugin is deregistered after its grace period. The
+// kubelet never looks at a registered plugin again.
 //
 // Several sockets may register the same (type, name), as the old and new
 // instances of a driver do during a rolling update; each is its own

@@ -15,7 +15,7 @@ const (
 	EventFailed       EventType = "Failed"       // an attempt failed; it will be retried
 	EventRejected     EventType = "Rejected"     // refused until the socket changes
 	EventDeregistered EventType = "Deregistered" // the handler let the plugin go
-	EventUnhealthy    EventType = "Unhealthy"    // a registered plugin stopped answering its liveness probe
+	EventUnhealthy    EventType = "Unhealthy"    // a registered plugin stopped answering, or its endpoint went (State says whether it stays registered meanwhile)
 	EventHealthy      EventType = "Healthy"      // an Unhealthy plugin answers again, still registered
 	EventAnswering    EventType = "Answering"    // observe mode: the plugin answers (again)
 	EventNotAnswering EventType = "NotAnswering" // observe mode: the plugin stopped answering (or is Stale)

@@ -33,7 +33,8 @@ type Plugin struct {
 type Handler interface {
 	// Validate decides whether the plugin may register. An error it returns
 	// rejects the plugin until its socket changes (TerminalError or not); a
-	// Validate that times out or panics is retried instead.
+	// Validate that times out or panics is retried instead, as is a
+	// KubeletHandler's refusal.
 	Validate(ctx context.Context, p Plugin) error
 	// Register takes the plugin into use. An error is reported to the plugin and
 	// retried with backoff, unless it is a TerminalError, which rejects the plugin.
@@ -64,14 +65,24 @@ type HandlerOptions struct {
 	// registered before it is deregistered. Zero means
 	// Options.UnhealthyGrace.
 	UnhealthyGrace time.Duration
-	// ProbeInterval is how often a registered plugin of this type is probed
-	// (see Options.ProbeInterval). Zero means Options.ProbeInterval;
-	// negative disables probes and the connection watch for this type.
+	// ProbeInterval is how often a registered plugin of this type is asked
+	// GetInfo as a routine probe (see Options.ProbeInterval). Zero means
+	// Options.ProbeInterval; negative, no routine probes for this type (its
+	// plugins' connections are still held, and their hang-ups heard).
 	ProbeInterval time.Duration
+	// DeregisterWithRegistrar makes a plugin of this type whose registration
+	// socket stops answering Unhealthy, and deregistered after
+	// UnhealthyGrace, even while its handler reports its endpoint serving
+	// (see EndpointReporter). Off, the default for every type: the plugin
+	// stays registered while its endpoint serves, as a CSI driver does with
+	// the kubelet when its node-driver-registrar dies and leaves its socket
+	// behind. A handler that reports nothing of its endpoints makes this
+	// moot: its plugins are judged by their registration socket alone.
+	DeregisterWithRegistrar bool
 	// AllowedPeers, if set, says who may serve registration sockets of this
 	// type, in place of Options.AllowedPeers: the process listening on the
-	// socket (as the kernel reports it, SO_PEERCRED) must run as one of its
-	// UIDs or GIDs.
+	// socket (as the kernel reports it, see Options.AllowedPeers) must run as
+	// one of its UIDs or GIDs. AddHandler panics if it is set on Windows.
 	AllowedPeers *Peers
 }
 
@@ -114,29 +125,67 @@ type KubeletPluginHandler interface {
 	DeRegisterPlugin(ctx context.Context, pluginName, endpoint string)
 }
 
-// KubeletHandler adapts a kubelet-style handler to Handler. RegisterPlugin is
-// given the time left before the call's deadline as its client timeout.
+// KubeletHandler adapts a kubelet-style handler to Handler, and calls it as
+// the kubelet's plugin manager (v1.37) does:
+//
+//   - RegisterPlugin's pluginClientTimeout is nil, so that the handler uses
+//     its own default for the calls it makes to the plugin later (the
+//     kubelet's DRA handler 45s per prepare and unprepare, its CSI handler 2m
+//     for NodeGetInfo);
+//   - each method's context has no deadline and is not cancelled when the
+//     call returns, only when the manager's Run ends: the kubelet passes its
+//     own lifetime context, and its handlers keep work on it (the device
+//     manager runs a plugin's ListAndWatch stream on RegisterPlugin's
+//     context). It carries the values of the manager's own call context.
+//     The manager still waits for each call at most Options.HandlerTimeout:
+//     one that outlives that is abandoned (not cancelled), as any handler's;
+//   - a ValidatePlugin refusal is retried with backoff, not Rejected for
+//     good: the kubelet's CSI handler refuses a second socket of a
+//     registered driver and expects to be asked again, which then succeeds
+//     once the first socket has gone.
 func KubeletHandler(h KubeletPluginHandler) Handler {
 	return kubeletHandler{h}
 }
 
 type kubeletHandler struct{ h KubeletPluginHandler }
 
+// kubeletContext is the context a kubelet handler is given for a call made
+// with ctx (see KubeletHandler).
+func kubeletContext(ctx context.Context) context.Context {
+	if life, ok := ctx.Value(lifetimeKey{}).(context.Context); ok && life.Err() == nil {
+		return life
+	}
+	return context.WithoutCancel(ctx) // shutting down, or called outside Run
+}
+
+// lifetimeKey carries Run's context to kubelet handlers.
+type lifetimeKey struct{}
+
 func (k kubeletHandler) Validate(ctx context.Context, p Plugin) error {
-	return k.h.ValidatePlugin(ctx, p.Name, p.Endpoint, p.Versions)
+	if err := k.h.ValidatePlugin(kubeletContext(ctx), p.Name, p.Endpoint, p.Versions); err != nil {
+		return &retryableError{err}
+	}
+	return nil
 }
 
 func (k kubeletHandler) Register(ctx context.Context, p Plugin) error {
-	var timeout *time.Duration
-	if deadline, ok := ctx.Deadline(); ok {
-		left := time.Until(deadline)
-		timeout = &left
-	}
-	return k.h.RegisterPlugin(ctx, p.Name, p.Endpoint, p.Versions, timeout)
+	return k.h.RegisterPlugin(kubeletContext(ctx), p.Name, p.Endpoint, p.Versions, nil)
 }
 
 func (k kubeletHandler) Deregister(ctx context.Context, p Plugin) {
-	k.h.DeRegisterPlugin(ctx, p.Name, p.Endpoint)
+	k.h.DeRegisterPlugin(kubeletContext(ctx), p.Name, p.Endpoint)
+}
+
+// retryableError is a Validate refusal that is retried with backoff rather
+// than final: a kubelet handler's, which the kubelet retries.
+type retryableError struct{ err error }
+
+func (e *retryableError) Error() string { return e.err.Error() }
+func (e *retryableError) Unwrap() error { return e.err }
+
+func isRetryable(err error) bool {
+	var r *retryableError
+	return errors.As(err, &r)
 }
 
 // TerminalError marks err as not worth retrying: a Register that returns it
@@ -180,7 +229,7 @@ const (
 	ReasonNotify      Reason = "notify"       // the plugin could not be told it was registered
 	ReasonPolicy      Reason = "policy"       // a rule of the manager's options refused it (endpoint roots, peer credentials)
 	ReasonUnhealthy   Reason = "unhealthy"    // it stopped answering while registered
-	ReasonEndpoint    Reason = "endpoint"     // observe mode: its own service did not answer the handler's look
+	ReasonEndpoint    Reason = "endpoint"     // its own service went, or did not answer its handler's (or observer's) look
 )
 
 // handlerPanic is the error a recovered panic turns into.

@@ -49,6 +49,11 @@ func start(t *testing.T, opts pluginmanager.Options, handlers map[string]pluginm
 	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir, sub: pm.Manager().Subscribe()}
 }
 
+// pastBindGrace is more time than the manager gives a socket that just
+// appeared and refuses connections (bound, not listening yet) before it
+// counts as Stale.
+const pastBindGrace = 3 * time.Second
+
 // fakeClock is a fake clock at the time now, for a manager whose time the
 // test moves.
 func fakeClock() *testingclock.FakeClock { return testingclock.NewFakeClock(time.Now()) }

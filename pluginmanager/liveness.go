@@ -2,32 +2,102 @@ package pluginmanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
-// Liveness: a registered plugin's next probe is a time the queue holds
-// (entry.due), on a grid so that the probes due in one step start from one
-// wake-up; a probe is a GetInfo with a deadline, on the connection the plugin
-// registered over, run by the worker that holds the socket's path.
+// Liveness, in layers, each as quiet as it can be:
+//
+//   - The connection a plugin registered over is held open, idle, in the
+//     connection set. Its hang-up is the first word that the plugin went:
+//     the kernel closes it when the plugin's process dies, and a gRPC server
+//     that stops sends GOAWAY. The manager then only connects again, with
+//     no call, so nothing shows in the plugin's log: a plugin that still
+//     accepts is still there; one that does not is Unhealthy at once.
+//   - A handler may watch the plugin's own endpoint (a CSI driver's socket,
+//     a DRA or device plugin service) and report it (EndpointReporter): a
+//     dead endpoint makes the plugin Unhealthy, reason endpoint, and one
+//     that serves keeps a plugin whose registrar died registered.
+//   - Routine probes (a GetInfo every ProbeInterval, 5 minutes by default)
+//     catch a plugin wedged while its connection stays up.
+//
+// What each look found is kept in the entry's liveness, read and written
+// only by the worker holding the socket's path; the times it waits for (a
+// probe, a redial, the end of a grace period) are the queue's, as all times
+// are.
+
+// DefaultProbeInterval is the interval of routine probes when
+// Options.ProbeInterval is zero: one GetInfo per plugin every 5 minutes, in
+// both modes. A plugin that logs every GetInfo (node-driver-registrar does)
+// logs 288 lines a day for it, where a 10 s probe made 8,640; the held
+// connection's hang-up, not the probe, is what tells at once that a plugin
+// went.
+const DefaultProbeInterval = 5 * time.Minute
+
+// liveness is what the manager knows of a registered (or observed) plugin's
+// liveness beyond its status. A new socket file starts with none.
+type liveness struct {
+	socketErr   error            // why the registration socket does not answer; nil while it does
+	probeFailed bool             // socketErr is a failed probe: only an answer to one clears it
+	probeAt     time.Time        // the next probe (routine, or again after a failed one); zero: none
+	heldSince   time.Time        // when the connection held was last taken into the set
+	lastHangup  time.Time        // when it was last hung up
+	redialAt    time.Time        // no redial before: after hang-ups in a row, a flood, a failed redial
+	backoff     *backoff.Backoff // the delay behind redialAt, made at first need
+	flooded     bool             // a flood from this socket file was logged
+	kept        bool             // logged: kept registered while its registrar is gone
+	quiet       int              // quiet retries of a socket bound and not yet listening
+}
+
+// A socket file appears when its server binds it, a moment before the
+// server listens on it (node-driver-registrar, and Go's net.Listen, do both
+// in place): a connection refused meanwhile is no failure. A socket younger
+// than bindGrace that refuses is tried again quietly (no warning, no event,
+// no attempt counted), after 20 ms, then twice as long each time, at most
+// maxQuiet times; only then is it Stale.
+const (
+	bindGrace = 2 * time.Second
+	maxQuiet  = 7
+)
+
+// quietly reports whether an attempt that failed with err at now is retried
+// quietly, and when.
+func (p *parts) quietly(e *entry, err error, now time.Time) (time.Time, bool) {
+	if !refused(err) || e.live.quiet >= maxQuiet || now.Sub(e.status.Created) >= bindGrace {
+		return time.Time{}, false
+	}
+	d := 20 * time.Millisecond << e.live.quiet
+	e.live.quiet++
+	p.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", d)
+	return now.Add(d), true
+}
+
+// steadyHold is how long a held connection must have lasted for its
+// hang-up to be redialled at once; one hung up sooner, or a second hang-up
+// within it, waits for the backoff, so that a plugin whose server closes
+// every connection at once costs a connection every so often, not a loop.
+const steadyHold = 10 * time.Second
 
 // nextProbe is when a routine probe every interval is due after one that
 // started at now: in about interval (±10%), start to start, put off to the end of its step of a grid a tenth
 // of the interval wide (at most a second). An idle Go process that wakes up
 // spends several times a probe's own cost on the wake-up (threads, timers,
 // the poller); waking once a step for all the plugins due in it, not once
-// per plugin, keeps an idle manager idle. Zero if interval is negative:
+// per plugin, keeps an idle manager idle. Zero if interval is not positive:
 // no probes.
 func nextProbe(now time.Time, interval time.Duration) time.Time {
-	if interval < 0 {
+	if interval <= 0 {
 		return time.Time{}
 	}
 	d := time.Duration(float64(interval) * (0.9 + 0.2*rand.Float64()))
@@ -39,21 +109,160 @@ func nextProbe(now time.Time, interval time.Duration) time.Time {
 	return time.Unix(0, n*int64(step))
 }
 
+// earliest is the earliest of the times that are not zero, or zero.
+func earliest(ts ...time.Time) time.Time {
+	var first time.Time
+	for _, t := range ts {
+		if !t.IsZero() && (first.IsZero() || t.Before(first)) {
+			first = t
+		}
+	}
+	return first
+}
+
 // samePlugin reports whether a probe's answer is the plugin that registered.
 func samePlugin(a, b Plugin) bool {
 	return a.Type == b.Type && a.Name == b.Name && a.Endpoint == b.Endpoint && slices.Equal(a.Versions, b.Versions)
 }
 
-// probe asks a registered plugin who it is. An answer keeps it (or makes it
-// again) Registered, without a word to its handler; no answer makes it
-// Unhealthy at once, and deregistered once that has lasted its grace period;
-// a different answer is a different plugin, registered afresh.
-func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
-	started := r.clock.Now()
-	p, conn, err := r.ask(ctx, path, r.conns.Take(path))
+// hangups holds what the connection set said of hung-up connections until
+// the worker for each path looks.
+type hangups struct {
+	mu sync.Mutex
+	m  map[string]error
+}
+
+func (h *hangups) put(path string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[string]error)
+	}
+	if prev := h.m[path]; prev == nil || !errors.Is(prev, unaryconn.ErrFlood) {
+		h.m[path] = err // a flood is not forgotten for a plain hang-up after it
+	}
+}
+
+func (h *hangups) take(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	err := h.m[path]
+	delete(h.m, path)
+	return err
+}
+
+// afterHangup records that the connection held for path was hung up, and
+// when it may be redialled: at once, unless it is one of several in a row,
+// or a flood, which is logged once for the socket file.
+func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
+	lv := &e.live
+	flood := errors.Is(err, unaryconn.ErrFlood)
+	if flood && !lv.flooded {
+		lv.flooded = true
+		p.log.Warn("plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
+			"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
+	} else {
+		p.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
+	}
+	inRow := !lv.lastHangup.IsZero() && now.Sub(lv.lastHangup) < steadyHold
+	lv.lastHangup = now
+	if !flood && !inRow {
+		if lv.backoff != nil {
+			lv.backoff.Reset()
+		}
+		lv.redialAt = now
+		return
+	}
+	lv.redialAt = now.Add(p.redialDelay(lv))
+}
+
+// redialDelay is the next delay before connecting again to a plugin.
+func (p *parts) redialDelay(lv *liveness) time.Duration {
+	if lv.backoff == nil {
+		b := p.newBackoff()
+		lv.backoff = &b
+	}
+	return lv.backoff.Next()
+}
+
+// live looks after a registered plugin: it connects again once the
+// connection held was hung up, probes when a probe is due, reads what the
+// handler said of the endpoint, and from all that decides whether the
+// plugin is Registered or Unhealthy, deregistering an Unhealthy one at the
+// end of its grace period.
+func (r *registrar) live(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, now time.Time) result {
+	lv := &e.live
+	if err := r.hangups.take(path); err != nil {
+		r.afterHangup(path, e, err, now)
+	}
+	switch {
+	case !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
+		if res, done := r.probe(ctx, path, e, reg, he, now); done {
+			return res
+		}
+	case !r.conns.Watching(path) && !now.Before(lv.redialAt):
+		r.redial(ctx, path, e, now)
+	}
+	if ctx.Err() != nil {
+		return result{} // shutting down
+	}
+	return r.judge(ctx, path, e, reg, he)
+}
+
+// redial connects again to a plugin whose connection was hung up, with no
+// call: a plugin that accepts is still there. One that does not is tried
+// again after a backoff.
+func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time) {
+	lv := &e.live
+	conn, err := p.dial(ctx, path)
+	if err == nil {
+		err = p.conns.Watch(path, conn)
+	}
+	if err == nil {
+		lv.heldSince = now
+		if !lv.probeFailed {
+			lv.socketErr = nil
+		}
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	lv.socketErr = err
+	lv.redialAt = now.Add(p.redialDelay(lv))
+}
+
+// keep holds conn for path in the connection set, to hear at once when the
+// plugin goes; a nil or unusable conn is replaced by a new one, so keep may
+// dial. The set owns conn from here.
+func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn.Conn, now time.Time) {
+	if conn == nil || !conn.Usable() {
+		closeConn(conn)
+		var err error
+		if conn, err = p.dial(ctx, path); err != nil {
+			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
+			e.live.redialAt = now
+			return
+		}
+	}
+	if p.conns.Get(path) != conn {
+		e.live.heldSince = now
+	}
+	if err := p.conns.Watch(path, conn); err != nil {
+		p.log.Debug("cannot hold the plugin's connection", "socket", path, "err", err)
+	}
+}
+
+// probe asks a registered plugin who it is (its routine probe, or again
+// after a failed one). It reports done, with the result, if the answer was
+// a different plugin, which is registered afresh; otherwise it only records
+// in e.live whether the plugin answered, for judge.
+func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, now time.Time) (result, bool) {
+	lv := &e.live
+	p, conn, err := r.ask(ctx, e, path, r.conns.Get(path))
 	if ctx.Err() != nil {
 		closeConn(conn)
-		return result{} // shutting down
+		return result{}, true // shutting down
 	}
 	if err == nil && !samePlugin(p, reg.plugin) {
 		closeConn(conn)
@@ -63,54 +272,121 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		e.reg = nil
 		r.reg.mu.Unlock()
 		if !r.deregister(ctx, path, e, reg) {
-			return result{}
+			return result{}, true
 		}
 		now := r.clock.Now()
 		r.reg.mu.Lock()
 		defer r.reg.mu.Unlock()
 		e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
 		e.backoff = nil
-		return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}
+		e.live = liveness{}
+		return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}, true
 	}
 	if err == nil {
-		r.keep(ctx, path, conn, he)
+		r.keep(ctx, path, e, conn, now)
+		lv.socketErr, lv.probeFailed = nil, false
+		lv.probeAt = nextProbe(now, he.probe)
+		return result{}, false
 	}
-
-	now := r.clock.Now()
-	r.reg.mu.Lock()
-	label := r.typeLabel(reg.plugin.Type)
-	if err == nil {
-		defer r.reg.mu.Unlock()
-		var events []Event
-		if e.status.State == StateUnhealthy {
-			e.status.State = StateRegistered
-			e.status.UnhealthySince = time.Time{}
-			e.status.Reason, e.status.LastError = "", ""
-			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			r.log.Info("plugin answers again", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name)
-		}
-		e.due = nextProbe(started, he.probe)
-		return result{at: e.due, events: events}
-	}
-	var events []Event
-	if e.status.State == StateRegistered {
-		e.status.State = StateUnhealthy
-		e.status.UnhealthySince = now
-		e.status.Reason, e.status.LastError = ReasonUnhealthy, printable(err.Error())
-		r.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
-		events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
-		r.log.Warn("plugin stopped answering", "socket", path, "type", reg.plugin.Type, "name", reg.plugin.Name, "err", e.status.LastError)
+	r.conns.Unwatch(path)
+	lv.socketErr = err
+	lv.probeFailed = !isDialError(err)
+	if lv.probeFailed {
+		lv.probeAt = now.Add(he.probe) // asked again each interval while it fails, unjittered
 	} else {
-		e.status.LastError = printable(err.Error())
+		lv.probeAt = nextProbe(now, he.probe)
+		lv.redialAt = now.Add(r.redialDelay(lv))
 	}
-	// Asked again each interval while its grace lasts, and at its end.
-	if end := e.status.UnhealthySince.Add(he.grace); now.Before(end) {
-		e.due = started.Add(he.probe)
-		if end.Before(e.due) {
-			e.due = end
+	return result{}, false
+}
+
+// judge decides from what the last looks found whether a registered plugin
+// is Registered or Unhealthy (and why), and when to look again:
+//
+//   - an endpoint its handler reports down makes it Unhealthy, reason
+//     endpoint;
+//   - a registration socket that does not answer (no connection, or a
+//     failed probe) makes it Unhealthy, reason unhealthy, unless its handler
+//     reports its endpoint serving and its type does not ask for it to be
+//     deregistered with its registrar (HandlerOptions.DeregisterWithRegistrar):
+//     then it stays Registered, with a note, and one Unhealthy event says so;
+//   - an Unhealthy plugin is deregistered at the end of its grace period,
+//     and retried with backoff.
+func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
+	lv := &e.live
+	epKnown, epErr := reg.endpoint.state()
+	var why error
+	var reason Reason
+	kept := false
+	switch {
+	case epErr != nil:
+		why, reason = epErr, ReasonEndpoint
+	case lv.socketErr != nil && epKnown && !he.deregisterWithRegistrar:
+		kept = true
+	case lv.socketErr != nil:
+		why, reason = lv.socketErr, ReasonUnhealthy
+	}
+	watched := r.conns.Watching(path)
+	now := r.clock.Now()
+	label := r.typeLabel(reg.plugin.Type)
+	p := reg.plugin
+
+	r.reg.mu.Lock()
+	var events []Event
+	st := &e.status
+	switch {
+	case why == nil:
+		if st.State == StateUnhealthy {
+			st.State = StateRegistered
+			st.UnhealthySince = time.Time{}
+			st.Reason, st.LastError = "", ""
+			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
+			r.log.Info("plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
+		switch {
+		case kept:
+			note := printable(fmt.Sprintf("its registration socket does not answer (%v); kept registered while its endpoint serves", lv.socketErr))
+			st.Reason, st.LastError = ReasonUnhealthy, note
+			if !lv.kept {
+				// Said once, with the state it stays in: Registered.
+				lv.kept = true
+				r.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
+				events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
+				r.log.Info("plugin's registration socket does not answer, but its endpoint serves: it stays registered",
+					"socket", path, "type", p.Type, "name", p.Name, "err", printable(lv.socketErr.Error()))
+			}
+		case st.Reason == ReasonUnhealthy || st.Reason == ReasonEndpoint:
+			st.Reason, st.LastError = "", ""
+			lv.kept = false
+		}
+	case st.State == StateRegistered || st.Reason != reason:
+		if st.State == StateRegistered {
+			st.State = StateUnhealthy
+			st.UnhealthySince = now
+		}
+		st.Reason, st.LastError = reason, printable(why.Error())
+		r.metrics.failures.WithLabelValues(label, string(reason)).Inc()
+		events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
+		msg := "plugin stopped answering"
+		if reason == ReasonEndpoint {
+			msg = "plugin's endpoint stopped serving"
+		}
+		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", st.LastError)
+	default:
+		st.LastError = printable(why.Error())
+	}
+	var graceEnd time.Time
+	if st.State == StateUnhealthy {
+		graceEnd = st.UnhealthySince.Add(he.grace)
+	}
+	if graceEnd.IsZero() || now.Before(graceEnd) {
+		var redial time.Time
+		if !watched {
+			redial = lv.redialAt
+		}
+		e.due = earliest(lv.probeAt, redial, graceEnd)
 		r.reg.mu.Unlock()
-		return result{at: e.due, err: err, events: events}
+		return result{at: e.due, err: why, events: events}
 	}
 	e.reg = nil
 	r.reg.mu.Unlock()
@@ -118,20 +394,24 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		r.reg.events.publish(ev) // before the Deregistered event
 	}
 
-	// The grace period is over: let it go. It is tried again at every probe
-	// interval (and at once if its socket is re-created).
+	// The grace period is over: let it go, and try it again with backoff
+	// (and at once if its socket is re-created).
 	if !r.deregister(ctx, path, e, reg) {
 		return result{}
 	}
 	now = r.clock.Now()
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
-	e.status.Plugin = reg.plugin
+	if e.backoff == nil {
+		b := r.newBackoff()
+		e.backoff = &b
+	}
+	e.status.Plugin = p
 	e.status.State = StateFailed
-	e.status.Reason, e.status.LastError = ReasonUnhealthy, printable(fmt.Sprintf("deregistered after not answering for %s: %v", he.grace, err))
-	e.status.NextRetry = now.Add(max(he.probe, 0))
+	e.status.Reason, e.status.LastError = reason, printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, why))
+	e.status.NextRetry = now.Add(e.backoff.Next())
 	e.due = e.status.NextRetry
-	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
+	return result{at: e.due, err: why, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }
 
 // ask asks the plugin at path who it is, with GetInfo's deadline: on conn if
@@ -139,14 +419,14 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 // answer. A held connection that turns out closed (a plugin's server may
 // close idle connections, or be gone) is not an answer: a new one tells
 // which.
-func (p *parts) ask(ctx context.Context, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
-	return p.askNew(ctx, path, conn, false)
+func (p *parts) ask(ctx context.Context, e *entry, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
+	return p.askNew(ctx, e, path, conn, false)
 }
 
 // askNew is ask, dialling with dialNew if fresh: the socket just appeared.
-func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
+func (p *parts) askNew(ctx context.Context, e *entry, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
 	if conn != nil {
-		pl, err := p.askOn(ctx, conn, path)
+		pl, err := p.askOn(ctx, e, conn, path)
 		if err == nil {
 			return pl, conn, nil
 		}
@@ -167,7 +447,7 @@ func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, f
 	if err != nil {
 		return Plugin{}, nil, dialFailure{err}
 	}
-	pl, err := p.askOn(ctx, conn, path)
+	pl, err := p.askOn(ctx, e, conn, path)
 	if err != nil {
 		conn.Close()
 		return Plugin{}, nil, err
@@ -176,11 +456,11 @@ func (p *parts) askNew(ctx context.Context, path string, conn *unaryconn.Conn, f
 }
 
 // askOn is GetInfo on conn, with its deadline, checked as at registration.
-func (p *parts) askOn(ctx context.Context, conn *unaryconn.Conn, path string) (Plugin, error) {
+func (p *parts) askOn(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (Plugin, error) {
 	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", p.opts.GetInfoTimeout))
 	defer cancel()
-	info, err := getInfo(infoCtx, conn)
+	info, err := p.getInfo(infoCtx, e, conn, path)
 	if err != nil {
 		return Plugin{}, err
 	}
@@ -209,32 +489,4 @@ func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
 		return
 	}
 	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))
-}
-
-// keep keeps conn, idle, in the connection set, to tell at once when a
-// registered plugin's process goes away (see connset). A nil or unusable
-// conn is replaced by a new one, so keep may dial. The set owns conn from
-// here; with no liveness for the plugin's type it is closed.
-func (r *registrar) keep(ctx context.Context, path string, conn *unaryconn.Conn, he *handlerEntry) {
-	if he.probe < 0 {
-		closeConn(conn)
-		return
-	}
-	if conn == nil || !conn.Usable() {
-		closeConn(conn)
-		var err error
-		conn, err = r.dial(ctx, path)
-		if err != nil {
-			r.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
-			return
-		}
-		// No call went over it: Idle sends what the handshake still owes.
-		if !conn.Idle() {
-			conn.Close()
-			return
-		}
-	}
-	if err := r.conns.Watch(path, conn); err != nil {
-		r.log.Debug("cannot watch the plugin's connection; relying on probes", "socket", path, "err", err)
-	}
 }

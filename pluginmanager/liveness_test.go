@@ -122,8 +122,8 @@ func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
 	if rec.Count("deregister", "crash") != 1 {
 		t.Errorf("calls = %q", calls(rec))
 	}
-	if !s.NextRetry.Equal(dereg.Time.Add(probeEvery)) {
-		t.Errorf("tried again at %s, want a probe interval after it was let go (%s)", s.NextRetry, dereg.Time.Add(probeEvery))
+	if s.NextRetry.Before(dereg.Time) || s.NextRetry.After(dereg.Time.Add(time.Second)) {
+		t.Errorf("tried again at %s, want within a backoff after it was let go (%s)", s.NextRetry, dereg.Time)
 	}
 
 	// The plugin restarts: a new socket, registered at once.
@@ -229,14 +229,18 @@ func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
 }
 
 // A plugin whose server closes connections (here, at their maximum age) is
-// asked again on a new connection the moment it does: it stays Registered,
-// without a word to its handler, and with no probe due for an hour.
+// connected to again the moment it does, with no call: it stays Registered,
+// without a word to its handler, and is asked nothing (a plugin that logs
+// every GetInfo logs nothing for it).
 func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 	rec := plugintest.NewRecorder()
-	h := start(t, pluginmanager.Options{ProbeInterval: time.Hour},
+	h := start(t, pluginmanager.Options{},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "aging.sock")
-	p := &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "aging", SupportedVersions: []string{"1.0.0"}}}
+	p := counting{
+		moody: &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "aging", SupportedVersions: []string{"1.0.0"}}},
+		calls: make(chan struct{}, 100),
+	}
 	cc := connCounter{conns: make(chan struct{}, 100)}
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) },
 		grpc.StatsHandler(cc),
@@ -262,6 +266,9 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 	if got := calls(rec); len(got) != 2 {
 		t.Errorf("handler calls = %q, want only the first validate and register", got)
 	}
+	if n := len(p.calls); n != 1 {
+		t.Errorf("the plugin was asked GetInfo %d times, want once: a connection is replaced without a call", n)
+	}
 }
 
 // A registered plugin's gRPC server stopping gracefully is not held up by
@@ -285,5 +292,38 @@ func TestGracefulStopOfARegisteredPluginIsNotHeldUp(t *testing.T) {
 	case <-stopped:
 	case <-time.After(2 * time.Second): // grpc-go alone takes 6 s
 		t.Fatal("GracefulStop of a registered plugin's server took over 2s: the manager's connection held it up")
+	}
+}
+
+// At the defaults, a plugin that logs every GetInfo, as node-driver-registrar
+// does, is asked once at registration and then at most once in five minutes:
+// the held connection, not the probe, says it is alive.
+func TestDefaultsProbeAtMostOncePerFiveMinutes(t *testing.T) {
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	path := filepath.Join(h.dir, "csi.example.com-reg.sock")
+	p := counting{
+		moody: &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "csi.example.com",
+			Endpoint: "/var/lib/kubelet/plugins/csi.example.com/csi.sock", SupportedVersions: []string{"1.0.0"}}},
+		calls: make(chan struct{}, 1000),
+	}
+	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) })
+	h.WaitSocket(path, pluginmanager.StateRegistered)
+	<-p.calls // the registration's
+
+	for range 30 {
+		clk.Step(10 * time.Second)
+	}
+	// A probe due by now is under way or done once the next one is: move on
+	// to the latest time the first can be due, and wait for it.
+	clk.Step(plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval) - 5*time.Minute)
+	select {
+	case <-p.calls:
+	case <-time.After(wait):
+		t.Fatal("no probe at all")
+	}
+	h.WaitSocket(path, pluginmanager.StateRegistered)
+	if n := len(p.calls); n != 0 {
+		t.Errorf("%d more GetInfo calls within %s of registration, want one", n, plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval))
 	}
 }

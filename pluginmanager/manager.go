@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
@@ -46,6 +48,8 @@ type parts struct {
 	log     *slog.Logger
 	clock   clock.WithTickerAndDelayedExecution
 	reg     *registry
+	conns   *connset.Set // the connections held to plugins, by socket path
+	hangups hangups      // what conns said of those hung up, until looked at
 	table   *handlerTable
 	calls   *sandbox
 	metrics *metrics
@@ -105,8 +109,12 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.reg = newRegistry(m.events, m.metrics, m.log, o.MaxSockets, m.askRescan)
 	m.calls = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
+	m.conns = connset.New(func(path string, err error) {
+		m.hangups.put(path, err)
+		m.queue.Add(path)
+	})
 	if o.Observe {
-		m.rec = &onlooker{m.parts}
+		m.rec = &onlooker{parts: m.parts, queue: m.queue.Add}
 	} else {
 		m.rec = &registrar{parts: m.parts, queue: m.queue}
 	}
@@ -147,8 +155,12 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 			he.probe = o.ProbeInterval
 		}
 		if o.AllowedPeers != nil {
+			if !peerCredentials {
+				panic("pluginmanager: AddHandler for type " + typ + ": HandlerOptions.AllowedPeers cannot be enforced on " + runtime.GOOS + ", which does not tell who listens on a unix socket")
+			}
 			he.peers = o.AllowedPeers
 		}
+		he.deregisterWithRegistrar = o.DeregisterWithRegistrar
 	}
 	if !m.table.add(typ, he) {
 		panic("pluginmanager: AddHandler called twice for type " + typ)
@@ -218,7 +230,8 @@ func (m *Manager) Run(ctx context.Context) error {
 		return errors.New("pluginmanager: Run may be called only once per Manager")
 	}
 	defer m.events.shutdown()
-	defer m.queue.ShutDown() // also on an early return: nothing fires after Run
+	defer m.queue.ShutDown()                         // also on an early return: nothing fires after Run
+	ctx = context.WithValue(ctx, lifetimeKey{}, ctx) // for kubelet handlers
 
 	dir := m.opts.Dir
 	if m.opts.Observe {
@@ -231,7 +244,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	if fi, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
-	} else if fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
+	} else if modeBitsTellAccess && fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
 		return fmt.Errorf("pluginmanager: the registry directory %s is writable by users other than its owner (mode %v): they could put a socket there or replace a plugin's; remove that permission (chmod go-w %s), or set Options.AllowWritableDir",
 			dir, fi.Mode().Perm(), dir)
 	}

@@ -171,10 +171,12 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 	made := time.Now()
 	staleSocket(t, path)
 
-	// The first attempt connects again a few times over some 15ms before the
-	// refusal counts (a socket that refuses just after it appeared is likely
-	// not listening yet). Then it is retried with doubling delays (±20%), up
-	// to the cap, each exactly when due.
+	// The first attempt connects again a few times over some 15ms, and
+	// then quietly for a couple of seconds, before the refusal counts (a
+	// socket that refuses just after it appeared is likely not listening
+	// yet). Then it is retried with doubling delays (±20%), up to the cap,
+	// each exactly when due.
+	clk.Step(pastBindGrace)
 	want := []struct{ lo, hi time.Duration }{{16, 24}, {32, 48}, {64, 80}, {64, 80}}
 	for i, w := range want {
 		ev := h.WaitEvent(path, pluginmanager.EventFailed)

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // dialFailure marks an error of ask's connection step.
@@ -19,12 +20,17 @@ func isDialError(err error) bool {
 }
 
 // onlooker is the manager observing (Options.Observe): beside another
-// manager that registers the plugins, it only looks at each, at once and
-// then every probe interval, and records what it saw. It never notifies a
-// plugin, calls no handler (only observers), keeps no connection between
-// looks, and never changes a file.
+// manager that registers the plugins, it only looks at each, and records
+// what it saw. It looks at a new socket at once, then holds the connection
+// the look went over, idle, as the registrar does: when that is hung up it
+// connects again (no call), when the plugin's observer reports its endpoint
+// down or back it records that or looks again, and every ProbeInterval it
+// looks again. A plugin that does not answer is looked at again with
+// backoff. It never notifies a plugin, calls no handler (only observers),
+// and never changes a file.
 type onlooker struct {
 	*parts
+	queue func(path string)
 }
 
 func (o *onlooker) states() []State {
@@ -33,9 +39,12 @@ func (o *onlooker) states() []State {
 
 func (o *onlooker) start(*sync.WaitGroup) error { return nil }
 
-func (o *onlooker) stop(context.Context) { o.calls.wait(o.opts.HandlerTimeout) }
+func (o *onlooker) stop(context.Context) {
+	o.conns.Close()
+	o.calls.wait(o.opts.HandlerTimeout)
+}
 
-// reconcile forgets what is gone, and looks at a socket whose look is due.
+// reconcile forgets what is gone, and looks at a socket when a look is due.
 func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	if ctx.Err() != nil || o.calls.isBusy(path) {
 		return result{}
@@ -48,18 +57,23 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		o.reg.mu.Unlock()
 		return result{}
 	}
-	if !present {
+	if e != nil && (!present || e.id != id) {
 		// The observer forgets first, so that whoever sees the socket
 		// removed sees the observer's record gone too.
 		seen := e.status.Plugin
+		e.seen.end()
+		e.seen = nil
 		o.reg.mu.Unlock()
-		if obs := o.observer(seen.Type); obs != nil {
+		o.conns.Unwatch(path)
+		if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
 			obs.Forget(seen)
 		}
 		o.reg.mu.Lock()
-		o.reg.forgetLocked(path, e, o.clock.Now())
-		o.reg.mu.Unlock()
-		return result{}
+		if !present {
+			o.reg.forgetLocked(path, e, o.clock.Now())
+			o.reg.mu.Unlock()
+			return result{}
+		}
 	}
 	if e == nil || e.id != id {
 		if e = o.reg.discoverLocked(path, id, e, now); e == nil {
@@ -67,14 +81,68 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 			return result{}
 		}
 	}
-	// A new socket is looked at at once, then once per interval.
-	if e.status.State != StatePending && (e.due.IsZero() || now.Before(e.due)) {
-		o.reg.mu.Unlock()
-		return result{at: e.due}
-	}
+	st, reason := e.status.State, e.status.Reason
 	fresh := e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second
 	o.reg.mu.Unlock()
-	return o.look(ctx, path, e, fresh, now)
+
+	lv := &e.live
+	if err := o.hangups.take(path); err != nil {
+		o.afterHangup(path, e, err, now)
+	}
+	epKnown, epDown := e.seen.state()
+	switch {
+	case st == StatePending:
+		if now.Before(e.due) {
+			return result{at: e.due}
+		}
+		return o.look(ctx, path, e, fresh, now)
+	case st == StateAnswering && epDown != nil:
+		// Its observer says its endpoint went: no call needed to know.
+		return o.record(path, e, e.status.Plugin, epDown, true, now)
+	case st == StateAnswering && !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
+		return o.look(ctx, path, e, false, now)
+	case st == StateAnswering && !o.conns.Watching(path) && !now.Before(lv.redialAt):
+		// Hung up: connect again, with no call. One that accepts is
+		// still there, as it was.
+		conn, err := o.dial(ctx, path)
+		if err != nil {
+			if ctx.Err() != nil {
+				return result{}
+			}
+			return o.record(path, e, e.status.Plugin, dialFailure{err}, false, now)
+		}
+		o.keep(ctx, path, e, conn, now)
+		return result{at: o.next(path, e)}
+	case st == StateAnswering:
+		return result{at: o.next(path, e)}
+	case reason == ReasonEndpoint && epKnown && epDown == nil, !now.Before(lv.redialAt):
+		// Its endpoint serves again, or a look is due after a failed one.
+		return o.look(ctx, path, e, false, now)
+	}
+	return result{at: o.next(path, e)}
+}
+
+// next is when an observed plugin is looked at again: its next routine
+// look while it answers, the redial of a connection that was hung up, the
+// retry of a look that failed.
+func (o *onlooker) next(path string, e *entry) time.Time {
+	lv := &e.live
+	if e.status.State == StateAnswering && o.conns.Watching(path) {
+		e.due = lv.probeAt
+	} else {
+		e.due = earliest(lv.probeAt, lv.redialAt)
+	}
+	return e.due
+}
+
+// probeInterval is how often plugins of type typ are looked at again: the
+// HandlerOptions of a handler added for it (not called when observing),
+// else the Options'.
+func (o *onlooker) probeInterval(typ string) time.Duration {
+	if he := o.table.get(typ); he != nil {
+		return he.probe
+	}
+	return o.opts.ProbeInterval
 }
 
 // observer is the observer for plugins of type typ, or nil.
@@ -85,60 +153,97 @@ func (o *onlooker) observer(typ string) Observer {
 	return o.table.observer(typ)
 }
 
-// look asks a plugin who it is, and records what it saw: no notification,
-// no handler, nothing written. The next look is a probe interval after this
-// one started.
+// look asks a plugin who it is, and its observer to look at its endpoint,
+// and records what it saw: no notification, no handler, nothing written.
+// The connection it asked on is held.
 func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, started time.Time) result {
-	p, conn, err := o.askNew(ctx, path, nil, fresh)
-	closeConn(conn) // looks are far apart: no connection is kept between them
-	endpointFailed := false
+	seen := newEndpointWatch(path, o.queue)
+	e.seen.end() // what the last look's observer says no longer counts
+	e.seen = seen
+	var held *unaryconn.Conn
+	if o.conns.Watching(path) {
+		held = o.conns.Get(path)
+	}
+	p, conn, err := o.askNew(ctx, e, path, held, fresh)
+	if err == nil {
+		o.keep(ctx, path, e, conn, started)
+	} else {
+		o.conns.Unwatch(path)
+	}
+	endpoint := false
 	if err == nil {
 		if obs := o.observer(p.Type); obs != nil {
-			err = o.calls.call(ctx, path, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
-			endpointFailed = err != nil
+			err = o.calls.call(seen.with(ctx), path, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
+			endpoint = err != nil
 		}
 	}
 	if ctx.Err() != nil {
 		return result{} // shutting down
 	}
+	lv := &e.live
+	if err == nil {
+		lv.probeAt = nextProbe(started, o.probeInterval(p.Type))
+		if lv.backoff != nil {
+			lv.backoff.Reset()
+		}
+	}
+	return o.record(path, e, p, err, endpoint, started)
+}
+
+// record records what a look at a plugin saw: that it answers (err nil),
+// or what failed, and publishes an event for it.
+func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint bool, started time.Time) result {
+	lv := &e.live
+	if err != nil {
+		lv.probeAt = time.Time{}
+		lv.redialAt = started.Add(o.redialDelay(lv))
+	}
 	now := o.clock.Now()
 	o.reg.mu.Lock()
 	defer o.reg.mu.Unlock()
 	was := e.status.State
+	if was == StatePending && isDialError(err) {
+		if at, ok := o.quietly(e, err, now); ok {
+			e.due = at // bound, not yet listening: no look counted
+			return result{at: at}
+		}
+	}
 	e.status.Attempts++
-	e.due = nextProbe(started, o.opts.ProbeInterval)
 	if err == nil {
 		e.status.Plugin = p
 		e.status.State = StateAnswering
 		e.status.Reason, e.status.LastError = "", ""
 		e.status.UnhealthySince = time.Time{}
+		at := o.next(path, e)
 		if was == StateAnswering {
-			return result{at: e.due, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
+			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
 		o.log.Info("plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
-		return result{at: e.due, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
+		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
 	state, reason := StateNotAnswering, ReasonGetInfo
 	switch {
-	case endpointFailed:
+	case endpoint:
 		e.status.Plugin = p
 		reason = ReasonEndpoint
 	case errors.Is(err, errInvalidInfo):
 		reason = ReasonInvalidInfo
-	case errors.Is(err, syscall.ECONNREFUSED):
+	case refused(err):
 		state, reason = StateStale, ReasonDial
 	case isDialError(err):
 		reason = ReasonDial
 	}
-	e.status.State = state
-	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	if was == StateAnswering || was == StatePending {
 		e.status.UnhealthySince = now
 	}
-	if was == state {
-		return result{at: e.due, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
+	sameAsBefore := was == state && e.status.Reason == reason
+	e.status.State = state
+	e.status.Reason, e.status.LastError = reason, printable(err.Error())
+	at := o.next(path, e)
+	if sameAsBefore {
+		return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 	}
 	o.metrics.failures.WithLabelValues(o.typeLabel(e.status.Type), string(reason)).Inc()
-	o.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "err", e.status.LastError)
-	return result{at: e.due, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
+	o.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError)
+	return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }

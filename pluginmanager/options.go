@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,7 +59,8 @@ type Options struct {
 
 	// Observe makes the manager an observer, for a node whose plugins
 	// another manager (a kubelet) registers: it discovers sockets and asks
-	// each GetInfo (at once, then every ProbeInterval), asks the Observer
+	// each GetInfo (at once, then every ProbeInterval, holding the
+	// connection meanwhile to hear at once of its hang-up), asks the Observer
 	// added for the plugin's type (AddObserver) to look too, and reports
 	// what it sees (Answering, NotAnswering, Stale; an event per look), but
 	// never notifies a plugin, never calls a handler, and never creates,
@@ -66,16 +68,23 @@ type Options struct {
 	// read-only. Handlers added are not used.
 	Observe bool
 
-	// ProbeInterval is how often each registered plugin is asked GetInfo,
-	// start to start, with jitter, to tell a live plugin from a dead one;
-	// probes due within a tenth of it (at most a second) run together. The manager keeps the
-	// connection each plugin registered over open, and probes over it; idle
-	// between probes, it tells at once when the plugin's process goes (the
-	// kernel hangs it up) and the plugin is probed then. A plugin that
-	// closes it is asked again on a new one. A plugin that fails a probe is
-	// Unhealthy at once; one that answers with different info is a new
-	// plugin. Zero means 10s (30s when observing, which keeps no
-	// connection); negative disables both probes and the connection watch.
+	// ProbeInterval is how often each registered (or, observing, each
+	// answering) plugin is asked GetInfo as a routine probe, start to start,
+	// with jitter; probes due within a tenth of it (at most a second) run
+	// together. Zero means DefaultProbeInterval, 5 minutes; negative, no
+	// routine probes. HandlerOptions.ProbeInterval overrides it for a type.
+	//
+	// Probes are the lesser signal. The manager holds the connection each
+	// plugin registered over open and idle, and hears at once when it is
+	// hung up (the kernel closes it when the plugin's process goes; a
+	// server that stops sends GOAWAY): it then connects again, with no
+	// call, so nothing shows in the plugin's log, and a plugin that no
+	// longer accepts is Unhealthy at once. A handler may watch the
+	// plugin's own endpoint too (EndpointReporter). What probes add is a
+	// plugin wedged while its connection stays up: one that fails a probe
+	// is Unhealthy at once, and asked again every interval; one that
+	// answers with different info is a new plugin. An observing manager's
+	// probe is a look: GetInfo, and its Observer's.
 	ProbeInterval time.Duration
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
@@ -97,14 +106,18 @@ type Options struct {
 
 	// AllowedPeers, if set, says which processes may serve registration
 	// sockets: the process listening on the socket (as the kernel reports
-	// it, SO_PEERCRED) must run as one of its UIDs or GIDs. It applies to
-	// every plugin type whose HandlerOptions.AllowedPeers is not set, types
-	// without a handler included. Nil: anyone may.
+	// it: SO_PEERCRED on Linux, LOCAL_PEERCRED on macOS) must run as one of
+	// its UIDs or GIDs. It applies to every plugin type whose
+	// HandlerOptions.AllowedPeers is not set, types without a handler
+	// included. Nil: anyone may. Windows does not tell who listens on a
+	// unix socket: New refuses it there.
 	AllowedPeers *Peers
 
 	// AllowWritableDir lets Run use a registry directory that users other
 	// than its owner may write to. Off: such a directory is refused, since
-	// anyone who can write there can plant a plugin or replace one.
+	// anyone who can write there can plant a plugin or replace one. (On
+	// Windows, where that is the directory's ACL, which plugd does not read,
+	// nothing is refused.)
 	AllowWritableDir bool
 
 	// RemoveStaleAfter, if positive, removes a Stale socket (nobody listens
@@ -181,16 +194,16 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ResyncInterval == 0 {
 		o.ResyncInterval = 30 * time.Second
 	}
+	if o.AllowedPeers != nil && !peerCredentials {
+		return o, fmt.Errorf("pluginmanager: Options.AllowedPeers cannot be enforced on %s, which does not tell who listens on a unix socket (Linux has SO_PEERCRED, macOS LOCAL_PEERCRED): leave it unset here, and restrict who may write to the registry directory instead", runtime.GOOS)
+	}
 	for i, root := range o.EndpointRoots {
 		if !filepath.IsAbs(root) {
 			return o, fmt.Errorf("pluginmanager: Options.EndpointRoots[%d] %q is not an absolute path", i, root)
 		}
 	}
 	if o.ProbeInterval == 0 {
-		o.ProbeInterval = 10 * time.Second
-		if o.Observe {
-			o.ProbeInterval = 30 * time.Second // gentle: a node with hundreds of plugins sees no load
-		}
+		o.ProbeInterval = DefaultProbeInterval
 	}
 	if o.Observe {
 		o.RemoveStaleAfter = 0 // an observer changes nothing

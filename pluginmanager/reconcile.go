@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/plugd/plugd/internal/unaryconn"
-	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
@@ -23,22 +21,13 @@ import (
 type registrar struct {
 	*parts
 	queue *queue.Queue
-	conns *connset.Set // nil until start
 }
 
 func (r *registrar) states() []State {
 	return []State{StatePending, StateRegistering, StateRegistered, StateFailed, StateRejected, StateStale, StateUnhealthy}
 }
 
-func (r *registrar) start(wg *sync.WaitGroup) error {
-	conns, err := connset.New(r.queue.Add)
-	if err != nil {
-		return fmt.Errorf("pluginmanager: watching plugins' connections: %w", err)
-	}
-	r.conns = conns
-	wg.Go(conns.Run)
-	return nil
-}
+func (r *registrar) start(*sync.WaitGroup) error { return nil }
 
 // stop runs after the workers have stopped: the connections kept are
 // closed, handler calls are given a bounded time to return, and
@@ -94,7 +83,6 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
-	watched := r.conns.Watching(path)
 	now := r.clock.Now()
 
 	r.reg.mu.Lock()
@@ -132,19 +120,13 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 			break // let go at shutdown; register it again
 		}
 		he := r.table.get(e.reg.plugin.Type)
-		if he == nil || he.probe < 0 {
+		if he == nil {
 			r.reg.mu.Unlock()
-			return result{} // no liveness for this type
-		}
-		// A probe is due at its time, or at once when the connection kept
-		// for the liveness watch went: the plugin's process may be gone.
-		if now.Before(e.due) && watched {
-			r.reg.mu.Unlock()
-			return result{at: e.due}
+			return result{}
 		}
 		reg := e.reg
 		r.reg.mu.Unlock()
-		return r.probe(ctx, path, e, reg, he)
+		return r.live(ctx, path, e, reg, he, now)
 	case StateFailed, StateStale:
 		if now.Before(e.due) {
 			r.reg.mu.Unlock()
@@ -153,7 +135,12 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 	case StateRejected:
 		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
 			r.reg.mu.Unlock()
-			return result{}
+			return r.rejected(ctx, path, e, now)
+		}
+	case StatePending:
+		if now.Before(e.due) {
+			r.reg.mu.Unlock()
+			return result{at: e.due} // a quiet retry
 		}
 	}
 	e.status.State = StateRegistering
@@ -190,7 +177,18 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout,
 		fmt.Errorf("no answer within %s", r.opts.GetInfoTimeout))
-	info, err := getInfo(infoCtx, conn)
+	info, err := r.getInfo(infoCtx, e, conn, path)
+	if errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
+		// The server closed the connection, or sent GOAWAY, before it took
+		// the call (a server that limits its connections' age does):
+		// asked again at once on a new one, as grpc-go retries such a call.
+		conn.Close()
+		if conn, err = r.dial(infoCtx, path); err == nil {
+			info, err = r.getInfo(infoCtx, e, conn, path)
+		} else {
+			conn = nil
+		}
+	}
 	cancel()
 	if status.Code(err) == codes.ResourceExhausted {
 		// An answer over the size cap is malformed, not unlucky: retrying
@@ -198,7 +196,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
 	}
 	if err != nil {
-		conn.Close()
+		closeConn(conn)
 		// A plugin that does not serve Registration at all will not start to by retrying.
 		return r.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err), attempt)
 	}
@@ -218,12 +216,14 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	h := he.h
 
 	if err := r.calls.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
-		// A refusal is final; a handler that timed out or panicked may do better next time.
-		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err), attempt)
+		// A refusal is final (but a kubelet handler's); a handler that timed
+		// out or panicked may do better next time.
+		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
 	}
 
-	reg := &registration{id: id, plugin: p, handler: h}
-	if err := r.calls.call(ctx, path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
+	if err := r.calls.call(reg.endpoint.with(ctx), path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+		reg.endpoint.end()
 		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
 		if isFault(err) {
 			// A handler that timed out may still take the plugin, so that
@@ -238,9 +238,15 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 		fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-	conn, notifyErr := r.notify(notifyCtx, conn, path, true, "")
+	conn, told, notifyErr := r.notify(notifyCtx, e, conn, path, true, "")
+	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
-	r.keep(ctx, path, conn, he)
+	e.live = liveness{probeAt: nextProbe(started, he.probe)}
+	r.keep(ctx, path, e, conn, r.clock.Now())
+	var redial time.Time
+	if !r.conns.Watching(path) {
+		redial = e.live.redialAt
+	}
 
 	now := r.clock.Now()
 	r.reg.mu.Lock()
@@ -252,15 +258,26 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.status.RegisteredSince = now
 	e.status.Reason, e.status.LastError = "", ""
 	label := r.typeLabel(p.Type)
-	if notifyErr != nil {
-		// The handler holds the plugin; failing the registration now would only
-		// make the handler flap. The plugin learns of it from its next GetInfo.
+	switch {
+	case notifyErr == nil:
+	case told && !silent:
+		// It answered with an error, or dropped the connection once it
+		// had the request: it was told, and is not told again.
+		r.log.Info("plugin registered; its answer to being told so was an error", "socket", path, "type", p.Type, "name", p.Name, "err", printable(notifyErr.Error()))
+	default:
+		// Not told, or told and silent since (it is not told again): the
+		// handler holds the plugin, and failing the registration now
+		// would only make the handler flap.
 		e.status.Reason, e.status.LastError = ReasonNotify, printable(notifyErr.Error())
 		r.metrics.failures.WithLabelValues(label, string(ReasonNotify)).Inc()
-		r.log.Warn("plugin registered but could not be told so", "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
+		msg := "plugin registered but could not be told so"
+		if told {
+			msg = "plugin registered; it did not answer being told so"
+		}
+		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
-	e.due = nextProbe(started, he.probe)
+	e.due = earliest(e.live.probeAt, redial)
 	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
@@ -271,9 +288,15 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
-		used, nerr := r.notify(notifyCtx, conn, p.Socket, false, err.Error())
-		if nerr != nil {
+		used, told, nerr := r.notify(notifyCtx, e, conn, p.Socket, false, err.Error())
+		switch {
+		case nerr == nil:
+		case !told:
 			r.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
+		default:
+			// node-driver-registrar exits when told, sometimes before it
+			// answers; the DRA helper answers with an error by design.
+			r.log.Debug("plugin told it was not registered; its answer was an error, or none", "socket", p.Socket, "err", printable(nerr.Error()))
 		}
 		closeConn(used)
 		cancel()
@@ -295,6 +318,20 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		return result{}
 	}
 	e.answer.Store(nil)
+	if reason == ReasonDial && !terminal {
+		if at, ok := r.quietly(e, err, now); ok {
+			// Bound, not yet listening: not a failure, and not counted.
+			e.status.State = StatePending
+			e.status.Attempts--
+			e.due = at
+			return result{at: at}
+		}
+	}
+	if p.Type == "" {
+		// Not answered this time: the socket keeps what it last said, so
+		// that a Stale one is still found by its type and name.
+		p = e.status.Plugin
+	}
 	e.status.Plugin = p
 	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	r.metrics.failures.WithLabelValues(r.typeLabel(p.Type), string(reason)).Inc()
@@ -302,6 +339,15 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		e.status.State = StateRejected
 		r.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
 		res := result{err: err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
+		if r.opts.RemoveStaleAfter > 0 {
+			// A rejected plugin often exits (node-driver-registrar does),
+			// leaving its socket: looked at again once it is old enough.
+			e.due = e.status.Created.Add(r.opts.RemoveStaleAfter)
+			if e.due.Before(now) {
+				e.due = now
+			}
+			res.at = e.due
+		}
 		if reason == ReasonNoHandler && r.table.get(p.Type) != nil {
 			// AddHandler ran while this attempt was refusing the plugin, and
 			// saw it Registering, not Rejected: it is up to us to retry.
@@ -309,14 +355,14 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		}
 		return res
 	}
-	refused := reason == ReasonDial && errors.Is(err, syscall.ECONNREFUSED)
+	stale := reason == ReasonDial && refused(err)
 	if e.backoff == nil {
 		b := r.newBackoff()
 		e.backoff = &b
 	}
 	delay := e.backoff.Next()
 	e.status.State = StateFailed
-	if refused {
+	if stale {
 		// A socket file nobody listens on: what a crashed plugin leaves.
 		e.status.State = StateStale
 		r.removeIfStaleLocked(e, now)
@@ -327,10 +373,38 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }
 
+// rejected looks at a Rejected socket whose stale check is due
+// (Options.RemoveStaleAfter): one nobody listens on any more, as a rejected
+// node-driver-registrar leaves behind, is removed; one whose plugin still
+// listens is looked at again after as long.
+func (r *registrar) rejected(ctx context.Context, path string, e *entry, now time.Time) result {
+	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() {
+		return result{}
+	}
+	if now.Before(e.due) {
+		return result{at: e.due}
+	}
+	conn, err := r.dial(ctx, path)
+	if err == nil {
+		conn.Close()
+	}
+	if ctx.Err() != nil {
+		return result{}
+	}
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	if err != nil && refused(err) {
+		r.removeIfStaleLocked(e, now)
+	}
+	e.due = now.Add(r.opts.RemoveStaleAfter)
+	return result{at: e.due}
+}
+
 // deregister takes reg back from its handler, and the connection kept for
 // it. It reports false if the handler call was abandoned at its deadline;
 // the path is queued again when it returns.
 func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
+	reg.endpoint.end()
 	r.conns.Unwatch(path)
 	err := r.calls.call(ctx, path, "Deregister", func(ctx context.Context) error {
 		reg.handler.Deregister(ctx, reg.plugin)

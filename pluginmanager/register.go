@@ -10,9 +10,9 @@ import (
 	"time"
 	"unicode"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/textsafe"
@@ -84,36 +84,58 @@ func (m *parts) dialRetrying(ctx context.Context, path string, retries int) (*un
 	}
 }
 
-// peerOf asks the kernel who is at the other end of a connection.
-func peerOf(c *unaryconn.Conn) peer {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return peer{}
-	}
-	var who peer
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			who = peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
-		}
-	})
-	return who
-}
-
 // The registration service's methods, as gRPC names them on the wire.
 const (
 	methodGetInfo = "/pluginregistration.Registration/GetInfo"
 	methodNotify  = "/pluginregistration.Registration/NotifyRegistrationStatus"
 )
 
-// getInfo asks the plugin who it is.
-func getInfo(ctx context.Context, conn *unaryconn.Conn) (*registerapi.PluginInfo, error) {
+// getInfo asks the plugin at path who it is, on conn.
+func (m *parts) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (*registerapi.PluginInfo, error) {
 	info := new(registerapi.PluginInfo)
-	err := conn.Invoke(ctx, methodGetInfo, &registerapi.InfoRequest{}, info, maxInfoBytes)
-	if err != nil {
+	if err := m.call(ctx, e, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info, true); err != nil {
 		return nil, wrapRPC(ctx, "GetInfo", err)
 	}
 	return info, nil
 }
+
+// call makes one call of the registration service on conn. When the
+// plugin's server answers in a way unaryconn does not speak (ErrProtocol),
+// the call is made again with grpc-go, on a connection of its own, before
+// the plugin is blamed, and so is every later call to this socket file
+// (e.grpcOnly): plugd's own client would only fail again, and a
+// NotifyRegistrationStatus that may have been delivered cannot be made
+// again. A call that may have been acted on (ErrMaybeDelivered) is made
+// again only if it is idempotent: NotifyRegistrationStatus is not.
+func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, method string, req, resp proto.Message, idempotent bool) error {
+	if e.grpcOnly {
+		return m.callGRPC(ctx, path, method, req, resp)
+	}
+	err := conn.Invoke(ctx, method, req, resp, maxInfoBytes)
+	if err == nil || !errors.Is(err, unaryconn.ErrProtocol) || ctx.Err() != nil ||
+		!idempotent && errors.Is(err, unaryconn.ErrMaybeDelivered) {
+		return err
+	}
+	m.log.Debug("the plugin's server speaks beyond what plugd's own client does; asking it with grpc-go from now on",
+		"socket", path, "method", method, "err", printable(err.Error()))
+	e.grpcOnly = true
+	conn.Close()
+	return m.callGRPC(ctx, path, method, req, resp)
+}
+
+// callGRPC makes a call with grpc-go, on a connection of its own.
+func (m *parts) callGRPC(ctx context.Context, path, method string, req, resp proto.Message) error {
+	if err := unaryconn.InvokeGRPC(ctx, path, method, req, resp, maxInfoBytes); err != nil {
+		return fallbackError{err}
+	}
+	return nil
+}
+
+// fallbackError is the error of a call made again with grpc-go: what that
+// said. Whether the plugin received it cannot be told from it.
+type fallbackError struct{ error }
+
+func (f fallbackError) Unwrap() error { return f.error }
 
 // unimplemented reports whether the plugin does not serve the Registration
 // service at all: no retry will change that.
@@ -186,12 +208,17 @@ func checkField(name, v string, max int, required bool) error {
 	return nil
 }
 
-// notify tells the plugin whether it was registered. It uses the connection
-// GetInfo went over while that is still usable; if the plugin closed it (a
-// slow handler let it idle), it dials again rather than fail. conn is
-// notify's: it returns the connection it used, open, or nil, and closes any
-// other.
-func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, registered bool, reason string) (*unaryconn.Conn, error) {
+// notify tells the plugin whether it was registered, and reports whether
+// it was told: it answered (with any status: the DRA helper answers a
+// refusal with an error by design, and node-driver-registrar may exit while
+// it answers), or the whole request went out before the call failed
+// (unaryconn.ErrMaybeDelivered), in which case it may have acted on it and
+// is never told again, since one verdict must not reach it twice. Only a
+// request that certainly did not reach it (the connection broke before it
+// was sent in full, as a slow handler can let it) is sent again, once, on a
+// new connection. err says what went wrong either way. conn is notify's: it
+// returns the connection it used, open, or nil, and closes any other.
+func (m *parts) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, path string, registered bool, reason string) (used *unaryconn.Conn, told bool, err error) {
 	if len(reason) > maxErrorMessage {
 		reason = reason[:maxErrorMessage]
 	}
@@ -199,28 +226,61 @@ func (m *parts) notify(ctx context.Context, conn *unaryconn.Conn, path string, r
 	// the cut above, or a handler's error, may have broken that.
 	reason = strings.ToValidUTF8(reason, "")
 	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
+	send := func(conn *unaryconn.Conn) (told, again bool, err error) {
+		err = m.call(ctx, e, conn, path, methodNotify, req, &registerapi.RegistrationStatusResponse{}, false)
+		switch {
+		case err == nil:
+			return true, false, nil
+		case errors.Is(err, unaryconn.ErrMaybeDelivered), answered(err):
+			return true, false, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+		}
+		var f fallbackError
+		again = !errors.As(err, &f) && status.Code(err) == codes.Unavailable && ctx.Err() == nil
+		return false, again, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+	}
 	if conn.Usable() {
-		err := conn.Invoke(ctx, methodNotify, req, &registerapi.RegistrationStatusResponse{}, maxInfoBytes)
+		told, again, err := send(conn)
 		if err == nil {
-			return conn, nil
+			return conn, true, nil
 		}
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		if told || !again {
 			conn.Close()
-			return nil, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+			return nil, told, err
 		}
-		// The connection broke under us.
+		// The connection broke before the request was out: it was not told.
 	}
 	conn.Close()
 	fresh, err := m.dial(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("NotifyRegistrationStatus: %w", err)
+		return nil, false, fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
-	err = fresh.Invoke(ctx, methodNotify, req, &registerapi.RegistrationStatusResponse{}, maxInfoBytes)
+	told, _, err = send(fresh)
 	if err != nil {
 		fresh.Close()
-		return nil, wrapRPC(ctx, "NotifyRegistrationStatus", err)
+		return nil, told, err
 	}
-	return fresh, nil
+	return fresh, true, nil
+}
+
+// answered reports whether err is the plugin's own answer to a call (a
+// status in its trailers, or an HTTP status), rather than the call failing
+// on the way: then the plugin received the request.
+func answered(err error) bool {
+	var f fallbackError
+	if errors.As(err, &f) {
+		// grpc-go's error: a code the transport does not give is the plugin's.
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Internal, codes.ResourceExhausted:
+			return false
+		}
+		return true
+	}
+	for _, kind := range []error{unaryconn.ErrProtocol, unaryconn.ErrHangup, unaryconn.ErrMaybeDelivered, unaryconn.ErrFlood, context.DeadlineExceeded, context.Canceled} {
+		if errors.Is(err, kind) {
+			return false
+		}
+	}
+	return true
 }
 
 // wrapRPC names the failed call, and prefers the deadline's cause, which says

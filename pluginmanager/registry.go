@@ -49,6 +49,16 @@ type entry struct {
 	// holds the same time; this one tells a look that is due from a wake-up
 	// for some other reason.
 	due time.Time
+	// live is what the manager knows of the plugin's liveness (see
+	// liveness.go); only the worker holding the path touches it.
+	live liveness
+	// grpcOnly: the plugin's server answered in a way unaryconn does not
+	// speak; every call to this file is made with grpc-go. Only the worker
+	// holding the path touches it.
+	grpcOnly bool
+	// seen is what the observer of the last look says of the plugin's
+	// endpoint, when observing; only the worker holding the path touches it.
+	seen *endpointWatch
 	// answer is what the plugin said in GetInfo during the attempt under
 	// way, for Plugins to show while Registering: it is written without the
 	// lock, which an attempt takes only to start and to finish, and dropped
@@ -58,9 +68,10 @@ type entry struct {
 
 // registration is what was handed to a handler, kept to take it back.
 type registration struct {
-	id      fileID
-	plugin  Plugin
-	handler Handler
+	id       fileID
+	plugin   Plugin
+	handler  Handler
+	endpoint *endpointWatch // what the handler says of the plugin's endpoint
 }
 
 func newRegistry(events *broker, metrics *metrics, log *slog.Logger, max int, rescan func()) *registry {
@@ -91,6 +102,8 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.seq = r.discoveries
 	e.backoff = nil
 	e.due = time.Time{}
+	e.live = liveness{}
+	e.grpcOnly = false
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))

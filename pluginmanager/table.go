@@ -21,8 +21,11 @@ type handlerTable struct {
 type handlerEntry struct {
 	h     Handler
 	grace time.Duration // how long a plugin may be Unhealthy before it is deregistered
-	probe time.Duration // probe interval; negative: no probes and no connection watch
+	probe time.Duration // routine probe interval; not positive: none
 	peers *Peers        // who may serve its plugins; nil: anyone
+	// deregisterWithRegistrar: a plugin whose registration socket stops
+	// answering is Unhealthy even while its endpoint serves.
+	deregisterWithRegistrar bool
 }
 
 func newHandlerTable() *handlerTable {

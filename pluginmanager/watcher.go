@@ -13,37 +13,16 @@ import (
 	"unicode/utf8"
 
 	"github.com/fsnotify/fsnotify"
-	"golang.org/x/sys/unix"
 )
 
 // fileID is the identity of a socket file. A socket removed and created again at
 // the same path is a different file, and so a new registration, even when the
 // filesystem hands out the same inode number again: the birth time tells them
 // apart. Filesystems that keep no birth time fall back to the change time,
-// which a chmod also moves.
+// which a chmod also moves. statSocket reads it, per OS (sys_*.go).
 type fileID struct {
 	dev, ino  uint64
 	sec, nsec int64
-}
-
-// statSocket reports the identity of the unix socket at path, without following
-// a symlink. ok is false if there is nothing there or it is not a socket.
-func statSocket(path string) (id fileID, ok bool) {
-	var st unix.Statx_t
-	mask := unix.STATX_TYPE | unix.STATX_INO | unix.STATX_BTIME | unix.STATX_CTIME
-	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, mask, &st); err != nil {
-		return fileID{}, false
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return fileID{}, false
-	}
-	id = fileID{dev: unix.Mkdev(st.Dev_major, st.Dev_minor), ino: st.Ino}
-	if st.Mask&unix.STATX_BTIME != 0 {
-		id.sec, id.nsec = st.Btime.Sec, int64(st.Btime.Nsec)
-	} else {
-		id.sec, id.nsec = st.Ctime.Sec, int64(st.Ctime.Nsec)
-	}
-	return id, true
 }
 
 // hidden reports whether a name is one the manager ignores: a dot-name, which
@@ -115,7 +94,8 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 			} else {
 				w.dirs[path] = true
 			}
-		case d.Type()&fs.ModeSocket != 0:
+		case d.Type()&fs.ModeSymlink == 0:
+			// A socket, or on Windows maybe one that does not say so.
 			if id, ok := statSocket(path); ok {
 				found(path, id)
 			}
@@ -159,7 +139,7 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			}
 			return
 		}
-		if fi.Mode()&fs.ModeSocket != 0 {
+		if socketFile(ev.Name, fi) {
 			m.queue.Add(ev.Name)
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plugd/plugd/api"
+	confine "github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -62,6 +64,7 @@ type record struct {
 	Instance
 	version version
 	seq     uint64
+	watch   *endpointwatch.Watch // of the driver's endpoint
 }
 
 // Driver is a CSI driver with at least one registered instance.
@@ -182,6 +185,14 @@ func (h *Handler) Validate(ctx context.Context, p pluginmanager.Plugin) error {
 // a pluginmanager.TerminalError. It blocks for the calls, each at most
 // Options.CallTimeout and all within ctx's deadline, and closes the connection
 // before it returns. Called again for the same socket, it replaces the record.
+//
+// It then watches the driver's endpoint until Deregister (or Close): a
+// connection held open with no call on it, whose hang-up (the driver's
+// process went, while its node-driver-registrar may stay up) it reports to
+// the manager (pluginmanager.EndpointReporter), which makes the plugin
+// Unhealthy, reason endpoint. It connects again with backoff, and once the
+// driver answers the calls above again, records what it says now (a new
+// node ID, say) and reports it serving.
 func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	raw, v, ok := highestSupported(p.Versions)
 	if !ok {
@@ -195,8 +206,11 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	if err != nil {
 		return err
 	}
-
-	st := h.store(p, endpoint, raw, v, info, false)
+	w, err := h.watch(ctx, p, endpoint)
+	if err != nil {
+		return err
+	}
+	st := h.store(p, endpoint, raw, v, info, w, false)
 	h.log.Info("CSI driver registered", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint,
 		"version", raw, "vendorVersion", info.vendorVersion, "nodeID", info.nodeID,
 		"maxVolumes", info.maxVolumes, "topology", info.topology, "instances", st.instances)
@@ -210,14 +224,57 @@ type stored struct {
 	changed   bool
 }
 
+// watch watches the driver's endpoint for the plugin registered (or
+// observed) from p.Socket, reporting to the manager through ctx's
+// reporter; after each reconnection the driver is asked again, and what it
+// says recorded.
+func (h *Handler) watch(ctx context.Context, p pluginmanager.Plugin, endpoint string) (*endpointwatch.Watch, error) {
+	return endpointwatch.Start(ctx, endpoint, endpointwatch.Options{
+		Report:  pluginmanager.EndpointReporter(ctx),
+		Timeout: h.callTimeout,
+		Dial:    confine.For(endpoint, p.Socket, h.roots).Dial,
+		Check: func(ctx context.Context) error {
+			info, err := h.query(ctx, p, endpoint)
+			if err != nil {
+				return err
+			}
+			h.refresh(p, info)
+			return nil
+		},
+	})
+}
+
+// refresh records what a driver said after its endpoint came back, in the
+// record of p.Socket, if it still has one.
+func (h *Handler) refresh(p pluginmanager.Plugin, info *nodeInfo) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.drivers[p.Name] {
+		if r.Socket != p.Socket {
+			continue
+		}
+		if r.NodeID != info.nodeID {
+			h.log.Info("CSI driver is back with another node ID", "driver", p.Name, "socket", p.Socket, "nodeID", info.nodeID, "was", r.NodeID)
+		}
+		r.VendorVersion, r.Manifest, r.NodeID = info.vendorVersion, info.manifest, info.nodeID
+		r.MaxVolumes, r.Topology, r.Capabilities = info.maxVolumes, info.topology, info.capabilities
+	}
+}
+
 // store records the instance p.Socket announced, replacing any earlier record
 // of that socket (under any name). A registered instance becomes the active
 // one of its driver. An observed one that was already observed keeps its place
 // and first-seen time, so that looking again does not change which instance is
 // active.
-func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v version, info *nodeInfo, observed bool) stored {
+func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v version, info *nodeInfo, w *endpointwatch.Watch, observed bool) stored {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	var replaced []*endpointwatch.Watch
+	defer func() {
+		h.mu.Unlock()
+		for _, w := range replaced {
+			w.Stop()
+		}
+	}()
 	r := &record{
 		Instance: Instance{
 			Socket:        p.Socket,
@@ -233,27 +290,35 @@ func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v version,
 			Observed:      observed,
 		},
 		version: v,
+		watch:   w,
 	}
 	rs := h.drivers[p.Name]
 	if i := slices.IndexFunc(rs, func(r *record) bool { return r.Socket == p.Socket }); observed && i >= 0 && rs[i].Observed {
 		prev := rs[i]
 		r.seq, r.RegisteredAt = prev.seq, prev.RegisteredAt
 		rs[i] = r
+		replaced = append(replaced, prev.watch)
 		return stored{instances: len(rs), changed: !reflect.DeepEqual(prev.Instance, r.Instance)}
 	}
 	h.seq++
 	r.seq = h.seq
-	h.dropLocked(p.Socket)
+	replaced = h.dropLocked(p.Socket)
 	h.drivers[p.Name] = append(h.drivers[p.Name], r)
 	return stored{instances: len(h.drivers[p.Name]), changed: true}
 }
 
-// dropLocked forgets every record of socket, under whatever name, and reports
-// whether there was one.
-func (h *Handler) dropLocked(socket string) bool {
-	dropped := false
+// dropLocked forgets every record of socket, under whatever name, and
+// returns the watches of those it dropped (nil for a record without one),
+// for the caller to stop once it has let go of h.mu.
+func (h *Handler) dropLocked(socket string) []*endpointwatch.Watch {
+	var dropped []*endpointwatch.Watch
 	for name, rs := range h.drivers {
 		n := len(rs)
+		for _, r := range rs {
+			if r.Socket == socket {
+				dropped = append(dropped, r.watch)
+			}
+		}
 		rs = slices.DeleteFunc(rs, func(r *record) bool { return r.Socket == socket })
 		switch {
 		case len(rs) == n:
@@ -263,20 +328,31 @@ func (h *Handler) dropLocked(socket string) bool {
 		default:
 			h.drivers[name] = rs
 		}
-		dropped = true
 	}
 	return dropped
 }
 
-// Deregister forgets the instance registered from p.Socket. If other
-// instances of the driver remain, the most recently registered becomes
-// active; if none does, the driver is gone. It makes no call to the driver, and
-// does nothing for a socket it does not know, so it may be repeated.
+// Deregister forgets the instance registered from p.Socket, and stops
+// watching its endpoint. If other instances of the driver remain, the most
+// recently registered becomes active; if none does, the driver is gone. It
+// makes no call to the driver, and does nothing for a socket it does not
+// know, so it may be repeated.
 func (h *Handler) Deregister(_ context.Context, p pluginmanager.Plugin) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	var stop []*endpointwatch.Watch
+	defer func() {
+		h.mu.Unlock()
+		for _, w := range stop {
+			w.Stop()
+		}
+	}()
 	rs := h.drivers[p.Name]
 	n := len(rs)
+	for _, r := range rs {
+		if r.Socket == p.Socket {
+			stop = append(stop, r.watch)
+		}
+	}
 	rs = slices.DeleteFunc(rs, func(r *record) bool { return r.Socket == p.Socket })
 	switch {
 	case len(rs) == n:
@@ -288,6 +364,24 @@ func (h *Handler) Deregister(_ context.Context, p pluginmanager.Plugin) {
 		h.drivers[p.Name] = rs
 		h.log.Info("CSI driver instance deregistered", "driver", p.Name, "socket", p.Socket,
 			"activeSocket", activeOf(rs).Socket, "instances", len(rs))
+	}
+}
+
+// Close stops watching every driver's endpoint, and forgets every driver.
+// The manager should have stopped by then: a handler closed is done. It may
+// be called more than once.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	var stop []*endpointwatch.Watch
+	for _, rs := range h.drivers {
+		for _, r := range rs {
+			stop = append(stop, r.watch)
+		}
+	}
+	clear(h.drivers)
+	h.mu.Unlock()
+	for _, w := range stop {
+		w.Stop()
 	}
 }
 

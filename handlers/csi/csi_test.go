@@ -53,6 +53,8 @@ type driver struct {
 	infoErr  error                      // or this error
 	hang     bool                       // NodeGetInfo blocks until its call is cancelled
 	calls    map[string]int             // by method
+
+	stop func() // stops the driver's server, removing its socket
 }
 
 // serveDriver starts a driver named name on dir/csi.sock, ready, and stops it
@@ -70,7 +72,7 @@ func serveDriver(t *testing.T, dir, name string) *driver {
 		},
 		calls: make(map[string]int),
 	}
-	serve(t, d.path, func(s *grpc.Server) {
+	d.stop = serve(t, d.path, func(s *grpc.Server) {
 		csipb.RegisterIdentityServer(s, d)
 		csipb.RegisterNodeServer(s, d)
 	})
@@ -276,6 +278,7 @@ func start(t *testing.T, h *csi.Handler) *harness {
 // the test.
 func newHarness(t *testing.T, h *csi.Handler, opts pluginmanager.Options) *harness {
 	t.Helper()
+	t.Cleanup(h.Close) // after the manager has stopped
 	pm := plugintest.NewManagerWith(t, opts, map[string]pluginmanager.Handler{csi.Type: h})
 	pm.Timeout = wait
 	return &harness{Manager: pm, t: t, m: pm.Manager(), h: h}
@@ -602,6 +605,7 @@ func TestValidate(t *testing.T) {
 func TestSecondInstance(t *testing.T) {
 	ctx := context.Background()
 	h := csi.New(csi.Options{})
+	defer h.Close()
 	regDir := testenv.ShortDir(t, "reg")
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	other := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
@@ -704,6 +708,39 @@ func TestRegisterBadAnswers(t *testing.T) {
 			}
 			checkDrivers(t, h.Drivers())
 		})
+	}
+}
+
+// A CSI driver that dies while its node-driver-registrar stays up is
+// Unhealthy, reason endpoint, at once, in manage mode as when observing:
+// the handler watches the driver's endpoint. Back, on another node ID, it is
+// Registered again with what it says now.
+func TestDeadDriverIsUnhealthy(t *testing.T) {
+	hm := start(t, csi.New(csi.Options{}))
+	dir := testenv.ShortDir(t, "csi")
+	d := serveDriver(t, dir, driverName)
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
+	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
+
+	d.stop()
+	ev := hm.event(r.path, pluginmanager.EventUnhealthy, pluginmanager.ReasonEndpoint)
+	if !strings.Contains(ev.Error, d.path) {
+		t.Errorf("event %+v does not name the endpoint", ev)
+	}
+	if s := hm.WaitSocket(r.path, pluginmanager.StateUnhealthy); s.Reason != pluginmanager.ReasonEndpoint {
+		t.Errorf("status %+v, want Unhealthy for the endpoint", s)
+	}
+
+	again := serveDriver(t, dir, driverName)
+	again.set(func(d *driver) { d.nodeInfo.NodeId = "node-2" })
+	hm.WaitEvent(r.path, pluginmanager.EventHealthy)
+	if ds := hm.h.Drivers(); len(ds) != 1 || ds[0].Active.NodeID != "node-2" {
+		t.Errorf("drivers = %+v, want the driver's new node ID", ds)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.statuses) != 1 {
+		t.Errorf("the registrar was told %v, want registered once", r.statuses)
 	}
 }
 

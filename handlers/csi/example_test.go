@@ -73,6 +73,7 @@ func Example() {
 	if err := <-ran; err != nil {
 		log.Fatal(err)
 	}
+	h.Close() // once the manager has stopped: the handler stops watching endpoints
 	srv.Stop()
 	<-served
 	// Output:

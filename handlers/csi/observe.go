@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -14,7 +15,10 @@ var _ pluginmanager.Observer = (*Handler)(nil)
 // NodeGetCapabilities and NodeGetInfo, all read-only, each with a deadline of
 // Options.CallTimeout bounded by ctx, and records what it saw as an instance
 // marked Observed, so that Drivers and Details show it. It closes the
-// connection before it returns.
+// connection the calls went over before it returns, and from then on
+// watches the endpoint as Register does (an idle connection, no calls),
+// telling the manager when it goes and comes back, until Forget or the next
+// Observe of the socket.
 //
 // Unlike Validate and Register, it refuses no instance for the sake of
 // another: two instances of a driver, as during a rolling restart, are both
@@ -25,16 +29,17 @@ var _ pluginmanager.Observer = (*Handler)(nil)
 // same socket, it replaces the record, keeping its first-seen time.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	info, endpoint, raw, v, err := h.observe(ctx, p)
+	var w *endpointwatch.Watch
+	if err == nil {
+		w, err = h.watch(ctx, p, endpoint)
+	}
 	if err != nil {
-		h.mu.Lock()
-		dropped := h.dropLocked(p.Socket)
-		h.mu.Unlock()
-		if dropped {
+		if h.forget(p.Socket) {
 			h.log.Info("observed CSI driver does not answer", "driver", p.Name, "socket", p.Socket, "err", err)
 		}
 		return err
 	}
-	s := h.store(p, endpoint, raw, v, info, true)
+	s := h.store(p, endpoint, raw, v, info, w, true)
 	if s.changed {
 		h.log.Info("CSI driver observed", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint,
 			"version", raw, "vendorVersion", info.vendorVersion, "nodeID", info.nodeID,
@@ -68,10 +73,19 @@ func (h *Handler) observe(ctx context.Context, p pluginmanager.Plugin) (_ *nodeI
 // socket is gone. It makes no call to the driver, and does nothing for a socket
 // it does not know.
 func (h *Handler) Forget(p pluginmanager.Plugin) {
-	h.mu.Lock()
-	dropped := h.dropLocked(p.Socket)
-	h.mu.Unlock()
-	if dropped {
+	if h.forget(p.Socket) {
 		h.log.Info("observed CSI driver gone", "driver", p.Name, "socket", p.Socket)
 	}
+}
+
+// forget drops the records of socket, stops watching their endpoints, and
+// reports whether there were any.
+func (h *Handler) forget(socket string) bool {
+	h.mu.Lock()
+	dropped := h.dropLocked(socket)
+	h.mu.Unlock()
+	for _, w := range dropped {
+		w.Stop()
+	}
+	return len(dropped) > 0
 }

@@ -118,6 +118,7 @@ func TestObserve(t *testing.T) {
 func TestObserveTwoInstances(t *testing.T) {
 	ctx := context.Background()
 	h := csi.New(csi.Options{})
+	defer h.Close()
 	regDir := testenv.ShortDir(t, "reg")
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	a := pluginmanager.Plugin{Type: csi.Type, Name: driverName, Endpoint: d.path, Versions: []string{"1.0.0"}, Socket: filepath.Join(regDir, "a.sock")}

@@ -133,6 +133,7 @@ type Handler struct {
 	resources map[string]*resource    // by name; only those with a registered instance
 	changed   chan struct{}           // closed and replaced on every change
 	observed  map[string]*observation // by registration socket; observe mode only
+	looks     uint64                  // Observe calls so far
 }
 
 // resource groups the registered instances of one resource name.
@@ -162,6 +163,7 @@ type instance struct {
 	plugin pluginmanager.Plugin
 	cancel context.CancelFunc // stops the stream goroutine or the Register in flight
 	done   chan struct{}      // closed when neither runs any more
+	report func(error)        // tells the manager whether the endpoint serves (its stream is up)
 
 	res       *resource // nil until Register succeeded
 	seq       uint64
@@ -214,7 +216,9 @@ func (h *Handler) Validate(_ context.Context, p pluginmanager.Plugin) error {
 
 // Register dials the plugin's endpoint, reads its options and its first
 // device list, and from then on keeps its ListAndWatch stream open in a
-// goroutine of the handler's. It blocks until the first list arrived, or
+// goroutine of the handler's; the stream breaking and coming back is what
+// it tells the manager of the plugin's endpoint
+// (pluginmanager.EndpointReporter). It blocks until the first list arrived, or
 // fails at ctx's deadline or after Options.CallTimeout, leaving nothing
 // behind. A plugin that does not serve the DevicePlugin service, or whose
 // list breaks the bounds, is refused with a pluginmanager.TerminalError.
@@ -225,7 +229,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	// The stream outlives this call, so its context keeps ctx's values but
 	// not its deadline; Deregister and Close cancel it.
 	life, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	inst := &instance{plugin: p, cancel: cancel, done: make(chan struct{})}
+	inst := &instance{plugin: p, cancel: cancel, done: make(chan struct{}), report: pluginmanager.EndpointReporter(ctx)}
 
 	h.mu.Lock()
 	if h.closed {
@@ -286,6 +290,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	}
 	r.instances = append(r.instances, inst)
 	inst.res = r
+	inst.report(nil) // the stream is up; run reports when it breaks and is back
 	h.notifyLocked()
 	h.wg.Go(func() { h.run(life, inst, s) })
 
@@ -408,6 +413,10 @@ func (h *Handler) Close() {
 	for _, inst := range h.instances {
 		h.removeLocked(inst, "stopped by Close")
 	}
+	var watches []*observation
+	for _, o := range h.observed {
+		watches = append(watches, o)
+	}
 	clear(h.observed)
 	for name, r := range h.resources { // those waiting for a new instance
 		if r.left != nil {
@@ -417,6 +426,9 @@ func (h *Handler) Close() {
 		}
 	}
 	h.mu.Unlock()
+	for _, o := range watches {
+		o.watch.Stop()
+	}
 	if first && h.reg != nil {
 		h.reg.Unregister(collector{h})
 	}

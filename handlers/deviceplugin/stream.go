@@ -309,6 +309,7 @@ func (h *Handler) lost(inst *instance, err error, warn *breakLog) {
 	inst.connected = false
 	inst.lastErr = printable(err.Error())
 	inst.since = time.Now()
+	inst.report(fmt.Errorf("device plugin endpoint %s: its ListAndWatch stream broke: %w", inst.plugin.Endpoint, err))
 	log := h.log.With("resource", inst.plugin.Name, "socket", inst.plugin.Socket, "err", inst.lastErr)
 	if inst.res.serving() != inst {
 		inst.dropped = true
@@ -419,6 +420,7 @@ func (h *Handler) restore(inst *instance, s *session, devs []Device, quiet bool)
 		return false
 	}
 	wasDropped := inst.dropped
+	inst.report(nil)
 	inst.connected = true
 	inst.dropped = false
 	inst.lastErr = ""

@@ -136,6 +136,7 @@ type Handler struct {
 
 	// observed holds what Observe saw, by registration socket; observe mode only.
 	observed map[string]*observation
+	looks    uint64 // Observe calls so far
 
 	// registering holds the cancel function of every Register in flight, for
 	// Close to end them.
@@ -179,6 +180,7 @@ type instance struct {
 
 	connected      bool
 	disconnectedAt time.Time
+	report         func(error) // tells the manager whether the endpoint serves
 
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
@@ -363,6 +365,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		healthService: health,
 		registeredAt:  h.opts.Clock.Now(),
 		connected:     true,
+		report:        pluginmanager.EndpointReporter(ctx),
 		conn:          conn,
 		cancel:        cancel,
 		done:          make(chan struct{}),
@@ -391,6 +394,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	d.instances[in.socket] = in
 	h.sockets[in.socket] = in
 	h.updateLocked(d)
+	in.report(nil) // connected: it serves, and the instance's watch says when that changes
 	h.start(ictx, in)
 	h.notifyLocked()
 	h.mu.Unlock()
@@ -447,11 +451,18 @@ func (h *Handler) Close() {
 	for _, d := range h.drivers {
 		d.stopTimer()
 	}
+	var watches []*observation
+	for _, o := range h.observed {
+		watches = append(watches, o)
+	}
 	clear(h.sockets)
 	clear(h.drivers)
 	clear(h.observed)
 	h.notifyLocked()
 	h.mu.Unlock()
+	for _, o := range watches {
+		o.watch.Stop()
+	}
 
 	for _, in := range stop {
 		in.stop()
@@ -476,7 +487,9 @@ func (in *instance) stop() {
 	in.conn.Close()
 }
 
-// setConnected records a change in the instance's connection.
+// setConnected records a change in the instance's connection, and tells
+// the manager (pluginmanager.EndpointReporter): a lost connection makes
+// the plugin Unhealthy, reason endpoint.
 func (h *Handler) setConnected(in *instance, connected bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -487,9 +500,11 @@ func (h *Handler) setConnected(in *instance, connected bool) {
 	if connected {
 		in.disconnectedAt = time.Time{}
 		h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
+		in.report(nil)
 	} else {
 		in.disconnectedAt = h.opts.Clock.Now()
 		h.log.Warn("DRA driver instance lost its connection", "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint)
+		in.report(fmt.Errorf("DRA endpoint %s: the connection to it was lost", in.endpoint))
 	}
 	h.updateLocked(in.driver)
 	h.notifyLocked()

@@ -410,8 +410,10 @@ func TestLostConnection(t *testing.T) {
 	if since := d.UnavailableSince.Sub(lost); since < 300*time.Millisecond {
 		t.Errorf("unavailable %s after the connection was lost, before the grace period of 300ms", since)
 	}
-	if ps, _ := e.plugin(socket); ps.State != pluginmanager.StateRegistered {
-		t.Errorf("the registration itself should stand: %+v", ps)
+	// The registration stands, Unhealthy for its endpoint until the
+	// manager's grace period ends.
+	if ps := e.pm.WaitSocket(socket, pluginmanager.StateUnhealthy); ps.Reason != pluginmanager.ReasonEndpoint {
+		t.Errorf("the registration should stand, Unhealthy for its endpoint: %+v", ps)
 	}
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
 # HELP plugd_dra_drivers_available DRA drivers with a connected instance, or within the grace period after losing the last one.

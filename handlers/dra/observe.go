@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -19,6 +21,8 @@ type observation struct {
 	reachable   bool
 	reachableAt time.Time // of the last look that reached the endpoint
 	lastErr     string    // of the last look, if it failed
+	watch       *endpointwatch.Watch
+	look        uint64 // which Observe made it: the watch of another does not write to it
 }
 
 // ObservedStatus is what Details returns for a plugin seen in observe mode:
@@ -31,33 +35,51 @@ type ObservedStatus = api.DRAObserved
 // socket the driver, the service Validate would choose, and that it was
 // reachable, as Details shows. A plugin offering no supported DRA service,
 // or whose endpoint is not reachable, is an error. Unlike Register it keeps
-// no connection and no driver state: Drivers does not show it.
+// no driver state: Drivers does not show it. It then watches the endpoint
+// (an idle connection, no calls) until Forget or the next Observe of the
+// socket, telling the manager (pluginmanager.EndpointReporter) and Details
+// when it goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	service, _, err := check(p)
+	h.mu.Lock()
+	closed := h.closed
+	h.looks++
+	look := h.looks
+	h.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	var w *endpointwatch.Watch
 	if err == nil {
-		h.mu.Lock()
-		closed := h.closed
-		h.mu.Unlock()
-		if closed {
-			return ErrClosed
-		}
 		conn, cerr := h.connect(ctx, p)
 		if cerr == nil {
 			conn.Close()
+			w, cerr = h.watchObserved(ctx, p, look)
 		}
 		err = cerr
 	}
 
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	var old *endpointwatch.Watch
+	defer func() {
+		h.mu.Unlock()
+		old.Stop() // without h.mu, which its reports take
+	}()
 	if h.closed {
+		old = w
 		return ErrClosed
 	}
 	o := h.observed[p.Socket]
 	if o == nil || o.plugin.Name != p.Name {
+		if o != nil {
+			old = o.watch
+		}
 		o = &observation{}
 		h.observed[p.Socket] = o
+	} else {
+		old = o.watch
 	}
+	o.watch, o.look = w, look
 	o.plugin, o.service = p, service
 	o.reachable = err == nil
 	if err != nil {
@@ -71,13 +93,45 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	return err
 }
 
-// Forget drops what Observe recorded for p's socket: it is gone.
+// watchObserved watches the endpoint of the observed plugin p, reporting
+// what it sees to the manager and in Details.
+func (h *Handler) watchObserved(ctx context.Context, p pluginmanager.Plugin, look uint64) (*endpointwatch.Watch, error) {
+	report := pluginmanager.EndpointReporter(ctx)
+	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
+		Timeout: h.opts.CallTimeout,
+		Dial:    endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
+		Report: func(err error) {
+			report(err)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			o := h.observed[p.Socket]
+			if o == nil || o.look != look {
+				return
+			}
+			o.reachable = err == nil
+			if err != nil {
+				o.lastErr = printable(err.Error(), maxMessageLen)
+			} else {
+				o.lastErr = ""
+				o.reachableAt = h.opts.Clock.Now()
+			}
+			h.notifyLocked()
+		},
+	})
+}
+
+// Forget drops what Observe recorded for p's socket, and stops watching its
+// endpoint: it is gone.
 func (h *Handler) Forget(p pluginmanager.Plugin) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.observed[p.Socket]; ok {
+	o, ok := h.observed[p.Socket]
+	if ok {
 		delete(h.observed, p.Socket)
 		h.notifyLocked()
+	}
+	h.mu.Unlock()
+	if ok {
+		o.watch.Stop()
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/plugd/plugd/pluginmanager"
@@ -51,7 +50,7 @@ func (h *Handler) exec(ctx context.Context, outOfTime error, run *Run, p pluginm
 	)
 	cmd.Stdin = bytes.NewReader(payload)
 	cmd.Stdout, cmd.Stderr = stdoutW, stderrW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownGroup(cmd)
 	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
 	// Bounds Wait's wait for the goroutine that writes stdin, should a process
 	// that left the group hold it open without reading.
@@ -109,9 +108,4 @@ func (h *Handler) exec(ctx context.Context, outOfTime error, run *Run, p pluginm
 	default:
 		return outcome{result: resultError, err: withOutput(fmt.Sprintf("%s hook failed: %v", event, state), reason)}
 	}
-}
-
-// killGroup kills the process group led by pid.
-func killGroup(pid int) error {
-	return syscall.Kill(-pid, syscall.SIGKILL)
 }

@@ -79,7 +79,7 @@ func (c Config) checkBounds() error {
 		{name: "timeouts.handler", v: c.Timeouts.Handler, min: minDuration, max: 10 * time.Minute, def: "30s"},
 		{name: "shutdownTimeout", v: c.ShutdownTimeout, min: 100 * time.Millisecond, max: 10 * time.Minute, def: "10s"},
 		// Every registered plugin is asked this often.
-		{name: "liveness.probeInterval", v: c.Liveness.ProbeInterval, min: 100 * time.Millisecond, max: day, def: "10s, 30s to observe", canDisable: true},
+		{name: "liveness.probeInterval", v: c.Liveness.ProbeInterval, min: 100 * time.Millisecond, max: day, def: "5m", canDisable: true},
 		{name: "liveness.unhealthyGrace", v: c.Liveness.UnhealthyGrace, min: minDuration, max: day, def: "30s"},
 		// A plugin's socket exists a moment before it listens: never remove
 		// one that young.
@@ -97,6 +97,7 @@ func (h HandlerConfig) checkBounds() error {
 	bs := []durationBound{
 		{name: "gracePeriod", v: h.GracePeriod, min: minDuration, max: day, def: "30s"},
 		{name: "unhealthyGrace", v: h.UnhealthyGrace, min: minDuration, max: day, def: "liveness.unhealthyGrace"},
+		{name: "probeInterval", v: h.ProbeInterval, min: 100 * time.Millisecond, max: day, def: "liveness.probeInterval", canDisable: true},
 	}
 	if h.Hook != nil {
 		bs = append(bs, durationBound{name: "hook.timeout", v: h.Hook.Timeout, min: minDuration, max: 10 * time.Minute, def: "10s"})

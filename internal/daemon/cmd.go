@@ -98,7 +98,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.DurationVar((*time.Duration)(&fl.Timeouts.Handler), "handler-timeout", 0, "deadline for each handler call (default 30s)")
 	f.BoolVar(&fl.DeregisterOnShutdown, "deregister-on-shutdown", false, "deregister every plugin when plugd stops")
 	f.DurationVar((*time.Duration)(&fl.ShutdownTimeout), "shutdown-timeout", 0, "bound on a clean shutdown (default 10s)")
-	f.DurationVar((*time.Duration)(&fl.Liveness.ProbeInterval), "probe-interval", 0, "ask each registered plugin GetInfo this often to see it is alive; negative disables (default 10s)")
+	f.DurationVar((*time.Duration)(&fl.Liveness.ProbeInterval), "probe-interval", 0, "ask each registered plugin GetInfo this often, to catch one wedged with its connection up (a dead one is seen at once, without probes); negative disables (default 5m)")
 	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long (default 30s)")
 	f.StringArrayVar(&fl.Policy.EndpointRoots, "endpoint-root", nil, "confine plugins' endpoints to this directory; repeat for each (default: anywhere)")
 	f.StringArrayVar(&o.peers, "allowed-peer", nil, "TYPE=uid:N,gid:M,...: only processes running as these may serve plugins of TYPE (* for every other type); repeat for each type")

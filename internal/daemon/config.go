@@ -26,9 +26,10 @@ type Config struct {
 	// Mode is "manage" (default): plugd registers the plugins with its
 	// handlers and tells them so, as the node's plugin manager; or
 	// "observe": beside a kubelet that registers them, plugd only looks
-	// (GetInfo every liveness.probeInterval, 30s by default), never tells a
-	// plugin anything, never calls a handler, and never writes to the
-	// registry directory, which may be mounted read-only.
+	// (GetInfo at once, then when the connection it holds hangs up, and
+	// every liveness.probeInterval, 5m by default), never tells a plugin
+	// anything, never calls a handler, and never writes to the registry
+	// directory, which may be mounted read-only.
 	Mode string `json:"mode,omitempty"`
 
 	// RegistryDir is the directory plugins put their registration sockets in.
@@ -125,9 +126,16 @@ type DoctorConfig struct {
 }
 
 // LivenessConfig says how registered plugins are checked to be alive.
+// plugd holds the connection each plugin registered over open and idle, and
+// hears at once when it hangs up (the plugin's process went), without a
+// call; the csi, dra and deviceplugin handlers watch each plugin's own
+// endpoint the same way. Probes only add a check of a plugin wedged while
+// its connection stays up.
 type LivenessConfig struct {
-	// ProbeInterval is how often each registered plugin is asked GetInfo
-	// (jittered). Default 10s; negative disables probing.
+	// ProbeInterval is how often each registered plugin is asked GetInfo as
+	// a routine probe (jittered). Default 5m; negative disables probes (the
+	// held connection still tells a dead plugin at once). A handler entry's
+	// probeInterval overrides it for its type.
 	ProbeInterval Duration `json:"probeInterval,omitempty"`
 	// UnhealthyGrace is how long a plugin that stopped answering stays
 	// registered (Unhealthy) before it is deregistered. Default 30s; a
@@ -184,6 +192,16 @@ type HandlerConfig struct {
 	GracePeriod Duration `json:"gracePeriod,omitempty"`
 	// UnhealthyGrace overrides liveness.unhealthyGrace for this type.
 	UnhealthyGrace Duration `json:"unhealthyGrace,omitempty"`
+	// ProbeInterval overrides liveness.probeInterval for this type;
+	// negative disables its probes.
+	ProbeInterval Duration `json:"probeInterval,omitempty"`
+	// DeregisterWithRegistrar makes a plugin of this type whose registration
+	// socket stops answering (its registrar died and left the socket)
+	// Unhealthy, and deregistered after unhealthyGrace, even while its
+	// handler sees its endpoint serving. Default false: a CSI driver whose
+	// node-driver-registrar died stays registered while the driver serves,
+	// as with the kubelet.
+	DeregisterWithRegistrar bool `json:"deregisterWithRegistrar,omitempty"`
 	// Hook configures the hook handler.
 	Hook *HookConfig `json:"hook,omitempty"`
 }
@@ -363,6 +381,9 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(10 * time.Second)
 	}
+	if len(c.Policy.AllowedPeers) > 0 && runtime.GOOS == "windows" {
+		return c, errors.New("policy.allowedPeers cannot be enforced on Windows, which does not tell who listens on a unix socket: remove it, and restrict who may write to the registry directory (its ACL) instead")
+	}
 	seenPeers := map[string]bool{}
 	for i, r := range c.Policy.AllowedPeers {
 		switch {
@@ -497,10 +518,15 @@ func (c Config) managerOptions(logger *slog.Logger, reg prometheus.Registerer) p
 }
 
 // handlerOptions are the manager's settings for the plugin type of h: its
-// own unhealthy grace, and who may serve it (policy.allowedPeers' rule for
+// own unhealthy grace and probe interval, whether it goes with its
+// registrar, and who may serve it (policy.allowedPeers' rule for
 // the type; without one, the "*" rule, which is the manager's default).
 func (c Config) handlerOptions(h HandlerConfig) pluginmanager.HandlerOptions {
-	ho := pluginmanager.HandlerOptions{UnhealthyGrace: time.Duration(h.UnhealthyGrace)}
+	ho := pluginmanager.HandlerOptions{
+		UnhealthyGrace:          time.Duration(h.UnhealthyGrace),
+		ProbeInterval:           time.Duration(h.ProbeInterval),
+		DeregisterWithRegistrar: h.DeregisterWithRegistrar,
+	}
 	if r, ok := c.peerRule(h.Type); ok {
 		ho.AllowedPeers = r
 	}

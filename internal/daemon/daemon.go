@@ -160,11 +160,15 @@ func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
 }
 
 // identify is s with what its socket last said in GetInfo when it says
-// nothing now (a socket that went Stale while managing forgets it), and
-// whether it was filled in so.
+// nothing now, and whether that is what it said when it last answered
+// rather than now: the manager keeps a socket's identity while it does not
+// answer (Stale, Unhealthy, a failed dial or GetInfo), and before that
+// first answer the daemon remembers it from the events.
 func (d *Daemon) identify(s pluginmanager.PluginStatus) (pluginmanager.PluginStatus, bool) {
 	if s.Type != "" {
-		return s, false
+		silent := s.State == pluginmanager.StateStale || s.Reason == pluginmanager.ReasonDial || s.Reason == pluginmanager.ReasonGetInfo ||
+			s.State == pluginmanager.StateUnhealthy && s.Reason == pluginmanager.ReasonUnhealthy
+		return s, silent
 	}
 	d.seenMu.Lock()
 	p, ok := d.seen[s.Socket]
@@ -403,12 +407,14 @@ func checkPrivateDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	uid, ok := fileOwner(fi)
 	switch {
 	case !fi.IsDir():
 		return fmt.Errorf("%s is not a directory (a symlink?); use a directory of plugd's own", dir)
-	case ok && int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, st.Uid, os.Geteuid())
+	case !ok:
+		// Windows: access is the directory's ACL, which plugd does not read.
+	case uid != os.Geteuid():
+		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, uid, os.Geteuid())
 	case fi.Mode().Perm()&0o022 != 0:
 		return fmt.Errorf("%s is writable by other users (mode %v): they could replace the socket; chmod go-w %s or use another directory", dir, fi.Mode().Perm(), dir)
 	}

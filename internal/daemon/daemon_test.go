@@ -678,6 +678,37 @@ current-context: c
 	}
 }
 
+// A handler entry's liveness settings reach the manager; a configuration
+// written before them (a 10s or disabled probe) still loads.
+func TestHandlerLivenessSettings(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plugd.yaml")
+	if err := os.WriteFile(path, []byte(`registryDir: /r
+liveness: {probeInterval: -1s, unhealthyGrace: 30s}
+handlers:
+  - {type: CSIPlugin, handler: csi, probeInterval: 10m}
+  - {type: DevicePlugin, handler: deviceplugin, probeInterval: 10s, deregisterWithRegistrar: true}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(path)
+	if err == nil {
+		cfg, err = cfg.WithDefaults()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mo := cfg.managerOptions(nil, nil); mo.ProbeInterval >= 0 {
+		t.Errorf("liveness.probeInterval -1s: the manager's is %s, want probes off", mo.ProbeInterval)
+	}
+	if ho := cfg.handlerOptions(cfg.Handlers[0]); ho.ProbeInterval != 10*time.Minute || ho.DeregisterWithRegistrar {
+		t.Errorf("CSIPlugin: %+v", ho)
+	}
+	if ho := cfg.handlerOptions(cfg.Handlers[1]); ho.ProbeInterval != 10*time.Second || !ho.DeregisterWithRegistrar {
+		t.Errorf("DevicePlugin: %+v", ho)
+	}
+}
+
 // The status API's connections are a quarter of plugd's file descriptors, at
 // least 16 and at most 256, shared by its listeners.
 func TestStatusConnLimit(t *testing.T) {

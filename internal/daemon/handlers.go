@@ -106,7 +106,8 @@ func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg promethe
 	case "accept":
 		return handler{acceptHandler{}, func() {}}, nil
 	case "csi":
-		return handler{csi.New(csi.Options{Logger: log, Registerer: reg, EndpointRoots: roots}), func() {}}, nil
+		h := csi.New(csi.Options{Logger: log, Registerer: reg, EndpointRoots: roots})
+		return handler{h, h.Close}, nil
 	case "deviceplugin":
 		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil

@@ -22,7 +22,6 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/daemon"
@@ -453,21 +452,4 @@ func makeTempDir() (string, error) {
 		return "", fmt.Errorf("the demo's temporary directory %s is too long for unix socket paths; set TMPDIR to a directory of at most %d bytes", dir, maxDirLen-len("/plugd-demo-1234567890"))
 	}
 	return dir, nil
-}
-
-// terminalWidth reports whether f is a terminal and, if it is, returns a
-// function that gives its current width. TERM=dumb terminals cannot move the
-// cursor, so they count as no terminal.
-func terminalWidth(f *os.File) (func() int, bool) {
-	fd := int(f.Fd())
-	if _, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err != nil || os.Getenv("TERM") == "dumb" {
-		return nil, false
-	}
-	return func() int {
-		ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
-		if err != nil || ws.Col == 0 {
-			return 80
-		}
-		return int(ws.Col)
-	}, true
 }

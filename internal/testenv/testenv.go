@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -70,6 +71,14 @@ func DeadSocket(t testing.TB, path string) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
+}
+
+// WarnLogger returns a logger that writes its warnings and errors, as text,
+// to the Buffer it returns, for a test that checks a component warns of
+// nothing (or of exactly what it should).
+func WarnLogger() (*slog.Logger, *Buffer) {
+	b := new(Buffer)
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelWarn})), b
 }
 
 // AcceptCounter serves a unix socket at path that accepts connections,

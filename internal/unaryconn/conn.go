@@ -109,8 +109,16 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return NewConn(ctx, nc.(*net.UnixConn))
+}
+
+// NewConn opens an HTTP/2 connection on nc, a unix socket connection the
+// caller made its own way (through a path that cannot follow a swapped
+// symlink, say), as Dial does after connecting. The Conn owns nc from then
+// on: it is closed if the handshake fails.
+func NewConn(ctx context.Context, nc *net.UnixConn) (*Conn, error) {
 	c := &Conn{
-		nc:         nc.(*net.UnixConn),
+		nc:         nc,
 		dec:        hpack.NewDecoder(4096, nil),
 		next:       1,
 		sendConn:   defaultWindow,
@@ -295,8 +303,8 @@ func (c *Conn) idleFrames() bool {
 	}
 	if k.out.Len() > 0 {
 		// A peer that sends PINGs and reads nothing would fill the socket:
-		// neither Idle's caller, watching many connections, nor a call
-		// taking the socket from the watch may wait long on it.
+		// neither the watch, which a call may be waiting to take the
+		// socket from, nor that call may wait long on it.
 		c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
 		defer c.nc.SetWriteDeadline(time.Time{})
 		if err := k.flush(); err != nil {
@@ -310,7 +318,8 @@ func (c *Conn) idleFrames() bool {
 // is taken for the peer enforcing that deadline.
 const deadlineSkew = 50 * time.Millisecond
 
-// idleWriteTimeout bounds Idle's answers to the peer.
+// idleWriteTimeout bounds the answers to the peer that an idle connection
+// owes it (PING and SETTINGS acknowledgements).
 const idleWriteTimeout = 100 * time.Millisecond
 
 // aLongTimeAgo is a deadline that makes a blocked read or write return now.

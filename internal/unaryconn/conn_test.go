@@ -872,7 +872,10 @@ func TestHostilePeer(t *testing.T) {
 			p.hello()
 			s := p.readRequest(getInfo, false)
 			p.message(s, peerInfo)
-			p.headers(s, true, append(okHeaders, "grpc-status", "0")...)
+			// No trailers after it: the client gives up on the DATA and
+			// closes the connection, so a write after it may meet a broken
+			// pipe, and failing the script for that made the test flaky
+			// under load.
 			p.drain()
 		},
 		want: codes.Internal,

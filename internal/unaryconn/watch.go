@@ -35,9 +35,8 @@ import (
 // Watch returns an error, and never calls onHangup, if c is unusable or
 // already watched. It does not block (beyond waiting for a call in flight).
 //
-// This is what pluginmanager's hang-up detection is to use instead of its
-// Linux epoll set (hangup.go) and Idle: Watch works on every platform, and
-// bounds what a peer may send.
+// pluginmanager holds every registered plugin's connection so (its
+// internal/connset), on every platform.
 //
 // What watching costs a connection: a goroutine's smallest stack (2 KiB)
 // and about 1 KiB of heap; 3.6 KiB of resident memory each at 5,000

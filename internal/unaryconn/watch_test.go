@@ -385,3 +385,51 @@ func TestWatchBusyButBounded(t *testing.T) {
 	}
 	noHangup(t, hung)
 }
+
+// TestWatchRSTAfterAnswer: a server may reset a stream it has answered in
+// full; on a watched idle connection that is no reason to hang up. A reset
+// of a stream never opened is.
+func TestWatchRSTAfterAnswer(t *testing.T) {
+	next := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.answer(s, peerInfo)
+		<-next
+		p.check(p.fr.WriteRSTStream(s, http2.ErrCodeNo))
+		p.check(p.fr.WritePing(false, [8]byte{'a', 'f', 't', 'e', 'r'}))
+		p.readPing() // the watch read past the first reset and carried on
+		p.check(p.fr.WriteRSTStream(s+2, http2.ErrCodeNo))
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, c)
+	next <- struct{}{}
+	err := recv(t, hung)
+	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "stream 3") {
+		t.Errorf("hang-up %v, want ErrProtocol for the reset of stream 3, never opened", err)
+	}
+}
+
+// TestWatchAcknowledgesSettings: a connection dialed and watched with no
+// call made on it still acknowledges the peer's SETTINGS: some servers close
+// a connection that leaves them unacknowledged.
+func TestWatchAcknowledgesSettings(t *testing.T) {
+	acked := make(chan bool)
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.readPreface()
+		f := p.readUntil(func(f http2.Frame) bool { sf, ok := f.(*http2.SettingsFrame); return ok && sf.IsAck() })
+		acked <- f != nil
+		p.drain()
+	})
+	c := dial(t, path)
+	hung := watched(t, c)
+	if !recv(t, acked) {
+		t.Error("no SETTINGS ACK")
+	}
+	noHangup(t, hung)
+}

@@ -72,14 +72,15 @@ const (
 	GoAwayError     = "goaway-error"      // the first connection's first call: GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings") not covering it
 	DropAfterNotify = "drop-after-notify" // NotifyRegistrationStatus is read whole, recorded, and the connection closed unanswered
 	Ping            = "ping"              // PINGs on every idle connection, every 50 ms; each ACK is an event
-	FloodWindow     = "flood-window"      // after the first answer, WINDOW_UPDATE frames as fast as the socket takes them
+	FloodWindow     = "flood-window"      // 100 ms after the first answer, WINDOW_UPDATE frames as fast as the socket takes them
 	FloodReset      = "flood-rst"         // the same with RST_STREAM of the answered stream
 	FloodUnknown    = "flood-unknown"     // the same with 16 KiB frames of an unknown type
 	FloodSettings   = "flood-settings"    // the same with SETTINGS of 2,730 settings each
+	ResetFirstConn  = "reset-first-conn"  // every call on the first connection is reset with PROTOCOL_ERROR, as if the client had broken the protocol; later connections are served
 )
 
 // Scenarios are the Raw server's scenarios.
-var Scenarios = []string{TableSizeZero, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings}
+var Scenarios = []string{TableSizeZero, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings, ResetFirstConn}
 
 // Options say what a server answers.
 type Options struct {
@@ -108,7 +109,7 @@ type Options struct {
 type Event struct {
 	// Event is what happened: "listening", "GetInfo",
 	// "NotifyRegistrationStatus", "stopped", and for Raw scenarios
-	// "ping-ack", "refused", "compression-error", "goaway", "flood-end".
+	// "ping-ack", "refused", "compression-error", "goaway", "flood-end", "reset".
 	Event string `json:"event"`
 
 	Registered bool   `json:"registered,omitempty"` // NotifyRegistrationStatus's plugin_registered

@@ -308,6 +308,21 @@ func TestRawScenarios(t *testing.T) {
 			srv.WaitFor(t, "ping-ack", 10)
 			noHangup(t, hung)
 		},
+	}, {
+		scenario: interop.ResetFirstConn,
+		check: func(t *testing.T, srv *interop.Server, c *unaryconn.Conn) {
+			_, err := info(c)
+			if !errors.Is(err, unaryconn.ErrProtocol) {
+				t.Fatalf("GetInfo: %v, want ErrProtocol: the server says we broke the protocol", err)
+			}
+			got := new(registerapi.PluginInfo)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			if err := unaryconn.InvokeGRPC(ctx, srv.Socket, getInfo, &registerapi.InfoRequest{}, got, 1<<16); err != nil {
+				t.Fatalf("GetInfo with grpc-go, the fallback: %v", err)
+			}
+			wantInfo(t, got, plugin)
+		},
 	}} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			opts := plugin

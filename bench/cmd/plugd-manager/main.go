@@ -26,6 +26,6 @@ func (p *manager) Run(ctx context.Context, dir string) error {
 
 func main() {
 	m := &manager{}
-	flag.DurationVar(&m.probeInterval, "probe-interval", 0, "Options.ProbeInterval: 0 for plugd's default, negative for no liveness probing")
+	flag.DurationVar(&m.probeInterval, "probe-interval", 0, "Options.ProbeInterval: 0 for plugd's default (5m), negative for no routine probes (connections are still held and watched)")
 	managers.Main(m)
 }

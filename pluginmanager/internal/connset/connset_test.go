@@ -2,6 +2,7 @@ package connset
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -18,13 +19,19 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// wait bounds every wait: a failure bound, not a pace.
+const wait = 20 * time.Second
+
 type registration struct {
 	registerapi.UnimplementedRegistrationServer
 }
 
-// serve runs a registration server on a socket at path until the test ends
-// or stop is called.
-func serve(t *testing.T, path string) (stop func()) {
+func (registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: "CSIPlugin", Name: "p"}, nil
+}
+
+// serve runs a registration server on a socket at path until the test ends.
+func serve(t *testing.T, path string) *grpc.Server {
 	t.Helper()
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -34,27 +41,28 @@ func serve(t *testing.T, path string) (stop func()) {
 	registerapi.RegisterRegistrationServer(srv, registration{})
 	done := make(chan struct{})
 	go func() { defer close(done); srv.Serve(l) }()
-	stop = func() { srv.Stop(); <-done }
-	t.Cleanup(stop)
-	return stop
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return srv
 }
 
-// started runs a set until the test ends; hung-up paths arrive on the channel.
-func started(t *testing.T) (*Set, <-chan string) {
+type hangup struct {
+	path string
+	err  error
+}
+
+// started makes a set closed at the end of the test; hang-ups arrive on the
+// channel.
+func started(t *testing.T) (*Set, <-chan hangup) {
 	t.Helper()
-	hung := make(chan string, 16)
-	s, err := New(func(path string) { hung <- path })
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Run()
+	hung := make(chan hangup, 16)
+	s := New(func(path string, err error) { hung <- hangup{path, err} })
 	t.Cleanup(s.Close)
 	return s, hung
 }
 
 func dial(t *testing.T, path string) *unaryconn.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	c, err := unaryconn.Dial(ctx, path)
 	if err != nil {
@@ -63,60 +71,81 @@ func dial(t *testing.T, path string) *unaryconn.Conn {
 	return c
 }
 
-// After 2^32 watches the 32-bit ids come round; none may be the eventfd's
-// -1, which ends Run, or one still in use.
-func TestIDsSkipTheStopSignalAndIDsInUse(t *testing.T) {
-	path := filepath.Join(testenv.ShortDir(t, "connset"), "p.sock")
-	stop := serve(t, path)
-	s, hung := started(t)
-	watch := func(key string) int32 {
-		t.Helper()
-		if err := s.Watch(key, dial(t, path)); err != nil {
-			t.Fatal(err)
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.byPath[key].id
-	}
-	s.mu.Lock()
-	s.next = 0
-	s.mu.Unlock()
-	if id := watch("first"); id != 1 {
-		t.Fatalf("first id %d", id)
-	}
-	s.mu.Lock()
-	s.next = -3 // the last id given
-	s.mu.Unlock()
-	for i, want := range []int32{-2, 0, 2} { // -1 skipped, 1 in use
-		if id := watch(fmt.Sprint(i)); id != want {
-			t.Errorf("id %d, want %d", id, want)
-		}
-	}
+func socket(t *testing.T) string {
+	return filepath.Join(testenv.ShortDir(t, "connset"), "p.sock")
+}
 
-	stop() // every watched connection hangs up
-	seen := map[string]bool{}
-	for range 4 {
-		select {
-		case p := <-hung:
-			seen[p] = true
-		case <-s.done:
-			t.Fatal("Run returned: hang-ups no longer watched")
-		case <-time.After(10 * time.Second):
-			t.Fatalf("hang-ups reported: %v, want 4", seen)
-		}
-	}
-	for _, key := range []string{"first", "0", "1", "2"} {
-		if !seen[key] || s.Watching(key) {
-			t.Errorf("%s: hang-up reported %v, still watched %v", key, seen[key], s.Watching(key))
-		}
+func noHangup(t *testing.T, hung <-chan hangup) {
+	t.Helper()
+	select {
+	case h := <-hung:
+		t.Errorf("hang-up of %s reported: %v", h.path, h.err)
+	default:
 	}
 }
 
-// Take hands the connection back out of the set, open; Watch for a path
-// already watched replaces its connection; Unwatch closes it.
-func TestTakeWatchUnwatch(t *testing.T) {
-	path := filepath.Join(testenv.ShortDir(t, "connset"), "p.sock")
-	serve(t, path)
+// Every connection held to a plugin whose server stops is reported, once,
+// with ErrHangup, and is out of the set by then.
+func TestHangups(t *testing.T) {
+	path := socket(t)
+	srv := serve(t, path)
+	s, hung := started(t)
+	for i := range 3 {
+		if err := s.Watch(fmt.Sprint(i), dial(t, path)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Stop()
+	seen := map[string]bool{}
+	for range 3 {
+		select {
+		case h := <-hung:
+			if seen[h.path] || !errors.Is(h.err, unaryconn.ErrHangup) {
+				t.Errorf("hang-up of %s: %v (seen before: %v)", h.path, h.err, seen[h.path])
+			}
+			seen[h.path] = true
+			if s.Watching(h.path) || s.Get(h.path) != nil {
+				t.Errorf("%s is still in the set after its hang-up", h.path)
+			}
+		case <-time.After(wait):
+			t.Fatalf("hang-ups reported: %v, want 3", seen)
+		}
+	}
+	noHangup(t, hung)
+}
+
+// A server stopping gracefully sends GOAWAY to an idle connection and waits
+// for it to close: that is a hang-up, and the set lets GracefulStop return.
+func TestGracefulStop(t *testing.T) {
+	path := socket(t)
+	srv := serve(t, path)
+	s, hung := started(t)
+	if err := s.Watch("p", dial(t, path)); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case h := <-hung:
+		if !errors.Is(h.err, unaryconn.ErrHangup) {
+			t.Errorf("hang-up %v, not ErrHangup", h.err)
+		}
+	case <-time.After(wait):
+		t.Fatal("no hang-up on GOAWAY")
+	}
+	select {
+	case <-stopped:
+	case <-time.After(wait):
+		t.Fatal("GracefulStop still waits for the connection")
+	}
+}
+
+// Get hands out the connection while it stays in the set, and a call on it
+// leaves it watched; Watch for a path already held replaces its connection;
+// Unwatch closes it; neither is reported as a hang-up.
+func TestGetWatchUnwatch(t *testing.T) {
+	path := socket(t)
+	srv := serve(t, path)
 	s, hung := started(t)
 	first := dial(t, path)
 	if err := s.Watch("p", first); err != nil {
@@ -126,34 +155,64 @@ func TestTakeWatchUnwatch(t *testing.T) {
 	if err := s.Watch("p", second); err != nil {
 		t.Fatal(err)
 	}
-	if !closed(first) {
+	if first.Usable() {
 		t.Error("the replaced connection is still open")
 	}
-	if c := s.Take("p"); c != second || closed(c) || s.Watching("p") {
-		t.Fatalf("Take = %p, want the second connection (%p), open and out of the set", c, second)
+	c := s.Get("p")
+	if c != second || !s.Watching("p") {
+		t.Fatalf("Get = %p, want the second connection (%p), still in the set", c, second)
 	}
-	if c := s.Take("p"); c != nil {
-		t.Error("Take of a taken connection handed it out again")
-	}
-	if err := s.Watch("p", second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := c.Invoke(ctx, "/pluginregistration.Registration/GetInfo", &registerapi.InfoRequest{}, new(registerapi.PluginInfo), 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	s.Unwatch("p")
-	if !closed(second) || s.Watching("p") {
+	if err := s.Watch("p", c); err != nil || !s.Watching("p") {
+		t.Fatalf("Watch of the connection held: %v, watching %v", err, s.Watching("p"))
+	}
+	noHangup(t, hung)
+
+	// Still watched after the call: the server stopping is heard.
+	third := dial(t, path)
+	if err := s.Watch("q", third); err != nil {
+		t.Fatal(err)
+	}
+	s.Unwatch("q")
+	if third.Usable() || s.Watching("q") {
 		t.Error("Unwatch left the connection open or in the set")
 	}
+	srv.Stop()
 	select {
-	case p := <-hung:
-		t.Errorf("hang-up of %s reported for a connection the set closed itself", p)
-	default:
+	case h := <-hung:
+		if h.path != "p" {
+			t.Errorf("hang-up of %s, want p only", h.path)
+		}
+	case <-time.After(wait):
+		t.Fatal("no hang-up after a call was made on the connection")
 	}
+	noHangup(t, hung)
 }
 
-// closed reports whether c's socket is closed.
-func closed(c *unaryconn.Conn) bool {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return true
+// After Close, nothing is reported and Watch refuses (closing what it was
+// given).
+func TestClose(t *testing.T) {
+	path := socket(t)
+	srv := serve(t, path)
+	hung := make(chan hangup, 16)
+	s := New(func(path string, err error) { hung <- hangup{path, err} })
+	c := dial(t, path)
+	if err := s.Watch("p", c); err != nil {
+		t.Fatal(err)
 	}
-	return raw.Control(func(uintptr) {}) != nil
+	s.Close()
+	s.Close()
+	if c.Usable() {
+		t.Error("Close left a connection open")
+	}
+	late := dial(t, path)
+	if err := s.Watch("q", late); !errors.Is(err, ErrClosed) || late.Usable() {
+		t.Errorf("Watch after Close: %v, connection usable %v", err, late.Usable())
+	}
+	srv.Stop()
+	noHangup(t, hung)
 }

@@ -292,6 +292,10 @@ func (c *conn) handle(r *request) error {
 		return fmt.Errorf("stream %d: not one gRPC message", r.stream)
 	}
 	msg := r.body[5:]
+	if *scenario == "reset-first-conn" && c.index == 0 {
+		server.Emit("reset", map[string]any{"message": r.path})
+		return c.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(r.stream, http2.ErrCodeProtocol) })
+	}
 	var answer proto.Message
 	status, message := "0", ""
 	switch r.path {
@@ -402,6 +406,9 @@ func (c *conn) afterFirstAnswer(stream uint32) {
 		return
 	}
 	go func() {
+		// A moment later, so that the client has done what it connected
+		// for (a registration's notification) and holds the connection idle.
+		time.Sleep(100 * time.Millisecond)
 		n := 0
 		for c.write(frame) == nil {
 			n++

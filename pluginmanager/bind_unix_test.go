@@ -1,0 +1,86 @@
+//go:build unix
+
+package pluginmanager_test
+
+import (
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
+)
+
+// bindOnly binds a unix socket at path, as a server does before it listens
+// (the socket file appears then), and returns a function that listens on
+// it and serves impl until the test ends.
+func bindOnly(t testing.TB, path string) (listen func(impl registerapi.RegistrationServer)) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.CloseOnExec(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	return func(impl registerapi.RegistrationServer) {
+		t.Helper()
+		if err := unix.Listen(fd, 128); err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), path)
+		l, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		registerapi.RegisterRegistrationServer(srv, impl)
+		done := make(chan struct{})
+		go func() { defer close(done); srv.Serve(l) }()
+		t.Cleanup(func() { srv.Stop(); <-done })
+	}
+}
+
+// A socket that refuses connections in the moment between its server's
+// bind and listen is tried again quietly: no warning, no Failed or Stale
+// event, no attempt counted; it registers once it listens.
+func TestBoundNotYetListening(t *testing.T) {
+	var log testenv.Buffer
+	h := start(t, pluginmanager.Options{Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))},
+		map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	path := filepath.Join(h.dir, "slow.sock")
+	listen := bindOnly(t, path)
+	// The socket is there, and refused, for a while: the manager's first
+	// attempts fall in it.
+	h.Until("the socket discovered", func(ps []pluginmanager.PluginStatus) bool { _, ok := plugintest.Find(ps, path); return ok })
+	for deadline := time.Now().Add(wait); !strings.Contains(log.String(), "not listening yet"); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // a quiet retry is logged at debug level only
+			t.Fatalf("no quiet retry of the refused socket:\n%s", log.String())
+		}
+	}
+	listen(&moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "slow", SupportedVersions: []string{"1.0.0"}}})
+	s := h.WaitSocket(path, pluginmanager.StateRegistered)
+	if s.Attempts != 1 {
+		t.Errorf("%d attempts, want 1: the refusals before it listened do not count", s.Attempts)
+	}
+	for len(h.sub.Events()) > 0 {
+		if ev := <-h.sub.Events(); ev.Plugin.Socket == path && (ev.Type == pluginmanager.EventFailed || ev.State == pluginmanager.StateStale) {
+			t.Errorf("event %s %s (%s) for a plugin that was only starting", ev.Type, ev.State, ev.Error)
+		}
+	}
+	if strings.Contains(log.String(), "level=WARN") {
+		t.Errorf("warnings for a plugin that was only starting:\n%s", log.String())
+	}
+}

@@ -1,0 +1,37 @@
+package pluginmanager
+
+import "golang.org/x/sys/unix"
+
+// statSocket reports the identity of the unix socket at path, without following
+// a symlink. ok is false if there is nothing there or it is not a socket.
+func statSocket(path string) (id fileID, ok bool) {
+	var st unix.Statx_t
+	mask := unix.STATX_TYPE | unix.STATX_INO | unix.STATX_BTIME | unix.STATX_CTIME
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, mask, &st); err != nil {
+		return fileID{}, false
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return fileID{}, false
+	}
+	id = fileID{dev: unix.Mkdev(st.Dev_major, st.Dev_minor), ino: st.Ino}
+	if st.Mask&unix.STATX_BTIME != 0 {
+		id.sec, id.nsec = st.Btime.Sec, int64(st.Btime.Nsec)
+	} else {
+		id.sec, id.nsec = st.Ctime.Sec, int64(st.Ctime.Nsec)
+	}
+	return id, true
+}
+
+// peerCredentials says the kernel tells who listens on a unix socket
+// (SO_PEERCRED), which Options.AllowedPeers needs.
+const peerCredentials = true
+
+// peerCred asks the kernel who is at the other end of the connected socket
+// fd.
+func peerCred(fd int) (peer, bool) {
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return peer{}, false
+	}
+	return peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}, true
+}
