@@ -1,15 +1,11 @@
 package daemon
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -90,62 +86,5 @@ func TestDangerousConfigsRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want it to say %q", tc.yaml, err, tc.want)
 		}
-	}
-}
-
-// Issue 13, item 10: --config reads regular files only, of a bounded size,
-// and never blocks: /dev/zero, a FIFO nobody writes to, a directory and a
-// huge file are refused at once, on SIGHUP too.
-func TestConfigFileMustBeARegularFile(t *testing.T) {
-	dir := testenv.ShortDir(t, "pd")
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	huge := filepath.Join(dir, "huge.yaml")
-	if err := os.WriteFile(huge, []byte("# "+strings.Repeat("x", 2<<20)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	load := func(path string) error {
-		done := make(chan error, 1)
-		go func() { _, err := LoadConfig(path); done <- err }()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(wait):
-			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
-			t.Fatalf("LoadConfig(%s) did not return", path)
-			return nil
-		}
-	}
-	for path, want := range map[string]string{
-		"/dev/zero": "config /dev/zero is a device, not a regular file",
-		fifo:        "is a named pipe (FIFO), not a regular file",
-		dir:         "is a directory, not a regular file",
-		huge:        "is larger than 1024 KiB",
-	} {
-		if err := load(path); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("LoadConfig(%s): %v, want it to say %q", path, err, want)
-		}
-	}
-
-	// A reload from a file replaced by a FIFO is refused, and plugd goes on.
-	r := runDaemon(t, Config{})
-	reloaded := make(chan struct{})
-	go func() {
-		defer close(reloaded)
-		r.d.reloadFrom(func() (Config, error) { return LoadConfig(fifo) })
-	}()
-	select {
-	case <-reloaded:
-	case <-time.After(wait):
-		os.WriteFile(fifo, nil, 0)
-		t.Fatal("a reload from a FIFO did not return")
-	}
-	if !strings.Contains(r.logs.String(), "reload refused") || !strings.Contains(r.logs.String(), "named pipe") {
-		t.Errorf("the reload is not logged as refused:\n%s", r.logs)
-	}
-	if _, err := r.client.Plugins(context.Background(), api.Filter{}); err != nil {
-		t.Errorf("after the refused reload: %v", err)
 	}
 }
