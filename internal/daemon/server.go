@@ -191,8 +191,19 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 	// A reader that stops reading must not hold a write (and so shutdown)
 	// up: every write has a deadline, and the end of the request cuts the
 	// one under way.
-	stop := context.AfterFunc(r.Context(), func() { rc.SetWriteDeadline(time.Now()) })
+	cut := make(chan struct{})
+	stop := context.AfterFunc(r.Context(), func() { rc.SetWriteDeadline(time.Now()); close(cut) })
 	defer stop()
+	// end lets the stream end as a stream does (net/http writes the last
+	// chunk after we return), so that a client reading it sees plugd end
+	// it, not a broken answer: the cut above, if it came, is over, and the
+	// last chunk gets a moment of its own.
+	end := func() {
+		if !stop() {
+			<-cut
+		}
+		rc.SetWriteDeadline(time.Now().Add(time.Second))
+	}
 	rc.SetWriteDeadline(time.Now().Add(writeDeadline))
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
@@ -203,9 +214,11 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case <-r.Context().Done():
+			end()
 			return
 		case ev, ok := <-sub.Events():
 			if !ok {
+				end()
 				return // the manager stopped
 			}
 			out := api.Event{Seq: ev.Seq, Time: ev.Time, Type: string(ev.Type), Missed: ev.Missed}
