@@ -163,9 +163,17 @@ func (w *Watch) enter() bool {
 	return true
 }
 
-// lost reports err and schedules the next attempt. The caller counts in
-// w.running.
+// lost reports err and schedules the next attempt, unless Stop was called:
+// the connection Stop closes fails its Watch, or hangs up, after Stop
+// marked the watch stopped, and that is no news to report. The caller counts
+// in w.running.
 func (w *Watch) lost(err error) {
+	w.mu.Lock()
+	stopped := w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return
+	}
 	w.opts.Report(err)
 	w.mu.Lock()
 	defer w.mu.Unlock()
