@@ -2,8 +2,51 @@ package pluginmanager
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 )
+
+// MaxEndpointPath is the length an endpoint's path must stay below: a unix
+// socket's address (sun_path) holds 108 bytes, its terminating NUL
+// included, on Linux and Windows (104 on macOS, where a longer path fails
+// when it is dialed).
+const MaxEndpointPath = 108
+
+// EndpointPath is the one rule for a plugin's endpoint, which the manager
+// and every handler in this module apply: an absolute path, or "unix://"
+// and an absolute path (node-driver-registrar sends the former, some
+// registrars the latter), of printable characters without spaces, shorter
+// than MaxEndpointPath once clean. It returns the path, clean (the prefix
+// removed, "." and ".." resolved lexically, as filepath.Clean does), or an
+// error that says what is wrong. The manager hands handlers and observers
+// a Plugin whose Endpoint is already that path; a handler used on its own
+// calls EndpointPath, so that it accepts what the manager accepts. An empty
+// endpoint is an error here: the manager takes it as the registration
+// socket before it applies the rule.
+func EndpointPath(endpoint string) (string, error) {
+	path := strings.TrimPrefix(endpoint, unixScheme)
+	switch {
+	case endpoint == "":
+		return "", errors.New("the endpoint is empty")
+	case len(endpoint) > maxEndpointLen:
+		return "", fmt.Errorf("the endpoint is %d bytes long, at most %d are allowed", len(endpoint), maxEndpointLen)
+	case !token(endpoint):
+		return "", fmt.Errorf("endpoint %.64q has a character that is not printable or is a space", endpoint)
+	case !filepath.IsAbs(path):
+		return "", fmt.Errorf("endpoint %.64q is not an absolute path (or %s and an absolute path, such as %s/run/plugin.sock)", endpoint, unixScheme, unixScheme)
+	}
+	path = filepath.Clean(path)
+	if len(path) >= MaxEndpointPath {
+		return "", fmt.Errorf("endpoint %.64q... is %d bytes long; a unix socket path must be shorter than %d bytes: serve the plugin at a shorter path", path, len(path), MaxEndpointPath)
+	}
+	return path, nil
+}
+
+// unixScheme is the prefix of an endpoint given as a URL.
+const unixScheme = "unix://"
 
 // EndpointReporter returns the function with which a Handler's Register, or
 // an Observer's Observe, tells the manager whether the plugin's own endpoint

@@ -2,6 +2,7 @@ package pluginmanager
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -131,8 +132,11 @@ func FuzzPluginInfo(f *testing.F) {
 			if p.Endpoint != fuzzSocket {
 				t.Errorf("no endpoint sent, but Endpoint is %q, not the socket", p.Endpoint)
 			}
-		} else if p.Endpoint != endpoint {
-			t.Errorf("Endpoint is %q, want %q as sent", p.Endpoint, endpoint)
+		} else if want, err := EndpointPath(endpoint); err != nil || p.Endpoint != want {
+			t.Errorf("Endpoint is %q, want %q, what EndpointPath makes of %q (%v)", p.Endpoint, want, endpoint, err)
+		}
+		if !filepath.IsAbs(p.Endpoint) || filepath.Clean(p.Endpoint) != p.Endpoint || len(p.Endpoint) >= MaxEndpointPath {
+			t.Errorf("accepted endpoint %q, which is not a clean absolute path shorter than %d bytes", p.Endpoint, MaxEndpointPath)
 		}
 		if !safeField(p.Type, maxTypeLen) {
 			t.Errorf("accepted type %q", p.Type)

@@ -13,8 +13,13 @@ type Plugin struct {
 	Type string `json:"type"`
 	// Name identifies the plugin to its handler, e.g. a CSI driver name.
 	Name string `json:"name"`
-	// Endpoint is where the plugin serves its own API. It is never empty once the
-	// plugin has answered: a plugin that sends none is served on its registration socket.
+	// Endpoint is where the plugin serves its own API: the clean absolute
+	// path of a unix socket, whether the plugin sent that or a unix:// URL of
+	// it (EndpointPath is the rule; a plugin whose endpoint breaks it is
+	// Rejected, reason invalid_info, and no handler sees it). The manager,
+	// its handlers, its observers and the status all use this one path. It
+	// is never empty once the plugin has answered: a plugin that sends none
+	// is served on its registration socket.
 	Endpoint string `json:"endpoint"`
 	// Versions are the versions of its type's API the plugin supports, in its order.
 	Versions []string `json:"versions"`

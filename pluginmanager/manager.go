@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
@@ -242,11 +243,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	} else if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("pluginmanager: creating the registry directory: %w", err)
 	}
-	if fi, err := os.Stat(dir); err != nil {
+	if _, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("pluginmanager: the registry directory: %w", err)
-	} else if modeBitsTellAccess && fi.Mode().Perm()&0o022 != 0 && !m.opts.AllowWritableDir && !m.opts.Observe {
-		return fmt.Errorf("pluginmanager: the registry directory %s is writable by users other than its owner (mode %v): they could put a socket there or replace a plugin's; remove that permission (chmod go-w %s), or set Options.AllowWritableDir",
-			dir, fi.Mode().Perm(), dir)
+	}
+	if err := m.checkDirTrust(dir); err != nil {
+		return err
 	}
 	// The buffer absorbs bursts of sockets while the watch loop is busy.
 	w, err := fsnotify.NewBufferedWatcher(4096)
@@ -284,6 +285,30 @@ func (m *Manager) Run(ctx context.Context) error {
 	wg.Wait()
 	m.log.Info("plugin manager stopped")
 	return nil
+}
+
+// checkDirTrust refuses a registry directory that users other than plugd's
+// and root could change (dirtrust.Check says how), unless
+// Options.AllowWritableDir accepts that. An observer only warns: the
+// directory is the other manager's, which uses it as it is; refusing would
+// only blind the observer, and what it reports is what that manager sees.
+func (m *Manager) checkDirTrust(dir string) error {
+	if m.opts.AllowWritableDir {
+		return nil
+	}
+	err := dirtrust.Check(dir, os.Geteuid())
+	var untrusted *dirtrust.Untrusted
+	switch {
+	case err == nil:
+		return nil
+	case !errors.As(err, &untrusted):
+		return fmt.Errorf("pluginmanager: checking who may change the registry directory: %w", err)
+	case m.opts.Observe:
+		m.log.Warn("the registry directory is not safe from other users: they could plant a plugin there, or replace one, for the manager observed as for plugd; fix it, or set Options.AllowWritableDir to accept it",
+			"dir", dir, "err", err)
+		return nil
+	}
+	return fmt.Errorf("pluginmanager: the registry directory %w; or, to accept that, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)", err)
 }
 
 // work takes paths from the queue and reconciles them, until the queue is

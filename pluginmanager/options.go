@@ -114,10 +114,26 @@ type Options struct {
 	AllowedPeers *Peers
 
 	// AllowWritableDir lets Run use a registry directory that users other
-	// than its owner may write to. Off: such a directory is refused, since
-	// anyone who can write there can plant a plugin or replace one. (On
-	// Windows, where that is the directory's ACL, which plugd does not read,
-	// nothing is refused.)
+	// than plugd's and root may change. Off, Run refuses, naming the
+	// directory at fault and what to do, a registry directory
+	//   - that users other than its owner may write to: anyone who can write
+	//     there can plant a plugin or replace one;
+	//   - that belongs to another user than plugd's or root, or is reached
+	//     through a directory or symlink that does: its owner can make it
+	//     writable, or rename it;
+	//   - that is reached through a directory users other than its owner may
+	//     write to and which has no sticky bit (a 0777 parent; /tmp's 1777
+	//     is fine): anyone could rename the registry directory away and put
+	//     their own in its place.
+	// Symlinks on the way are followed, each checked where it is. This one
+	// setting accepts all three: "others may change what is in here".
+	//
+	// An observer (Observe) is not refused but warned, once, at Run: the
+	// directory is the other manager's, which uses it as it is, so what the
+	// observer reports is what that manager sees. The kubelet's own layout
+	// (/var/lib/kubelet/plugins_registry, root's, mode 0750, in root's
+	// /var/lib/kubelet) passes. On Windows, where who may change a directory
+	// is its ACL, which plugd does not read, nothing is checked.
 	AllowWritableDir bool
 
 	// RemoveStaleAfter, if positive, removes a Stale socket (nobody listens

@@ -37,7 +37,7 @@ func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
 			p.Socket, who.pid, who.uid, who.gid, setting, p.Type, rule.UIDs, rule.GIDs)
 	}
 	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
-		ep := resolveExisting(endpointPath(p.Endpoint)) // a symlink inside a root may point out of it
+		ep := resolveExisting(p.Endpoint) // a symlink inside a root may point out of it (Endpoint is clean: EndpointPath)
 		if !slices.ContainsFunc(m.roots, func(root string) bool { return within(ep, root) }) {
 			return fmt.Errorf("endpoint %s is outside the directories Options.EndpointRoots allows (%s)", p.Endpoint, strings.Join(m.opts.EndpointRoots, ", "))
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -173,15 +172,12 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 	if p.Endpoint == "" {
 		p.Endpoint = socket
 	}
-	if !filepath.IsAbs(strings.TrimPrefix(p.Endpoint, "unix://")) {
-		return p, fmt.Errorf("%w: endpoint %.64q is not an absolute path (or unix:// and an absolute path)", errInvalidInfo, p.Endpoint)
+	ep, err := EndpointPath(p.Endpoint)
+	if err != nil {
+		return p, fmt.Errorf("%w: %w", errInvalidInfo, err)
 	}
+	p.Endpoint = ep
 	return p, nil
-}
-
-// endpointPath is the filesystem path of an endpoint.
-func endpointPath(endpoint string) string {
-	return filepath.Clean(strings.TrimPrefix(endpoint, "unix://"))
 }
 
 // printable makes a message from a plugin, or about one, safe to store and to
@@ -200,12 +196,21 @@ func checkField(name, v string, max int, required bool) error {
 	if len(v) > max {
 		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", errInvalidInfo, name, len(v), max)
 	}
-	for _, r := range v {
-		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("%w: %s %.64q has a character that is not printable or is a space", errInvalidInfo, name, v)
-		}
+	if !token(v) {
+		return fmt.Errorf("%w: %s %.64q has a character that is not printable or is a space", errInvalidInfo, name, v)
 	}
 	return nil
+}
+
+// token says whether v is printable, without spaces: what every field of a
+// GetInfo answer must be.
+func token(v string) bool {
+	for _, r := range v {
+		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // notify tells the plugin whether it was registered, and reports whether

@@ -10,9 +10,6 @@ import (
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
-// modeBitsTellAccess says a file's mode bits say who may write to it.
-const modeBitsTellAccess = true
-
 // refused reports whether err is a connection refused: a socket file that
 // nobody listens on.
 func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }

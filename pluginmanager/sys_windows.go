@@ -69,10 +69,6 @@ func statSocket(path string) (id fileID, ok bool) {
 	}, true
 }
 
-// modeBitsTellAccess says a file's mode bits say who may write to it: not
-// on Windows, where its ACL does.
-const modeBitsTellAccess = false
-
 // refused reports whether err is a connection refused: a socket file that
 // nobody listens on. Windows says so with its own error number.
 func refused(err error) bool {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -29,7 +28,6 @@ import (
 // the rest keep a broken or hostile driver from costing memory.
 const (
 	maxRecvBytes      = 4 << 20 // per gRPC message, gRPC's default made explicit
-	maxEndpointLen    = 107     // sun_path is 108 bytes with its NUL
 	maxVendorVersion  = 128
 	maxManifestBytes  = 4 << 10
 	maxNodeID         = 256
@@ -39,7 +37,6 @@ const (
 	maxTopologyBytes  = 4 << 10
 	maxCapabilities   = 64
 	liveDialTimeout   = time.Second
-	unixScheme        = "unix://"
 	passthroughTarget = "passthrough:///csi-endpoint"
 )
 
@@ -47,18 +44,15 @@ const (
 // is still starting, and the registration is retried.
 var errNotReady = errors.New("driver not ready")
 
-// endpointPath turns the endpoint a registrar sent into the path of a unix
-// socket: node-driver-registrar sends a plain path, some registrars a
-// "unix://" URL.
+// endpointPath is the path of the driver's socket, by the manager's one
+// rule (pluginmanager.EndpointPath): a Plugin from the manager already has
+// it; one from elsewhere may still be a unix:// URL.
 func endpointPath(endpoint string) (string, error) {
-	path := strings.TrimPrefix(endpoint, unixScheme)
-	switch {
-	case !filepath.IsAbs(path):
-		return "", fmt.Errorf("CSI endpoint %q is not an absolute unix socket path (or a unix:// URL of one)", endpoint)
-	case len(path) > maxEndpointLen:
-		return "", fmt.Errorf("CSI endpoint %.64q... is %d bytes long; a unix socket path can have at most %d", path, len(path), maxEndpointLen)
+	path, err := pluginmanager.EndpointPath(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("CSI driver: %w", err)
 	}
-	return filepath.Clean(path), nil
+	return path, nil
 }
 
 // nodeInfo is what Register learns from the driver.

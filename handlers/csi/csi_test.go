@@ -581,9 +581,9 @@ func TestValidate(t *testing.T) {
 		{name: "csi.example.com", versions: []string{"0.3.0", "0.2.0"}, wantErr: `offers versions ["0.3.0" "0.2.0"], none of which plugd supports: it supports CSI 1.x`},
 		{name: "csi.example.com", versions: nil, wantErr: "offers versions [], none"},
 		{name: "csi.example.com", versions: []string{"2.0.0", "1.x", "1.0.0.0", "-1.0", "v", "1..0", "1.0-"}, wantErr: "none of which"},
-		{name: "csi.example.com", endpoint: "csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute unix socket path"},
+		{name: "csi.example.com", endpoint: "csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute path"},
 		{name: "csi.example.com", endpoint: "unix://run/csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute"},
-		{name: "csi.example.com", endpoint: "/" + strings.Repeat("x", 107), versions: []string{"1.0.0"}, wantErr: "at most 107"},
+		{name: "csi.example.com", endpoint: "/" + strings.Repeat("x", 107), versions: []string{"1.0.0"}, wantErr: "must be shorter than 108 bytes"},
 	} {
 		endpoint := tc.endpoint
 		if endpoint == "" {

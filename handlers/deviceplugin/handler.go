@@ -202,7 +202,7 @@ func New(opts Options) *Handler {
 // registered is accepted: it is a new instance, and takes over once
 // registered.
 func (h *Handler) Validate(_ context.Context, p pluginmanager.Plugin) error {
-	if err := check(p); err != nil {
+	if err := check(&p); err != nil {
 		return err
 	}
 	h.mu.Lock()
@@ -223,7 +223,7 @@ func (h *Handler) Validate(_ context.Context, p pluginmanager.Plugin) error {
 // behind. A plugin that does not serve the DevicePlugin service, or whose
 // list breaks the bounds, is refused with a pluginmanager.TerminalError.
 func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
-	if err := check(p); err != nil {
+	if err := check(&p); err != nil {
 		return pluginmanager.TerminalError(err)
 	}
 	// The stream outlives this call, so its context keeps ctx's values but
@@ -519,16 +519,19 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	}
 }
 
-// check is Validate's test of what the plugin said about itself.
-func check(p pluginmanager.Plugin) error {
+// check is Validate's test of what the plugin said about itself. It makes
+// p's endpoint the clean path that pluginmanager.EndpointPath gives.
+func check(p *pluginmanager.Plugin) error {
 	if !slices.Contains(p.Versions, api.Version) {
 		return fmt.Errorf("device plugin %q offers versions %q, but this handler speaks only %s", p.Name, p.Versions, api.Version)
 	}
 	if err := checkResourceName(p.Name); err != nil {
 		return fmt.Errorf("device plugin name %q is not an extended resource name: %w", p.Name, err)
 	}
-	if err := checkEndpoint(p.Endpoint); err != nil {
+	ep, err := pluginmanager.EndpointPath(p.Endpoint)
+	if err != nil {
 		return fmt.Errorf("device plugin %q: %w", p.Name, err)
 	}
+	p.Endpoint = ep
 	return nil
 }

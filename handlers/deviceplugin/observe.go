@@ -42,7 +42,7 @@ type observation struct {
 // of the socket, telling the manager (pluginmanager.EndpointReporter) when
 // it goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
-	if err := check(p); err != nil {
+	if err := check(&p); err != nil {
 		return h.observeFailed(p, err)
 	}
 	h.mu.Lock()

@@ -3,7 +3,6 @@ package deviceplugin
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"unicode"
 
@@ -19,8 +18,6 @@ const (
 	// so the domain has that much less room.
 	quotaPrefix  = "requests."
 	reservedZone = "kubernetes.io"
-	// maxSocketPath is the size of sun_path: a unix socket path must be shorter.
-	maxSocketPath = 108
 )
 
 // checkResourceName says why name is not an extended resource name:
@@ -51,17 +48,6 @@ func checkResourceName(name string) error {
 		return fmt.Errorf("the resource %q is %d bytes long, at most %d are allowed", res, len(res), maxNameLen)
 	case len(validation.IsQualifiedName(res)) > 0:
 		return fmt.Errorf("resource %q is not a qualified name: %s", res, strings.Join(validation.IsQualifiedName(res), "; "))
-	}
-	return nil
-}
-
-// checkEndpoint says why endpoint cannot be dialed as a unix socket.
-func checkEndpoint(endpoint string) error {
-	if !filepath.IsAbs(endpoint) {
-		return fmt.Errorf("endpoint %q is not an absolute path", endpoint)
-	}
-	if len(endpoint) >= maxSocketPath {
-		return fmt.Errorf("endpoint %q is %d bytes long, but a unix socket path must be shorter than %d", endpoint, len(endpoint), maxSocketPath)
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -40,10 +39,6 @@ var (
 )
 
 const (
-	// maxEndpointLen is the longest unix socket path: sun_path holds 108 bytes,
-	// the last of which is the terminating NUL.
-	maxEndpointLen = 107
-
 	// maxDevices bounds the device health entries kept per driver, so that a
 	// plugin cannot make the handler grow without limit.
 	maxDevices = 1024
@@ -284,26 +279,26 @@ func New(opts Options) *Handler {
 	return h
 }
 
-// Validate accepts a plugin whose name is a DNS subdomain, whose endpoint is
-// an absolute path short enough for a unix socket, and whose versions name a
-// DRA service this handler speaks.
+// Validate accepts a plugin whose name is a DNS subdomain, whose endpoint
+// follows pluginmanager.EndpointPath, and whose versions name a DRA service
+// this handler speaks.
 func (h *Handler) Validate(_ context.Context, p pluginmanager.Plugin) error {
-	_, _, err := check(p)
+	_, _, err := check(&p)
 	return err
 }
 
 // check validates p and returns the DRA service and health service (if any)
-// to use: the first of each kind in the plugin's order.
-func check(p pluginmanager.Plugin) (service, health string, err error) {
+// to use: the first of each kind in the plugin's order. It makes p's
+// endpoint the clean path that pluginmanager.EndpointPath gives.
+func check(p *pluginmanager.Plugin) (service, health string, err error) {
 	if msgs := validation.IsDNS1123Subdomain(p.Name); len(msgs) > 0 {
 		return "", "", fmt.Errorf("driver name %q is not a DNS subdomain: %s", p.Name, strings.Join(msgs, "; "))
 	}
-	if !filepath.IsAbs(p.Endpoint) {
-		return "", "", fmt.Errorf("endpoint %q is not an absolute path", p.Endpoint)
+	ep, err := pluginmanager.EndpointPath(p.Endpoint)
+	if err != nil {
+		return "", "", fmt.Errorf("DRA driver %q: %w", p.Name, err)
 	}
-	if len(p.Endpoint) > maxEndpointLen {
-		return "", "", fmt.Errorf("endpoint %q is %d bytes long; a unix socket path must be shorter than %d", p.Endpoint, len(p.Endpoint), maxEndpointLen+1)
-	}
+	p.Endpoint = ep
 	for _, v := range p.Versions {
 		if service == "" && slices.Contains(draServices, v) {
 			service = v
@@ -325,7 +320,7 @@ func check(p pluginmanager.Plugin) (service, health string, err error) {
 // driver and, being the newest connected, serves it. Close ends a call in
 // flight, which then returns ErrClosed.
 func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
-	service, health, err := check(p)
+	service, health, err := check(&p)
 	if err != nil {
 		return pluginmanager.TerminalError(err)
 	}

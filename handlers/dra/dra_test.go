@@ -460,7 +460,8 @@ func TestRejected(t *testing.T) {
 		{"no version", "/run/dra.sock", nil, "offers none of the DRA services supported", ""},
 		// The manager itself refuses a relative endpoint, before the handler sees it.
 		{"relative endpoint", "run/dra.sock", []string{"v1.DRAPlugin"}, `endpoint "run/dra.sock" is not an absolute path`, pluginmanager.ReasonInvalidInfo},
-		{"long endpoint", "/" + strings.Repeat("x", 107), []string{"v1.DRAPlugin"}, "is 108 bytes long; a unix socket path must be shorter than 108", ""},
+		// And one too long for a unix socket, by the same rule (pluginmanager.EndpointPath).
+		{"long endpoint", "/" + strings.Repeat("x", 107), []string{"v1.DRAPlugin"}, "is 108 bytes long; a unix socket path must be shorter than 108", pluginmanager.ReasonInvalidInfo},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := plugin.Start(plugin.Config{
@@ -522,7 +523,7 @@ func TestValidate(t *testing.T) {
 		if err := h.Validate(context.Background(), p); err != nil {
 			t.Errorf("Validate(%q) = %v", tc.versions, err)
 		}
-		service, health, _ := check(p)
+		service, health, _ := check(&p)
 		if service != tc.service || health != tc.health {
 			t.Errorf("versions %q: chose %q and %q, want %q and %q", tc.versions, service, health, tc.service, tc.health)
 		}

@@ -40,7 +40,7 @@ type ObservedStatus = api.DRAObserved
 // socket, telling the manager (pluginmanager.EndpointReporter) and Details
 // when it goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
-	service, _, err := check(p)
+	service, _, err := check(&p)
 	h.mu.Lock()
 	closed := h.closed
 	h.looks++

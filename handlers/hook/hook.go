@@ -205,8 +205,15 @@ func New(cfg Config, opts Options) (*Handler, error) {
 // the plugin. A hook that gives no answer (it fails, or runs out of time) lets
 // the plugin through to Register, which returns that failure so that the
 // manager retries: an error from Validate would reject the plugin for good.
-// It blocks until the hook is done, at most Config.Timeout.
+// It blocks until the hook is done, at most Config.Timeout. An endpoint that
+// breaks the manager's rule (pluginmanager.EndpointPath) is refused before
+// any hook runs, as the manager and the other handlers refuse it.
 func (h *Handler) Validate(ctx context.Context, p pluginmanager.Plugin) error {
+	ep, err := pluginmanager.EndpointPath(p.Endpoint)
+	if err != nil {
+		return err
+	}
+	p.Endpoint = ep
 	h.mu.Lock()
 	if r := h.records[p.Socket]; r != nil {
 		r.validateErr = nil // a new attempt

@@ -153,8 +153,10 @@ type PolicyConfig struct {
 	// registration socket: the listening process's uid or gid (read with
 	// SO_PEERCRED) must be listed for the plugin's type, or for "*".
 	AllowedPeers []PeerRule `json:"allowedPeers,omitempty"`
-	// AllowWritableRegistryDir lets plugd use a registry directory other
-	// users may write to; refused by default.
+	// AllowWritableRegistryDir lets plugd use a registry directory that
+	// users other than plugd's and root may change (writable by others,
+	// owned by another user, or reached through such a directory);
+	// refused by default (pluginmanager.Options.AllowWritableDir).
 	AllowWritableRegistryDir bool `json:"allowWritableRegistryDir,omitempty"`
 	// RemoveStaleAfter, if set, removes a socket nobody listens on once it
 	// is older than this. Default: never.

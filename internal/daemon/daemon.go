@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 	"k8s.io/klog/v2"
@@ -401,24 +402,10 @@ func listenUnix(path string) (net.Listener, error) {
 
 // checkPrivateDir refuses a directory for the status socket that someone else
 // could tamper with: replace the socket, and answer plugctl and probes in
-// plugd's name. It must be a real directory, ours, and writable by us alone.
+// plugd's name. It is the registry directory's rule (dirtrust.Check), with no
+// override.
 func checkPrivateDir(dir string) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	uid, ok := fileOwner(fi)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is not a directory (a symlink?); use a directory of plugd's own", dir)
-	case !ok:
-		// Windows: access is the directory's ACL, which plugd does not read.
-	case uid != os.Geteuid():
-		return fmt.Errorf("%s belongs to uid %d, not to plugd's uid %d: another user could replace the socket; use a directory of plugd's own", dir, uid, os.Geteuid())
-	case fi.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("%s is writable by other users (mode %v): they could replace the socket; chmod go-w %s or use another directory", dir, fi.Mode().Perm(), dir)
-	}
-	return nil
+	return dirtrust.Check(dir, os.Geteuid())
 }
 
 // Reload applies what can change while running, and says what needs a

@@ -426,7 +426,7 @@ func TestStatusSocketDirectoryMustBePrivate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "writable by users other than its owner") {
 		t.Errorf("Run with the status socket in a shared directory = %v", err)
 	}
 	long := filepath.Join(testenv.ShortDir(t, "pd"), strings.Repeat("s", 110)+".sock")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -124,14 +123,15 @@ func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg promethe
 	return handler{}, fmt.Errorf("unknown handler %q", hc.Handler)
 }
 
-// acceptHandler accepts any plugin whose fields make sense: an endpoint that is
-// an absolute path, and at least one version. It is what plugd offers for a
-// type until a handler that knows the type exists.
+// acceptHandler accepts any plugin whose fields make sense: an endpoint by
+// the manager's rule (pluginmanager.EndpointPath), and at least one
+// version. It is what plugd offers for a type until a handler that knows the
+// type exists.
 type acceptHandler struct{}
 
 func (acceptHandler) Validate(_ context.Context, p pluginmanager.Plugin) error {
-	if !filepath.IsAbs(p.Endpoint) {
-		return fmt.Errorf("endpoint %q is not an absolute path", p.Endpoint)
+	if _, err := pluginmanager.EndpointPath(p.Endpoint); err != nil {
+		return err
 	}
 	if len(p.Versions) == 0 {
 		return errors.New("the plugin lists no supported versions")

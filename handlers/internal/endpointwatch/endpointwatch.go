@@ -16,7 +16,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -65,8 +64,8 @@ type Watch struct {
 	running sync.WaitGroup // reports and reconnections under way
 }
 
-// Start connects to the endpoint at path (a unix socket path, or a unix://
-// URL of one) within ctx and opts.Timeout, holds the connection, and reports
+// Start connects to the endpoint at path (a unix socket path, as
+// pluginmanager.EndpointPath gives it: the handlers' Plugins carry it) within ctx and opts.Timeout, holds the connection, and reports
 // that it serves. It fails, reporting nothing, if the endpoint does not
 // accept the connection.
 func Start(ctx context.Context, path string, opts Options) (*Watch, error) {
@@ -79,7 +78,7 @@ func Start(ctx context.Context, path string, opts Options) (*Watch, error) {
 	if opts.BackoffMax <= 0 {
 		opts.BackoffMax = 10 * time.Second
 	}
-	w := &Watch{path: strings.TrimPrefix(path, "unix://"), opts: opts}
+	w := &Watch{path: path, opts: opts}
 	w.retry = backoff.New(opts.Backoff, opts.BackoffMax, 0.2)
 	conn, err := w.dial(ctx)
 	if err != nil {
@@ -163,9 +162,17 @@ func (w *Watch) enter() bool {
 	return true
 }
 
-// lost reports err and schedules the next attempt. The caller counts in
-// w.running.
+// lost reports err and schedules the next attempt, unless Stop was called:
+// the connection Stop closes fails its Watch, or hangs up, after Stop
+// marked the watch stopped, and that is no news to report. The caller counts
+// in w.running.
 func (w *Watch) lost(err error) {
+	w.mu.Lock()
+	stopped := w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return
+	}
 	w.opts.Report(err)
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -65,7 +65,7 @@ func TestDownAndBack(t *testing.T) {
 	var failCheck atomic.Bool
 	failCheck.Store(true)
 	checks := atomic.Int32{}
-	w, err := Start(context.Background(), "unix://"+path, Options{
+	w, err := Start(context.Background(), path, Options{
 		Report: func(err error) { reports <- err },
 		Check: func(context.Context) error {
 			checks.Add(1)

@@ -1,0 +1,112 @@
+//go:build unix
+
+package pluginmanager_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/pluginmanager"
+)
+
+// runOnce runs a manager on opts until it has started (or failed), and
+// returns what Run returned.
+func runOnce(t *testing.T, opts pluginmanager.Options) error {
+	t.Helper()
+	m, err := pluginmanager.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Run starts, if it may, and stops at once
+	return m.Run(ctx)
+}
+
+// A registry directory of mode 0750 inside a parent anyone may write to,
+// without the sticky bit, could be renamed away and replaced by anyone:
+// refused, naming the parent and the fix, unless allowed. A sticky parent
+// (as /tmp) is fine.
+func TestRegistryDirInWritableParentIsRefused(t *testing.T) {
+	parent := testenv.ShortDir(t, "wp")
+	dir := filepath.Join(parent, "plugins")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(parent, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	err := runOnce(t, pluginmanager.Options{Dir: dir})
+	if err == nil {
+		t.Fatal("Run accepted a registry directory in a 0777 parent without the sticky bit")
+	}
+	for _, want := range []string{dir, parent, "no sticky bit", "rename", "chmod go-w " + parent, "AllowWritableDir"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run = %q, want it to say %q", err, want)
+		}
+	}
+	if err := runOnce(t, pluginmanager.Options{Dir: dir, AllowWritableDir: true}); err != nil {
+		t.Errorf("AllowWritableDir: Run = %v", err)
+	}
+	if err := os.Chmod(parent, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := runOnce(t, pluginmanager.Options{Dir: dir}); err != nil {
+		t.Errorf("Run with a sticky parent (mode 1777) = %v", err)
+	}
+}
+
+// A registry directory of another user's is refused: its owner could make it
+// writable, or replace the sockets in it. Making one takes root (chown);
+// without it, internal/dirtrust's TestOtherOwner checks the rule with
+// another uid.
+func TestRegistryDirOfAnotherUserIsRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making a directory another user's takes root; internal/dirtrust tests the rule with another uid")
+	}
+	dir := testenv.ShortDir(t, "ou")
+	if err := os.Chown(dir, 54321, 54321); err != nil {
+		t.Fatal(err)
+	}
+	err := runOnce(t, pluginmanager.Options{Dir: dir})
+	if err == nil {
+		t.Fatal("Run accepted a registry directory of uid 54321's")
+	}
+	for _, want := range []string{dir, "belongs to uid 54321", "chown", "AllowWritableDir"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run = %q, want it to say %q", err, want)
+		}
+	}
+	if err := runOnce(t, pluginmanager.Options{Dir: dir, AllowWritableDir: true}); err != nil {
+		t.Errorf("AllowWritableDir: Run = %v", err)
+	}
+}
+
+// An observer is warned of a directory others could change, not refused:
+// the directory is the other manager's, which uses it as it is.
+func TestObserverWarnsOfUntrustedDir(t *testing.T) {
+	dir := testenv.ShortDir(t, "ow")
+	if err := os.Chmod(dir, 0o770); err != nil {
+		t.Fatal(err)
+	}
+	var log testenv.Buffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	if err := runOnce(t, pluginmanager.Options{Dir: dir, Observe: true, Logger: logger}); err != nil {
+		t.Fatalf("observing: Run = %v", err)
+	}
+	if out := log.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "not safe from other users") || !strings.Contains(out, "chmod go-w "+dir) {
+		t.Errorf("observing a group-writable directory, the log is %q; want a warning that says why and what to do", out)
+	}
+	var quiet testenv.Buffer
+	logger = slog.New(slog.NewTextHandler(&quiet, nil))
+	if err := runOnce(t, pluginmanager.Options{Dir: dir, Observe: true, AllowWritableDir: true, Logger: logger}); err != nil {
+		t.Fatalf("observing: Run = %v", err)
+	}
+	if out := quiet.String(); strings.Contains(out, "not safe from other users") {
+		t.Errorf("AllowWritableDir: the log still warns: %q", out)
+	}
+}
