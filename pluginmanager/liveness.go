@@ -58,6 +58,7 @@ type liveness struct {
 	flooded     bool             // a flood from this socket file was logged
 	kept        bool             // logged: kept registered while its registrar is gone
 	quiet       int              // quiet retries of a socket bound and not yet listening
+	unremovable bool             // logged: a stale socket that could not be removed
 }
 
 // A socket file appears when its server binds it, a moment before the
@@ -159,8 +160,10 @@ func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
 	flood := errors.Is(err, unaryconn.ErrFlood)
 	if flood && !lv.flooded {
 		lv.flooded = true
-		p.log.Warn("plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
+		p.reg.mu.Lock()
+		p.reg.warnLocked(e, now, "plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
 			"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
+		p.reg.mu.Unlock()
 	} else {
 		p.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
 	}
@@ -340,6 +343,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			st.State = StateRegistered
 			st.UnhealthySince = time.Time{}
 			st.Reason, st.LastError = "", ""
+			r.reg.recoveredLocked(e)
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
 			r.log.Info("plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
@@ -371,9 +375,10 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 		if reason == ReasonEndpoint {
 			msg = "plugin's endpoint stopped serving"
 		}
-		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", st.LastError)
+		r.reg.failedLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
 	default:
 		st.LastError = printable(why.Error())
+		r.reg.repeatedLocked(now, "plugin still unhealthy", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
 	}
 	var graceEnd time.Time
 	if st.State == StateUnhealthy {
@@ -485,7 +490,10 @@ func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
 		return
 	}
 	if err := os.Remove(e.status.Socket); err != nil {
-		r.log.Warn("could not remove a stale socket", "socket", e.status.Socket, "err", err)
+		if !e.live.unremovable {
+			e.live.unremovable = true // it is tried again at each retry: said once
+			r.reg.warnLocked(e, now, "could not remove a stale socket", "socket", e.status.Socket, "err", err)
+		}
 		return
 	}
 	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))

@@ -214,6 +214,8 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		e.status.State = StateAnswering
 		e.status.Reason, e.status.LastError = "", ""
 		e.status.UnhealthySince = time.Time{}
+		e.status.NextRetry = time.Time{}
+		o.reg.recoveredLocked(e)
 		at := o.next(path, e)
 		if was == StateAnswering {
 			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
@@ -240,10 +242,13 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 	e.status.State = state
 	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	at := o.next(path, e)
+	e.status.NextRetry = lv.redialAt // it is looked at again then
+	args := []any{"socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError}
 	if sameAsBefore {
+		o.reg.repeatedLocked(now, "plugin still does not answer", args...)
 		return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 	}
 	o.metrics.failures.WithLabelValues(o.typeLabel(e.status.Type), string(reason)).Inc()
-	o.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError)
+	o.reg.failedLocked(e, now, "plugin does not answer", args...)
 	return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }

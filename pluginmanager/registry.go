@@ -33,6 +33,7 @@ type registry struct {
 	discoveries      uint64    // socket files discovered so far: each entry's seq
 	overLimit        bool      // sockets were left untracked: look again when one goes
 	lastLimitWarning time.Time // when the limit was last logged
+	fails            failureLog
 }
 
 // entry is one socket path.
@@ -64,6 +65,9 @@ type entry struct {
 	// lock, which an attempt takes only to start and to finish, and dropped
 	// when the attempt is recorded.
 	answer atomic.Pointer[Plugin]
+	// logged is the failure last warned of for this file (failureKey);
+	// empty since it last succeeded.
+	logged string
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -104,6 +108,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.due = time.Time{}
 	e.live = liveness{}
 	e.grpcOnly = false
+	e.logged = ""
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))
