@@ -59,6 +59,7 @@ type liveness struct {
 	kept        bool             // logged: kept registered while its registrar is gone
 	quiet       int              // quiet retries of a socket bound and not yet listening
 	unremovable bool             // logged: a stale socket that could not be removed
+	unheld      bool             // its connection is not held, to keep file descriptors (fds.go): probes watch it
 }
 
 // A socket file appears when its server binds it, a moment before the
@@ -203,7 +204,7 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 		if res, done := r.probe(ctx, path, e, reg, he, now); done {
 			return res
 		}
-	case !r.conns.Watching(path) && !now.Before(lv.redialAt):
+	case !r.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		r.redial(ctx, path, e, now)
 	}
 	if ctx.Err() != nil {
@@ -219,9 +220,14 @@ func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time
 	lv := &e.live
 	conn, err := p.dial(ctx, path)
 	if err == nil {
-		err = p.conns.Watch(path, conn)
+		if lv.unheld = !p.mayHold(path); lv.unheld {
+			conn.Close() // it accepts; from now on its probes watch it
+		} else {
+			err = p.conns.Watch(path, conn)
+		}
 	}
 	if err == nil {
+		p.connected()
 		lv.heldSince = now
 		if !lv.probeFailed {
 			lv.socketErr = nil
@@ -231,23 +237,34 @@ func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time
 	if ctx.Err() != nil {
 		return
 	}
-	lv.socketErr = err
 	lv.redialAt = now.Add(p.redialDelay(lv))
+	if p.outOfFDs(err) {
+		return // not the plugin's failure
+	}
+	lv.socketErr = err
 }
 
 // keep holds conn for path in the connection set, to hear at once when the
 // plugin goes; a nil or unusable conn is replaced by a new one, so keep may
 // dial. The set owns conn from here.
 func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn.Conn, now time.Time) {
+	if e.live.unheld = !p.mayHold(path); e.live.unheld {
+		closeConn(conn) // watched by its probes
+		return
+	}
 	if conn == nil || !conn.Usable() {
 		closeConn(conn)
 		var err error
 		if conn, err = p.dial(ctx, path); err != nil {
 			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
 			e.live.redialAt = now
+			if p.outOfFDs(err) {
+				e.live.redialAt = now.Add(p.redialDelay(&e.live))
+			}
 			return
 		}
 	}
+	p.connected()
 	if p.conns.Get(path) != conn {
 		e.live.heldSince = now
 	}
@@ -292,6 +309,11 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		return result{}, false
 	}
 	r.conns.Unwatch(path)
+	lv.unheld = false // connected to again with backoff, if there is room
+	if isDialError(err) && r.outOfFDs(err) {
+		lv.probeAt = now.Add(r.redialDelay(lv)) // not the plugin's failure
+		return result{}, false
+	}
 	lv.socketErr = err
 	lv.probeFailed = !isDialError(err)
 	if lv.probeFailed {
@@ -329,7 +351,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	case lv.socketErr != nil:
 		why, reason = lv.socketErr, ReasonUnhealthy
 	}
-	watched := r.conns.Watching(path)
+	watched := r.conns.Watching(path) || lv.unheld // an unheld plugin waits for its probe
 	now := r.clock.Now()
 	label := r.typeLabel(reg.plugin.Type)
 	p := reg.plugin

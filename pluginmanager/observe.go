@@ -101,7 +101,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.record(path, e, e.status.Plugin, epDown, true, now)
 	case st == StateAnswering && !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
 		return o.look(ctx, path, e, false, now)
-	case st == StateAnswering && !o.conns.Watching(path) && !now.Before(lv.redialAt):
+	case st == StateAnswering && !o.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
 		conn, err := o.dial(ctx, path)
@@ -127,7 +127,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 // retry of a look that failed.
 func (o *onlooker) next(path string, e *entry) time.Time {
 	lv := &e.live
-	if e.status.State == StateAnswering && o.conns.Watching(path) {
+	if e.status.State == StateAnswering && (o.conns.Watching(path) || lv.unheld) {
 		e.due = lv.probeAt
 	} else {
 		e.due = earliest(lv.probeAt, lv.redialAt)
@@ -169,6 +169,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 		o.keep(ctx, path, e, conn, started)
 	} else {
 		o.conns.Unwatch(path)
+		e.live.unheld = false
 	}
 	endpoint := false
 	if err == nil {
@@ -207,6 +208,12 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 			e.due = at // bound, not yet listening: no look counted
 			return result{at: at}
 		}
+	}
+	if isDialError(err) && o.outOfFDs(err) {
+		// plugd's own want of descriptors: looked at again with backoff,
+		// as it was.
+		e.status.NextRetry = lv.redialAt
+		return result{at: o.next(path, e)}
 	}
 	e.status.Attempts++
 	if err == nil {

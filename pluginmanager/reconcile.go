@@ -244,7 +244,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.live = liveness{probeAt: nextProbe(started, he.probe)}
 	r.keep(ctx, path, e, conn, r.clock.Now())
 	var redial time.Time
-	if !r.conns.Watching(path) {
+	if !r.conns.Watching(path) && !e.live.unheld {
 		redial = e.live.redialAt
 	}
 
@@ -330,6 +330,19 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 			e.status.Attempts--
 			e.due = at
 			return result{at: at}
+		}
+		if r.outOfFDs(err) {
+			// plugd's own want of descriptors, not the plugin's failure:
+			// tried again with backoff, neither counted nor Stale.
+			if e.backoff == nil {
+				b := r.newBackoff()
+				e.backoff = &b
+			}
+			e.status.State = StatePending
+			e.status.Attempts--
+			e.status.NextRetry = now.Add(e.backoff.Next())
+			e.due = e.status.NextRetry
+			return result{at: e.due}
 		}
 	}
 	if p.Type == "" {
