@@ -116,7 +116,7 @@ func (r *registry) rollLocked(now time.Time) {
 		return
 	}
 	if n := sum(l.held); n > 0 {
-		r.log.Warn(fmt.Sprintf("%d more socket failures in the last %s were not logged one by one; every socket's state is in plugctl list, its events and plugd_registration_failures_total", n, failureWindow),
+		r.log.Warn(fmt.Sprintf("%d more socket failures within %s were not logged one by one; every socket's state is in plugctl list, its events and plugd_registration_failures_total", n, failureWindow),
 			"count", n, "byState", counts(l.held), "logged", l.warned)
 	}
 	l.windowEnd, l.warned = time.Time{}, 0

@@ -134,6 +134,9 @@ func deadSocketsLog(t *testing.T, n int, observe bool) {
 		t.Errorf("an hour of %d dead sockets wrote %d bytes, want under 100 KiB", n, hour.bytes)
 	}
 	summaries := logs.find("sockets still failing")
+	if len(more) > 0 && len(summaries) > 0 {
+		t.Logf("the line for the rest: %v\nthe first summary: %v", more[0], summaries[0])
+	}
 	if len(summaries) < 10 || len(summaries) > 12 {
 		t.Errorf("%d summaries in an hour, want one every 5 minutes", len(summaries))
 	}
