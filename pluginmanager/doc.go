@@ -77,7 +77,8 @@
 //
 // The log says what changes, not each retry: a socket's failure is a
 // warning when its state, reason or the gist of its error changes, and a
-// retry that fails the same way is at debug level; at most 100 failure
+// retry that fails the same way (or the same failure within 5 minutes of
+// recovering: a flap) is at debug level; at most 100 failure
 // warnings are written a minute, and then one line says how many more
 // there were; while failures go on unlogged, one line every 5 minutes says
 // how many sockets are still failing. Everything is still in Plugins, the

@@ -2,6 +2,7 @@ package pluginmanager
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -42,17 +43,29 @@ type failureLog struct {
 	quiet     int           // of which not warned of
 }
 
+// failureSaid is what the log said of one socket file's failures.
+type failureSaid struct {
+	key       string    // the failure last warned of (failureKey)
+	recovered time.Time // when it last succeeded since
+	quiet     bool      // its last failure was not warned of
+}
+
 // failedLocked logs a failure just recorded in e's status (msg and args say
 // what failed): a warning if it is not the failure last warned of for the
-// socket file and the window's warnings are not spent, else at debug level.
+// socket file (or that one again, but after more than
+// failureSummaryEvery of success) and the window's warnings are not
+// spent, else at debug level. So a plugin that flaps is warned of once
+// every failureSummaryEvery at most.
 func (r *registry) failedLocked(e *entry, now time.Time, msg string, args ...any) {
+	s := &e.said
 	key := failureKey(e.status)
-	if key == e.logged {
+	if key == s.key && (s.recovered.IsZero() || now.Sub(s.recovered) < failureSummaryEvery) {
+		s.quiet = true
 		r.countFailureLocked(now, false)
 		r.log.Debug(msg, args...)
 		return
 	}
-	e.logged = key
+	*s = failureSaid{key: key}
 	r.warnLocked(e, now, msg, args...)
 }
 
@@ -86,8 +99,21 @@ func (r *registry) warnLocked(e *entry, now time.Time, msg string, args ...any) 
 	r.log.Debug(msg, args...)
 }
 
-// recoveredLocked records that e succeeded: its next failure is new.
-func (r *registry) recoveredLocked(e *entry) { e.logged = "" }
+// recoveredLocked records that e succeeded at now, and returns the level
+// to say so at (logAt): Info, or Debug after a failure that was logged at
+// debug level as the repeat of one warned of (a flap).
+func (r *registry) recoveredLocked(e *entry, now time.Time) slog.Level {
+	s := &e.said
+	level := slog.LevelInfo
+	if s.quiet {
+		level = slog.LevelDebug
+	}
+	s.quiet = false
+	if s.key != "" {
+		s.recovered = now
+	}
+	return level
+}
 
 // countFailureLocked counts a failure for the summary, and writes the
 // summary (and the count of the window that ended) first if it is due.
@@ -139,6 +165,15 @@ func (r *registry) summaryLocked(now time.Time) {
 	r.log.Warn(fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
 		"failing", n, "byState", counts(byState), "byReason", counts(byReason),
 		"failures", l.attempts, "notLoggedOneByOne", l.quiet, "since", l.since, "over", now.Sub(l.since).Round(time.Second))
+}
+
+// logAt logs at level, Info or Debug.
+func logAt(l *slog.Logger, level slog.Level, msg string, args ...any) {
+	if level < slog.LevelInfo {
+		l.Debug(msg, args...)
+		return
+	}
+	l.Info(msg, args...)
 }
 
 // failureKey is what tells one failure of a socket from another: its

@@ -365,9 +365,9 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			st.State = StateRegistered
 			st.UnhealthySince = time.Time{}
 			st.Reason, st.LastError = "", ""
-			r.reg.recoveredLocked(e)
+			level := r.reg.recoveredLocked(e, now)
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			r.log.Info("plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+			logAt(r.log, level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
 		switch {
 		case kept:

@@ -222,12 +222,12 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		e.status.Reason, e.status.LastError = "", ""
 		e.status.UnhealthySince = time.Time{}
 		e.status.NextRetry = time.Time{}
-		o.reg.recoveredLocked(e)
+		level := o.reg.recoveredLocked(e, now)
 		at := o.next(path, e)
 		if was == StateAnswering {
 			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
-		o.log.Info("plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		logAt(o.log, level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
 		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
 	state, reason := StateNotAnswering, ReasonGetInfo

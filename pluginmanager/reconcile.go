@@ -257,7 +257,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.status.State = StateRegistered
 	e.status.RegisteredSince = now
 	e.status.Reason, e.status.LastError = "", ""
-	r.reg.recoveredLocked(e)
+	level := r.reg.recoveredLocked(e, now)
 	label := r.typeLabel(p.Type)
 	switch {
 	case notifyErr == nil:
@@ -279,7 +279,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
 	e.due = earliest(e.live.probeAt, redial)
-	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
+	logAt(r.log, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
 

@@ -65,9 +65,8 @@ type entry struct {
 	// lock, which an attempt takes only to start and to finish, and dropped
 	// when the attempt is recorded.
 	answer atomic.Pointer[Plugin]
-	// logged is the failure last warned of for this file (failureKey);
-	// empty since it last succeeded.
-	logged string
+	// said is what the log said of this file's failures (faillog.go).
+	said failureSaid
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -108,7 +107,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.due = time.Time{}
 	e.live = liveness{}
 	e.grpcOnly = false
-	e.logged = ""
+	e.said = failureSaid{}
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))

@@ -506,11 +506,11 @@ func (h *Handler) setConnected(in *instance, connected bool) {
 	now := h.opts.Clock.Now()
 	if connected {
 		in.disconnectedAt = time.Time{}
-		level := slog.LevelInfo
 		if in.quietLoss {
-			level = slog.LevelDebug // so was the loss
+			h.log.Debug("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket) // so was the loss
+		} else {
+			h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
 		}
-		h.log.Log(context.Background(), level, "DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
 		in.report(nil)
 	} else {
 		in.disconnectedAt = now
