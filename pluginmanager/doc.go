@@ -67,9 +67,28 @@
 //	plugd_registration_failures_total{type,reason}      failed attempts, by step
 //	plugd_registration_latency_seconds{type}            socket discovered -> registered
 //	plugd_deregistrations_total{type}                   plugins let go
+//	plugd_sockets_over_limit_total                      sockets beyond Options.MaxSockets, not tracked
+//	plugd_held_connections                              idle connections held to plugins
+//	plugd_fd_reserve_hits_total                         connections not held, to keep file descriptors
+//	plugd_fd_exhausted_total                            dials that failed for want of file descriptors
 //
 // A type label is the plugin's type when a handler exists for it and "other"
 // otherwise, so that plugins cannot create series at will.
+//
+// The log says what changes, not each retry: a socket's failure is a
+// warning when its state, reason or the gist of its error changes, and a
+// retry that fails the same way (or the same failure within 5 minutes of
+// recovering: a flap) is at debug level; at most 100 failure
+// warnings are written a minute, and then one line says how many more
+// there were; while failures go on unlogged, one line every 5 minutes says
+// how many sockets are still failing. Everything is still in Plugins, the
+// events and the metrics.
+//
+// The manager keeps max(64, limit/8) of the process's open-file limit free
+// for dialling new registrations: beyond it, it holds no more idle
+// connections, and the plugins without one are watched by their probes. A
+// dial that fails for want of descriptors is retried, and not counted as
+// the plugin's failure.
 //
 // # Inside
 //

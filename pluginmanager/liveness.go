@@ -58,6 +58,8 @@ type liveness struct {
 	flooded     bool             // a flood from this socket file was logged
 	kept        bool             // logged: kept registered while its registrar is gone
 	quiet       int              // quiet retries of a socket bound and not yet listening
+	unremovable bool             // logged: a stale socket that could not be removed
+	unheld      bool             // its connection is not held, to keep file descriptors (fds.go): probes watch it
 }
 
 // A socket file appears when its server binds it, a moment before the
@@ -159,8 +161,10 @@ func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
 	flood := errors.Is(err, unaryconn.ErrFlood)
 	if flood && !lv.flooded {
 		lv.flooded = true
-		p.log.Warn("plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
+		p.reg.mu.Lock()
+		p.reg.warnLocked(e, now, "plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
 			"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
+		p.reg.mu.Unlock()
 	} else {
 		p.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
 	}
@@ -200,7 +204,7 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 		if res, done := r.probe(ctx, path, e, reg, he, now); done {
 			return res
 		}
-	case !r.conns.Watching(path) && !now.Before(lv.redialAt):
+	case !r.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		r.redial(ctx, path, e, now)
 	}
 	if ctx.Err() != nil {
@@ -216,9 +220,14 @@ func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time
 	lv := &e.live
 	conn, err := p.dial(ctx, path)
 	if err == nil {
-		err = p.conns.Watch(path, conn)
+		if lv.unheld = !p.mayHold(path); lv.unheld {
+			conn.Close() // it accepts; from now on its probes watch it
+		} else {
+			err = p.conns.Watch(path, conn)
+		}
 	}
 	if err == nil {
+		p.connected()
 		lv.heldSince = now
 		if !lv.probeFailed {
 			lv.socketErr = nil
@@ -228,23 +237,34 @@ func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time
 	if ctx.Err() != nil {
 		return
 	}
-	lv.socketErr = err
 	lv.redialAt = now.Add(p.redialDelay(lv))
+	if p.outOfFDs(err) {
+		return // not the plugin's failure
+	}
+	lv.socketErr = err
 }
 
 // keep holds conn for path in the connection set, to hear at once when the
 // plugin goes; a nil or unusable conn is replaced by a new one, so keep may
 // dial. The set owns conn from here.
 func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn.Conn, now time.Time) {
+	if e.live.unheld = !p.mayHold(path); e.live.unheld {
+		closeConn(conn) // watched by its probes
+		return
+	}
 	if conn == nil || !conn.Usable() {
 		closeConn(conn)
 		var err error
 		if conn, err = p.dial(ctx, path); err != nil {
 			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
 			e.live.redialAt = now
+			if p.outOfFDs(err) {
+				e.live.redialAt = now.Add(p.redialDelay(&e.live))
+			}
 			return
 		}
 	}
+	p.connected()
 	if p.conns.Get(path) != conn {
 		e.live.heldSince = now
 	}
@@ -289,6 +309,11 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		return result{}, false
 	}
 	r.conns.Unwatch(path)
+	lv.unheld = false // connected to again with backoff, if there is room
+	if isDialError(err) && r.outOfFDs(err) {
+		lv.probeAt = now.Add(r.redialDelay(lv)) // not the plugin's failure
+		return result{}, false
+	}
 	lv.socketErr = err
 	lv.probeFailed = !isDialError(err)
 	if lv.probeFailed {
@@ -326,7 +351,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	case lv.socketErr != nil:
 		why, reason = lv.socketErr, ReasonUnhealthy
 	}
-	watched := r.conns.Watching(path)
+	watched := r.conns.Watching(path) || lv.unheld // an unheld plugin waits for its probe
 	now := r.clock.Now()
 	label := r.typeLabel(reg.plugin.Type)
 	p := reg.plugin
@@ -340,8 +365,9 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			st.State = StateRegistered
 			st.UnhealthySince = time.Time{}
 			st.Reason, st.LastError = "", ""
+			level := r.reg.recoveredLocked(e, now)
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			r.log.Info("plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+			logAt(r.log, level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
 		switch {
 		case kept:
@@ -371,9 +397,10 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 		if reason == ReasonEndpoint {
 			msg = "plugin's endpoint stopped serving"
 		}
-		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", st.LastError)
+		r.reg.failedLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
 	default:
 		st.LastError = printable(why.Error())
+		r.reg.repeatedLocked(now, "plugin still unhealthy", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
 	}
 	var graceEnd time.Time
 	if st.State == StateUnhealthy {
@@ -485,7 +512,10 @@ func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
 		return
 	}
 	if err := os.Remove(e.status.Socket); err != nil {
-		r.log.Warn("could not remove a stale socket", "socket", e.status.Socket, "err", err)
+		if !e.live.unremovable {
+			e.live.unremovable = true // it is tried again at each retry: said once
+			r.reg.warnLocked(e, now, "could not remove a stale socket", "socket", e.status.Socket, "err", err)
+		}
 		return
 	}
 	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))

@@ -54,7 +54,8 @@ type parts struct {
 	table   *handlerTable
 	calls   *sandbox
 	metrics *metrics
-	roots   []string // Options.EndpointRoots, resolved
+	roots   []string   // Options.EndpointRoots, resolved
+	fds     *fdReserve // the file descriptors kept for new registrations
 }
 
 // reconciler is one way of running the manager over the same parts:
@@ -102,6 +103,7 @@ func New(opts Options) (*Manager, error) {
 			table:   newHandlerTable(),
 			metrics: newMetrics(),
 			roots:   resolveRoots(o.EndpointRoots),
+			fds:     &fdReserve{limit: openFileLimit, open: openFiles},
 		},
 		queue:  queue.New(o.Clock),
 		events: newBroker(o.EventBuffer, o.EventHistory),

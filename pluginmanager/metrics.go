@@ -13,6 +13,8 @@ type metrics struct {
 	latency         *prometheus.HistogramVec
 	deregistrations *prometheus.CounterVec
 	overLimit       prometheus.Counter
+	fdReserveHits   prometheus.Counter
+	fdExhausted     prometheus.Counter
 	plugins         *prometheus.Desc
 }
 
@@ -41,6 +43,14 @@ func newMetrics() *metrics {
 			Name: "plugd_sockets_over_limit_total",
 			Help: "Sockets not tracked because the manager already tracked Options.MaxSockets.",
 		}),
+		fdReserveHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "plugd_fd_reserve_hits_total",
+			Help: "Connections to plugins not held, so as to keep file descriptors for new registrations; those plugins are watched by their probes.",
+		}),
+		fdExhausted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "plugd_fd_exhausted_total",
+			Help: "Connections to plugins that could not be made for want of file descriptors (EMFILE, ENFILE); retried, and not counted as the plugins' failures.",
+		}),
 		plugins: prometheus.NewDesc("plugd_plugins",
 			"Registration sockets known to the manager, by plugin type and state.",
 			[]string{"type", "state"}, nil),
@@ -50,7 +60,12 @@ func newMetrics() *metrics {
 // register puts the collectors on reg; the plugins gauge is read from the
 // manager's state at scrape time, so the hot path never touches it.
 func (m *Manager) registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, m.metrics.overLimit, pluginsCollector{m}} {
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "plugd_held_connections",
+		Help: "Idle connections held to plugins, to hear at once when one goes.",
+	}, func() float64 { return float64(m.conns.Len()) })
+	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, m.metrics.overLimit,
+		m.metrics.fdReserveHits, m.metrics.fdExhausted, held, pluginsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -101,7 +101,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.record(path, e, e.status.Plugin, epDown, true, now)
 	case st == StateAnswering && !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
 		return o.look(ctx, path, e, false, now)
-	case st == StateAnswering && !o.conns.Watching(path) && !now.Before(lv.redialAt):
+	case st == StateAnswering && !o.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
 		conn, err := o.dial(ctx, path)
@@ -127,7 +127,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 // retry of a look that failed.
 func (o *onlooker) next(path string, e *entry) time.Time {
 	lv := &e.live
-	if e.status.State == StateAnswering && o.conns.Watching(path) {
+	if e.status.State == StateAnswering && (o.conns.Watching(path) || lv.unheld) {
 		e.due = lv.probeAt
 	} else {
 		e.due = earliest(lv.probeAt, lv.redialAt)
@@ -169,6 +169,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 		o.keep(ctx, path, e, conn, started)
 	} else {
 		o.conns.Unwatch(path)
+		e.live.unheld = false
 	}
 	endpoint := false
 	if err == nil {
@@ -208,17 +209,25 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 			return result{at: at}
 		}
 	}
+	if isDialError(err) && o.outOfFDs(err) {
+		// plugd's own want of descriptors: looked at again with backoff,
+		// as it was.
+		e.status.NextRetry = lv.redialAt
+		return result{at: o.next(path, e)}
+	}
 	e.status.Attempts++
 	if err == nil {
 		e.status.Plugin = p
 		e.status.State = StateAnswering
 		e.status.Reason, e.status.LastError = "", ""
 		e.status.UnhealthySince = time.Time{}
+		e.status.NextRetry = time.Time{}
+		level := o.reg.recoveredLocked(e, now)
 		at := o.next(path, e)
 		if was == StateAnswering {
 			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
-		o.log.Info("plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		logAt(o.log, level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
 		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
 	state, reason := StateNotAnswering, ReasonGetInfo
@@ -240,10 +249,13 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 	e.status.State = state
 	e.status.Reason, e.status.LastError = reason, printable(err.Error())
 	at := o.next(path, e)
+	e.status.NextRetry = lv.redialAt // it is looked at again then
+	args := []any{"socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError}
 	if sameAsBefore {
+		o.reg.repeatedLocked(now, "plugin still does not answer", args...)
 		return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 	}
 	o.metrics.failures.WithLabelValues(o.typeLabel(e.status.Type), string(reason)).Inc()
-	o.log.Warn("plugin does not answer", "socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError)
+	o.reg.failedLocked(e, now, "plugin does not answer", args...)
 	return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }

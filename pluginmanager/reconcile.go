@@ -244,7 +244,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.live = liveness{probeAt: nextProbe(started, he.probe)}
 	r.keep(ctx, path, e, conn, r.clock.Now())
 	var redial time.Time
-	if !r.conns.Watching(path) {
+	if !r.conns.Watching(path) && !e.live.unheld {
 		redial = e.live.redialAt
 	}
 
@@ -257,6 +257,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.status.State = StateRegistered
 	e.status.RegisteredSince = now
 	e.status.Reason, e.status.LastError = "", ""
+	level := r.reg.recoveredLocked(e, now)
 	label := r.typeLabel(p.Type)
 	switch {
 	case notifyErr == nil:
@@ -274,17 +275,18 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		if told {
 			msg = "plugin registered; it did not answer being told so"
 		}
-		r.log.Warn(msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
+		r.reg.warnLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
 	e.due = earliest(e.live.probeAt, redial)
-	r.log.Info("plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
+	logAt(r.log, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
 
 // refuse tells the plugin, over conn, that it was not registered, then
 // records the failure. conn is closed.
 func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
+	var untold []any
 	if ctx.Err() == nil {
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
 			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
@@ -292,7 +294,8 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 		switch {
 		case nerr == nil:
 		case !told:
-			r.log.Warn("could not tell plugin it was not registered", "socket", p.Socket, "err", printable(nerr.Error()))
+			// Said with the failure, and as often.
+			untold = []any{"notifyErr", printable(nerr.Error())}
 		default:
 			// node-driver-registrar exits when told, sometimes before it
 			// answers; the DRA helper answers with an error by design.
@@ -303,12 +306,14 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 	} else {
 		conn.Close()
 	}
-	return r.fail(ctx, e, p, reason, err, terminal, attempt)
+	return r.fail(ctx, e, p, reason, err, terminal, attempt, untold...)
 }
 
 // fail records a failed attempt: Rejected if terminal, else Failed (or
-// Stale) with a retry after backoff.
-func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
+// Stale) with a retry after backoff. It is logged as failedLocked says:
+// a warning when it is not the failure last warned of; more args are
+// logged with it.
+func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int, more ...any) result {
 	now := r.clock.Now()
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
@@ -326,6 +331,19 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 			e.due = at
 			return result{at: at}
 		}
+		if r.outOfFDs(err) {
+			// plugd's own want of descriptors, not the plugin's failure:
+			// tried again with backoff, neither counted nor Stale.
+			if e.backoff == nil {
+				b := r.newBackoff()
+				e.backoff = &b
+			}
+			e.status.State = StatePending
+			e.status.Attempts--
+			e.status.NextRetry = now.Add(e.backoff.Next())
+			e.due = e.status.NextRetry
+			return result{at: e.due}
+		}
 	}
 	if p.Type == "" {
 		// Not answered this time: the socket keeps what it last said, so
@@ -337,7 +355,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 	r.metrics.failures.WithLabelValues(r.typeLabel(p.Type), string(reason)).Inc()
 	if terminal {
 		e.status.State = StateRejected
-		r.log.Warn("plugin rejected", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError)
+		r.reg.failedLocked(e, now, "plugin rejected", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError}, more...)...)
 		res := result{err: err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
 		if r.opts.RemoveStaleAfter > 0 {
 			// A rejected plugin often exits (node-driver-registrar does),
@@ -369,7 +387,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 	}
 	e.status.NextRetry = now.Add(delay)
 	e.due = e.status.NextRetry
-	r.log.Warn("plugin registration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay)
+	r.reg.failedLocked(e, now, "plugin registration failed", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", e.status.State, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay}, more...)...)
 	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }
 
@@ -424,7 +442,7 @@ func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *
 	ev.Plugin = p
 	if err != nil {
 		ev.Error = printable(err.Error())
-		r.log.Warn("plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
+		r.reg.warnLocked(e, now, "plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
 	} else {
 		r.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
 	}

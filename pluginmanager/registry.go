@@ -33,6 +33,7 @@ type registry struct {
 	discoveries      uint64    // socket files discovered so far: each entry's seq
 	overLimit        bool      // sockets were left untracked: look again when one goes
 	lastLimitWarning time.Time // when the limit was last logged
+	fails            failureLog
 }
 
 // entry is one socket path.
@@ -64,6 +65,8 @@ type entry struct {
 	// lock, which an attempt takes only to start and to finish, and dropped
 	// when the attempt is recorded.
 	answer atomic.Pointer[Plugin]
+	// said is what the log said of this file's failures (faillog.go).
+	said failureSaid
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -104,6 +107,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.due = time.Time{}
 	e.live = liveness{}
 	e.grpcOnly = false
+	e.said = failureSaid{}
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))

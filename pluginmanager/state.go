@@ -41,7 +41,8 @@ type PluginStatus struct {
 	LastError string `json:"lastError,omitempty"`
 	// Attempts counts registration attempts since this socket file appeared.
 	Attempts int `json:"attempts"`
-	// NextRetry is when a Failed socket is tried again.
+	// NextRetry is when a Failed (or Stale) socket is tried again; when
+	// observing, when one that did not answer is looked at again.
 	NextRetry time.Time `json:"nextRetry,omitzero"`
 	// Discovered is when this socket file was first seen.
 	Discovered time.Time `json:"discovered"`

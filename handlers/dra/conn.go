@@ -38,6 +38,11 @@ const (
 	healthRetryMax = 30 * time.Second
 )
 
+// lossWarnEvery is how often, at most, an instance whose endpoint keeps
+// dropping its connection is warned of; the other losses, and the
+// reconnections after them, are logged at debug level.
+const lossWarnEvery = 10 * time.Minute
+
 // dialer connects to a plugin's endpoint, confined to the endpoint roots at
 // every connection (gRPC reconnects through it too), and keeps the last
 // failure, so that an unreachable endpoint can be reported with its reason
@@ -174,6 +179,7 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	// One pace for the instance, whatever its streams: reopening one does
 	// not reset it.
 	pace := pacing.New(h.opts.Clock, healthBytesPerSecond, healthBurst, minHealthCost)
+	tooLarge := false // warned of: said again only after a report that fits
 	for {
 		received, err := h.healthStream(ctx, in, client, pace)
 		if ctx.Err() != nil {
@@ -185,11 +191,13 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		}
 		if received {
 			b.Reset()
+			tooLarge = status.Code(err) == codes.ResourceExhausted && tooLarge
 		}
 		delay := b.Next()
 		// The error may carry the plugin's own message.
 		reason := printable(fmt.Sprint(err), maxMessageLen)
-		if status.Code(err) == codes.ResourceExhausted {
+		if status.Code(err) == codes.ResourceExhausted && !tooLarge {
+			tooLarge = true
 			h.log.Warn("DRA health report too large; reopening the stream", "driver", in.driver.name, "socket", in.socket, "maxBytes", maxHealthMessageSize, "error", reason, "after", delay)
 		} else {
 			h.log.Debug("DRA health stream ended; reopening", "driver", in.driver.name, "socket", in.socket, "error", reason, "after", delay)

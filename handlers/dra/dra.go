@@ -176,6 +176,12 @@ type instance struct {
 	connected      bool
 	disconnectedAt time.Time
 	report         func(error) // tells the manager whether the endpoint serves
+	// An endpoint that keeps dropping its connection is warned of at most
+	// once per lossWarnEvery: when it last was, the losses since, and
+	// whether the last one was left at debug level.
+	lossWarned time.Time
+	losses     int
+	quietLoss  bool
 
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
@@ -492,13 +498,26 @@ func (h *Handler) setConnected(in *instance, connected bool) {
 		return
 	}
 	in.connected = connected
+	now := h.opts.Clock.Now()
 	if connected {
 		in.disconnectedAt = time.Time{}
-		h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
+		if in.quietLoss {
+			h.log.Debug("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket) // so was the loss
+		} else {
+			h.log.Info("DRA driver instance connected", "driver", in.driver.name, "socket", in.socket)
+		}
 		in.report(nil)
 	} else {
-		in.disconnectedAt = h.opts.Clock.Now()
-		h.log.Warn("DRA driver instance lost its connection", "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint)
+		in.disconnectedAt = now
+		in.losses++
+		in.quietLoss = !in.lossWarned.IsZero() && now.Sub(in.lossWarned) < lossWarnEvery
+		const msg = "DRA driver instance lost its connection"
+		if in.quietLoss {
+			h.log.Debug(msg, "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint)
+		} else {
+			h.log.Warn(msg, "driver", in.driver.name, "socket", in.socket, "endpoint", in.endpoint, "losses", in.losses)
+			in.lossWarned, in.losses = now, 0
+		}
 		in.report(fmt.Errorf("DRA endpoint %s: the connection to it was lost", in.endpoint))
 	}
 	h.updateLocked(in.driver)

@@ -109,6 +109,13 @@ func (s *Set) Get(path string) *unaryconn.Conn {
 	return s.byPath[path]
 }
 
+// Len is the number of connections held.
+func (s *Set) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byPath)
+}
+
 // Unwatch closes path's connection, if the set has one.
 func (s *Set) Unwatch(path string) {
 	s.mu.Lock()
