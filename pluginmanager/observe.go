@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
@@ -58,16 +59,8 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return result{}
 	}
 	if e != nil && (!present || e.id != id) {
-		// The observer forgets first, so that whoever sees the socket
-		// removed sees the observer's record gone too.
-		seen := e.status.Plugin
-		e.seen.end()
-		e.seen = nil
 		o.reg.mu.Unlock()
-		o.conns.Unwatch(path)
-		if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
-			obs.Forget(seen)
-		}
+		o.unsee(path, e)
 		o.reg.mu.Lock()
 		if !present {
 			o.reg.forgetLocked(path, e, o.clock.Now())
@@ -104,7 +97,10 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	case st == StateAnswering && !o.conns.Watching(path) && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
-		conn, err := o.dial(ctx, path)
+		conn, err := o.dial(ctx, e, path)
+		if errors.Is(err, confine.ErrChanged) {
+			return o.gone(ctx, path, e, err)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return result{}
@@ -120,6 +116,35 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.look(ctx, path, e, false, now)
 	}
 	return result{at: o.next(path, e)}
+}
+
+// unsee drops what was seen of the plugin at path: the observer forgets it
+// first, so that whoever sees the socket removed sees the observer's record
+// gone too.
+func (o *onlooker) unsee(path string, e *entry) {
+	o.reg.mu.Lock()
+	seen := e.status.Plugin
+	e.seen.end()
+	e.seen = nil
+	o.reg.mu.Unlock()
+	o.conns.Unwatch(path)
+	if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
+		obs.Forget(seen)
+	}
+}
+
+// gone forgets the socket at path, found when connecting to it (err) not to
+// be the socket file discovered there any more (see registrar.gone), as if
+// it were removed.
+func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) result {
+	o.logGone(ctx, path, e, err)
+	o.unsee(path, e)
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
+	if o.reg.entries[path] == e {
+		o.reg.forgetLocked(path, e, o.clock.Now())
+	}
+	return result{}
 }
 
 // next is when an observed plugin is looked at again: its next routine
@@ -169,6 +194,9 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 		o.keep(ctx, path, e, conn, started)
 	} else {
 		o.conns.Unwatch(path)
+	}
+	if errors.Is(err, confine.ErrChanged) {
+		return o.gone(ctx, path, e, err)
 	}
 	endpoint := false
 	if err == nil {
