@@ -32,8 +32,8 @@
 // first, after a hang-up, a probe's, a notification's again) reaches it from
 // the registry directory following no symlink, and only while it is that
 // very file (internal/confine): a socket swapped for a symlink, a FIFO or a
-// file, found so when connecting, is let go as if removed. A symlink in the
-// directory is never a plugin.
+// file, seen by the watch or when connecting, is let go as if removed. A
+// symlink in the directory is never a plugin.
 //
 // Failures are either terminal or transient. A plugin whose type has no
 // handler, whose handler's Validate refuses it, that does not serve the

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,5 +149,43 @@ func TestSocketSwappedForASymlinkDuringAProbe(t *testing.T) {
 				t.Errorf("the socket the symlink points to, outside the registry directory, was connected to %d times", n)
 			}
 		})
+	}
+}
+
+// A registered (or observed) socket renamed over by a regular file, a FIFO
+// or a symlink is let go at the watch event, with no probe and no resync to
+// find it.
+func TestRenamedOverByANonSocketLetsGo(t *testing.T) {
+	kinds := []struct {
+		name string
+		make func(string) error
+	}{
+		{"file", func(p string) error { return os.WriteFile(p, nil, 0o600) }},
+		{"fifo", func(p string) error { return syscall.Mkfifo(p, 0o600) }},
+		{"symlink", symlinkTo("/dev/null")},
+	}
+	for _, observe := range []bool{false, true} {
+		for _, k := range kinds {
+			t.Run(mode(observe)+"/"+k.name, func(t *testing.T) {
+				dir := testenv.ShortDir(t, "pm")
+				path := filepath.Join(dir, "p.sock")
+				l := listenLast(t, path)
+				serveTeller(t, l, &teller{typ: "CSIPlugin"})
+				h := start(t, pluginmanager.Options{Dir: dir, Observe: observe, ProbeInterval: -1, ResyncInterval: -1},
+					map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
+				want := pluginmanager.StateRegistered
+				if observe {
+					want = pluginmanager.StateAnswering
+				}
+				h.WaitSocket(path, want)
+				if err := renameOverWith(path, k.make); err != nil {
+					t.Fatal(err)
+				}
+				if !observe {
+					h.WaitEvent(path, pluginmanager.EventDeregistered)
+				}
+				h.WaitEvent(path, pluginmanager.EventRemoved)
+			})
+		}
 	}
 }
