@@ -33,7 +33,8 @@
 // the registry directory following no symlink, and only while it is that
 // very file (internal/confine): a socket swapped for a symlink, a FIFO or a
 // file, seen by the watch or when connecting, is let go as if removed. A
-// symlink in the directory is never a plugin.
+// symlink in the directory is never a plugin. A socket path too long to
+// connect to (over 107 bytes on Linux) is Rejected at once, reason dial.
 //
 // Failures are either terminal or transient. A plugin whose type has no
 // handler, whose handler's Validate refuses it, that does not serve the

@@ -82,6 +82,12 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	if err := o.hangups.take(path); err != nil {
 		o.afterHangup(path, e, err, now)
 	}
+	if err := tooLong(path); err != nil {
+		if st == StatePending {
+			return o.unreachable(path, e, err, now)
+		}
+		return result{} // said once; never looked at
+	}
 	epKnown, epDown := e.seen.state()
 	switch {
 	case st == StatePending:
@@ -145,6 +151,21 @@ func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) r
 		o.reg.forgetLocked(path, e, o.clock.Now())
 	}
 	return result{}
+}
+
+// unreachable records, once, a socket that cannot be connected to at all
+// (its path is too long, err says): NotAnswering, reason dial, and never
+// looked at again, since no retry can change that.
+func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) result {
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
+	e.status.State = StateNotAnswering
+	e.status.Reason, e.status.LastError = ReasonDial, printable(err.Error())
+	e.status.UnhealthySince = now
+	e.due = time.Time{}
+	o.metrics.failures.WithLabelValues(o.typeLabel(""), string(ReasonDial)).Inc()
+	o.log.Warn("plugin cannot be looked at", "socket", path, "state", StateNotAnswering, "reason", ReasonDial, "err", e.status.LastError)
+	return result{err: err, terminal: true, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }
 
 // next is when an observed plugin is looked at again: its next routine

@@ -145,6 +145,12 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 			return result{at: e.due} // a quiet retry
 		}
 	}
+	if err := tooLong(path); err != nil {
+		// Refused once, with no connection tried: no retry can shorten it.
+		attempt := e.status.Attempts
+		r.reg.mu.Unlock()
+		return r.fail(ctx, e, Plugin{Socket: path}, ReasonDial, err, true, attempt)
+	}
 	e.status.State = StateRegistering
 	e.status.Attempts++
 	e.status.NextRetry = time.Time{}
@@ -393,7 +399,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 // node-driver-registrar leaves behind, is removed; one whose plugin still
 // listens is looked at again after as long.
 func (r *registrar) rejected(ctx context.Context, path string, e *entry, now time.Time) result {
-	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() {
+	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() || tooLong(path) != nil {
 		return result{}
 	}
 	if now.Before(e.due) {

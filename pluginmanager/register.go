@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -99,13 +100,32 @@ func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries
 // (while it answers GetInfo, say) cannot lead a later connection, made as
 // root, to a socket of its choosing elsewhere; every (re)connection is
 // checked anew. Otherwise the error wraps confine.ErrChanged: the file found
-// is gone from the path (gone, for the manager), whatever is there now.
+// is gone from the path (gone, for the manager), whatever is there now. A
+// socket path too long to connect to by name is refused (see tooLong).
 func (m *parts) socket(ctx context.Context, e *entry, path string) (*net.UnixConn, error) {
+	if err := tooLong(path); err != nil {
+		return nil, err
+	}
 	rel, err := filepath.Rel(m.opts.Dir, path)
 	if err != nil {
 		return nil, err
 	}
 	return confine.Socket(ctx, m.opts.Dir, rel, confine.Identity{Dev: e.id.dev, Ino: e.id.ino})
+}
+
+// errTooLong marks a socket path longer than a unix socket's may be.
+var errTooLong = errors.New("the socket's path is too long")
+
+// tooLong refuses a socket path longer than confine.MaxPath: neither the
+// kubelet nor a plugin's own clients can connect to it by name, so plugd
+// does not either (the doctor reports it too), and no retry can change
+// that.
+func tooLong(path string) error {
+	if len(path) <= confine.MaxPath {
+		return nil
+	}
+	return fmt.Errorf("%w: it is %d bytes long, %d more than the %d a unix socket's path may have on %s, and nobody can connect to it by that path; give the registry directory or the socket a shorter name",
+		errTooLong, len(path), len(path)-confine.MaxPath, confine.MaxPath, runtime.GOOS)
 }
 
 // The registration service's methods, as gRPC names them on the wire.

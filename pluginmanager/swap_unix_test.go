@@ -4,15 +4,19 @@ package pluginmanager_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
 	"github.com/plugd/plugd/plugintest"
@@ -188,4 +192,76 @@ func TestRenamedOverByANonSocketLetsGo(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A socket whose path is longer than a unix socket's may be is refused
+// once, saying so and by how much, with no connection tried, and counted;
+// observing, it is NotAnswering, likewise.
+func TestSocketPathTooLong(t *testing.T) {
+	const over = 9
+	for _, observe := range []bool{false, true} {
+		t.Run(mode(observe), func(t *testing.T) {
+			// bind(2) takes no path that long: the socket is bound at a
+			// short one, and its directory renamed to a long name.
+			dir := testenv.ShortDir(t, "pm")
+			short := filepath.Join(dir, "s")
+			if err := os.Mkdir(short, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			l := listenLast(t, filepath.Join(short, "p.sock"))
+			serveTeller(t, l, &teller{typ: "CSIPlugin"})
+			long := filepath.Join(dir, strings.Repeat("d", confine.MaxPath+over-len(dir)-len("//p.sock")))
+			if err := os.Rename(short, long); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(long, "p.sock")
+			if len(path) != confine.MaxPath+over {
+				t.Fatalf("the path is %d bytes long, want %d", len(path), confine.MaxPath+over)
+			}
+			t.Cleanup(func() { os.Rename(long, short) }) // for the listener to remove its socket
+
+			reg := prometheus.NewRegistry()
+			h := start(t, pluginmanager.Options{Dir: dir, Observe: observe, Registerer: reg, ProbeInterval: -1, ResyncInterval: -1},
+				map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
+			want := pluginmanager.StateRejected
+			if observe {
+				want = pluginmanager.StateNotAnswering
+			}
+			st := h.WaitSocket(path, want)
+			h.Stop()
+			if st.Reason != pluginmanager.ReasonDial || !strings.Contains(st.LastError, "too long") ||
+				!strings.Contains(st.LastError, fmt.Sprintf("%d more than the %d", over, confine.MaxPath)) || !strings.Contains(st.LastError, "shorter") {
+				t.Errorf("reason %s, error %q: want dial, saying the path is %d bytes too long and what to do", st.Reason, st.LastError, over)
+			}
+			if st.Attempts != 0 || l.accepted() != 0 {
+				t.Errorf("%d attempts, %d connections: want none", st.Attempts, l.accepted())
+			}
+			if n := failures(t, reg, pluginmanager.ReasonDial); n != 1 {
+				t.Errorf("counted %v failures of reason dial, want 1", n)
+			}
+		})
+	}
+}
+
+// failures is plugd_registration_failures_total for reason, of every type.
+func failures(t *testing.T, reg *prometheus.Registry, reason pluginmanager.Reason) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "plugd_registration_failures_total" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() == "reason" && lp.GetValue() == string(reason) {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
