@@ -29,11 +29,7 @@ func TestRedialAfterHangupFollowsNoSymlink(t *testing.T) {
 			serveTeller(t, l, &teller{typ: "CSIPlugin"})
 			h := start(t, pluginmanager.Options{Dir: dir, Observe: observe, ProbeInterval: -1, ResyncInterval: -1},
 				map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
-			want := pluginmanager.StateRegistered
-			if observe {
-				want = pluginmanager.StateAnswering
-			}
-			h.WaitSocket(path, want)
+			h.WaitSocket(path, answered(observe))
 			before := l.accepted()
 
 			// The socket is linked into a directory outside too, and a

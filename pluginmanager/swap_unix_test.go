@@ -61,6 +61,15 @@ func symlinkTo(target string) func(string) error {
 	return func(p string) error { return os.Symlink(target, p) }
 }
 
+// answered is the state of a plugin that answered: Registered, or
+// observing, Answering.
+func answered(observe bool) pluginmanager.State {
+	if observe {
+		return pluginmanager.StateAnswering
+	}
+	return pluginmanager.StateRegistered
+}
+
 // mode names a test's run in one mode or the other.
 func mode(observe bool) string {
 	if observe {
@@ -138,11 +147,7 @@ func TestSocketSwappedForASymlinkDuringAProbe(t *testing.T) {
 			const every = time.Minute
 			h := start(t, pluginmanager.Options{Dir: dir, Observe: observe, Clock: clk, ProbeInterval: every, ResyncInterval: -1},
 				map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
-			want := pluginmanager.StateRegistered
-			if observe {
-				want = pluginmanager.StateAnswering
-			}
-			h.WaitSocket(path, want)
+			h.WaitSocket(path, answered(observe))
 			clk.Step(plugintest.MaxProbeDelay(every))
 			h.WaitGone(path)
 			if err := <-s.err; err != nil {
@@ -177,11 +182,7 @@ func TestRenamedOverByANonSocketLetsGo(t *testing.T) {
 				serveTeller(t, l, &teller{typ: "CSIPlugin"})
 				h := start(t, pluginmanager.Options{Dir: dir, Observe: observe, ProbeInterval: -1, ResyncInterval: -1},
 					map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
-				want := pluginmanager.StateRegistered
-				if observe {
-					want = pluginmanager.StateAnswering
-				}
-				h.WaitSocket(path, want)
+				h.WaitSocket(path, answered(observe))
 				if err := renameOverWith(path, k.make); err != nil {
 					t.Fatal(err)
 				}
