@@ -28,7 +28,13 @@
 // directory (Options.ResyncInterval) only repairs missed watch events.
 //
 // A socket's identity is the file itself: re-created at the same path, it is a
-// new registration whose retries start afresh.
+// new registration whose retries start afresh. Every connection to it (the
+// first, after a hang-up, a probe's, a notification's again) reaches it from
+// the registry directory following no symlink, and only while it is that
+// very file (internal/confine): a socket swapped for a symlink, a FIFO or a
+// file, seen by the watch or when connecting, is let go as if removed. A
+// symlink in the directory is never a plugin. A socket path too long to
+// connect to (over 107 bytes on Linux) is Rejected at once, reason dial.
 //
 // Failures are either terminal or transient. A plugin whose type has no
 // handler, whose handler's Validate refuses it, that does not serve the

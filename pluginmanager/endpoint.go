@@ -7,13 +7,15 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/plugd/plugd/internal/confine"
 )
 
 // MaxEndpointPath is the length an endpoint's path must stay below: a unix
 // socket's address (sun_path) holds 108 bytes, its terminating NUL
-// included, on Linux and Windows (104 on macOS, where a longer path fails
-// when it is dialed).
-const MaxEndpointPath = 108
+// included, on Linux and Windows, 104 on macOS; a longer path cannot be
+// dialed by name (the same bound as registration sockets').
+const MaxEndpointPath = confine.MaxPath + 1
 
 // EndpointPath is the one rule for a plugin's endpoint, which the manager
 // and every handler in this module apply: an absolute path, or "unix://"

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
@@ -210,6 +211,9 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 	if ctx.Err() != nil {
 		return result{} // shutting down
 	}
+	if errors.Is(lv.socketErr, confine.ErrChanged) {
+		return r.gone(ctx, path, e, reg, lv.socketErr)
+	}
 	return r.judge(ctx, path, e, reg, he)
 }
 
@@ -218,7 +222,7 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 // again after a backoff.
 func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time) {
 	lv := &e.live
-	conn, err := p.dial(ctx, path)
+	conn, err := p.dial(ctx, e, path)
 	if err == nil {
 		if lv.unheld = !p.mayHold(path); lv.unheld {
 			conn.Close() // it accepts; from now on its probes watch it
@@ -255,7 +259,7 @@ func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn
 	if conn == nil || !conn.Usable() {
 		closeConn(conn)
 		var err error
-		if conn, err = p.dial(ctx, path); err != nil {
+		if conn, err = p.dial(ctx, e, path); err != nil {
 			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
 			e.live.redialAt = now
 			if p.outOfFDs(err) {
@@ -470,7 +474,7 @@ func (p *parts) askNew(ctx context.Context, e *entry, path string, conn *unaryco
 	if fresh {
 		dial = p.dialNew
 	}
-	conn, err := dial(ctx, path)
+	conn, err := dial(ctx, e, path)
 	if err != nil {
 		return Plugin{}, nil, dialFailure{err}
 	}

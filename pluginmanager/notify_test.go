@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -51,9 +52,10 @@ func (s *teller) verdicts() []bool {
 }
 
 // lastConn is a listener that keeps the connection it accepted last, for a
-// server that drops it in the middle of a call.
+// server that drops it in the middle of a call, and counts those it accepted.
 type lastConn struct {
 	net.Listener
+	n    atomic.Int64
 	mu   sync.Mutex
 	last net.Conn
 }
@@ -61,12 +63,16 @@ type lastConn struct {
 func (l *lastConn) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err == nil {
+		l.n.Add(1)
 		l.mu.Lock()
 		l.last = c
 		l.mu.Unlock()
 	}
 	return c, err
 }
+
+// accepted is how many connections were accepted so far.
+func (l *lastConn) accepted() int64 { return l.n.Load() }
 
 func (l *lastConn) drop() {
 	l.mu.Lock()
@@ -84,8 +90,8 @@ func listenLast(t *testing.T, path string) *lastConn {
 	return &lastConn{Listener: l}
 }
 
-// serveTeller serves s on lc.
-func serveTeller(t *testing.T, lc *lastConn, s *teller) {
+// serveTeller serves s (a teller, or a server built on one) on lc.
+func serveTeller(t *testing.T, lc *lastConn, s registerapi.RegistrationServer) {
 	t.Helper()
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, s)

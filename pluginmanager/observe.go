@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
@@ -58,16 +59,8 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return result{}
 	}
 	if e != nil && (!present || e.id != id) {
-		// The observer forgets first, so that whoever sees the socket
-		// removed sees the observer's record gone too.
-		seen := e.status.Plugin
-		e.seen.end()
-		e.seen = nil
 		o.reg.mu.Unlock()
-		o.conns.Unwatch(path)
-		if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
-			obs.Forget(seen)
-		}
+		o.unsee(path, e)
 		o.reg.mu.Lock()
 		if !present {
 			o.reg.forgetLocked(path, e, o.clock.Now())
@@ -89,6 +82,12 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	if err := o.hangups.take(path); err != nil {
 		o.afterHangup(path, e, err, now)
 	}
+	if err := tooLong(path); err != nil {
+		if st == StatePending {
+			return o.unreachable(path, e, err, now)
+		}
+		return result{} // said once; never looked at
+	}
 	epKnown, epDown := e.seen.state()
 	switch {
 	case st == StatePending:
@@ -104,7 +103,10 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	case st == StateAnswering && !o.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
-		conn, err := o.dial(ctx, path)
+		conn, err := o.dial(ctx, e, path)
+		if errors.Is(err, confine.ErrChanged) {
+			return o.gone(ctx, path, e, err)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return result{}
@@ -120,6 +122,50 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.look(ctx, path, e, false, now)
 	}
 	return result{at: o.next(path, e)}
+}
+
+// unsee drops what was seen of the plugin at path: the observer forgets it
+// first, so that whoever sees the socket removed sees the observer's record
+// gone too.
+func (o *onlooker) unsee(path string, e *entry) {
+	o.reg.mu.Lock()
+	seen := e.status.Plugin
+	e.seen.end()
+	e.seen = nil
+	o.reg.mu.Unlock()
+	o.conns.Unwatch(path)
+	if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
+		obs.Forget(seen)
+	}
+}
+
+// gone forgets the socket at path, found when connecting to it (err) not to
+// be the socket file discovered there any more (see registrar.gone), as if
+// it were removed.
+func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) result {
+	o.logGone(ctx, path, e, err)
+	o.unsee(path, e)
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
+	if o.reg.entries[path] == e {
+		o.reg.forgetLocked(path, e, o.clock.Now())
+	}
+	return result{}
+}
+
+// unreachable records, once, a socket that cannot be connected to at all
+// (its path is too long, err says): NotAnswering, reason dial, and never
+// looked at again, since no retry can change that.
+func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) result {
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
+	e.status.State = StateNotAnswering
+	e.status.Reason, e.status.LastError = ReasonDial, printable(err.Error())
+	e.status.UnhealthySince = now
+	e.due = time.Time{}
+	o.metrics.failures.WithLabelValues(o.typeLabel(""), string(ReasonDial)).Inc()
+	o.log.Warn("plugin cannot be looked at", "socket", path, "state", StateNotAnswering, "reason", ReasonDial, "err", e.status.LastError)
+	return result{err: err, terminal: true, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }
 
 // next is when an observed plugin is looked at again: its next routine
@@ -170,6 +216,9 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	} else {
 		o.conns.Unwatch(path)
 		e.live.unheld = false
+	}
+	if errors.Is(err, confine.ErrChanged) {
+		return o.gone(ctx, path, e, err)
 	}
 	endpoint := false
 	if err == nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
@@ -143,6 +145,12 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 			return result{at: e.due} // a quiet retry
 		}
 	}
+	if err := tooLong(path); err != nil {
+		// Refused once, with no connection tried: no retry can shorten it.
+		attempt := e.status.Attempts
+		r.reg.mu.Unlock()
+		return r.fail(ctx, e, Plugin{Socket: path}, ReasonDial, err, true, attempt)
+	}
 	e.status.State = StateRegistering
 	e.status.Attempts++
 	e.status.NextRetry = time.Time{}
@@ -167,7 +175,10 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	if fresh {
 		dial = r.dialNew
 	}
-	conn, err := dial(ctx, path)
+	conn, err := dial(ctx, e, path)
+	if errors.Is(err, confine.ErrChanged) {
+		return r.gone(ctx, path, e, nil, err)
+	}
 	if err != nil {
 		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
 	}
@@ -183,13 +194,17 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		// the call (a server that limits its connections' age does):
 		// asked again at once on a new one, as grpc-go retries such a call.
 		conn.Close()
-		if conn, err = r.dial(infoCtx, path); err == nil {
+		if conn, err = r.dial(infoCtx, e, path); err == nil {
 			info, err = r.getInfo(infoCtx, e, conn, path)
 		} else {
 			conn = nil
 		}
 	}
 	cancel()
+	if errors.Is(err, confine.ErrChanged) {
+		closeConn(conn)
+		return r.gone(ctx, path, e, nil, err)
+	}
 	if status.Code(err) == codes.ResourceExhausted {
 		// An answer over the size cap is malformed, not unlucky: retrying
 		// would only make the plugin send it again.
@@ -241,6 +256,12 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	conn, told, notifyErr := r.notify(notifyCtx, e, conn, path, true, "")
 	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
+	if !told && errors.Is(notifyErr, confine.ErrChanged) {
+		// Its socket was swapped while it registered (for a symlink, say,
+		// which notify did not follow): it was not told, and is gone.
+		closeConn(conn)
+		return r.gone(ctx, path, e, reg, notifyErr)
+	}
 	e.live = liveness{probeAt: nextProbe(started, he.probe)}
 	r.keep(ctx, path, e, conn, r.clock.Now())
 	var redial time.Time
@@ -396,13 +417,13 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 // node-driver-registrar leaves behind, is removed; one whose plugin still
 // listens is looked at again after as long.
 func (r *registrar) rejected(ctx context.Context, path string, e *entry, now time.Time) result {
-	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() {
+	if r.opts.RemoveStaleAfter <= 0 || e.due.IsZero() || tooLong(path) != nil {
 		return result{}
 	}
 	if now.Before(e.due) {
 		return result{at: e.due}
 	}
-	conn, err := r.dial(ctx, path)
+	conn, err := r.dial(ctx, e, path)
 	if err == nil {
 		conn.Close()
 	}
@@ -416,6 +437,43 @@ func (r *registrar) rejected(ctx context.Context, path string, e *entry, now tim
 	}
 	e.due = now.Add(r.opts.RemoveStaleAfter)
 	return result{at: e.due}
+}
+
+// gone lets go of the socket at path, found when connecting to it (err) not
+// to be the socket file discovered there any more: a symlink, which is never
+// followed, or another file is at the path, or a directory on the way is now
+// a symlink. As for a socket removed, its plugin is deregistered (reg, if
+// the handler holds it) and the entry forgotten; whatever is at the path now
+// is looked at afresh when the watch reports it.
+func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *registration, err error) result {
+	r.logGone(ctx, path, e, err)
+	if reg != nil {
+		r.reg.mu.Lock()
+		e.reg = nil
+		r.reg.mu.Unlock()
+		if !r.deregister(ctx, path, e, reg) {
+			return result{}
+		}
+	}
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	if r.reg.entries[path] == e {
+		r.reg.forgetLocked(path, e, r.clock.Now())
+	}
+	return result{}
+}
+
+// logGone says why a socket is let go when connecting to it: a warning for
+// a symlink or a file that is not a socket, which no plugin puts in place of
+// its socket; only a debug line for another socket, as a plugin restarting
+// in place leaves (the watch reports it, and it is discovered afresh).
+func (p *parts) logGone(ctx context.Context, path string, e *entry, err error) {
+	level := slog.LevelWarn
+	if errors.Is(err, confine.ErrReplaced) {
+		level = slog.LevelDebug
+	}
+	p.log.Log(ctx, level, "the plugin's socket changed while plugd connected to it; not following it, and letting the plugin go",
+		"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
 }
 
 // deregister takes reg back from its handler, and the connection kept for

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/textsafe"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
@@ -39,10 +43,12 @@ type peer struct {
 // dial opens a connection to the registration socket at path, within
 // DialTimeout: an HTTP/2 connection on which GetInfo, NotifyRegistrationStatus
 // and later the liveness probes are made (see unaryconn for why not a
-// grpc-go ClientConn). A refused connection fails at once with the dialer's
-// error; one that is not answered fails at the deadline, with its cause.
-func (m *parts) dial(ctx context.Context, path string) (*unaryconn.Conn, error) {
-	return m.dialRetrying(ctx, path, 0)
+// grpc-go ClientConn). It connects only to the socket file e found there,
+// reached from the registry directory without following a symlink (see
+// socket). A refused connection fails at once with the dialer's error; one
+// that is not answered fails at the deadline, with its cause.
+func (m *parts) dial(ctx context.Context, e *entry, path string) (*unaryconn.Conn, error) {
+	return m.dialRetrying(ctx, e, path, 0)
 }
 
 // dialNew is dial for a socket that appeared a moment ago, which is most
@@ -51,17 +57,21 @@ func (m *parts) dial(ctx context.Context, path string) (*unaryconn.Conn, error) 
 // net.Listen, do both in place). A refused connection is tried again after
 // 1, 2, 4 and 8 ms before it counts. That wait is the plugin's own start-up,
 // so it is real time, and it is bounded by the dial's deadline.
-func (m *parts) dialNew(ctx context.Context, path string) (*unaryconn.Conn, error) {
-	return m.dialRetrying(ctx, path, 4)
+func (m *parts) dialNew(ctx context.Context, e *entry, path string) (*unaryconn.Conn, error) {
+	return m.dialRetrying(ctx, e, path, 4)
 }
 
-func (m *parts) dialRetrying(ctx context.Context, path string, retries int) (*unaryconn.Conn, error) {
+func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries int) (*unaryconn.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
 		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
 	defer cancel()
 	wait := time.Millisecond
 	for {
-		conn, err := unaryconn.Dial(ctx, path)
+		nc, err := m.socket(ctx, e, path)
+		var conn *unaryconn.Conn
+		if err == nil {
+			conn, err = unaryconn.NewConn(ctx, nc)
+		}
 		if err == nil {
 			return conn, nil
 		}
@@ -76,11 +86,46 @@ func (m *parts) dialRetrying(ctx context.Context, path string, retries int) (*un
 			wait *= 2
 			continue
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !errors.Is(err, confine.ErrChanged) {
 			err = context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
+}
+
+// socket connects to the registration socket at path, and only if it is,
+// as it is connected to, the socket file e found there (its device and
+// inode), inside the registry directory, reached without following a
+// symlink: a plugin that swaps its socket for a symlink after it was found
+// (while it answers GetInfo, say) cannot lead a later connection, made as
+// root, to a socket of its choosing elsewhere; every (re)connection is
+// checked anew. Otherwise the error wraps confine.ErrChanged: the file found
+// is gone from the path (gone, for the manager), whatever is there now. A
+// socket path too long to connect to by name is refused (see tooLong).
+func (m *parts) socket(ctx context.Context, e *entry, path string) (*net.UnixConn, error) {
+	if err := tooLong(path); err != nil {
+		return nil, err
+	}
+	rel, err := filepath.Rel(m.opts.Dir, path)
+	if err != nil {
+		return nil, err
+	}
+	return confine.Socket(ctx, m.opts.Dir, rel, confine.Identity{Dev: e.id.dev, Ino: e.id.ino})
+}
+
+// errTooLong marks a socket path longer than a unix socket's may be.
+var errTooLong = errors.New("the socket's path is too long")
+
+// tooLong refuses a socket path longer than confine.MaxPath: neither the
+// kubelet nor a plugin's own clients can connect to it by name, so plugd
+// does not either (the doctor reports it too), and no retry can change
+// that.
+func tooLong(path string) error {
+	if len(path) <= confine.MaxPath {
+		return nil
+	}
+	return fmt.Errorf("%w: it is %d bytes long, %d more than the %d a unix socket's path may have on %s, and nobody can connect to it by that path; give the registry directory or the socket a shorter name",
+		errTooLong, len(path), len(path)-confine.MaxPath, confine.MaxPath, runtime.GOOS)
 }
 
 // The registration service's methods, as gRPC names them on the wire.
@@ -108,7 +153,7 @@ func (m *parts) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, pat
 // again only if it is idempotent: NotifyRegistrationStatus is not.
 func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, method string, req, resp proto.Message, idempotent bool) error {
 	if e.grpcOnly {
-		return m.callGRPC(ctx, path, method, req, resp)
+		return m.callGRPC(ctx, e, path, method, req, resp)
 	}
 	err := conn.Invoke(ctx, method, req, resp, maxInfoBytes)
 	if err == nil || !errors.Is(err, unaryconn.ErrProtocol) || ctx.Err() != nil ||
@@ -119,12 +164,13 @@ func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, 
 		"socket", path, "method", method, "err", printable(err.Error()))
 	e.grpcOnly = true
 	conn.Close()
-	return m.callGRPC(ctx, path, method, req, resp)
+	return m.callGRPC(ctx, e, path, method, req, resp)
 }
 
 // callGRPC makes a call with grpc-go, on a connection of its own.
-func (m *parts) callGRPC(ctx context.Context, path, method string, req, resp proto.Message) error {
-	if err := unaryconn.InvokeGRPC(ctx, path, method, req, resp, maxInfoBytes); err != nil {
+func (m *parts) callGRPC(ctx context.Context, e *entry, path, method string, req, resp proto.Message) error {
+	dial := func(ctx context.Context) (net.Conn, error) { return m.socket(ctx, e, path) }
+	if err := unaryconn.InvokeGRPCWith(ctx, dial, method, req, resp, maxInfoBytes); err != nil {
 		return fallbackError{err}
 	}
 	return nil
@@ -255,7 +301,7 @@ func (m *parts) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, path
 		// The connection broke before the request was out: it was not told.
 	}
 	conn.Close()
-	fresh, err := m.dial(ctx, path)
+	fresh, err := m.dial(ctx, e, path)
 	if err != nil {
 		return nil, false, fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}

@@ -139,7 +139,10 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			}
 			return
 		}
-		if socketFile(ev.Name, fi) {
+		if socketFile(ev.Name, fi) || m.known(ev.Name) {
+			// A file, FIFO or symlink renamed over a known socket is a
+			// Create of its path too: the worker finds no socket there,
+			// and lets the plugin go now, not at its next probe.
 			m.queue.Add(ev.Name)
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
@@ -151,6 +154,14 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			m.enqueueUnder(ev.Name)
 		}
 	}
+}
+
+// known reports whether the manager has an entry for path.
+func (m *Manager) known(path string) bool {
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	_, ok := m.reg.entries[path]
+	return ok
 }
 
 // handleRootEvent deals with the registry directory itself going and coming

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	confine "github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plugd/plugd/api"
-	confine "github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 

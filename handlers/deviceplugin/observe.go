@@ -8,8 +8,8 @@ import (
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	plugdapi "github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -91,7 +91,7 @@ func (h *Handler) watchObserved(ctx context.Context, p pluginmanager.Plugin, loo
 	report := pluginmanager.EndpointReporter(ctx)
 	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
 		Timeout: h.opts.CallTimeout,
-		Dial:    endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
+		Dial:    confine.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
 		Report: func(err error) {
 			report(err)
 			if err == nil {

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -66,7 +66,7 @@ func (s *session) close() {
 // its endpoint. It connects on first use, and every connection is confined
 // to Options.EndpointRoots.
 func (h *Handler) dial(p pluginmanager.Plugin) (*grpc.ClientConn, error) {
-	confined := endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots)
+	confined := confine.For(p.Endpoint, p.Socket, h.opts.EndpointRoots)
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		return confined.Dial(ctx, p.Endpoint)
 	}

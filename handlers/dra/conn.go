@@ -24,9 +24,9 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
-	"github.com/plugd/plugd/handlers/internal/endpoint"
 	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -48,7 +48,7 @@ const lossWarnEvery = 10 * time.Minute
 // failure, so that an unreachable endpoint can be reported with its reason
 // rather than just the connection's state.
 type dialer struct {
-	confined endpoint.Dialer
+	confined confine.Dialer
 	log      *slog.Logger
 	lastErr  atomic.Pointer[error]
 	warned   atomic.Bool // of an endpoint outside the roots, once
@@ -58,7 +58,7 @@ func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	c, err := d.confined.Dial(ctx, addr)
 	if err != nil {
 		d.lastErr.Store(&err)
-		if errors.Is(err, endpoint.ErrOutside) && !d.warned.Swap(true) {
+		if errors.Is(err, confine.ErrOutside) && !d.warned.Swap(true) {
 			d.log.Warn("DRA endpoint now leads outside the allowed directories; not connecting to it", "error", err)
 		}
 	}
@@ -73,7 +73,7 @@ func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.Cl
 		fmt.Errorf("endpoint not ready within %s", h.opts.CallTimeout))
 	defer cancel()
 
-	d := &dialer{confined: endpoint.For(p.Endpoint, p.Socket, h.opts.EndpointRoots), log: h.log.With("driver", p.Name, "socket", p.Socket)}
+	d := &dialer{confined: confine.For(p.Endpoint, p.Socket, h.opts.EndpointRoots), log: h.log.With("driver", p.Name, "socket", p.Socket)}
 	conn, err := grpc.NewClient("passthrough:///"+p.Endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(d.dial),

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/confine"
 )
 
 // Plugin is one registration socket as plugd knows it.
@@ -82,7 +83,7 @@ const (
 	dialTimeout   = time.Second
 	healthTimeout = 2 * time.Second
 	parallelLooks = 8
-	maxSockPath   = 107 // a unix socket path's longest, without its NUL
+	maxSockPath   = confine.MaxPath // a unix socket path's longest, without its NUL: as the manager refuses
 	maxRootWalk   = 1000
 )
 

@@ -108,7 +108,7 @@ doctor: {kubeletRoots: [%s]}
 	n.waitState(t, "gone.sock", "Stale")
 	n.waitState(t, "gpu-old.sock", "Stale")
 	rel, _ := filepath.Rel(n.reg, longPath)
-	n.waitState(t, rel, "Failed")
+	n.waitState(t, rel, "Rejected") // once, never dialled: no retry can shorten it
 
 	out, code := plugctl(t, n.socket, "doctor")
 	t.Logf("plugctl doctor:\n%s", out)

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
-	"github.com/plugd/plugd/handlers/internal/endpoint"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -140,7 +140,7 @@ func TestReconnectionsDialConfined(t *testing.T) {
 	reports := make(chan error, 100)
 	w, err := Start(context.Background(), path, Options{
 		Report:  func(err error) { reports <- err },
-		Dial:    endpoint.Dialer{Roots: []string{root}}.Dial,
+		Dial:    confine.Dialer{Roots: []string{root}}.Dial,
 		Backoff: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
 	})
 	if err != nil {
@@ -162,7 +162,7 @@ func TestReconnectionsDialConfined(t *testing.T) {
 		if err == nil {
 			t.Fatal("serving, through a symlink out of the roots")
 		}
-		if errors.Is(err, endpoint.ErrOutside) {
+		if errors.Is(err, confine.ErrOutside) {
 			break
 		}
 	}

@@ -1,0 +1,125 @@
+// Package confine connects to unix sockets without being led elsewhere by a
+// symlink: to a plugin's registration socket inside the registry directory
+// (the manager), and to a plugin's endpoint inside the directories the
+// operator allows (the handlers).
+//
+// A path is checked once, when a plugin is found or registers; it is
+// connected to then and again later (a redial after a hang-up, a probe, a
+// retried notification, gRPC reconnecting to an endpoint, a device plugin's
+// stream redialed). Anyone who may write where the socket is could replace
+// it, or a directory on the way, with a symlink after the check and lead a
+// later connection, made as root, to a socket of their choosing. Socket
+// walks to the socket from a descriptor of its directory one component at a
+// time, following no symlink, checks that what it found is a socket (and the
+// very file expected), and connects through that descriptor: what it checked
+// is what it connects to.
+package confine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// ErrOutside is returned, wrapped, when an endpoint resolves outside every
+// allowed directory.
+var ErrOutside = errors.New("outside the directories endpoints must be in")
+
+// ErrChanged is returned, wrapped, by Socket when the path is not what was
+// checked any more: a component of it is a symlink (which is never
+// followed), or the file is not a socket, or not the socket expected.
+var ErrChanged = errors.New("changed since it was checked")
+
+// ErrReplaced is the ErrChanged of a path where another socket is now: as
+// a plugin restarting in place leaves it, nothing out of the ordinary.
+var ErrReplaced = fmt.Errorf("%w: another socket is there now", ErrChanged)
+
+// MaxPath is the longest path, in bytes, of a unix socket that can be
+// connected to by its name: sun_path's size, less its terminating NUL (107
+// on Linux and Windows, 103 on darwin and the BSDs). The kubelet and every
+// plugin SDK connect by name; a socket at a longer path can be reached by no
+// one of them.
+const MaxPath = len(syscall.RawSockaddrUnix{}.Path) - 1
+
+// Identity is what tells one file from another on a filesystem: its device
+// and inode numbers. The zero Identity is any file.
+type Identity struct{ Dev, Ino uint64 }
+
+// Socket connects to the unix socket at root/rel, bounded by ctx. rel is
+// relative and inside root (root itself may be reached through symlinks: it
+// is the operator's choice); no component of rel may be a symlink, the last
+// must be a socket and, unless want is zero, that very file. Otherwise the
+// error wraps ErrChanged, and nothing was connected to.
+//
+// On Linux all of that holds at the moment of connecting (see dial_linux.go);
+// elsewhere the path is looked at just before connecting to it by name, and
+// a swap in between is not caught (see dial_other.go).
+func Socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
+	if rel == "" || filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return nil, fmt.Errorf("%s is not a path inside %s", rel, root)
+	}
+	return socket(ctx, root, filepath.Clean(rel), want)
+}
+
+// Dialer connects to endpoints (unix socket paths). Its zero value connects
+// to any endpoint. It is safe for concurrent use.
+type Dialer struct {
+	// Roots, if set, are the directories an endpoint must be in, symlinks
+	// resolved, at every connection: the manager's Options.EndpointRoots.
+	Roots []string
+}
+
+// For is the dialer of a plugin's endpoint: confined to roots, unless the
+// endpoint is the plugin's registration socket, which the manager allows
+// wherever roots are; that one is confined to its own directory, as the
+// manager's connections to it are.
+func For(endpoint, socket string, roots []string) Dialer {
+	if filepath.Clean(endpoint) == filepath.Clean(socket) {
+		return Dialer{Roots: []string{filepath.Dir(filepath.Clean(socket))}}
+	}
+	return Dialer{Roots: roots}
+}
+
+// Dial connects to the unix socket at path, bounded by ctx.
+func (d Dialer) Dial(ctx context.Context, path string) (net.Conn, error) {
+	if len(d.Roots) == 0 {
+		var nd net.Dialer
+		return nd.DialContext(ctx, "unix", path)
+	}
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %s: %w", path, err)
+	}
+	for _, root := range d.Roots {
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil {
+			continue
+		}
+		if rel, ok := beneath(resolved, r); ok {
+			c, err := socket(ctx, r, rel, Identity{})
+			if errors.Is(err, ErrChanged) {
+				// Whatever it is now, it is not the endpoint that was
+				// checked, and may lead out of the root.
+				return nil, fmt.Errorf("endpoint %s changed while connecting: %w: %w", path, err, ErrOutside)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("endpoint %s: %w", path, err)
+			}
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("endpoint %s resolves to %s, %w (%s): not connecting", path, resolved, ErrOutside, strings.Join(d.Roots, ", "))
+}
+
+// beneath returns p relative to dir, if p is inside dir (not dir itself).
+func beneath(p, dir string) (string, bool) {
+	rel, err := filepath.Rel(dir, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", false
+	}
+	return rel, true
+}
