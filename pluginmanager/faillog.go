@@ -154,16 +154,24 @@ func (r *registry) rollLocked(now time.Time) {
 func (r *registry) summaryLocked(now time.Time) {
 	l := &r.fails
 	byState, byReason := make(map[State]int), make(map[Reason]int)
+	retrying := 0
 	for _, e := range r.entries {
 		switch e.status.State {
 		case StateFailed, StateStale, StateUnhealthy, StateNotAnswering:
 			byState[e.status.State]++
 			byReason[e.status.Reason]++
+		case StateRegistering:
+			// Being tried again as this is written: still failing, as
+			// far as anyone knows, with the reason of its last failure.
+			if e.status.Reason != "" {
+				retrying++
+				byReason[e.status.Reason]++
+			}
 		}
 	}
-	n := sum(byState)
+	n := sum(byState) + retrying
 	r.log.Warn(fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
-		"failing", n, "byState", counts(byState), "byReason", counts(byReason),
+		"failing", n, "byState", counts(byState), "retrying", retrying, "byReason", counts(byReason),
 		"failures", l.attempts, "notLoggedOneByOne", l.quiet, "since", l.since, "over", now.Sub(l.since).Round(time.Second))
 }
 

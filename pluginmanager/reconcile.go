@@ -176,6 +176,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		dial = r.dialNew
 	}
 	conn, err := dial(ctx, e, path)
+	if err != nil {
+		err = replacedDuring(path, e, err)
+	}
 	if errors.Is(err, confine.ErrChanged) {
 		return r.gone(ctx, path, e, nil, err)
 	}
@@ -201,6 +204,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		}
 	}
 	cancel()
+	if err != nil {
+		err = replacedDuring(path, e, err)
+	}
 	if errors.Is(err, confine.ErrChanged) {
 		closeConn(conn)
 		return r.gone(ctx, path, e, nil, err)
@@ -461,6 +467,18 @@ func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *regist
 		r.reg.forgetLocked(path, e, r.clock.Now())
 	}
 	return result{}
+}
+
+// replacedDuring is err, the failure of a connection to the socket e found
+// at path, or, if that socket is no longer there (removed, or another in
+// its place: a plugin stopping, or restarting in place, as the connection
+// was made), an error wrapping confine.ErrReplaced that says so: not the
+// plugin's failure, and the watch reports whatever is there now.
+func replacedDuring(path string, e *entry, err error) error {
+	if id, ok := statSocket(path); ok && id == e.id {
+		return err
+	}
+	return fmt.Errorf("%w: the socket was removed or replaced while plugd connected to it (%v)", confine.ErrReplaced, err)
 }
 
 // logGone says why a socket is let go when connecting to it: a warning for
