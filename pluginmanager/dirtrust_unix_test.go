@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -109,4 +111,73 @@ func TestObserverWarnsOfUntrustedDir(t *testing.T) {
 	if out := quiet.String(); strings.Contains(out, "not safe from other users") {
 		t.Errorf("AllowWritableDir: the log still warns: %q", out)
 	}
+}
+
+// A registry directory removed and made again, under a sticky parent (as
+// /tmp) anyone may make it in, is checked again: made by another user, with
+// a plugin of theirs in it, nothing in it is registered, and it is said;
+// once it is safe again, its sockets are. Making it another user's takes
+// root (chown).
+func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making a directory another user's takes root")
+	}
+	parent := testenv.ShortDir(t, "ma")
+	if err := os.Chmod(parent, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(parent, "plugins")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	log, warnings := testenv.WarnLogger()
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: log, ResyncInterval: time.Second},
+		map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
+	first := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "first.example.com"})
+	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
+	first.Close()
+	h.WaitGone(first.Path())
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another user's directory, anyone may write to, with a plugin in it,
+	// made beside and moved into place at once.
+	staging := filepath.Join(parent, "staging")
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	planted := startPlugin(t, plugin.Config{Dir: staging, Type: "CSIPlugin", Name: "planted.example.com"})
+	if err := os.Chmod(staging, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(staging, 54321, 54321); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staging, dir); err != nil {
+		t.Fatal(err)
+	}
+	plantedPath := filepath.Join(dir, filepath.Base(planted.Path()))
+	for deadline := time.Now().Add(wait); !strings.Contains(warnings.String(), "no longer safe from other users"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) { // a poll of the log, with a deadline
+			t.Fatalf("the directory made again by uid 54321, mode 0777, is not said to be unsafe; warnings:\n%s", warnings)
+		}
+	}
+	for _, s := range h.m.Plugins() {
+		if s.Socket == plantedPath && s.State == pluginmanager.StateRegistered {
+			t.Errorf("the plugin in the unsafe directory is registered: %+v", s)
+		}
+	}
+	if n := planted.Notifications(); n != 0 {
+		t.Errorf("the plugin in the unsafe directory was told %d times", n)
+	}
+
+	// Made safe: found at the next resync, and registered.
+	if err := os.Chown(dir, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	h.WaitSocket(plantedPath, pluginmanager.StateRegistered)
 }

@@ -56,6 +56,10 @@ type parts struct {
 	metrics *metrics
 	roots   []string   // Options.EndpointRoots, resolved
 	fds     *fdReserve // the file descriptors kept for new registrations
+	// dirUntrusted is set while the registry directory, made again since
+	// Run started, is not safe from other users (see Manager.trusted):
+	// its sockets are let go meanwhile.
+	dirUntrusted atomic.Bool
 }
 
 // reconciler is one way of running the manager over the same parts:
@@ -313,6 +317,29 @@ func (m *Manager) checkDirTrust(dir string) error {
 	return fmt.Errorf("pluginmanager: the registry directory %w; or, to accept that, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)", err)
 }
 
+// trusted checks the registry directory again, as at Run: removed and made
+// again, under a sticky parent such as /tmp, it may be another user's now,
+// and what they put in it is not to be registered. While it is not safe,
+// its plugins are let go (the registrar takes its sockets as absent) and
+// nothing in it is looked at; the next resync after it is fixed finds its
+// sockets again. Said once per change. An observer only warns, at Run.
+func (m *Manager) trusted() bool {
+	if m.opts.Observe || m.opts.AllowWritableDir {
+		return true
+	}
+	err := dirtrust.Check(m.opts.Dir, os.Geteuid())
+	var untrusted *dirtrust.Untrusted
+	bad := errors.As(err, &untrusted) // another error (the directory gone) is the walk's to report
+	switch was := m.dirUntrusted.Swap(bad); {
+	case bad && !was:
+		m.log.Error("the registry directory is no longer safe from other users: letting its plugins go, and registering nothing in it until it is fixed",
+			"dir", m.opts.Dir, "err", err)
+	case !bad && was:
+		m.log.Info("the registry directory is safe again; looking at its sockets", "dir", m.opts.Dir)
+	}
+	return !bad
+}
+
 // work takes paths from the queue and reconciles them, until the queue is
 // shut down.
 func (m *Manager) work(ctx context.Context) {
@@ -384,6 +411,14 @@ func (m *Manager) watch(ctx context.Context, w *watcher) {
 // gone compared with what the manager knows. It is the safety net under the
 // watch, so it costs one walk and no RPC.
 func (m *Manager) resync(w *watcher) {
+	if !m.trusted() {
+		m.reg.mu.Lock()
+		for path := range m.reg.entries {
+			m.queue.Add(path) // let go: see reconcile
+		}
+		m.reg.mu.Unlock()
+		return
+	}
 	found := make(map[string]fileID)
 	if err := w.watchTree(m.opts.Dir, func(path string, id fileID) { found[path] = id }); err != nil {
 		m.log.Warn("scanning the registry directory", "dir", m.opts.Dir, "err", err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -85,6 +87,9 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
+	if r.dirUntrusted.Load() {
+		present = false // not to be used while the directory is not safe
+	}
 	now := r.clock.Now()
 
 	r.reg.mu.Lock()
@@ -470,16 +475,32 @@ func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *regist
 }
 
 // replacedDuring is err, the failure of a connection to the socket e found
-// at path, or, if that socket is no longer there (removed, or another in
-// its place: a plugin stopping, or restarting in place, as the connection
-// was made), an error wrapping confine.ErrReplaced that says so: not the
-// plugin's failure, and the watch reports whatever is there now.
+// at path, or, if that socket is no longer there, an error that says so: not
+// the plugin's failure, and the watch reports whatever is there now. Another
+// socket in its place (a plugin restarting in place as the connection was
+// made) wraps confine.ErrReplaced; the path removed, or now something other
+// than a socket, wraps confine.ErrChanged. An error that says so already is
+// kept as it is.
 func replacedDuring(path string, e *entry, err error) error {
-	if id, ok := statSocket(path); ok && id == e.id {
+	if errors.Is(err, confine.ErrChanged) {
 		return err
 	}
-	return fmt.Errorf("%w: the socket was removed or replaced while plugd connected to it (%v)", confine.ErrReplaced, err)
+	id, ok := statSocket(path)
+	switch {
+	case ok && id == e.id:
+		return err
+	case ok:
+		return fmt.Errorf("%w, as plugd connected to it (%v)", confine.ErrReplaced, err)
+	}
+	if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
+		return fmt.Errorf("%w, as plugd connected to it (%v)", errRemoved, err)
+	}
+	return fmt.Errorf("%w: it is no longer a socket (%v)", confine.ErrChanged, err)
 }
+
+// errRemoved is the ErrChanged of a socket removed while plugd connected to
+// it: a plugin that stops removes its socket, nothing out of the ordinary.
+var errRemoved = fmt.Errorf("%w: the socket was removed", confine.ErrChanged)
 
 // logGone says why a socket is let go when connecting to it: a warning for
 // a symlink or a file that is not a socket, which no plugin puts in place of
@@ -487,7 +508,7 @@ func replacedDuring(path string, e *entry, err error) error {
 // in place leaves (the watch reports it, and it is discovered afresh).
 func (p *parts) logGone(ctx context.Context, path string, e *entry, err error) {
 	level := slog.LevelWarn
-	if errors.Is(err, confine.ErrReplaced) {
+	if errors.Is(err, confine.ErrReplaced) || errors.Is(err, errRemoved) {
 		level = slog.LevelDebug
 	}
 	p.log.Log(ctx, level, "the plugin's socket changed while plugd connected to it; not following it, and letting the plugin go",
