@@ -58,7 +58,7 @@ func (f *fdReserve) admit(held int) (ok, changed bool, open, limit int) {
 	// serves at most a quarter of the limit; a handler holds about one
 	// connection a plugin), there is no need to count.
 	if 2*held+limit/4+2*reserve < limit {
-		return true, f.note(true, true), held, limit
+		return true, f.note(true, true), 0, limit // open: not counted
 	}
 	f.since++
 	if f.counted == 0 || f.since >= fdRecount {
@@ -127,7 +127,7 @@ func (p *parts) mayHold(path string) bool {
 	}
 	switch {
 	case changed && ok:
-		p.log.Info("file descriptors free again: plugd holds idle connections to plugins again", "open", open, "limit", limit, "held", held)
+		p.log.Info("file descriptors free again: plugd holds idle connections to plugins again", "limit", limit, "held", held)
 	case changed:
 		p.log.Warn("file descriptors are short: plugd holds idle connections to no more plugins, so as to keep descriptors for new registrations, and watches the others by their probes alone (every probe interval); raise the open-file limit (LimitNOFILE= in the systemd unit, ulimit -n)",
 			"open", open, "limit", limit, "reserve", fdReserveOf(limit), "held", held, "socket", path)

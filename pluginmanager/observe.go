@@ -164,7 +164,7 @@ func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) 
 	e.status.UnhealthySince = now
 	e.due = time.Time{}
 	o.metrics.failures.WithLabelValues(o.typeLabel(""), string(ReasonDial)).Inc()
-	o.log.Warn("plugin cannot be looked at", "socket", path, "state", StateNotAnswering, "reason", ReasonDial, "err", e.status.LastError)
+	o.reg.failedLocked(e, now, "plugin cannot be looked at", "socket", path, "state", StateNotAnswering, "reason", ReasonDial, "err", e.status.LastError)
 	return result{err: err, terminal: true, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }
 

@@ -34,6 +34,10 @@ var ErrOutside = errors.New("outside the directories endpoints must be in")
 // followed), or the file is not a socket, or not the socket expected.
 var ErrChanged = errors.New("changed since it was checked")
 
+// errSymlink is in the ErrChanged of a walk that met a symlink: the one
+// change that can lead a connection elsewhere.
+var errSymlink = errors.New("a symlink, which is not followed")
+
 // ErrReplaced is the ErrChanged of a path where another socket is now: as
 // a plugin restarting in place leaves it, nothing out of the ordinary.
 var ErrReplaced = fmt.Errorf("%w: another socket is there now", ErrChanged)
@@ -59,10 +63,11 @@ type Identity struct{ Dev, Ino uint64 }
 // elsewhere the path is looked at just before connecting to it by name, and
 // a swap in between is not caught (see dial_other.go).
 func Socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
-	if rel == "" || filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+	clean := filepath.Clean(rel) // "a/../../x" is "../x": checked as it will be walked
+	if rel == "" || filepath.IsAbs(clean) || clean == "." || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
 		return nil, fmt.Errorf("%s is not a path inside %s", rel, root)
 	}
-	return socket(ctx, root, filepath.Clean(rel), want)
+	return socket(ctx, root, clean, want)
 }
 
 // Dialer connects to endpoints (unix socket paths). Its zero value connects
@@ -101,9 +106,9 @@ func (d Dialer) Dial(ctx context.Context, path string) (net.Conn, error) {
 		}
 		if rel, ok := beneath(resolved, r); ok {
 			c, err := socket(ctx, r, rel, Identity{})
-			if errors.Is(err, ErrChanged) {
-				// Whatever it is now, it is not the endpoint that was
-				// checked, and may lead out of the root.
+			if errors.Is(err, errSymlink) {
+				// Not the endpoint that was checked, and it may lead
+				// out of the root.
 				return nil, fmt.Errorf("endpoint %s changed while connecting: %w: %w", path, err, ErrOutside)
 			}
 			if err != nil {

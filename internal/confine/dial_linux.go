@@ -45,7 +45,7 @@ func socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFSOCK:
 	case unix.S_IFLNK:
-		return nil, fmt.Errorf("%s is now a symlink, which is not followed: %w", name, ErrChanged)
+		return nil, fmt.Errorf("%s is now %w: %w", name, errSymlink, ErrChanged)
 	default:
 		return nil, fmt.Errorf("%s is no longer a socket: %w", name, ErrChanged)
 	}
@@ -66,7 +66,7 @@ func socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn
 // O_DIRECTORY's ENOTDIR).
 func changed(name string, err error) error {
 	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-		return fmt.Errorf("%s is now a symlink, which is not followed: %w", name, ErrChanged)
+		return fmt.Errorf("%s is now %w: %w", name, errSymlink, ErrChanged)
 	}
 	return fmt.Errorf("%s: %w", name, err)
 }

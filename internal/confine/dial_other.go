@@ -30,7 +30,7 @@ func socket(ctx context.Context, root, rel string, _ Identity) (*net.UnixConn, e
 		last := i == len(parts)-1
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return nil, fmt.Errorf("%s is now a symlink, which is not followed: %w", name, ErrChanged)
+			return nil, fmt.Errorf("%s is now %w: %w", name, errSymlink, ErrChanged)
 		case !last && !fi.IsDir():
 			return nil, fmt.Errorf("%s is no longer a directory: %w", name, ErrChanged)
 		case last && (fi.IsDir() || fi.Mode()&fs.ModeSocket == 0 && runtime.GOOS != "windows"):
