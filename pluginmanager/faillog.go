@@ -134,6 +134,21 @@ func (r *registry) countFailureLocked(now time.Time, warned bool) {
 	}
 }
 
+// tickLocked writes what is due with no failure to carry it (the window's
+// count of failures not logged one by one, the summary), so that a burst of
+// failures that are not retried (Rejected sockets) or that stopped is still
+// told within a resync interval. The periodic resync calls it.
+func (r *registry) tickLocked(now time.Time) {
+	r.rollLocked(now)
+	l := &r.fails
+	if !l.since.IsZero() && now.Sub(l.since) >= failureSummaryEvery {
+		if l.quiet > 0 {
+			r.summaryLocked(now)
+		}
+		l.since, l.attempts, l.quiet = time.Time{}, 0, 0 // the next failure opens the next interval
+	}
+}
+
 // rollLocked ends the window of warnings if its time is over, saying how
 // many failures it did not write.
 func (r *registry) rollLocked(now time.Time) {

@@ -65,3 +65,34 @@ func TestFailureLog(t *testing.T) {
 		t.Errorf("no summary of the 151 failing:\n%s", buf.String())
 	}
 }
+
+// Failures that are not retried (150 sockets Rejected at once) still get
+// the line for those beyond the budget, and the summary, from the periodic
+// tick: no later failure is needed to carry them.
+func TestFailureLogTick(t *testing.T) {
+	var buf bytes.Buffer
+	r := &registry{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), entries: map[string]*entry{}}
+	t0 := time.Unix(1e9, 0)
+	for i := range 150 {
+		e := &entry{status: PluginStatus{Plugin: Plugin{Socket: fmt.Sprintf("/r%d", i)}, State: StateFailed, Reason: ReasonNoHandler, LastError: "no handler"}}
+		r.entries[e.status.Socket] = e
+		r.failedLocked(e, t0, "rejected", "socket", e.status.Socket)
+	}
+	r.tickLocked(t0.Add(failureWindow / 2))
+	if strings.Contains(buf.String(), "more socket failures") {
+		t.Fatalf("the window's line before its end:\n%s", buf.String())
+	}
+	r.tickLocked(t0.Add(failureWindow))
+	if !strings.Contains(buf.String(), `msg="50 more socket failures within 1m0s`) {
+		t.Errorf("no line for the 50 beyond the budget at the window's end:\n%s", buf.String())
+	}
+	r.tickLocked(t0.Add(failureSummaryEvery))
+	if !strings.Contains(buf.String(), "150 sockets still failing") {
+		t.Errorf("no summary at its interval's end:\n%s", buf.String())
+	}
+	n := strings.Count(buf.String(), "sockets still failing")
+	r.tickLocked(t0.Add(3 * failureSummaryEvery))
+	if got := strings.Count(buf.String(), "sockets still failing"); got != n {
+		t.Errorf("%d summaries after ticks with no failure since the last, want %d", got, n)
+	}
+}

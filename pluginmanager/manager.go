@@ -426,6 +426,7 @@ func (m *Manager) resync(w *watcher) {
 	now := m.clock.Now()
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
+	m.reg.tickLocked(now)
 	for path, id := range found {
 		e, ok := m.reg.entries[path]
 		if !ok {
