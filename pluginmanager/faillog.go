@@ -119,14 +119,9 @@ func (r *registry) recoveredLocked(e *entry, now time.Time) slog.Level {
 // summary (and the count of the window that ended) first if it is due.
 func (r *registry) countFailureLocked(now time.Time, warned bool) {
 	l := &r.fails
-	r.rollLocked(now)
+	r.tickLocked(now)
 	if l.since.IsZero() {
 		l.since = now
-	} else if now.Sub(l.since) >= failureSummaryEvery {
-		if l.quiet > 0 {
-			r.summaryLocked(now)
-		}
-		l.since, l.attempts, l.quiet = now, 0, 0
 	}
 	l.attempts++
 	if !warned {

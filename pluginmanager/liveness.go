@@ -52,7 +52,6 @@ type liveness struct {
 	socketErr   error            // why the registration socket does not answer; nil while it does
 	probeFailed bool             // socketErr is a failed probe: only an answer to one clears it
 	probeAt     time.Time        // the next probe (routine, or again after a failed one); zero: none
-	heldSince   time.Time        // when the connection held was last taken into the set
 	lastHangup  time.Time        // when it was last hung up
 	redialAt    time.Time        // no redial before: after hang-ups in a row, a flood, a failed redial
 	backoff     *backoff.Backoff // the delay behind redialAt, made at first need
@@ -182,13 +181,7 @@ func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
 }
 
 // redialDelay is the next delay before connecting again to a plugin.
-func (p *parts) redialDelay(lv *liveness) time.Duration {
-	if lv.backoff == nil {
-		b := p.newBackoff()
-		lv.backoff = &b
-	}
-	return lv.backoff.Next()
-}
+func (p *parts) redialDelay(lv *liveness) time.Duration { return p.nextDelay(&lv.backoff) }
 
 // live looks after a registered plugin: it connects again once the
 // connection held was hung up, probes when a probe is due, reads what the
@@ -232,7 +225,6 @@ func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time
 	}
 	if err == nil {
 		p.connected()
-		lv.heldSince = now
 		if !lv.probeFailed {
 			lv.socketErr = nil
 		}
@@ -269,9 +261,6 @@ func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn
 		}
 	}
 	p.connected()
-	if p.conns.Get(path) != conn {
-		e.live.heldSince = now
-	}
 	if err := p.conns.Watch(path, conn); err != nil {
 		p.log.Debug("cannot hold the plugin's connection", "socket", path, "err", err)
 	}
@@ -433,14 +422,10 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	now = r.clock.Now()
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
-	if e.backoff == nil {
-		b := r.newBackoff()
-		e.backoff = &b
-	}
 	e.status.Plugin = p
 	e.status.State = StateFailed
 	e.status.Reason, e.status.LastError = reason, printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, why))
-	e.status.NextRetry = now.Add(e.backoff.Next())
+	e.status.NextRetry = now.Add(r.nextDelay(&e.backoff))
 	e.due = e.status.NextRetry
 	return result{at: e.due, err: why, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }

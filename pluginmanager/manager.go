@@ -462,3 +462,13 @@ func (m *Manager) enqueueUnder(dir string) {
 func (p *parts) newBackoff() backoff.Backoff {
 	return backoff.New(p.opts.BackoffInitial, p.opts.BackoffMax, 0.2)
 }
+
+// nextDelay is b's next delay, b made (newBackoff) at its first use: most
+// sockets never fail, and need none.
+func (p *parts) nextDelay(b **backoff.Backoff) time.Duration {
+	if *b == nil {
+		nb := p.newBackoff()
+		*b = &nb
+	}
+	return (*b).Next()
+}

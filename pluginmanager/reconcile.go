@@ -366,13 +366,9 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		if r.outOfFDs(err) {
 			// plugd's own want of descriptors, not the plugin's failure:
 			// tried again with backoff, neither counted nor Stale.
-			if e.backoff == nil {
-				b := r.newBackoff()
-				e.backoff = &b
-			}
 			e.status.State = StatePending
 			e.status.Attempts--
-			e.status.NextRetry = now.Add(e.backoff.Next())
+			e.status.NextRetry = now.Add(r.nextDelay(&e.backoff))
 			e.due = e.status.NextRetry
 			return result{at: e.due}
 		}
@@ -406,11 +402,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 		return res
 	}
 	stale := reason == ReasonDial && refused(err)
-	if e.backoff == nil {
-		b := r.newBackoff()
-		e.backoff = &b
-	}
-	delay := e.backoff.Next()
+	delay := r.nextDelay(&e.backoff)
 	e.status.State = StateFailed
 	if stale {
 		// A socket file nobody listens on: what a crashed plugin leaves.

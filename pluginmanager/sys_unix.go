@@ -14,9 +14,9 @@ import (
 // nobody listens on.
 func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
-// socketFile reports whether the file at path, as fi describes it, is a
-// unix socket.
-func socketFile(_ string, fi fs.FileInfo) bool { return fi.Mode()&fs.ModeSocket != 0 }
+// maybeSocket reports whether a file of this mode may be a unix socket,
+// for statSocket to tell: here, whether it is one.
+func maybeSocket(mode fs.FileMode) bool { return mode&fs.ModeSocket != 0 }
 
 // peerOf asks the kernel who is at the other end of a connection (peerCred,
 // per OS).

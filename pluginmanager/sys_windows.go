@@ -21,6 +21,11 @@ import (
 // briefly.
 const socketProbeTimeout = 100 * time.Millisecond
 
+// maybeSocket reports whether a file of this mode may be a unix socket,
+// for statSocket to tell: anything but a directory or a symlink, which
+// statSocket dials if it does not say it is one.
+func maybeSocket(mode fs.FileMode) bool { return mode&(fs.ModeDir|fs.ModeSymlink) == 0 }
+
 // socketFile reports whether the file at path, as fi describes it, is a
 // unix socket.
 func socketFile(path string, fi fs.FileInfo) bool {

@@ -94,7 +94,7 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 			} else {
 				w.dirs[path] = true
 			}
-		case d.Type()&fs.ModeSymlink == 0:
+		case maybeSocket(d.Type()):
 			// A socket, or on Windows maybe one that does not say so.
 			if id, ok := statSocket(path); ok {
 				found(path, id)
@@ -139,7 +139,7 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			}
 			return
 		}
-		if socketFile(ev.Name, fi) || m.known(ev.Name) {
+		if maybeSocket(fi.Mode()) || m.known(ev.Name) {
 			// A file, FIFO or symlink renamed over a known socket is a
 			// Create of its path too: the worker finds no socket there,
 			// and lets the plugin go now, not at its next probe.
