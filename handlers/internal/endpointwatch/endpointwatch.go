@@ -14,6 +14,7 @@ package endpointwatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -61,6 +62,7 @@ type Watch struct {
 	conn    *unaryconn.Conn
 	timer   *time.Timer
 	retry   backoff.Backoff
+	upAt    time.Time      // when the connection held was made
 	running sync.WaitGroup // reports and reconnections under way
 }
 
@@ -131,6 +133,7 @@ func (w *Watch) hold(conn *unaryconn.Conn) {
 		return
 	}
 	w.conn = conn
+	w.upAt = time.Now()
 	w.mu.Unlock()
 	// Before the watch starts: its hang-up, reported from the watch's
 	// goroutine, comes after.
@@ -179,6 +182,13 @@ func (w *Watch) lost(err error) {
 	if w.stopped {
 		return
 	}
+	// Only a connection that stayed up (longer than the backoff's cap)
+	// starts the backoff again: an endpoint that accepts and hangs up at
+	// once, or floods (unaryconn.ErrFlood), is not dialled four times a
+	// second, as the manager does with registration sockets.
+	if w.conn != nil && time.Since(w.upAt) > w.opts.BackoffMax && !errors.Is(err, unaryconn.ErrFlood) {
+		w.retry.Reset()
+	}
 	w.conn = nil
 	w.timer = time.AfterFunc(w.retry.Next(), w.reconnect)
 }
@@ -204,9 +214,6 @@ func (w *Watch) reconnect() {
 		}
 		return
 	}
-	w.mu.Lock()
-	w.retry.Reset()
-	w.mu.Unlock()
 	w.hold(conn)
 }
 
