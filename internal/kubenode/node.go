@@ -104,7 +104,10 @@ const localResync = 5 * time.Second
 // Each write to the API server is bounded by writeTimeout; failed writes are
 // retried after a backoff from writeBackoffMin, doubling to writeBackoffMax.
 const (
-	writeTimeout    = 10 * time.Second
+	writeTimeout = 10 * time.Second
+	// listTimeout bounds each list of the informers (watches are bounded
+	// by client-go); a list of one node's objects is small.
+	listTimeout     = 30 * time.Second
 	writeBackoffMin = time.Second
 	writeBackoffMax = 2 * time.Minute
 	// minEvalGap spaces out evaluations during a burst of changes.

@@ -91,7 +91,12 @@ func newSource(what, perm, sel string, example runtime.Object, log *slog.Logger,
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
-			obj, err := list(ctx, o)
+			// client-go bounds watches, not lists: an API server that
+			// takes the request and never answers would leave the
+			// source unsynced, and no problem said.
+			lctx, cancel := context.WithTimeout(ctx, listTimeout)
+			defer cancel()
+			obj, err := list(lctx, o)
 			s.record(ctx, err)
 			return obj, err
 		},
