@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
@@ -365,8 +366,8 @@ func (d *Daemon) listen(cfg Config) ([]net.Listener, error) {
 // listenUnix listens on path, replacing a stale socket left by a plugd that
 // died, but never one that a running plugd still serves.
 func listenUnix(path string) (net.Listener, error) {
-	if len(path) >= 108 {
-		return nil, fmt.Errorf("status.socket %s is %d bytes long; unix socket paths must be shorter than 108 bytes: choose a shorter path", path, len(path))
+	if len(path) > confine.MaxPath {
+		return nil, fmt.Errorf("status.socket %s is %d bytes long; unix socket paths may have at most %d here: choose a shorter path", path, len(path), confine.MaxPath)
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o750); err != nil {

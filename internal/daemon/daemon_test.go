@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/plugd/plugd/internal/confine"
 	"io"
 	"net"
 	"net/http"
@@ -98,25 +99,15 @@ func (r *running) waitFor(t *testing.T, id, state string) api.Plugin {
 	}
 }
 
-func startPlugin(t *testing.T, cfg plugin.Config) *plugin.Server {
-	t.Helper()
-	s, err := plugin.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 func TestStatusAPI(t *testing.T) {
 	r := runDaemon(t, Config{})
 	ctx := context.Background()
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	if err := os.Mkdir(filepath.Join(r.dir, "vendor"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	startPlugin(t, plugin.Config{Dir: filepath.Join(r.dir, "vendor"), Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "odd.sock", Type: "example.com/Odd", Name: "odd", Versions: []string{"v1"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: filepath.Join(r.dir, "vendor"), Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "odd.sock", Type: "example.com/Odd", Name: "odd", Versions: []string{"v1"}})
 
 	csi := r.waitFor(t, "csi.sock", "Registered")
 	if csi.Type != "CSIPlugin" || csi.Name != "csi.example.com" || csi.Endpoint != filepath.Join(r.dir, "csi.sock") || !csi.Newest || csi.RegisteredSince.IsZero() {
@@ -360,7 +351,7 @@ func TestKubernetesFromFlagsAndEnv(t *testing.T) {
 
 func TestReload(t *testing.T) {
 	r := runDaemon(t, Config{})
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
 	r.waitFor(t, "g.sock", "Rejected")
 
 	next := r.d.Config()
@@ -434,7 +425,7 @@ func TestStatusSocketDirectoryMustBePrivate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "shorter than 108 bytes") {
+	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("at most %d here", confine.MaxPath)) {
 		t.Errorf("Run with a long socket path = %v", err)
 	}
 }
@@ -520,7 +511,7 @@ func TestHandlersByNameWithDetails(t *testing.T) {
 		{Type: "CSIPlugin", Handler: "csi"},
 		{Type: "DRAPlugin", Handler: "dra"},
 	}})
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "g.sock", Type: "example.com/Greeter", Name: "g", Versions: []string{"v1"}})
 	p := r.waitFor(t, "g.sock", "Registered")
 	details, _ := p.Details.(map[string]any)
 	if details["event"] != "register" || details["result"] != "accepted" || !strings.Contains(fmt.Sprint(details["output"]), "welcome g") {
@@ -528,7 +519,7 @@ func TestHandlersByNameWithDetails(t *testing.T) {
 	}
 	// A device plugin that serves no device service is refused by the real
 	// handler, with its reason.
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
 	if p := r.waitFor(t, "gpu.sock", "Rejected"); !strings.Contains(p.LastError, "Unimplemented") && !strings.Contains(p.LastError, "device") {
 		t.Errorf("device plugin without a device service: %+v", p)
 	}
@@ -602,7 +593,7 @@ func TestPolicyAndLivenessFromFlags(t *testing.T) {
 func TestFindings(t *testing.T) {
 	r := runDaemon(t, Config{Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "missing.example.com"}},
 		Doctor: DoctorConfig{KubeletRoots: []string{"/nonexistent"}}})
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "old.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1alpha"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "old.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1alpha"}})
 	r.waitFor(t, "old.sock", "Registered")
 	fs, err := r.client.Findings(context.Background())
 	if err != nil {
@@ -641,7 +632,7 @@ current-context: c
 `, addr)), 0o600)
 	r := runDaemon(t, Config{Kubernetes: &KubernetesConfig{Kubeconfig: kubeconfig, NodeName: "node-a"},
 		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "csi.example.com"}}, Doctor: DoctorConfig{ProcDir: "none"}})
-	startPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	r.waitFor(t, "csi.sock", "Registered")
 	deadline := time.Now().Add(wait)
 	for {

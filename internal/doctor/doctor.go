@@ -28,9 +28,9 @@ import (
 type Plugin struct {
 	Socket, Type, Name, Endpoint string
 	Versions                     []string
-	// State, Reason and LastError are plugd's (api.Plugin's).
-	State, Reason, LastError string
-	Created                  time.Time
+	// State is plugd's (api.Plugin's).
+	State   string
+	Created time.Time
 	// Answering says the plugin answers GetInfo now.
 	Answering bool
 	// Remembered says Type, Name, Endpoint and Versions are what the socket
