@@ -112,9 +112,9 @@ func TestKubeletHandlerAdapter(t *testing.T) {
 	k := &kubeletStyle{}
 	clk := fakeClock()
 	h := start(t, pluginmanager.Options{HandlerTimeout: 7 * time.Second, Clock: clk}, map[string]pluginmanager.Handler{"DevicePlugin": pluginmanager.KubeletHandler(k)})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
-	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
+	refused := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
 	s := h.WaitSocket(refused.Path(), pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonValidate || s.LastError != "not on the list" || s.NextRetry.IsZero() {
 		t.Errorf("refusal = %+v, want Failed, retried", s)
@@ -179,9 +179,9 @@ func (k *kubeletCSI) DeRegisterPlugin(_ context.Context, name, endpoint string) 
 func TestKubeletCSISecondSocketRegistersOnceTheFirstGoes(t *testing.T) {
 	k := &kubeletCSI{drivers: map[string]string{}}
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.KubeletHandler(k)})
-	first := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-old.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	first := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-old.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
-	second := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-new.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
+	second := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "csi-new.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	if s := h.WaitSocket(second.Path(), pluginmanager.StateFailed); s.Reason != pluginmanager.ReasonValidate {
 		t.Fatalf("the second socket: %+v, want refused and retried", s)
 	}
@@ -198,10 +198,10 @@ func TestKubeletCSISecondSocketRegistersOnceTheFirstGoes(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	h := start(t, pluginmanager.Options{Registerer: reg}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
-	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "ok"})
+	ok := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "ok"})
 	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
 	// A type with no handler is counted under "other", whatever the plugin calls it.
-	odd := startPlugin(t, plugin.Config{Dir: h.dir, Type: "made-up-type-1234", Name: "odd"})
+	odd := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "made-up-type-1234", Name: "odd"})
 	h.WaitSocket(odd.Path(), pluginmanager.StateRejected)
 
 	expected := `
@@ -244,7 +244,7 @@ func TestSlowSubscriberIsToldItLostEvents(t *testing.T) {
 	slow := h.m.Subscribe() // never read until the end
 	defer slow.Close()
 	for _, name := range []string{"a", "b", "c"} {
-		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
 		h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	}
 	// Registration went on regardless. One more event gives the subscriber,
@@ -254,7 +254,7 @@ func TestSlowSubscriberIsToldItLostEvents(t *testing.T) {
 	if first.Type != pluginmanager.EventDiscovered || second.Seq != first.Seq+1 {
 		t.Fatalf("first events = %+v, %+v", first, second)
 	}
-	startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "d"})
+	testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "d"})
 	ev := <-slow.Events()
 	if ev.Type != pluginmanager.EventLost || ev.Missed < 4 || ev.Seq <= second.Seq {
 		t.Errorf("after falling behind got %+v, want a Lost event counting at least 4", ev)
@@ -288,7 +288,7 @@ func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 	for _, deregister := range []bool{false, true} {
 		rec := plugintest.NewRecorder()
 		dir := testenv.ShortDir(t, "pm")
-		p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "x"})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "x"})
 		m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, DeregisterOnShutdown: deregister})
 		if err != nil {
 			t.Fatal(err)
@@ -315,7 +315,7 @@ func TestSubscribeWithReplay(t *testing.T) {
 	<-h.m.Synced()
 	var last pluginmanager.Event
 	for _, name := range []string{"a", "b"} {
-		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name})
 		h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	}
 	all := h.m.SubscribeWithReplay(100)
@@ -332,7 +332,7 @@ func TestSubscribeWithReplay(t *testing.T) {
 		t.Errorf("last replayed = %+v", last)
 	}
 	// Live events follow without a gap.
-	startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "c"})
+	testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "c"})
 	if ev := <-all.Events(); ev.Seq != last.Seq+1 || ev.Type != pluginmanager.EventDiscovered {
 		t.Errorf("first live event = %+v, want seq %d", ev, last.Seq+1)
 	}

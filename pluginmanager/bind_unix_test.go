@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -65,11 +64,7 @@ func TestBoundNotYetListening(t *testing.T) {
 	// The socket is there, and refused, for a while: the manager's first
 	// attempts fall in it.
 	h.Until("the socket discovered", func(ps []pluginmanager.PluginStatus) bool { _, ok := plugintest.Find(ps, path); return ok })
-	for deadline := time.Now().Add(wait); !strings.Contains(log.String(), "not listening yet"); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // a quiet retry is logged at debug level only
-			t.Fatalf("no quiet retry of the refused socket:\n%s", log.String())
-		}
-	}
+	log.Wait(t, "not listening yet", wait) // a quiet retry is logged at debug level only
 	listen(&moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "slow", SupportedVersions: []string{"1.0.0"}}})
 	s := h.WaitSocket(path, pluginmanager.StateRegistered)
 	if s.Attempts != 1 {

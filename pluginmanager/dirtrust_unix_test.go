@@ -133,7 +133,7 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 	log, warnings := testenv.WarnLogger()
 	h := start(t, pluginmanager.Options{Dir: dir, Logger: log, ResyncInterval: time.Second},
 		map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
-	first := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "first.example.com"})
+	first := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "first.example.com"})
 	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
 	first.Close()
 	h.WaitGone(first.Path())
@@ -147,7 +147,7 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 	if err := os.Mkdir(staging, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	planted := startPlugin(t, plugin.Config{Dir: staging, Type: "CSIPlugin", Name: "planted.example.com"})
+	planted := testenv.StartPlugin(t, plugin.Config{Dir: staging, Type: "CSIPlugin", Name: "planted.example.com"})
 	if err := os.Chmod(staging, 0o777); err != nil {
 		t.Fatal(err)
 	}
@@ -158,11 +158,7 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	plantedPath := filepath.Join(dir, filepath.Base(planted.Path()))
-	for deadline := time.Now().Add(wait); !strings.Contains(warnings.String(), "no longer safe from other users"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) { // a poll of the log, with a deadline
-			t.Fatalf("the directory made again by uid 54321, mode 0777, is not said to be unsafe; warnings:\n%s", warnings)
-		}
-	}
+	warnings.Wait(t, "no longer safe from other users", wait) // the directory made again by uid 54321, mode 0777
 	for _, s := range h.m.Plugins() {
 		if s.Socket == plantedPath && s.State == pluginmanager.StateRegistered {
 			t.Errorf("the plugin in the unsafe directory is registered: %+v", s)

@@ -3,6 +3,7 @@ package pluginmanager_test
 import (
 	"context"
 	"errors"
+	"github.com/plugd/plugd/internal/testenv"
 	"net"
 	"path/filepath"
 	"strings"
@@ -85,7 +86,7 @@ func TestEndpointDownIsUnhealthy(t *testing.T) {
 	rh := newReporting()
 	h := start(t, pluginmanager.Options{Clock: clk}, nil)
 	h.m.AddHandler("CSIPlugin", rh, pluginmanager.HandlerOptions{UnhealthyGrace: grace})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "csi", Endpoint: "/csi/csi.sock", Versions: []string{"1.0.0"}})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "csi", Endpoint: "/csi/csi.sock", Versions: []string{"1.0.0"}})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	rh.wait(t)
 

@@ -58,18 +58,6 @@ const pastBindGrace = 3 * time.Second
 // test moves.
 func fakeClock() *testingclock.FakeClock { return testingclock.NewFakeClock(time.Now()) }
 
-// startPlugin serves the registration service with the SDK and closes it at
-// the end of the test.
-func startPlugin(t *testing.T, cfg plugin.Config) *plugin.Server {
-	t.Helper()
-	s, err := plugin.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 // told waits for the plugin's next status from the manager.
 func told(t *testing.T, c <-chan plugin.Status) plugin.Status {
 	t.Helper()
@@ -95,18 +83,6 @@ func calls(rec *plugintest.Recorder) []string {
 		out = append(out, c.Op+" "+c.Plugin.Name)
 	}
 	return out
-}
-
-// staleSocket leaves a socket file at path with nobody listening, as a
-// crashed plugin does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.SetUnlinkOnClose(false)
-	l.Close()
 }
 
 // serveRaw serves srv's services on a socket at path, for plugins the SDK will

@@ -2,6 +2,7 @@ package pluginmanager_test
 
 import (
 	"context"
+	"github.com/plugd/plugd/internal/testenv"
 	"net"
 	"path/filepath"
 	"sync"
@@ -160,7 +161,7 @@ func TestProbeFindingAnotherPluginRegistersItAfresh(t *testing.T) {
 func TestStaleSocketIsReportedAndOptionallyRemoved(t *testing.T) {
 	h := start(t, pluginmanager.Options{RemoveStaleAfter: time.Nanosecond}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	path := filepath.Join(h.dir, "left.sock")
-	staleSocket(t, path)
+	testenv.DeadSocket(t, path)
 	// Stale, then removed by the manager (it is older than a nanosecond),
 	// and so forgotten.
 	if ev := h.WaitEvent(path, pluginmanager.EventFailed); ev.State != pluginmanager.StateStale {

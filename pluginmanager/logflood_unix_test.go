@@ -44,7 +44,7 @@ func deadSocketsLog(t *testing.T, n int, observe bool) {
 	clk.Step(time.Minute) // the sockets are old: no grace for a socket that was just bound
 	dir := testenv.ShortDir(t, "pm")
 	for i := range n {
-		staleSocket(t, filepath.Join(dir, fmt.Sprintf("dead-%05d.sock", i)))
+		testenv.DeadSocket(t, filepath.Join(dir, fmt.Sprintf("dead-%05d.sock", i)))
 	}
 	h := start(t, pluginmanager.Options{
 		Dir:            dir,

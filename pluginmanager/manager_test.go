@@ -26,7 +26,7 @@ func TestRegister(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}, OnStatus: onStatus})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}, OnStatus: onStatus})
 
 	if st := told(t, got); !st.Registered || st.Error != "" {
 		t.Fatalf("plugin was told %+v, want registered", st)
@@ -57,7 +57,7 @@ func equalPlugin(a, b pluginmanager.Plugin) bool {
 func TestEndpointIsKept(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"DRAPlugin": rec})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/run/dra/dra.sock", Versions: []string{"v1.DRAPlugin"}})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/run/dra/dra.sock", Versions: []string{"v1.DRAPlugin"}})
 	if s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered); s.Endpoint != "/run/dra/dra.sock" {
 		t.Errorf("endpoint = %q, want the one the plugin sent", s.Endpoint)
 	}
@@ -66,7 +66,7 @@ func TestEndpointIsKept(t *testing.T) {
 func TestDeregisterOnRemoval(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "a"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "a"})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	if err := p.Close(); err != nil {
@@ -82,13 +82,13 @@ func TestReregisterWhenRecreated(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	cfg := plugin.Config{Dir: h.dir, Socket: "a.sock", Type: "CSIPlugin", Name: "a"}
-	first := startPlugin(t, cfg)
+	first := testenv.StartPlugin(t, cfg)
 	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
 
 	// A restarted plugin removes its old socket and listens anew at the same path.
 	onStatus, got := statuses()
 	cfg.OnStatus = onStatus
-	second := startPlugin(t, cfg)
+	second := testenv.StartPlugin(t, cfg)
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("re-created plugin was told %+v", st)
 	}
@@ -109,7 +109,7 @@ func TestSubdirectoryCreatedAfterStart(t *testing.T) {
 	if err := os.MkdirAll(sub, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	p := startPlugin(t, plugin.Config{Dir: sub, Type: "CSIPlugin", Name: "nested"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: sub, Type: "CSIPlugin", Name: "nested"})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	// And removing the whole directory deregisters what was in it.
@@ -135,10 +135,10 @@ func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
 		if err := os.Mkdir(filepath.Join(dir, "."+tag+"-dir"), 0o750); err != nil {
 			t.Fatal(err)
 		}
-		startPlugin(t, plugin.Config{Dir: filepath.Join(dir, "."+tag+"-dir"), Type: "CSIPlugin", Name: "in-hidden-dir-" + tag})
+		testenv.StartPlugin(t, plugin.Config{Dir: filepath.Join(dir, "."+tag+"-dir"), Type: "CSIPlugin", Name: "in-hidden-dir-" + tag})
 		// A symlink to a socket outside the directory, and to a directory outside it.
 		outside := testenv.ShortDir(t, "pm")
-		out := startPlugin(t, plugin.Config{Dir: outside, Type: "CSIPlugin", Name: "outside-" + tag})
+		out := testenv.StartPlugin(t, plugin.Config{Dir: outside, Type: "CSIPlugin", Name: "outside-" + tag})
 		if err := os.Symlink(out.Path(), filepath.Join(dir, tag+"-link.sock")); err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +151,7 @@ func TestIgnoresHiddenNonSocketsAndSymlinks(t *testing.T) {
 	ignored("after")
 	// Events are handled in order, so once a plugin created last is registered,
 	// everything created before it has been looked at.
-	last := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "real"})
+	last := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "real"})
 	h.WaitSocket(last.Path(), pluginmanager.StateRegistered)
 
 	if ps := h.m.Plugins(); len(ps) != 1 {
@@ -169,7 +169,7 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	path := filepath.Join(h.dir, "crashed.sock")
 	made := time.Now()
-	staleSocket(t, path)
+	testenv.DeadSocket(t, path)
 
 	// The first attempt connects again a few times over some 15ms, and
 	// then quietly for a couple of seconds, before the refusal counts (a
@@ -196,7 +196,7 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 
 	// The plugin comes back: it replaces the stale socket and is registered at once.
 	onStatus, got := statuses()
-	startPlugin(t, plugin.Config{Dir: h.dir, Socket: "crashed.sock", Type: "CSIPlugin", Name: "back", OnStatus: onStatus})
+	testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "crashed.sock", Type: "CSIPlugin", Name: "back", OnStatus: onStatus})
 	if st := told(t, got); !st.Registered {
 		t.Fatalf("told %+v", st)
 	}
@@ -208,7 +208,7 @@ func TestStaleSocketRetriedThenRegistered(t *testing.T) {
 func TestNoHandlerRejectedUntilAddHandler(t *testing.T) {
 	h := start(t, pluginmanager.Options{}, nil)
 	onStatus, got := statuses()
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "example.com/Widget", Name: "w", OnStatus: onStatus})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "example.com/Widget", Name: "w", OnStatus: onStatus})
 
 	st := told(t, got)
 	if st.Registered || !strings.Contains(st.Error, "no handler") || !strings.Contains(st.Error, "example.com/Widget") {
@@ -235,7 +235,7 @@ func TestValidationRefusedIsRejected(t *testing.T) {
 	h := start(t, pluginmanager.Options{BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond},
 		map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
-	bad := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "bad", OnStatus: onStatus})
+	bad := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "bad", OnStatus: onStatus})
 	if st := told(t, got); st.Registered || !strings.Contains(st.Error, "version 0.3 is not supported") {
 		t.Fatalf("told %+v", st)
 	}
@@ -245,7 +245,7 @@ func TestValidationRefusedIsRejected(t *testing.T) {
 	}
 	// With a 1ms backoff, a wrongly retried rejection would have been tried many
 	// times by the time a later plugin is through.
-	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
+	good := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
 	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
 	if n := rec.Count("validate", "bad"); n != 1 {
 		t.Errorf("validated %d times, want once", n)
@@ -261,7 +261,7 @@ func TestRegisterFailureRetried(t *testing.T) {
 	rec.FailRegister("flaky", errors.New("backend not ready (1)"))
 	h := start(t, pluginmanager.Options{Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	onStatus, got := statuses()
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "flaky", OnStatus: onStatus})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "flaky", OnStatus: onStatus})
 
 	for i := 1; i <= 2; i++ {
 		st := told(t, got)
@@ -295,7 +295,7 @@ func TestRegisterTerminalErrorRejects(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	rec.FailRegister("x", pluginmanager.TerminalError(errors.New("license refused")))
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
 	s := h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 	if s.Reason != pluginmanager.ReasonRegister || s.LastError != "license refused" {
 		t.Errorf("status = %+v", s)
@@ -328,7 +328,7 @@ func TestHangingGetInfoDoesNotDelayOthers(t *testing.T) {
 	}
 
 	// While it hangs, another plugin registers.
-	other := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "other"})
+	other := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "other"})
 	h.WaitSocket(other.Path(), pluginmanager.StateRegistered)
 	for _, s := range h.m.Plugins() {
 		if s.Socket == path && s.State != pluginmanager.StateRegistering {
@@ -447,9 +447,9 @@ func TestHandlerBlocksOrPanics(t *testing.T) {
 		}
 	})
 
-	blocks := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "blocks"})
-	panics := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "panics"})
-	fine := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "fine"})
+	blocks := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "blocks"})
+	panics := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "panics"})
+	fine := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "fine"})
 
 	h.WaitSocket(fine.Path(), pluginmanager.StateRegistered)
 	s := h.WaitSocket(blocks.Path(), pluginmanager.StateFailed)
@@ -475,7 +475,7 @@ func TestPanicIsReported(t *testing.T) {
 		ValidateFunc: func(context.Context, pluginmanager.Plugin) error { panic("boom") },
 	}
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
 	s := h.WaitSocket(p.Path(), pluginmanager.StateFailed)
 	if s.Reason != pluginmanager.ReasonValidate || !strings.Contains(s.LastError, "handler Validate panicked: boom") {
 		t.Errorf("status = %s %q, want a retried panic", s.Reason, s.LastError)
@@ -545,9 +545,9 @@ func (l recordingListener) Accept() (net.Conn, error) {
 func TestSeveralInstancesOfOnePlugin(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"DRAPlugin": rec})
-	old := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-old.sock", Type: "DRAPlugin", Name: "dra.example.com"})
+	old := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-old.sock", Type: "DRAPlugin", Name: "dra.example.com"})
 	h.WaitSocket(old.Path(), pluginmanager.StateRegistered)
-	newer := startPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-new.sock", Type: "DRAPlugin", Name: "dra.example.com"})
+	newer := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "dra-new.sock", Type: "DRAPlugin", Name: "dra.example.com"})
 	h.WaitSocket(newer.Path(), pluginmanager.StateRegistered)
 
 	for _, s := range h.m.Plugins() {
@@ -569,7 +569,7 @@ func TestSeveralInstancesOfOnePlugin(t *testing.T) {
 func TestChmodIsNotANewSocket(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{ResyncInterval: 50 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "x"})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	if err := os.Chmod(p.Path(), 0o600); err != nil {
 		t.Fatal(err)
@@ -577,7 +577,7 @@ func TestChmodIsNotANewSocket(t *testing.T) {
 	// Let several resyncs pass (each one would see a changed identity), marked
 	// by a plugin registered after them.
 	for i := range 3 {
-		q := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprint("marker", i)})
+		q := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprint("marker", i)})
 		h.WaitSocket(q.Path(), pluginmanager.StateRegistered)
 	}
 	if n := rec.Count("register", "x"); n != 1 {
@@ -595,7 +595,7 @@ func TestBurstOf1000(t *testing.T) {
 	begin := time.Now()
 	servers := make([]*plugin.Server, n)
 	for i := range n {
-		servers[i] = startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprintf("p%04d", i)})
+		servers[i] = testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: fmt.Sprintf("p%04d", i)})
 	}
 	h.Until("all registered", func(ps []pluginmanager.PluginStatus) bool {
 		registered := 0

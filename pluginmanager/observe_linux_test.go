@@ -50,12 +50,12 @@ func itoa(v uint64) string { return time.Duration(v).String() } // any stable re
 // it cannot write there at all.
 func TestObserverChangesNothing(t *testing.T) {
 	dir := testenv.ShortDir(t, "ro")
-	live := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "live"})
-	staleSocket(t, filepath.Join(dir, "stale.sock"))
+	live := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "live"})
+	testenv.DeadSocket(t, filepath.Join(dir, "stale.sock"))
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	startPlugin(t, plugin.Config{Dir: filepath.Join(dir, "sub"), Type: "DevicePlugin", Name: "nested"})
+	testenv.StartPlugin(t, plugin.Config{Dir: filepath.Join(dir, "sub"), Type: "DevicePlugin", Name: "nested"})
 	// As read-only as this process can make it: a read-only bind mount where
 	// the test may mount (it runs as root in CI), and no write permission.
 	readOnlyMount(t, dir)

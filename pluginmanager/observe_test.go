@@ -61,7 +61,7 @@ func TestObserverBesideARegisteringManager(t *testing.T) {
 	served := make(chan struct{})
 	go func() { defer close(served); srv.Serve(l) }()
 	t.Cleanup(func() { srv.Stop(); <-served; os.Remove(regPath) })
-	greeter := startPlugin(t, plugin.Config{Dir: owner.dir, Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}})
+	greeter := testenv.StartPlugin(t, plugin.Config{Dir: owner.dir, Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}})
 
 	owner.WaitSocket(regPath, pluginmanager.StateRegistered)
 	owner.WaitSocket(greeter.Path(), pluginmanager.StateRegistered)
@@ -161,7 +161,7 @@ func TestObserverLooks(t *testing.T) {
 	clk := fakeClock()
 	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	obs.m.AddObserver("CSIPlugin", l)
-	p := startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
 	obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
 
 	l.down.Store(true)

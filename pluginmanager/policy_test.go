@@ -42,7 +42,7 @@ func TestEndpointRules(t *testing.T) {
 		{filepath.Join(roots, "..", filepath.Base(outside), "csi.sock"), pluginmanager.StateRejected, pluginmanager.ReasonPolicy, "Options.EndpointRoots"},
 	} {
 		name := fmt.Sprintf("p%d", len(h.m.Plugins()))
-		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name, Endpoint: tc.endpoint})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: name, Endpoint: tc.endpoint})
 		s := h.WaitSocket(p.Path(), tc.state)
 		if s.Reason != tc.reason || !strings.Contains(s.LastError, tc.says) {
 			t.Errorf("endpoint %q: %s %s %q, want %s %s %q", tc.endpoint, s.State, s.Reason, s.LastError, tc.state, tc.reason, tc.says)
@@ -62,9 +62,9 @@ func TestAllowedPeers(t *testing.T) {
 	}, map[string]pluginmanager.Handler{"DevicePlugin": plugintest.NewRecorder()})
 	// but for CSI drivers, they may
 	h.m.AddHandler("CSIPlugin", plugintest.NewRecorder(), pluginmanager.HandlerOptions{AllowedPeers: &pluginmanager.Peers{UIDs: []uint32{me}}})
-	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "mine"})
+	ok := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "mine"})
 	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
-	refused := startPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "theirs"})
+	refused := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "theirs"})
 	s := h.WaitSocket(refused.Path(), pluginmanager.StateRejected)
 	want := fmt.Sprintf("runs as uid %d, gid %d, which Options.AllowedPeers does not allow for DevicePlugin plugins (uids [%d], gids [])", me, mygid, me+12345)
 	if s.Reason != pluginmanager.ReasonPolicy || !strings.Contains(s.LastError, want) {

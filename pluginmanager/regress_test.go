@@ -106,7 +106,7 @@ func TestRetryAfterRegisterTimeoutDeregistersFirst(t *testing.T) {
 	}
 	h := start(t, pluginmanager.Options{HandlerTimeout: 100 * time.Millisecond}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	onStatus, got := statuses()
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "slow", OnStatus: onStatus})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "slow", OnStatus: onStatus})
 	h.WaitSocket(p.Path(), pluginmanager.StateFailed)
 	told(t, got) // false: timed out
 	close(release)
@@ -141,7 +141,7 @@ func TestLongReasonIsCutCleanly(t *testing.T) {
 		ValidateFunc: func(context.Context, pluginmanager.Plugin) error { return errors.New(reason) },
 	}})
 	onStatus, got := statuses()
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "u", OnStatus: onStatus})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "u", OnStatus: onStatus})
 	h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 	st := told(t, got)
 	if st.Registered || !strings.HasPrefix(st.Error, "xéé") || len(st.Error) > 1024 || !utf8.ValidString(st.Error) {
@@ -157,9 +157,9 @@ func TestRegistryDirIsASymlink(t *testing.T) {
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
-	startPlugin(t, plugin.Config{Dir: real, Type: "CSIPlugin", Name: "pre"})
+	testenv.StartPlugin(t, plugin.Config{Dir: real, Type: "CSIPlugin", Name: "pre"})
 	h := start(t, pluginmanager.Options{Dir: link}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
-	q := startPlugin(t, plugin.Config{Dir: link, Type: "CSIPlugin", Name: "post"})
+	q := testenv.StartPlugin(t, plugin.Config{Dir: link, Type: "CSIPlugin", Name: "post"})
 	h.WaitSocket(q.Path(), pluginmanager.StateRegistered)
 	h.WaitSocket(filepath.Join(link, "pre.sock"), pluginmanager.StateRegistered)
 }
@@ -168,7 +168,7 @@ func TestRegistryDirIsASymlink(t *testing.T) {
 func TestSyncedMeansKnown(t *testing.T) {
 	dir := testenv.ShortDir(t, "pm")
 	for i := range 50 {
-		startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("s", i)})
+		testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("s", i)})
 	}
 	h := start(t, pluginmanager.Options{Dir: dir, Workers: 1}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	<-h.m.Synced()
@@ -190,7 +190,7 @@ func TestShutdownDeregistersInParallel(t *testing.T) {
 	m.AddHandler("CSIPlugin", pluginmanager.HandlerFuncs{DeregisterFunc: func(context.Context, pluginmanager.Plugin) { <-block }})
 	var ps []*plugin.Server
 	for i := range 10 {
-		ps = append(ps, startPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("d", i)}))
+		ps = append(ps, testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("d", i)}))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -233,8 +233,8 @@ func TestPluginTextIsMadePrintable(t *testing.T) {
 
 	// A socket whose name has a control character is not picked up at all;
 	// one created after it is.
-	startPlugin(t, plugin.Config{Dir: h.dir, Socket: "bad\x1b[2Jname.sock", Type: "CSIPlugin", Name: "bad"})
-	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
+	testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "bad\x1b[2Jname.sock", Type: "CSIPlugin", Name: "bad"})
+	good := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "good"})
 	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
 	for _, p := range h.m.Plugins() {
 		if strings.Contains(p.Socket, "\x1b") {
@@ -272,7 +272,7 @@ func TestWorldWritableRegistryDirIsRefused(t *testing.T) {
 func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	h := start(t, pluginmanager.Options{ResyncInterval: -1}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
-	before := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "before"})
+	before := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "before"})
 	h.WaitSocket(before.Path(), pluginmanager.StateRegistered)
 
 	if err := os.RemoveAll(h.dir); err != nil {
@@ -284,6 +284,6 @@ func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 	if err := os.Mkdir(h.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	after := startPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "after"})
+	after := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "after"})
 	h.WaitSocket(after.Path(), pluginmanager.StateRegistered)
 }

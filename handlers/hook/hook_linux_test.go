@@ -4,6 +4,7 @@ package hook_test
 
 import (
 	"errors"
+	"github.com/plugd/plugd/internal/testenv"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,13 +31,13 @@ func TestCommandTimeoutKillsProcessGroup(t *testing.T) {
 	echo "waiting for the device" >&2
 	sleep 1000
 fi`, dir),
-		Timeout: 300 * time.Millisecond,
+		Timeout: 2 * time.Second, // a failure bound for a shell's start on a loaded machine; the hook hangs it out
 	}, hook.Options{Registerer: reg})
 	h := start(t, hk)
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "slow"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "slow"})
 
 	ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
-	if want := "register hook did not finish within 300ms; it was killed: waiting for the device"; ev.Error != want {
+	if want := "register hook did not finish within 2s; it was killed: waiting for the device"; ev.Error != want {
 		t.Errorf("failed with %q, want %q", ev.Error, want)
 	}
 	waitExited(t, readPid(t, filepath.Join(dir, "child")))

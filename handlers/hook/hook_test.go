@@ -51,7 +51,7 @@ printf '%s\n' "$PLUGD_EVENT" "$PLUGD_PLUGIN_TYPE" "$PLUGD_PLUGIN_NAME" "$PLUGD_P
 		Env: []string{"EXTRA=an extra value", "PLUGD_EVENT=overridden"},
 	}, hook.Options{Registerer: reg})
 	h := start(t, hk)
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "hook.example.com", Endpoint: "/run/example/api.sock", Versions: []string{"1.0", "2.0"}})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "hook.example.com", Endpoint: "/run/example/api.sock", Versions: []string{"1.0", "2.0"}})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 
 	want := pluginmanager.Plugin{Type: typ, Name: "hook.example.com", Endpoint: "/run/example/api.sock", Versions: []string{"1.0", "2.0"}, Socket: p.Path()}
@@ -115,8 +115,8 @@ echo "$PLUGD_EVENT $PLUGD_PLUGIN_NAME" >> "$1/calls"`, dir),
 	}, hook.Options{})
 	h := start(t, hk)
 	onStatus, told := statuses()
-	bad := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "bad", OnStatus: onStatus})
-	good := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "good"})
+	bad := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "bad", OnStatus: onStatus})
+	good := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "good"})
 
 	const reason = `validate hook refused the plugin (exit status 1): checking...\n\x1b[31mplugin bad is not allowed\x1b[0m`
 	s := h.WaitSocket(bad.Path(), pluginmanager.StateRejected)
@@ -141,7 +141,7 @@ func TestCommandRegisterExitStatus(t *testing.T) {
 	t.Run("3 refuses for good", func(t *testing.T) {
 		hk := newHook(t, hook.Config{Command: sh(`echo "no room for $PLUGD_PLUGIN_NAME" >&2; exit 3`)}, hook.Options{})
 		h := start(t, hk)
-		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "full"})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "full"})
 		s := h.WaitSocket(p.Path(), pluginmanager.StateRejected)
 		if want := "register hook refused the plugin (exit status 3): no room for full"; s.Reason != pluginmanager.ReasonRegister || s.LastError != want || s.Attempts != 1 {
 			t.Errorf("status = %+v, want rejected at register after 1 attempt with %q", s, want)
@@ -153,7 +153,7 @@ func TestCommandRegisterExitStatus(t *testing.T) {
 		hk := newHook(t, hook.Config{Command: sh(`echo run >> "$1/runs"
 if [ "$(wc -l < "$1/runs")" -lt 3 ]; then echo "busy, try again" >&2; exit 1; fi`, dir)}, hook.Options{Registerer: reg})
 		h := start(t, hk)
-		p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "busy"})
+		p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "busy"})
 		ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
 		if want := "register hook refused the plugin (exit status 1): busy, try again"; ev.Reason != pluginmanager.ReasonRegister || ev.Error != want {
 			t.Errorf("failed with %s %q, want register %q", ev.Reason, ev.Error, want)
@@ -223,10 +223,10 @@ func TestHTTP(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	hk := newHook(t, hook.Config{URL: srv.URL + "/hooks/plugd", Events: []string{"validate", "register"}}, hook.Options{Registerer: reg, HTTPClient: srv.Client()})
 	h := start(t, hk)
-	ok := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "ok", Versions: []string{"v1"}})
-	denyValidate := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "deny-validate"})
-	denyRegister := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "deny-register"})
-	flaky := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "flaky"})
+	ok := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "ok", Versions: []string{"v1"}})
+	denyValidate := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "deny-validate"})
+	denyRegister := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "deny-register"})
+	flaky := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "flaky"})
 
 	h.WaitSocket(ok.Path(), pluginmanager.StateRegistered)
 	s := h.WaitSocket(denyValidate.Path(), pluginmanager.StateRejected)
@@ -265,7 +265,7 @@ func TestHTTPUnreachable(t *testing.T) {
 	srv.Close() // nothing listens at its address any more
 	hk := newHook(t, hook.Config{URL: srv.URL + "/hook?token=s3cret", Events: []string{"validate"}}, hook.Options{})
 	h := start(t, hk)
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "a"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "a"})
 	ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed)
 	// Validate cannot ask for a retry; Register does it for it.
 	if ev.Reason != pluginmanager.ReasonRegister || !strings.HasPrefix(ev.Error, "validate hook failed: ") || strings.Contains(ev.Error, "s3cret") {
@@ -284,7 +284,7 @@ func TestDeregister(t *testing.T) {
 if [ "$PLUGD_EVENT" = deregister ]; then echo "cleanup failed" >&2; exit 1; fi`, dir)},
 		hook.Options{Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	h := start(t, hk)
-	p := startPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "leaving"})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: typ, Name: "leaving"})
 	s := h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	if hk.Details(s.Plugin) == nil {
 		t.Fatal("no Details for a registered plugin")
@@ -452,18 +452,6 @@ func start(t *testing.T, h pluginmanager.Handler) *harness {
 	pm := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{typ: h})
 	pm.Timeout = wait
 	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir}
-}
-
-// startPlugin serves the registration service with the SDK and closes it at
-// the end of the test.
-func startPlugin(t *testing.T, cfg plugin.Config) *plugin.Server {
-	t.Helper()
-	s, err := plugin.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // statuses returns an OnStatus callback and the channel it feeds.

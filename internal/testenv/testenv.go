@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,15 +33,45 @@ func ShortDir(t testing.TB, prefix string) string {
 // Buffer is a bytes.Buffer that one goroutine can write, as a log or a
 // process's output, while the test reads it. The zero value is ready to use.
 type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed at the next Write (Wait's), then made anew
 }
 
 // Write appends p to the buffer.
 func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.written != nil {
+		close(b.written)
+		b.written = nil
+	}
 	return b.b.Write(p)
+}
+
+// Wait waits until what was written contains s, failing the test after
+// timeout (a failure bound, not a pace): it wakes at each Write.
+func (b *Buffer) Wait(t testing.TB, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		b.mu.Lock()
+		if strings.Contains(b.b.String(), s) {
+			b.mu.Unlock()
+			return
+		}
+		if b.written == nil {
+			b.written = make(chan struct{})
+		}
+		written := b.written
+		b.mu.Unlock()
+		select {
+		case <-written:
+		case <-deadline.C:
+			t.Fatalf("%q not written within %s; written:\n%s", s, timeout, b.String())
+		}
+	}
 }
 
 // String returns everything written so far.

@@ -334,11 +334,10 @@ func TestWatchFlood(t *testing.T) {
 			if !errors.Is(err, ErrFlood) {
 				t.Fatalf("hang-up %v, not ErrFlood", err)
 			}
-			if n := recv(t, sent); n > floodBurst+100 {
-				// What the socket's buffers held when the watch
-				// stopped reading, beyond the burst: bounded by them.
-				t.Logf("the peer wrote %d frames before it found the connection closed", n)
-			}
+			// What the peer wrote beyond what the watch read is what the
+			// socket's buffers held when it stopped reading: told, not
+			// bounded here (the buffers' size is the kernel's).
+			t.Logf("the peer wrote %d frames before it found the connection closed (the watch reads at most %d)", recv(t, sent), floodBurst)
 			_, err = info(c, wait, 1<<16)
 			wantCode(t, err, codes.Unavailable)
 			if !errors.Is(err, ErrFlood) {
