@@ -8,9 +8,9 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// Watch keeps an idle connection alive and tells when it ends: one
-// goroutine, blocked in a read of the socket, answers the peer's PINGs and
-// SETTINGS and takes its window updates, and calls onHangup once when the
+// Watch keeps an idle connection alive and tells when it ends: whenever
+// the peer sends something, it is read and handled (PINGs and SETTINGS
+// answered, window updates taken), and onHangup is called once when the
 // connection ends while idle, with an error that matches
 //
 //   - ErrHangup: the peer closed or reset the connection, or sent GOAWAY
@@ -21,9 +21,9 @@ import (
 //     (an answer, when no call is in flight).
 //
 // The connection is closed by then (a gracefully stopping gRPC server waits
-// for that). onHangup runs on the watch goroutine and may call any method
-// of c, Close included; it may run while, or just after, a racing Close
-// returns, but is never called for what Close did.
+// for that). onHangup runs on a goroutine of the watch's and may call any
+// method of c, Close included; it may run while, or just after, a racing
+// Close returns, but is never called for what Close did.
 //
 // A call made on a watched connection takes the socket from the watch and
 // gives it back when it ends: what the watch had read of a frame is the
@@ -38,9 +38,13 @@ import (
 // pluginmanager holds every registered plugin's connection so (its
 // internal/connset), on every platform.
 //
-// What watching costs a connection: a goroutine's smallest stack (2 KiB)
-// and about 1 KiB of heap; 3.6 KiB of resident memory each at 5,000
-// connections (bench/cmd/heldconns measures it; bench/README.md has it).
+// What watching costs a connection: on Linux, one epoll set waits for all
+// the watched sockets of the process at once, and a goroutine runs only
+// while what a peer sent is read (poll_linux.go): about 0.2 KiB of heap a
+// connection. Elsewhere a goroutine waits in a read of each: its smallest
+// stack (2 KiB) and about 1 KiB of heap, 3.6 KiB of resident memory each at
+// 5,000 connections (bench/cmd/heldconns measures both; bench/README.md has
+// the figures).
 func (c *Conn) Watch(onHangup func(err error)) error {
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
@@ -61,13 +65,25 @@ func (c *Conn) Watch(onHangup func(err error)) error {
 	return nil
 }
 
-// watch is one run of the watch goroutine: from Watch, or the end of a call,
-// to a hang-up, Close, or the next call.
+// watch is one run of the watch: from Watch, or the end of a call, to a
+// hang-up, Close, or the next call. It is either a goroutine's, blocked in
+// a read (done is set), or in the process's epoll set (p is set).
 type watch struct {
 	stop bool          // a call or Close wants the socket back; c.mu guards it
-	done chan struct{} // closed when the goroutine no longer touches the socket
+	done chan struct{} // the goroutine's: closed when it no longer touches the socket
 	hdr  [9]byte       // what it reads into while nothing of a frame has come
+
+	c  *Conn
+	p  *poller // the epoll set it is in (poll_linux.go); nil for a goroutine
+	id int32   // its key in p
 }
+
+// pollWatches is whether watches go into the epoll set where there is one
+// (Linux); tests turn it off to test the goroutine that other platforms
+// use.
+var pollWatches atomic.Bool
+
+func init() { pollWatches.Store(true) }
 
 // What a watched connection's peer may send: one token a read that returns
 // something (a frame takes one or two), floodBurst at once, refilled at
@@ -110,8 +126,13 @@ func (c *Conn) resumeWatchLocked() {
 		c.onHangup = nil
 		return
 	}
-	w := &watch{done: make(chan struct{})}
+	w := &watch{c: c}
 	c.w = w
+	if pollWatches.Load() && c.pollLocked(w) == nil {
+		return
+	}
+	// No epoll set (not Linux, or none could be made): a goroutine.
+	w.done = make(chan struct{})
 	go c.watch(w)
 }
 
@@ -121,6 +142,12 @@ func (c *Conn) resumeWatchLocked() {
 func (c *Conn) stopWatchLocked() {
 	w := c.w
 	if w == nil {
+		return
+	}
+	if w.p != nil {
+		// A turn at reading holds c.mu: none is under way.
+		c.unpollLocked(w)
+		c.w = nil
 		return
 	}
 	w.stop = true
@@ -149,26 +176,13 @@ func (c *Conn) watch(w *watch) {
 			c.hangupLocked(w, c.broken)
 			return
 		}
-		n0 := len(c.rest)
-		need := 9 - n0
-		if n0 >= 9 {
-			need = 9 + (int(c.rest[0])<<16 | int(c.rest[1])<<8 | int(c.rest[2])) - n0
-		}
-		if n0 == 0 {
-			c.rest = w.hdr[:0] // no allocation while waiting for a frame
-		} else if cap(c.rest)-n0 < need {
-			c.rest = append(make([]byte, 0, n0+need), c.rest...)
-		}
-		buf := c.rest[n0 : n0+need]
+		n0, buf := c.nextReadLocked(w)
 		c.mu.Unlock()
 
 		got, err := c.readWatched(buf)
 
 		c.mu.Lock()
-		c.rest = c.rest[:n0+got]
-		if len(c.rest) == 0 {
-			c.rest = nil
-		}
+		c.readDoneLocked(n0, got)
 		if w.stop || c.closed || c.closing.Load() {
 			continue // handed back, with what was read of the frame
 		}
@@ -179,6 +193,31 @@ func (c *Conn) watch(w *watch) {
 	}
 }
 
+// nextReadLocked returns where the watch reads next: exactly what completes
+// the frame at hand (its header, or the rest of it), which it appends to
+// c.rest, of which n0 bytes are there already.
+func (c *Conn) nextReadLocked(w *watch) (n0 int, buf []byte) {
+	n0 = len(c.rest)
+	need := 9 - n0
+	if n0 >= 9 {
+		need = 9 + (int(c.rest[0])<<16 | int(c.rest[1])<<8 | int(c.rest[2])) - n0
+	}
+	if n0 == 0 {
+		c.rest = w.hdr[:0] // no allocation while waiting for a frame
+	} else if cap(c.rest)-n0 < need {
+		c.rest = append(make([]byte, 0, n0+need), c.rest...)
+	}
+	return n0, c.rest[n0 : n0+need]
+}
+
+// readDoneLocked keeps the got bytes read into what nextReadLocked returned.
+func (c *Conn) readDoneLocked(n0, got int) {
+	c.rest = c.rest[:n0+got]
+	if len(c.rest) == 0 {
+		c.rest = nil
+	}
+}
+
 // readWatched fills buf from the socket. It fails with ErrFlood as soon as
 // the peer has sent more than the bucket allows.
 func (c *Conn) readWatched(buf []byte) (int, error) {
@@ -186,19 +225,29 @@ func (c *Conn) readWatched(buf []byte) (int, error) {
 	for got < len(buf) {
 		n, err := c.nc.Read(buf[got:])
 		got += n
-		if hook := testHookWatchRead.Load(); hook != nil {
-			(*hook)(n)
-		}
-		if n > 0 && !c.flood.take(c.now()) {
-			return got, newError(codes.Unavailable, ErrFlood,
-				"the peer sent an idle connection more than it needs (over %d frames at once, or %d a second); closed it",
-				floodBurst/2, floodRate/2)
+		if err := c.tookRead(n); err != nil {
+			return got, err
 		}
 		if err != nil {
 			return got, frameError("watching the idle connection", err)
 		}
 	}
 	return got, nil
+}
+
+// tookRead counts a read of n bytes against what the peer may send: it
+// fails with ErrFlood as soon as the peer has sent more than the bucket
+// allows.
+func (c *Conn) tookRead(n int) error {
+	if hook := testHookWatchRead.Load(); hook != nil {
+		(*hook)(n)
+	}
+	if n > 0 && !c.flood.take(c.now()) {
+		return newError(codes.Unavailable, ErrFlood,
+			"the peer sent an idle connection more than it needs (over %d frames at once, or %d a second); closed it",
+			floodBurst/2, floodRate/2)
+	}
+	return nil
 }
 
 // hangupLocked ends the watch on a hang-up: the connection is closed and
@@ -208,11 +257,16 @@ func (c *Conn) hangupLocked(w *watch, err error) {
 		c.broken = err
 	}
 	err = c.broken
+	if w.p != nil {
+		c.unpollLocked(w) // before the socket's number may be reused
+	}
 	c.closeSocket()
 	onHangup := c.onHangup
 	c.onHangup = nil
 	c.w = nil
-	close(w.done)
+	if w.done != nil {
+		close(w.done)
+	}
 	c.mu.Unlock()
 	onHangup(err)
 }

@@ -23,6 +23,23 @@ func watched(t *testing.T, c *Conn) <-chan error {
 	return hung
 }
 
+// eachWatch runs test with each way a connection may be watched: in the
+// epoll set (Linux) and by a goroutine of its own (everywhere else; on
+// Linux only when told to).
+func eachWatch(t *testing.T, test func(*testing.T)) {
+	for _, poll := range []bool{true, false} {
+		name := "goroutine"
+		if poll {
+			name = "poll"
+		}
+		t.Run(name, func(t *testing.T) {
+			pollWatches.Store(poll)
+			t.Cleanup(func() { pollWatches.Store(true) })
+			test(t)
+		})
+	}
+}
+
 // noHangup fails the test if the watch has reported a hang-up.
 func noHangup(t *testing.T, hung <-chan error) {
 	t.Helper()
@@ -35,7 +52,9 @@ func noHangup(t *testing.T, hung <-chan error) {
 
 // TestWatchPing: a watched idle connection answers PINGs, whole or arriving
 // in pieces, and takes a GOAWAY for a hang-up, closing the connection.
-func TestWatchPing(t *testing.T) {
+func TestWatchPing(t *testing.T) { eachWatch(t, testWatchPing) }
+
+func testWatchPing(t *testing.T) {
 	step := make(chan string)
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
@@ -91,7 +110,9 @@ func TestWatchPing(t *testing.T) {
 }
 
 // TestWatchServerStop: a server's end is seen at once, with no call.
-func TestWatchServerStop(t *testing.T) {
+func TestWatchServerStop(t *testing.T) { eachWatch(t, testWatchServerStop) }
+
+func testWatchServerStop(t *testing.T) {
 	for _, graceful := range []bool{false, true} {
 		srv, path := newServer(t, registration{})
 		t.Cleanup(srv.Stop)
@@ -119,7 +140,9 @@ func TestWatchServerStop(t *testing.T) {
 // TestWatchCalls: calls on a watched connection take it from the watch and
 // give it back, with the server's PINGs and window updates coming between
 // (grpc-go's server sends them as it answers).
-func TestWatchCalls(t *testing.T) {
+func TestWatchCalls(t *testing.T) { eachWatch(t, testWatchCalls) }
+
+func testWatchCalls(t *testing.T) {
 	c := dial(t, serve(t, registration{}))
 	hung := watched(t, c)
 	var wg sync.WaitGroup
@@ -149,7 +172,9 @@ func TestWatchCalls(t *testing.T) {
 
 // TestWatchHandover: a call that begins while the watch has read part of a
 // frame finishes reading the frame itself, and answers it.
-func TestWatchHandover(t *testing.T) {
+func TestWatchHandover(t *testing.T) { eachWatch(t, testWatchHandover) }
+
+func testWatchHandover(t *testing.T) {
 	reads := make(chan int, 16)
 	setReadHook(t, reads)
 	acked := make(chan string, 1)
@@ -204,7 +229,9 @@ func setReadHook(t *testing.T, reads chan<- int) {
 
 // TestWatchAnswerWhenIdle: what may only come in answer to a call breaks a
 // watched idle connection.
-func TestWatchAnswerWhenIdle(t *testing.T) {
+func TestWatchAnswerWhenIdle(t *testing.T) { eachWatch(t, testWatchAnswerWhenIdle) }
+
+func testWatchAnswerWhenIdle(t *testing.T) {
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -228,7 +255,9 @@ func TestWatchAnswerWhenIdle(t *testing.T) {
 // TestWatchEndedByACall: a call that leaves the connection unusable (the
 // server answers, and sends GOAWAY) ends the watch without a hang-up: its
 // caller can tell.
-func TestWatchEndedByACall(t *testing.T) {
+func TestWatchEndedByACall(t *testing.T) { eachWatch(t, testWatchEndedByACall) }
+
+func testWatchEndedByACall(t *testing.T) {
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
 		s := p.readRequest(getInfo, true)
@@ -256,7 +285,9 @@ func TestWatchEndedByACall(t *testing.T) {
 	}
 }
 
-func TestWatchTwice(t *testing.T) {
+func TestWatchTwice(t *testing.T) { eachWatch(t, testWatchTwice) }
+
+func testWatchTwice(t *testing.T) {
 	c := dial(t, serve(t, registration{}))
 	watched(t, c)
 	if err := c.Watch(func(error) {}); err == nil {
@@ -267,7 +298,9 @@ func TestWatchTwice(t *testing.T) {
 // TestWatchFlood: a peer that floods an idle connection has it closed with
 // ErrFlood, after the bucket's burst (the clock stands still here, so that
 // nothing refills it); one that sends as much, slowly enough, keeps it.
-func TestWatchFlood(t *testing.T) {
+func TestWatchFlood(t *testing.T) { eachWatch(t, testWatchFlood) }
+
+func testWatchFlood(t *testing.T) {
 	frame := func(write func(fr *http2.Framer)) []byte {
 		var b bytes.Buffer
 		write(http2.NewFramer(&b, nil))
@@ -350,7 +383,9 @@ func TestWatchFlood(t *testing.T) {
 // TestWatchBusyButBounded: 2,000 PINGs at the sustained rate the bucket
 // allows (the clock moves a read's worth of refill a read) keep the
 // connection, and are all answered.
-func TestWatchBusyButBounded(t *testing.T) {
+func TestWatchBusyButBounded(t *testing.T) { eachWatch(t, testWatchBusyButBounded) }
+
+func testWatchBusyButBounded(t *testing.T) {
 	const pings = 2000
 	acks := make(chan int, 1)
 	path := rawPeer(t, func(p *peer) {
@@ -388,7 +423,9 @@ func TestWatchBusyButBounded(t *testing.T) {
 // TestWatchRSTAfterAnswer: a server may reset a stream it has answered in
 // full; on a watched idle connection that is no reason to hang up. A reset
 // of a stream never opened is.
-func TestWatchRSTAfterAnswer(t *testing.T) {
+func TestWatchRSTAfterAnswer(t *testing.T) { eachWatch(t, testWatchRSTAfterAnswer) }
+
+func testWatchRSTAfterAnswer(t *testing.T) {
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -416,7 +453,9 @@ func TestWatchRSTAfterAnswer(t *testing.T) {
 // TestWatchAcknowledgesSettings: a connection dialed and watched with no
 // call made on it still acknowledges the peer's SETTINGS: some servers close
 // a connection that leaves them unacknowledged.
-func TestWatchAcknowledgesSettings(t *testing.T) {
+func TestWatchAcknowledgesSettings(t *testing.T) { eachWatch(t, testWatchAcknowledgesSettings) }
+
+func testWatchAcknowledgesSettings(t *testing.T) {
 	acked := make(chan bool)
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
