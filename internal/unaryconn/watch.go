@@ -40,9 +40,9 @@ import (
 //
 // What watching costs a connection: on Linux, one epoll set waits for all
 // the watched sockets of the process at once, and a goroutine runs only
-// while what a peer sent is read (poll_linux.go): about 0.2 KiB of heap a
+// while what a peer sent is read (poll_linux.go): about 0.1 KiB a
 // connection. Elsewhere a goroutine waits in a read of each: its smallest
-// stack (2 KiB) and about 1 KiB of heap, 3.6 KiB of resident memory each at
+// stack (2 KiB) and about 1 KiB of heap, 3 KiB of resident memory each at
 // 5,000 connections (bench/cmd/heldconns measures both; bench/README.md has
 // the figures).
 func (c *Conn) Watch(onHangup func(err error)) error {
@@ -79,11 +79,16 @@ type watch struct {
 }
 
 // pollWatches is whether watches go into the epoll set where there is one
-// (Linux); tests turn it off to test the goroutine that other platforms
-// use.
+// (Linux).
 var pollWatches atomic.Bool
 
 func init() { pollWatches.Store(true) }
+
+// WatchWithGoroutines has the watches started from now on each take a
+// goroutine, as on platforms without epoll, even on Linux (on: true), or go
+// into the epoll set again (false). It is for comparing the two: the tests
+// run both, bench/cmd/heldconns measures both.
+func WatchWithGoroutines(on bool) { pollWatches.Store(!on) }
 
 // What a watched connection's peer may send: one token a read that returns
 // something (a frame takes one or two), floodBurst at once, refilled at

@@ -33,8 +33,8 @@ func eachWatch(t *testing.T, test func(*testing.T)) {
 			name = "poll"
 		}
 		t.Run(name, func(t *testing.T) {
-			pollWatches.Store(poll)
-			t.Cleanup(func() { pollWatches.Store(true) })
+			WatchWithGoroutines(!poll)
+			t.Cleanup(func() { WatchWithGoroutines(false) })
 			test(t)
 		})
 	}

@@ -1,7 +1,9 @@
 // Command heldconns measures what holding one connection per plugin costs
 // the manager's process, for each transport plugd could hold them with
-// (issue 12): unaryconn held idle (what pluginmanager's epoll set watches
-// today), unaryconn with Watch (a goroutine per connection, portable), the
+// (issue 12): unaryconn held idle and unwatched (the floor), unaryconn with
+// Watch (on Linux one epoll set for all, what plugd does there), unaryconn
+// with Watch and a goroutine per connection (what plugd does on other
+// platforms), the
 // standard library's HTTP/2 client (one http.Transport,
 // Transport.NewClientConn per plugin), and a grpc-go ClientConn per plugin.
 //
@@ -49,13 +51,14 @@ import (
 
 // The transports measured.
 const (
-	unaryHeld  = "unaryconn"
-	unaryWatch = "unaryconn+Watch"
-	stdHTTP2   = "net/http HTTP/2"
-	grpcGo     = "grpc-go"
+	unaryHeld   = "unaryconn"
+	unaryWatch  = "unaryconn+Watch"
+	unaryWatchG = "unaryconn+Watch, goroutine each"
+	stdHTTP2    = "net/http HTTP/2"
+	grpcGo      = "grpc-go"
 )
 
-var transports = []string{unaryHeld, unaryWatch, stdHTTP2, grpcGo}
+var transports = []string{unaryHeld, unaryWatch, unaryWatchG, stdHTTP2, grpcGo}
 
 const getInfo = "/pluginregistration.Registration/GetInfo"
 
@@ -295,7 +298,8 @@ func hold(ctx context.Context, transport, sock string, n int) ([]any, error) {
 	tr.Protocols.SetUnencryptedHTTP2(true)
 	for range n {
 		switch transport {
-		case unaryHeld, unaryWatch:
+		case unaryHeld, unaryWatch, unaryWatchG:
+			unaryconn.WatchWithGoroutines(transport == unaryWatchG)
 			c, err := unaryconn.Dial(ctx, sock)
 			if err != nil {
 				return nil, err
@@ -303,7 +307,7 @@ func hold(ctx context.Context, transport, sock string, n int) ([]any, error) {
 			if err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &registerapi.PluginInfo{}, 1<<16); err != nil {
 				return nil, err
 			}
-			if transport == unaryWatch {
+			if transport != unaryHeld {
 				if err := c.Watch(func(err error) { fmt.Fprintln(os.Stderr, "hang-up:", err) }); err != nil {
 					return nil, err
 				}
