@@ -75,8 +75,8 @@ type Conn struct {
 	callMu sync.Mutex // held for a call's length: one at a time
 
 	// mu guards what follows. A call holds it while it runs; the watch
-	// goroutine (see Watch) holds it while it handles what it read, not
-	// while it waits to read.
+	// (see Watch) holds it while it reads without waiting and handles
+	// what it read, not while it waits to read.
 	mu          sync.Mutex
 	dec         *hpack.Decoder // the peer's header compression state, which lasts as long as the connection
 	rest        []byte         // bytes read past the last call's last frame
@@ -94,7 +94,7 @@ type Conn struct {
 	closing     atomic.Bool    // Close was called: set before it closes the socket, which the watch may see first
 
 	onHangup func(error) // Watch's callback, while the connection is watched
-	w        *watch      // the watch goroutine reading the idle connection, if one runs
+	w        *watch      // the watch of the idle connection, if one runs
 	flood    bucket      // what the peer may still send a watched connection
 
 	now func() time.Time // the clock; tests set their own
@@ -223,8 +223,8 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.nc.SyscallConn(
 
 // Close closes the connection. A call in flight fails; a watch ends without
 // calling its onHangup (unless it was already doing so: Close and a hang-up
-// may cross). Close returns once the watch goroutine has let go of the
-// connection, and may be called more than once, and from onHangup.
+// may cross). Close returns once the watch has let go of the connection,
+// and may be called more than once, and from onHangup.
 func (c *Conn) Close() error {
 	c.closing.Store(true)
 	err := c.closeSocket() // first, without c.mu: a call in flight fails at once
@@ -289,10 +289,11 @@ func (c *Conn) idleFrames() bool {
 			return false
 		}
 	}
-	// What is left is less than a frame (its size was checked above).
+	// What is left is less than a frame (its size was checked above),
+	// kept where it is if no frame came before it.
 	if r.Len() == 0 {
 		c.rest = nil
-	} else {
+	} else if r.Len() < len(c.rest) {
 		c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
 	}
 	if c.ackSettings {

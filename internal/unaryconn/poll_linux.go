@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,8 +22,8 @@ import (
 // socket, and exists while connections are watched: it is made for the
 // first and closed with the last, so that nothing outlives them.
 
-// polls is the process's epoll set, if connections are watched.
-var polls struct {
+// procPoller is the process's epoll set, if connections are watched.
+var procPoller struct {
 	mu sync.Mutex
 	p  *poller // nil while none is
 }
@@ -32,7 +33,7 @@ type poller struct {
 	fd int      // the epoll set
 	f  *os.File // fd, in Go's netpoller; closed with the last watch
 
-	// What follows is guarded by polls.mu.
+	// What follows is guarded by procPoller.mu.
 	watches map[int32]*watch // by the id in their sockets' epoll data
 	next    int32
 }
@@ -47,22 +48,26 @@ var errWouldBlock = errors.New("nothing to read yet")
 // pollLocked puts w's socket into the epoll set. On error the caller
 // watches with a goroutine instead.
 func (c *Conn) pollLocked(w *watch) error {
-	polls.mu.Lock()
-	defer polls.mu.Unlock()
-	p := polls.p
+	procPoller.mu.Lock()
+	defer procPoller.mu.Unlock()
+	p := procPoller.p
 	if p == nil {
 		var err error
 		if p, err = newPoller(); err != nil {
 			return err
 		}
-		polls.p = p
+		procPoller.p = p
 	}
 	for p.next++; p.next == 0 || p.watches[p.next] != nil; p.next++ {
 	}
 	w.p, w.id = p, p.next
 	p.watches[w.id] = w
 	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
-		p.removeLocked(w)
+		if f := p.removeLocked(w); f != nil {
+			// A set that never held a socket: run has no event in
+			// hand, so it is not waiting for procPoller.mu.
+			f.Close()
+		}
 		w.p = nil
 		return err
 	}
@@ -74,13 +79,29 @@ func (c *Conn) pollLocked(w *watch) error {
 	return nil
 }
 
-// unpollLocked takes w's socket out of the epoll set.
+// unpollLocked takes w's socket out of the epoll set, and closes the set if
+// it was the last.
 func (c *Conn) unpollLocked(w *watch) {
-	w.ctl(unix.EPOLL_CTL_DEL) // fails for a socket closed already: the kernel took it out
-	polls.mu.Lock()
-	w.p.removeLocked(w)
-	polls.mu.Unlock()
+	// Control refuses a socket that is closed (or closing): its
+	// registration goes with it, once nothing else holds the socket open.
+	w.ctl(unix.EPOLL_CTL_DEL)
+	procPoller.mu.Lock()
+	f := w.p.removeLocked(w)
+	procPoller.mu.Unlock()
+	if f != nil {
+		// Not under procPoller.mu: Close waits for run to let go of the
+		// set, and run may have an event in hand for which start waits
+		// for the lock. run never takes c.mu.
+		if hook := testHookPoll.Load(); hook != nil {
+			(*hook)("close")
+		}
+		f.Close()
+	}
 }
+
+// testHookPoll, if set, is called where run has events in hand ("start")
+// and before the set is closed ("close").
+var testHookPoll atomic.Pointer[func(where string)]
 
 // ctl adds, arms again or deletes w's socket in the epoll set.
 func (w *watch) ctl(op int) error {
@@ -103,9 +124,10 @@ func (w *watch) ctl(op int) error {
 }
 
 // pollStep is a turn of a watch in the epoll set, its socket being readable:
-// it reads what has come, frame by frame as the goroutine does, handles it,
-// and arms the socket again, or ends the watch at a hang-up. It holds c.mu
-// throughout, which no read here waits under.
+// it reads what has come, as the goroutine does (the rest of the frame at
+// hand, no further), handles the frames completed, and arms the socket
+// again, or ends the watch at a hang-up. It holds c.mu throughout: none of
+// its reads waits.
 func (c *Conn) pollStep(w *watch) {
 	c.mu.Lock()
 	if c.w != w {
@@ -120,6 +142,9 @@ func (c *Conn) pollStep(w *watch) {
 			return
 		}
 		if !c.idleFrames() {
+			if c.closing.Load() {
+				continue // its write failed for Close
+			}
 			c.hangupLocked(w, c.broken)
 			return
 		}
@@ -229,6 +254,9 @@ func (p *poller) run(raw syscall.RawConn) {
 				if n <= 0 {
 					return false // wait until the set is readable again
 				}
+				if hook := testHookPoll.Load(); hook != nil {
+					(*hook)("start")
+				}
 				p.start(events[:n])
 			}
 		})
@@ -240,8 +268,8 @@ func (p *poller) run(raw syscall.RawConn) {
 
 // start starts the turns of the watches of events.
 func (p *poller) start(events []unix.EpollEvent) {
-	polls.mu.Lock()
-	defer polls.mu.Unlock()
+	procPoller.mu.Lock()
+	defer procPoller.mu.Unlock()
 	for _, ev := range events {
 		// A watch that ended since has no turn; one that took its id
 		// since has one for nothing, which only finds nothing to read.
@@ -251,16 +279,16 @@ func (p *poller) start(events []unix.EpollEvent) {
 	}
 }
 
-// removeLocked takes w out of p, and closes p with its last watch.
-// polls.mu must be held.
-func (p *poller) removeLocked(w *watch) {
+// removeLocked takes w out of p. With its last watch gone, p is the
+// process's set no longer, and removeLocked returns its file for the caller
+// to close once it has let go of procPoller.mu. procPoller.mu must be held.
+func (p *poller) removeLocked(w *watch) *os.File {
 	if p.watches[w.id] == w {
 		delete(p.watches, w.id)
 	}
-	if len(p.watches) == 0 {
-		if polls.p == p {
-			polls.p = nil
-		}
-		p.f.Close()
+	if len(p.watches) == 0 && procPoller.p == p {
+		procPoller.p = nil
+		return p.f
 	}
+	return nil
 }

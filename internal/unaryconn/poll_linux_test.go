@@ -4,6 +4,7 @@ import (
 	"errors"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -24,12 +25,12 @@ func TestWatchInOneEpollSet(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	polls.mu.Lock()
+	procPoller.mu.Lock()
 	in := 0
-	if polls.p != nil {
-		in = len(polls.p.watches)
+	if procPoller.p != nil {
+		in = len(procPoller.p.watches)
 	}
-	polls.mu.Unlock()
+	procPoller.mu.Unlock()
 	if in != n {
 		t.Errorf("%d connections in the epoll set, want all %d", in, n)
 	}
@@ -45,10 +46,52 @@ func TestWatchInOneEpollSet(t *testing.T) {
 			t.Errorf("hang-up %v, want ErrHangup", err)
 		}
 	}
-	polls.mu.Lock()
-	left := polls.p
-	polls.mu.Unlock()
+	procPoller.mu.Lock()
+	left := procPoller.p
+	procPoller.mu.Unlock()
 	if left != nil {
 		t.Errorf("the epoll set outlived its watches (%d left)", len(left.watches))
+	}
+}
+
+// TestWatchLastEndsWhileEventsInHand: the last watch may end while the
+// set's goroutine has events in hand, for which it is about to take the
+// set's lock: the set is then closed without that lock held, or neither
+// would go on (review of the change: TestWatchCalls hung in 3 runs of 6).
+func TestWatchLastEndsWhileEventsInHand(t *testing.T) {
+	inHand, release, closing := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var handOnce, closeOnce sync.Once
+	hook := func(where string) {
+		switch where {
+		case "start":
+			handOnce.Do(func() { close(inHand); <-release })
+		case "close":
+			closeOnce.Do(func() { close(closing) })
+		}
+	}
+	testHookPoll.Store(&hook)
+	t.Cleanup(func() { testHookPoll.Store(nil) })
+
+	ping := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		p.answer(p.readRequest(getInfo, true), peerInfo)
+		<-ping
+		p.check(p.fr.WritePing(false, [8]byte{'p'}))
+		p.drain()
+	})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	watched(t, c)
+	close(ping)
+	recv(t, inHand) // the PING's event
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	recv(t, closing) // the last watch ended; the set is being closed
+	close(release)
+	if err := recv(t, closed); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 }

@@ -121,8 +121,9 @@ func (b *bucket) take(now time.Time) bool {
 	return true
 }
 
-// resumeWatchLocked starts the watch goroutine on a watched connection that
-// is still usable; a watched connection that is not is no longer watched.
+// resumeWatchLocked starts the watch of a watched connection that is still
+// usable (into the epoll set, or a goroutine); a watched connection that is
+// not is no longer watched.
 func (c *Conn) resumeWatchLocked() {
 	if c.onHangup == nil || c.w != nil {
 		return
@@ -141,9 +142,11 @@ func (c *Conn) resumeWatchLocked() {
 	go c.watch(w)
 }
 
-// stopWatchLocked takes the socket back from the watch goroutine, if one
-// runs, and waits until it has let go. It unlocks c.mu meanwhile: callers
-// that must not let another call in hold c.callMu.
+// stopWatchLocked takes the socket back from the watch, if one runs. A
+// watch in the epoll set is taken out at once (its turns hold c.mu); a
+// goroutine is told to stop, and waited for until it has let go: c.mu is
+// unlocked meanwhile, so callers that must not let another call in hold
+// c.callMu.
 func (c *Conn) stopWatchLocked() {
 	w := c.w
 	if w == nil {
@@ -178,6 +181,9 @@ func (c *Conn) watch(w *watch) {
 		// Whole frames the last call read past its answer, or that came
 		// complete; an incomplete one is kept.
 		if !c.idleFrames() {
+			if c.closing.Load() {
+				continue // its write failed for Close
+			}
 			c.hangupLocked(w, c.broken)
 			return
 		}

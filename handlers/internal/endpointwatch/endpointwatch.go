@@ -5,11 +5,12 @@
 //
 // It is the manager's way with registration sockets, applied to endpoints:
 // an HTTP/2 connection kept open with no call on it (internal/unaryconn's
-// Watch: in one epoll set on Linux, a goroutine each elsewhere), whose hang-up is the word that the
-// endpoint's process went. It then connects again with backoff, and a
-// connection that is accepted (and passes the handler's check, if it gives
-// one) means the endpoint serves again. Nothing is asked of the endpoint
-// but for that check, so nothing shows in its log.
+// Watch: in one epoll set on Linux, a goroutine each elsewhere), whose
+// hang-up is the word that the endpoint's process went. It then connects
+// again with backoff, and a connection that is accepted (and passes the
+// handler's check, if it gives one) means the endpoint serves again.
+// Nothing is asked of the endpoint but for that check, so nothing shows in
+// its log.
 package endpointwatch
 
 import (
