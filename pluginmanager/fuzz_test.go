@@ -92,6 +92,11 @@ func FuzzPluginInfo(f *testing.F) {
 			f.Errorf("pluginFromInfo(%v): %v", info, err)
 		}
 	}
+	// No endpoint sent, and a socket whose path cannot be one: the error
+	// names the socket, not an endpoint the plugin never sent.
+	if _, err := pluginFromInfo(&registerapi.PluginInfo{Type: "CSIPlugin", Name: "csi.example.com", SupportedVersions: []string{"1.0.0"}}, "/var/lib/kubelet/plugins_registry/my driver.sock"); !errors.Is(err, errInvalidInfo) || !strings.Contains(err.Error(), "sent no endpoint") || !strings.Contains(err.Error(), "rename the socket") {
+		f.Errorf("no endpoint and a socket path with a space: %v, want an invalid answer that says the socket is taken for the endpoint", err)
+	}
 	// A nil answer is an empty one.
 	if _, err := pluginFromInfo(nil, fuzzSocket); !errors.Is(err, errInvalidInfo) {
 		f.Fatalf("pluginFromInfo(nil) = %v, want errInvalidInfo", err)

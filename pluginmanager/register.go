@@ -215,10 +215,15 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 			return p, err
 		}
 	}
-	if p.Endpoint == "" {
+	sentNone := p.Endpoint == ""
+	if sentNone {
 		p.Endpoint = socket
 	}
 	ep, err := EndpointPath(p.Endpoint)
+	if sentNone && err != nil {
+		// The plugin sent no endpoint: what is wrong is its socket's name.
+		return p, fmt.Errorf("%w: it sent no endpoint, so its registration socket is taken for one, and that cannot be (%w): rename the socket, or send an endpoint", errInvalidInfo, err)
+	}
 	if err != nil {
 		return p, fmt.Errorf("%w: %w", errInvalidInfo, err)
 	}
