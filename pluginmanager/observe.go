@@ -60,7 +60,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	}
 	if e != nil && (!present || e.id != id) {
 		o.reg.mu.Unlock()
-		o.unsee(path, e)
+		o.unsee(ctx, path, e)
 		o.reg.mu.Lock()
 		if !present {
 			o.reg.forgetLocked(path, e, o.clock.Now())
@@ -126,16 +126,26 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 
 // unsee drops what was seen of the plugin at path: the observer forgets it
 // first, so that whoever sees the socket removed sees the observer's record
-// gone too.
-func (o *onlooker) unsee(path string, e *entry) {
+// gone too. Forget is called as every handler method is, in the sandbox: a
+// panic is recovered, and one that outlives HandlerTimeout is left to
+// finish alone (the path waits for it) rather than holding up the worker.
+func (o *onlooker) unsee(ctx context.Context, path string, e *entry) {
 	o.reg.mu.Lock()
 	seen := e.status.Plugin
 	e.seen.end()
 	e.seen = nil
 	o.reg.mu.Unlock()
 	o.conns.Unwatch(path)
-	if obs := o.observer(seen.Type); obs != nil && seen.Type != "" {
+	obs := o.observer(seen.Type)
+	if obs == nil || seen.Type == "" {
+		return
+	}
+	err := o.calls.call(context.WithoutCancel(ctx), path, "Forget", func(context.Context) error {
 		obs.Forget(seen)
+		return nil
+	})
+	if err != nil {
+		o.log.Warn("observer's Forget failed", "socket", path, "type", seen.Type, "name", seen.Name, "err", printable(err.Error()))
 	}
 }
 
@@ -144,7 +154,7 @@ func (o *onlooker) unsee(path string, e *entry) {
 // it were removed.
 func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) result {
 	o.logGone(ctx, path, e, err)
-	o.unsee(path, e)
+	o.unsee(ctx, path, e)
 	o.reg.mu.Lock()
 	defer o.reg.mu.Unlock()
 	if o.reg.entries[path] == e {

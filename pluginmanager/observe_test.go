@@ -185,3 +185,43 @@ func TestObserverLooks(t *testing.T) {
 		t.Errorf("the observed plugin was told %d times", n)
 	}
 }
+
+// forgetful is an Observer whose Forget panics or hangs (until release is
+// closed), as mode says.
+type forgetful struct {
+	mode    atomic.Value // "panic" or "hang"
+	release chan struct{}
+}
+
+func (f *forgetful) Observe(context.Context, pluginmanager.Plugin) error { return nil }
+
+func (f *forgetful) Forget(pluginmanager.Plugin) {
+	switch f.mode.Load() {
+	case "panic":
+		panic("forgetful")
+	case "hang":
+		<-f.release
+	}
+}
+
+// An observer's Forget is called in the sandbox, as handler methods are:
+// one that panics does not bring the manager down, one that hangs does not
+// hold up its work past HandlerTimeout, and the socket is forgotten either
+// way.
+func TestObserverForgetSandboxed(t *testing.T) {
+	f := &forgetful{release: make(chan struct{})}
+	t.Cleanup(func() { close(f.release) }) // after the manager stops
+	dir := testenv.ShortDir(t, "ob")
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, HandlerTimeout: 200 * time.Millisecond}, nil)
+	obs.m.AddObserver("CSIPlugin", f)
+	for _, mode := range []string{"panic", "hang"} {
+		f.mode.Store(mode)
+		p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi-" + mode})
+		obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
+		p.Close()
+		obs.WaitGone(p.Path())
+	}
+	f.mode.Store("")
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi-after"})
+	obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
+}
