@@ -56,7 +56,9 @@ type Handler interface {
 // read, since the plugin belongs to another manager, and its error means the
 // plugin's own service does not answer as it should: the plugin is then
 // NotAnswering, reason endpoint. Forget is called when the plugin's socket
-// is gone. An Observer must be safe for concurrent use.
+// is gone, as Observe is (a panic recovered, HandlerTimeout to return in;
+// one that takes longer is left to finish while the manager goes on). An
+// Observer must be safe for concurrent use.
 type Observer interface {
 	Observe(ctx context.Context, p Plugin) error
 	Forget(p Plugin)
