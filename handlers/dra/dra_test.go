@@ -838,13 +838,21 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("Close did not end the Register in flight")
 	}
+	// Close waited for Register's work to end (its result reaches the test
+	// after it returns, on a goroutine a loaded machine may run late).
+	h.mu.Lock()
+	inFlight := len(h.registering)
+	h.mu.Unlock()
+	if inFlight != 0 {
+		t.Error("Close returned before Register did")
+	}
 	select {
 	case err := <-registerErr:
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("Register = %v, want ErrClosed", err)
 		}
-	default:
-		t.Error("Close returned before Register did")
+	case <-time.After(wait):
+		t.Error("Register did not return after Close")
 	}
 	if ds := h.Drivers(); len(ds) != 0 {
 		t.Errorf("drivers = %+v, want none", ds)
