@@ -115,9 +115,12 @@ func TestKubeletHandlerAdapter(t *testing.T) {
 	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Socket: "gpu.sock", Type: "DevicePlugin", Name: "example.com/gpu", Versions: []string{"v1beta1"}})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
 	refused := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "DevicePlugin", Name: "refused"})
-	s := h.WaitSocket(refused.Path(), pluginmanager.StateFailed)
-	if s.Reason != pluginmanager.ReasonValidate || s.LastError != "not on the list" || s.NextRetry.IsZero() {
-		t.Errorf("refusal = %+v, want Failed, retried", s)
+	// Its event, not its state: WaitSocket could return before the event
+	// of the refusal comes, which the WaitEvent below would then take for
+	// the retry's.
+	ev := h.WaitEvent(refused.Path(), pluginmanager.EventFailed)
+	if ev.Reason != pluginmanager.ReasonValidate || ev.Error != "not on the list" || ev.NextRetry.IsZero() {
+		t.Errorf("refusal = %+v, want Failed, retried", ev)
 	}
 	clk.Step(time.Second) // past the retry
 	h.WaitEvent(refused.Path(), pluginmanager.EventFailed)

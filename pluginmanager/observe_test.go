@@ -162,7 +162,11 @@ func TestObserverLooks(t *testing.T) {
 	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, Clock: clk}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	obs.m.AddObserver("CSIPlugin", l)
 	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi"})
-	obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
+	// The first look's event, not the state: WaitSocket could return before
+	// that event comes, and the WaitLook below would take it for the next.
+	if ev := obs.WaitLook(p.Path()); ev.Type != pluginmanager.EventAnswering {
+		t.Fatalf("first look = %+v, want Answering", ev)
+	}
 
 	l.down.Store(true)
 	clk.Step(plugintest.MaxProbeDelay(lookEvery))

@@ -260,7 +260,8 @@ func (m *Manager) WaitRegistered(name string) pluginmanager.Plugin {
 
 // WaitState waits until the plugin called name is in state and returns its
 // status; it fails the test, with the plugin's last status, if that does not
-// happen in time.
+// happen in time. The event of the change may come after it returns (see
+// WaitSocket).
 func (m *Manager) WaitState(name string, state pluginmanager.State) pluginmanager.PluginStatus {
 	m.t.Helper()
 	var got pluginmanager.PluginStatus
@@ -281,6 +282,12 @@ func (m *Manager) WaitState(name string, state pluginmanager.State) pluginmanage
 // fails the test, with the socket's last status, if that does not happen in
 // time. Use it when several sockets carry one plugin name, or when the test
 // knows the socket rather than the name.
+//
+// It looks at the manager's state (Plugins), which the event of a change
+// follows a moment later: the event that reported the state waited for may
+// come after WaitSocket returns, and a WaitEvent for that type would then
+// return it. To wait for a change and then for the next of its kind, wait
+// for the first change's event too (WaitEvent, WaitLook).
 func (m *Manager) WaitSocket(path string, state pluginmanager.State) pluginmanager.PluginStatus {
 	m.t.Helper()
 	var got pluginmanager.PluginStatus
