@@ -30,15 +30,15 @@ type observation struct {
 type ObservedStatus = api.DRAObserved
 
 // Observe looks at a DRA driver another manager registered, only reading:
-// it connects to the endpoint, waits for the connection to be ready within
-// Options.CallTimeout and ctx's deadline, and closes it, recording for the
-// socket the driver, the service Validate would choose, and that it was
-// reachable, as Details shows. A plugin offering no supported DRA service,
-// or whose endpoint is not reachable, is an error. Unlike Register it keeps
-// no driver state: Drivers does not show it. It then watches the endpoint
-// (an idle connection, no calls) until Forget or the next Observe of the
+// it connects to the endpoint and waits for its HTTP/2 handshake within
+// Options.CallTimeout and ctx's deadline, recording for the socket the
+// driver, the service Validate would choose, and that it was reachable, as
+// Details shows. A plugin offering no supported DRA service, or whose
+// endpoint is not reachable, is an error. Unlike Register it keeps no
+// driver state: Drivers does not show it. It keeps that connection, idle
+// (no calls), and watches it until Forget or the next Observe of the
 // socket, telling the manager (pluginmanager.EndpointReporter) and Details
-// when it goes and comes back.
+// when the endpoint goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	service, _, err := check(&p)
 	h.mu.Lock()
@@ -51,12 +51,7 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	}
 	var w *endpointwatch.Watch
 	if err == nil {
-		conn, cerr := h.connect(ctx, p)
-		if cerr == nil {
-			conn.Close()
-			w, cerr = h.watchObserved(ctx, p, look)
-		}
-		err = cerr
+		w, err = h.watchObserved(ctx, p, look)
 	}
 
 	h.mu.Lock()
