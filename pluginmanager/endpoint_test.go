@@ -196,7 +196,11 @@ func TestObserverHoldsTheConnection(t *testing.T) {
 		calls: make(chan struct{}, 100),
 	}
 	kill := serveLeaving(t, path, p)
-	h.WaitSocket(path, pluginmanager.StateAnswering)
+	// The look's event, not the state: WaitSocket could return before the
+	// Answering event comes, which the next WaitLook would take.
+	if ev := h.WaitLook(path); ev.Type != pluginmanager.EventAnswering {
+		t.Fatalf("first look %+v, want Answering", ev)
+	}
 	rh.wait(t)
 
 	rh.report(t, path, errDriverGone)
