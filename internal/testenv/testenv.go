@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,10 +120,37 @@ func WarnLogger() (*slog.Logger, *Buffer) {
 type AcceptCounter struct {
 	n         atomic.Int64
 	Connected chan struct{}
+
+	t        testing.TB
+	path     string
+	sentinel chan struct{} // a connection of Count's own was accepted
+	asked    atomic.Int64  // Count's connections so far
 }
 
-// Count is how many connections were accepted.
-func (a *AcceptCounter) Count() int64 { return a.n.Load() }
+// sentinelPrefix names the address Count's own connections are bound to,
+// by which the server knows them.
+const sentinelPrefix = ".count-"
+
+// Count is how many connections were accepted, counting every connection
+// made before Count was called, even one still waiting to be accepted: it
+// connects itself, and waits until that connection is accepted; the
+// listener accepts in the order connections were made.
+func (a *AcceptCounter) Count() int64 {
+	a.t.Helper()
+	name := filepath.Join(filepath.Dir(a.path), fmt.Sprintf("%s%d.sock", sentinelPrefix, a.asked.Add(1)))
+	c, err := net.DialUnix("unix", &net.UnixAddr{Name: name, Net: "unix"}, &net.UnixAddr{Name: a.path, Net: "unix"})
+	if err != nil {
+		a.t.Fatalf("testenv: counting the connections to %s: %v", a.path, err)
+	}
+	defer os.Remove(name)
+	defer c.Close()
+	select {
+	case <-a.sentinel:
+	case <-time.After(30 * time.Second): // a failure bound on a loaded machine
+		a.t.Fatalf("testenv: the counting connection to %s was not accepted", a.path)
+	}
+	return a.n.Load()
+}
 
 // CountAccepts serves an AcceptCounter at path until the test ends.
 func CountAccepts(t testing.TB, path string) *AcceptCounter {
@@ -130,7 +159,7 @@ func CountAccepts(t testing.TB, path string) *AcceptCounter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &AcceptCounter{Connected: make(chan struct{})}
+	a := &AcceptCounter{Connected: make(chan struct{}), t: t, path: path, sentinel: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -139,7 +168,9 @@ func CountAccepts(t testing.TB, path string) *AcceptCounter {
 			if err != nil {
 				return
 			}
-			if a.n.Add(1) == 1 {
+			if strings.HasPrefix(filepath.Base(c.RemoteAddr().String()), sentinelPrefix) {
+				a.sentinel <- struct{}{}
+			} else if a.n.Add(1) == 1 {
 				close(a.Connected)
 			}
 			c.Close()
