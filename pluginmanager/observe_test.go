@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -190,17 +191,20 @@ func TestObserverLooks(t *testing.T) {
 	}
 }
 
-// forgetful is an Observer whose Forget panics or hangs (until release is
-// closed), as mode says.
+// forgetful is an Observer whose Forget says it was called, then panics or
+// hangs (until release is closed), as mode says.
 type forgetful struct {
 	mode    atomic.Value // "panic" or "hang"
+	called  chan string  // the mode of each Forget
 	release chan struct{}
 }
 
 func (f *forgetful) Observe(context.Context, pluginmanager.Plugin) error { return nil }
 
 func (f *forgetful) Forget(pluginmanager.Plugin) {
-	switch f.mode.Load() {
+	mode, _ := f.mode.Load().(string)
+	f.called <- mode
+	switch mode {
 	case "panic":
 		panic("forgetful")
 	case "hang":
@@ -213,10 +217,11 @@ func (f *forgetful) Forget(pluginmanager.Plugin) {
 // hold up its work past HandlerTimeout, and the socket is forgotten either
 // way.
 func TestObserverForgetSandboxed(t *testing.T) {
-	f := &forgetful{release: make(chan struct{})}
+	f := &forgetful{called: make(chan string, 3), release: make(chan struct{})}
 	t.Cleanup(func() { close(f.release) }) // after the manager stops
 	dir := testenv.ShortDir(t, "ob")
-	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, HandlerTimeout: 200 * time.Millisecond}, nil)
+	log, warnings := testenv.WarnLogger()
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, HandlerTimeout: 200 * time.Millisecond, Logger: log}, nil)
 	obs.m.AddObserver("CSIPlugin", f)
 	for _, mode := range []string{"panic", "hang"} {
 		f.mode.Store(mode)
@@ -224,6 +229,23 @@ func TestObserverForgetSandboxed(t *testing.T) {
 		obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
 		p.Close()
 		obs.WaitGone(p.Path())
+		select {
+		case got := <-f.called:
+			if got != mode {
+				t.Fatalf("Forget called in mode %q, want %q", got, mode)
+			}
+		case <-time.After(wait):
+			t.Fatalf("the socket was forgotten, but Forget (%s) was not called", mode)
+		}
+	}
+	// Both were said, the hang once it outlived HandlerTimeout.
+	warnings.Wait(t, "name=csi-hang", wait)
+	for _, mode := range []string{"panic", "hang"} {
+		if !slices.ContainsFunc(strings.Split(warnings.String(), "\n"), func(l string) bool {
+			return strings.Contains(l, "Forget failed") && strings.Contains(l, "name=csi-"+mode)
+		}) {
+			t.Errorf("no warning that Forget failed (%s); log: %s", mode, warnings)
+		}
 	}
 	f.mode.Store("")
 	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi-after"})

@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/plugd/plugd/internal/testenv"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // A stream within its burst goes at once; past it, it waits until the pace
 // allows the next message, on the clock it was given.
