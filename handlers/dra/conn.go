@@ -179,7 +179,10 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	// One pace for the instance, whatever its streams: reopening one does
 	// not reset it.
 	pace := pacing.New(h.opts.Clock, healthBytesPerSecond, healthBurst, minHealthCost)
-	tooLarge := false // warned of: said again only after a report that fits
+	// A too-large report was warned of: said again only once a stream has
+	// carried reports and ended for another reason (not at each reopening
+	// of a stream that sends a fitting report, then a too-large one).
+	tooLarge := false
 	for {
 		received, err := h.healthStream(ctx, in, client, pace)
 		if ctx.Err() != nil {
@@ -191,7 +194,9 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		}
 		if received {
 			b.Reset()
-			tooLarge = status.Code(err) == codes.ResourceExhausted && tooLarge
+			if status.Code(err) != codes.ResourceExhausted {
+				tooLarge = false
+			}
 		}
 		delay := b.Next()
 		// The error may carry the plugin's own message.
