@@ -61,8 +61,7 @@ func (r *registry) failedLocked(e *entry, now time.Time, msg string, args ...any
 	key := failureKey(e.status)
 	if key == s.key && (s.recovered.IsZero() || now.Sub(s.recovered) < failureSummaryEvery) {
 		s.quiet = true
-		r.countFailureLocked(now, false)
-		r.log.Debug(msg, args...)
+		r.repeatedLocked(now, msg, args...)
 		return
 	}
 	*s = failureSaid{key: key}
@@ -100,7 +99,7 @@ func (r *registry) warnLocked(e *entry, now time.Time, msg string, args ...any) 
 }
 
 // recoveredLocked records that e succeeded at now, and returns the level
-// to say so at (logAt): Info, or Debug after a failure that was logged at
+// to say so at: Info, or Debug after a failure that was logged at
 // debug level as the repeat of one warned of (a flap).
 func (r *registry) recoveredLocked(e *entry, now time.Time) slog.Level {
 	s := &e.said
@@ -183,15 +182,6 @@ func (r *registry) summaryLocked(now time.Time) {
 	r.log.Warn(fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
 		"failing", n, "byState", counts(byState), "retrying", retrying, "byReason", counts(byReason),
 		"failures", l.attempts, "notLoggedOneByOne", l.quiet, "since", l.since, "over", now.Sub(l.since).Round(time.Second))
-}
-
-// logAt logs at level, Info or Debug.
-func logAt(l *slog.Logger, level slog.Level, msg string, args ...any) {
-	if level < slog.LevelInfo {
-		l.Debug(msg, args...)
-		return
-	}
-	l.Info(msg, args...)
 }
 
 // failureKey is what tells one failure of a socket from another: its

@@ -360,7 +360,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			st.Reason, st.LastError = "", ""
 			level := r.reg.recoveredLocked(e, now)
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			logAt(r.log, level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+			r.log.Log(ctx, level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
 		switch {
 		case kept:

@@ -302,12 +302,11 @@ func (m *Manager) checkDirTrust(dir string) error {
 	if m.opts.AllowWritableDir {
 		return nil
 	}
-	err := dirtrust.Check(dir, os.Geteuid())
-	var untrusted *dirtrust.Untrusted
+	err, untrusted := checkDir(dir)
 	switch {
 	case err == nil:
 		return nil
-	case !errors.As(err, &untrusted):
+	case !untrusted:
 		return fmt.Errorf("pluginmanager: checking who may change the registry directory: %w", err)
 	case m.opts.Observe:
 		m.log.Warn("the registry directory is not safe from other users: they could plant a plugin there, or replace one, for the manager observed as for plugd; fix it, or set Options.AllowWritableDir to accept it",
@@ -315,6 +314,15 @@ func (m *Manager) checkDirTrust(dir string) error {
 		return nil
 	}
 	return fmt.Errorf("pluginmanager: the registry directory %w; or, to accept that, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)", err)
+}
+
+// checkDir checks who may change dir (dirtrust.Check, for this process's
+// user), and reports whether an error says it is unsafe rather than that it
+// could not be checked.
+func checkDir(dir string) (err error, untrusted bool) {
+	err = dirtrust.Check(dir, os.Geteuid())
+	var u *dirtrust.Untrusted
+	return err, errors.As(err, &u)
 }
 
 // trusted checks the registry directory again, as at Run: removed and made
@@ -327,9 +335,7 @@ func (m *Manager) trusted() bool {
 	if m.opts.Observe || m.opts.AllowWritableDir {
 		return true
 	}
-	err := dirtrust.Check(m.opts.Dir, os.Geteuid())
-	var untrusted *dirtrust.Untrusted
-	bad := errors.As(err, &untrusted) // another error (the directory gone) is the walk's to report
+	err, bad := checkDir(m.opts.Dir) // another error (the directory gone) is the walk's to report
 	switch was := m.dirUntrusted.Swap(bad); {
 	case bad && !was:
 		m.log.Error("the registry directory is no longer safe from other users: letting its plugins go, and registering nothing in it until it is fixed",

@@ -286,7 +286,7 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		if was == StateAnswering {
 			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
-		logAt(o.log, level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		o.log.Log(context.Background(), level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
 		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
 	state, reason := StateNotAnswering, ReasonGetInfo

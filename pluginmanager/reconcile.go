@@ -311,7 +311,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	}
 	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
 	e.due = earliest(e.live.probeAt, redial)
-	logAt(r.log, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
+	r.log.Log(ctx, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
 }
 

@@ -204,9 +204,6 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 	if err := checkField("name", p.Name, maxNameLen, true); err != nil {
 		return p, err
 	}
-	if err := checkField("endpoint", p.Endpoint, maxEndpointLen, false); err != nil {
-		return p, err
-	}
 	if len(p.Versions) > maxVersions {
 		return p, fmt.Errorf("%w: %d supported versions, at most %d are allowed", errInvalidInfo, len(p.Versions), maxVersions)
 	}

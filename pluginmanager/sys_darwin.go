@@ -28,14 +28,14 @@ const peerCredentials = true
 
 // peerCred asks the kernel who is at the other end of the connected socket
 // fd: its effective uid and gid (the first of its groups), and its pid.
-func peerCred(fd int) (peer, bool) {
+func peerCred(fd int) peer {
 	cred, err := unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
 	if err != nil || cred.Ngroups < 1 {
-		return peer{}, false
+		return peer{}
 	}
 	who := peer{uid: cred.Uid, gid: cred.Groups[0], known: true}
 	if pid, err := unix.GetsockoptInt(fd, unix.SOL_LOCAL, unix.LOCAL_PEERPID); err == nil {
 		who.pid = uint32(pid)
 	}
-	return who, true
+	return who
 }

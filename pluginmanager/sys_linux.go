@@ -28,10 +28,10 @@ const peerCredentials = true
 
 // peerCred asks the kernel who is at the other end of the connected socket
 // fd.
-func peerCred(fd int) (peer, bool) {
+func peerCred(fd int) peer {
 	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
-		return peer{}, false
+		return peer{}
 	}
-	return peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}, true
+	return peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
 }

@@ -26,6 +26,6 @@ func peerOf(c *unaryconn.Conn) peer {
 		return peer{}
 	}
 	var who peer
-	raw.Control(func(fd uintptr) { who, _ = peerCred(int(fd)) })
+	raw.Control(func(fd uintptr) { who = peerCred(int(fd)) })
 	return who
 }

@@ -11,10 +11,6 @@ import (
 	"syscall"
 )
 
-// Checked says Check checks: a file's owner and mode bits tell who may
-// change it.
-const Checked = true
-
 // Check returns nil if dir is safe from users other than uid (plugd's
 // effective uid) and root, or else an error (an *Untrusted when it is the
 // directory's ownership or mode) that says why:
