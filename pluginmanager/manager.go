@@ -18,6 +18,7 @@ import (
 
 	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/dirtrust"
+	"github.com/plugd/plugd/internal/peercred"
 	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
@@ -162,7 +163,7 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 			he.probe = o.ProbeInterval
 		}
 		if o.AllowedPeers != nil {
-			if !peerCredentials {
+			if !peercred.Supported {
 				panic("pluginmanager: AddHandler for type " + typ + ": HandlerOptions.AllowedPeers cannot be enforced on " + runtime.GOOS + ", which does not tell who listens on a unix socket")
 			}
 			he.peers = o.AllowedPeers

@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/plugd/plugd/internal/peercred"
 )
 
 // Options configure a Manager. Only Dir is required; the zero value of every
@@ -210,7 +212,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ResyncInterval == 0 {
 		o.ResyncInterval = 30 * time.Second
 	}
-	if o.AllowedPeers != nil && !peerCredentials {
+	if o.AllowedPeers != nil && !peercred.Supported {
 		return o, fmt.Errorf("pluginmanager: Options.AllowedPeers cannot be enforced on %s, which does not tell who listens on a unix socket (Linux has SO_PEERCRED, macOS LOCAL_PEERCRED): leave it unset here, and restrict who may write to the registry directory instead", runtime.GOOS)
 	}
 	for i, root := range o.EndpointRoots {

@@ -18,6 +18,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/peercred"
 	"github.com/plugd/plugd/internal/textsafe"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
@@ -38,6 +39,12 @@ const (
 type peer struct {
 	pid, uid, gid uint32
 	known         bool
+}
+
+// peerOf asks the kernel who is at the other end of a connection.
+func peerOf(c *unaryconn.Conn) peer {
+	p, ok := peercred.Of(c)
+	return peer{pid: p.PID, uid: p.UID, gid: p.GID, known: ok}
 }
 
 // dial opens a connection to the registration socket at path, within

@@ -21,21 +21,3 @@ func statSocket(path string) (id fileID, ok bool) {
 	}
 	return id, true
 }
-
-// peerCredentials says the kernel tells who listens on a unix socket
-// (LOCAL_PEERCRED), which Options.AllowedPeers needs.
-const peerCredentials = true
-
-// peerCred asks the kernel who is at the other end of the connected socket
-// fd: its effective uid and gid (the first of its groups), and its pid.
-func peerCred(fd int) peer {
-	cred, err := unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
-	if err != nil || cred.Ngroups < 1 {
-		return peer{}
-	}
-	who := peer{uid: cred.Uid, gid: cred.Groups[0], known: true}
-	if pid, err := unix.GetsockoptInt(fd, unix.SOL_LOCAL, unix.LOCAL_PEERPID); err == nil {
-		who.pid = uint32(pid)
-	}
-	return who
-}

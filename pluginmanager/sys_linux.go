@@ -21,17 +21,3 @@ func statSocket(path string) (id fileID, ok bool) {
 	}
 	return id, true
 }
-
-// peerCredentials says the kernel tells who listens on a unix socket
-// (SO_PEERCRED), which Options.AllowedPeers needs.
-const peerCredentials = true
-
-// peerCred asks the kernel who is at the other end of the connected socket
-// fd.
-func peerCred(fd int) peer {
-	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	if err != nil {
-		return peer{}
-	}
-	return peer{pid: uint32(cred.Pid), uid: cred.Uid, gid: cred.Gid, known: true}
-}

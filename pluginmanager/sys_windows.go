@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/windows"
-
-	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 // On Windows a unix socket is a file with the AF_UNIX reparse point, which
@@ -79,10 +77,3 @@ func statSocket(path string) (id fileID, ok bool) {
 func refused(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, windows.WSAECONNREFUSED)
 }
-
-// peerCredentials says whether the OS tells who listens on a unix socket:
-// Windows does not, so Options.AllowedPeers cannot be enforced.
-const peerCredentials = false
-
-// peerOf is unknown on Windows.
-func peerOf(*unaryconn.Conn) peer { return peer{} }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/plugd/plugd/internal/peercred"
 )
 
 // Bounds on what the status API's clients can make plugd hold. Anyone who
@@ -167,8 +170,8 @@ func peerOf(c net.Conn) string {
 		return "address " + a.IP.String()
 	}
 	if uc, ok := c.(*net.UnixConn); ok {
-		if uid, ok := peerUID(uc); ok {
-			return "uid " + uid
+		if p, ok := peercred.Of(uc); ok {
+			return "uid " + strconv.FormatUint(uint64(p.UID), 10)
 		}
 	}
 	return "local"
