@@ -172,27 +172,6 @@ const (
 	MaxEventSize  = 1 << 20
 )
 
-// errTooLarge is what reading past MaxAnswerSize returns.
-var errTooLarge = errors.New("too large")
-
-// limitedBody reads at most left bytes of an answer, then errTooLarge.
-type limitedBody struct {
-	r    io.Reader
-	left int64
-}
-
-func (l *limitedBody) Read(p []byte) (int, error) {
-	if l.left <= 0 {
-		return 0, errTooLarge
-	}
-	if int64(len(p)) > l.left {
-		p = p[:l.left]
-	}
-	n, err := l.r.Read(p)
-	l.left -= int64(n)
-	return n, err
-}
-
 func (c *Client) get(ctx context.Context, path string, into any) error {
 	resp, err := c.do(ctx, path)
 	if err != nil {
@@ -202,13 +181,15 @@ func (c *Client) get(ctx context.Context, path string, into any) error {
 	if into == nil {
 		return nil
 	}
-	tooLarge := fmt.Errorf("plugd's answer to %s is larger than %d MiB, the most a client reads; ask for less (a filter such as --type or --name)", path, MaxAnswerSize>>20)
-	if resp.ContentLength > MaxAnswerSize {
-		return tooLarge
+	tooLarge := func() error {
+		return fmt.Errorf("plugd's answer to %s is larger than %d MiB, the most a client reads; ask for less (a filter such as --type or --name)", path, MaxAnswerSize>>20)
 	}
-	if err := json.NewDecoder(&limitedBody{r: resp.Body, left: MaxAnswerSize}).Decode(into); err != nil {
-		if errors.Is(err, errTooLarge) {
-			return tooLarge
+	if resp.ContentLength > MaxAnswerSize {
+		return tooLarge()
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, MaxAnswerSize)).Decode(into); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return tooLarge()
 		}
 		return fmt.Errorf("plugd sent an answer to %s that is not valid JSON: %w", path, err)
 	}
