@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/plugd/plugd/internal/confine"
 )
 
 // Peers lists the users and groups a plugin's process may run as.
@@ -37,17 +39,12 @@ func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
 			p.Socket, who.pid, who.uid, who.gid, setting, p.Type, rule.UIDs, rule.GIDs)
 	}
 	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
-		ep := resolveExisting(p.Endpoint) // a symlink inside a root may point out of it (Endpoint is clean: EndpointPath)
-		if !slices.ContainsFunc(m.roots, func(root string) bool { return within(ep, root) }) {
+		ep := confine.ResolveExisting(p.Endpoint) // a symlink inside a root may point out of it (Endpoint is clean: EndpointPath)
+		if !slices.ContainsFunc(m.roots, func(root string) bool { return confine.Within(ep, root) }) {
 			return fmt.Errorf("endpoint %s is outside the directories Options.EndpointRoots allows (%s)", p.Endpoint, strings.Join(m.opts.EndpointRoots, ", "))
 		}
 	}
 	return nil
-}
-
-// within reports whether path is root or inside it.
-func within(path, root string) bool {
-	return path == root || strings.HasPrefix(path, root+string(filepath.Separator))
 }
 
 // resolveRoots cleans the endpoint roots and resolves their symlinks, so that
@@ -55,21 +52,7 @@ func within(path, root string) bool {
 func resolveRoots(roots []string) []string {
 	out := make([]string, 0, len(roots))
 	for _, r := range roots {
-		out = append(out, resolveExisting(filepath.Clean(r)))
+		out = append(out, confine.ResolveExisting(filepath.Clean(r)))
 	}
 	return out
-}
-
-// resolveExisting resolves the symlinks of the longest part of path that
-// exists: an endpoint's socket may not exist yet, but the directories on the
-// way to it decide where it is.
-func resolveExisting(path string) string {
-	if resolved, err := filepath.EvalSymlinks(path); err == nil {
-		return resolved
-	}
-	parent := filepath.Dir(path)
-	if parent == path {
-		return path
-	}
-	return filepath.Join(resolveExisting(parent), filepath.Base(path))
 }

@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/plugd/plugd/internal/confine"
 )
 
 // fileID is the identity of a socket file. A socket removed and created again at
@@ -110,7 +112,7 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 // worker reads the file as it is now and decides.
 func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 	root := m.opts.Dir
-	if ev.Name == root || !within(ev.Name, root) {
+	if ev.Name == root || !confine.Within(ev.Name, root) {
 		m.handleRootEvent(w, ev)
 		return
 	}

@@ -120,6 +120,33 @@ func (d Dialer) Dial(ctx context.Context, path string) (net.Conn, error) {
 	return nil, fmt.Errorf("endpoint %s resolves to %s, %w (%s): not connecting", path, resolved, ErrOutside, strings.Join(d.Roots, ", "))
 }
 
+// Within reports whether path p is dir or inside it, lexically (see
+// ResolveExisting for symlinks).
+func Within(p, dir string) bool {
+	p, dir = filepath.Clean(p), filepath.Clean(dir)
+	if p == dir {
+		return true
+	}
+	if !strings.HasSuffix(dir, string(filepath.Separator)) { // "/" has one
+		dir += string(filepath.Separator)
+	}
+	return strings.HasPrefix(p, dir)
+}
+
+// ResolveExisting resolves the symlinks of the longest part of path that
+// exists, and keeps the rest as it is: a socket that does not exist yet is
+// where the directories on the way to it lead.
+func ResolveExisting(path string) string {
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		return resolved
+	}
+	parent := filepath.Dir(path)
+	if parent == path {
+		return path
+	}
+	return filepath.Join(ResolveExisting(parent), filepath.Base(path))
+}
+
 // beneath returns p relative to dir, if p is inside dir (not dir itself).
 func beneath(p, dir string) (string, bool) {
 	rel, err := filepath.Rel(dir, p)

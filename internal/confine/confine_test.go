@@ -84,3 +84,22 @@ func TestDial(t *testing.T) {
 		t.Errorf("the socket outside the root was connected to %d times, want once (without roots)", n)
 	}
 }
+
+func TestWithin(t *testing.T) {
+	for _, tc := range []struct {
+		p, dir string
+		want   bool
+	}{
+		{"/a/b", "/a/b", true},
+		{"/a/b/c.sock", "/a/b", true},
+		{"/a/b/c.sock", "/a/b/", true},
+		{"/a/bc/c.sock", "/a/b", false},
+		{"/a", "/a/b", false},
+		{"/a/b/../c", "/a/b", false},
+		{"/x/y", "/", true},
+	} {
+		if got := Within(filepath.FromSlash(tc.p), filepath.FromSlash(tc.dir)); got != tc.want {
+			t.Errorf("Within(%q, %q) = %v, want %v", tc.p, tc.dir, got, tc.want)
+		}
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/plugd/plugd/internal/confine"
 )
 
 // systemDirs are directories plugd refuses as its registry directory. It
@@ -29,7 +31,7 @@ var pseudoFilesystems = []string{"/proc", "/sys"}
 // checkRegistryDir refuses a registry directory that is a system directory,
 // named or reached through symlinks; dir is absolute and clean.
 func checkRegistryDir(dir string) error {
-	resolved := resolvePath(dir)
+	resolved := confine.ResolveExisting(dir)
 	for _, p := range slices.Compact([]string{dir, resolved}) {
 		through := ""
 		if p != dir {
@@ -42,7 +44,7 @@ func checkRegistryDir(dir string) error {
 			return fmt.Errorf("registryDir %s%s is a system directory: plugd would watch every directory beneath it and dial every socket there, those of other services too; use a directory of plugd's own, such as /run/plugd/plugins, or /var/lib/kubelet/plugins_registry for the kubelet's plugins", dir, through)
 		}
 		for _, fsys := range pseudoFilesystems {
-			if within(p, fsys) {
+			if confine.Within(p, fsys) {
 				return fmt.Errorf("registryDir %s%s is in %s, which holds the kernel's files and no plugin's socket; use a directory of plugd's own, such as /run/plugd/plugins", dir, through, fsys)
 			}
 		}
@@ -66,34 +68,11 @@ func isUserDir(dir string) bool {
 // plugd would find it there and dial its own status API as a plugin,
 // forever. Both paths are absolute and clean.
 func checkStatusSocket(socket, dir string) error {
-	rs, rd := resolvePath(socket), resolvePath(dir)
-	if within(socket, dir) || within(rs, rd) {
+	rs, rd := confine.ResolveExisting(socket), confine.ResolveExisting(dir)
+	if confine.Within(socket, dir) || confine.Within(rs, rd) {
 		return fmt.Errorf("status.socket %s is inside registryDir %s: plugd would find its own status socket there and dial it as a plugin; put it beside the directory, such as %s", socket, dir, filepath.Join(filepath.Dir(dir), "plugd.sock"))
 	}
 	return nil
-}
-
-// within says whether p is dir or beneath it.
-func within(p, dir string) bool {
-	rel, err := filepath.Rel(dir, p)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
-}
-
-// resolvePath is p, absolute and clean, with the symlinks of the part of it
-// that exists resolved.
-func resolvePath(p string) string {
-	rest := ""
-	for {
-		if r, err := filepath.EvalSymlinks(p); err == nil {
-			return filepath.Join(r, rest)
-		}
-		parent := filepath.Dir(p)
-		if parent == p {
-			return filepath.Join(p, rest)
-		}
-		rest = filepath.Join(filepath.Base(p), rest)
-		p = parent
-	}
 }
 
 // statusTCP checks status.tcp and returns the address to listen on. Unless
