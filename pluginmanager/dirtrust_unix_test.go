@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,8 +132,20 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	log, warnings := testenv.WarnLogger()
+	// Every registration of the planted plugin says whether the directory
+	// had been made safe by then: checked at the end, since one made while
+	// it was unsafe could land after the checks below.
+	var madeSafe atomic.Bool
+	var unsafeRegistrations atomic.Int32
 	h := start(t, pluginmanager.Options{Dir: dir, Logger: log, ResyncInterval: time.Second},
-		map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
+		map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{
+			RegisterFunc: func(_ context.Context, p pluginmanager.Plugin) error {
+				if p.Name == "planted.example.com" && !madeSafe.Load() {
+					unsafeRegistrations.Add(1)
+				}
+				return nil
+			},
+		}})
 	first := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "first.example.com"})
 	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
 	first.Close()
@@ -169,6 +182,7 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 	}
 
 	// Made safe: found at the next resync, and registered.
+	madeSafe.Store(true)
 	if err := os.Chown(dir, 0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -176,4 +190,10 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.WaitSocket(plantedPath, pluginmanager.StateRegistered)
+	if n := unsafeRegistrations.Load(); n != 0 {
+		t.Errorf("the plugin was registered %d times while its directory was unsafe", n)
+	}
+	if n := planted.Notifications(); n != 1 {
+		t.Errorf("the plugin was told %d times, want once, once its directory was safe", n)
+	}
 }
