@@ -40,13 +40,13 @@ type Daemon struct {
 	level   *slog.LevelVar
 	metrics *prometheus.Registry
 	m       *pluginmanager.Manager
-	streams chan struct{}  // a slot per open event stream
 	doctors chan struct{}  // a slot per doctor run (GET /v1/findings) under way
 	answers *answers       // for requests that come through no statusListener (tests)
 	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
 
-	streamsMu sync.Mutex
-	streamsBy map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
+	streamsMu   sync.Mutex
+	streamsBy   map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
+	streamsOpen int            // all of them; guarded by streamsMu
 
 	seenMu sync.Mutex
 	seen   map[string]pluginmanager.Plugin // what each socket last said in GetInfo, by path; guarded by seenMu
@@ -74,7 +74,6 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		log:       slog.New(h),
 		level:     level,
 		metrics:   prometheus.NewRegistry(),
-		streams:   make(chan struct{}, maxStreams),
 		doctors:   make(chan struct{}, maxDoctors),
 		answers:   newAnswers(),
 		streamsBy: map[string]int{},

@@ -170,20 +170,17 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 	if c := connOf(r); c != nil {
 		peer = c.peer
 	}
-	if !d.openStream(peer) {
+	switch clientFull, full := d.openStream(peer); {
+	case clientFull:
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, the most one client may have; close one and retry", peer, maxClientStreams))
 		return
-	}
-	defer d.closeStream(peer)
-	select {
-	case d.streams <- struct{}{}:
-		defer func() { <-d.streams }()
-	default:
+	case full:
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams))
 		return
 	}
+	defer d.closeStream(peer)
 	sub := d.m.SubscribeWithReplay(replay)
 	defer sub.Close()
 	dir := d.Config().RegistryDir
@@ -300,20 +297,26 @@ func (a *heldAnswer) Header() http.Header         { return a.header }
 func (a *heldAnswer) WriteHeader(status int)      { a.status = status }
 func (a *heldAnswer) Write(b []byte) (int, error) { return a.body.Write(b) }
 
-// openStream counts a stream of peer's, unless it has maxClientStreams.
-func (d *Daemon) openStream(peer string) bool {
+// openStream counts a stream of peer's, unless peer has maxClientStreams
+// open (clientFull) or everyone maxStreams (full).
+func (d *Daemon) openStream(peer string) (clientFull, full bool) {
 	d.streamsMu.Lock()
 	defer d.streamsMu.Unlock()
-	if d.streamsBy[peer] >= maxClientStreams {
-		return false
+	switch {
+	case d.streamsBy[peer] >= maxClientStreams:
+		return true, false
+	case d.streamsOpen >= maxStreams:
+		return false, true
 	}
 	d.streamsBy[peer]++
-	return true
+	d.streamsOpen++
+	return false, false
 }
 
 func (d *Daemon) closeStream(peer string) {
 	d.streamsMu.Lock()
 	defer d.streamsMu.Unlock()
+	d.streamsOpen--
 	if d.streamsBy[peer]--; d.streamsBy[peer] <= 0 {
 		delete(d.streamsBy, peer)
 	}
