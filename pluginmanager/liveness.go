@@ -473,8 +473,7 @@ func (p *parts) askNew(ctx context.Context, e *entry, path string, conn *unaryco
 
 // askOn is GetInfo on conn, with its deadline, checked as at registration.
 func (p *parts) askOn(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (Plugin, error) {
-	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout,
-		fmt.Errorf("no answer within %s", p.opts.GetInfoTimeout))
+	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout, p.late.getInfo)
 	defer cancel()
 	info, err := p.getInfo(infoCtx, e, conn, path)
 	if err != nil {

@@ -57,6 +57,7 @@ type parts struct {
 	metrics *metrics
 	roots   []string   // Options.EndpointRoots, resolved
 	fds     *fdReserve // the file descriptors kept for new registrations
+	late    lateCauses // why a dial or call ran out of time, made once
 	// dirUntrusted is set while the registry directory, made again since
 	// Run started, is not safe from other users (see Manager.trusted):
 	// its sockets are let go meanwhile.
@@ -109,6 +110,7 @@ func New(opts Options) (*Manager, error) {
 			metrics: newMetrics(),
 			roots:   resolveRoots(o.EndpointRoots),
 			fds:     &fdReserve{limit: openFileLimit, open: openFiles},
+			late:    lateCausesOf(o),
 		},
 		queue:  queue.New(o.Clock),
 		events: newBroker(o.EventBuffer, o.EventHistory),

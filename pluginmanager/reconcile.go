@@ -194,8 +194,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	// From here, refuse takes conn, to tell the plugin; a registration keeps
 	// it for the liveness watch.
 
-	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout,
-		fmt.Errorf("no answer within %s", r.opts.GetInfoTimeout))
+	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout, r.late.getInfo)
 	info, err := r.getInfo(infoCtx, e, conn, path)
 	if errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
 		// The server closed the connection, or sent GOAWAY, before it took
@@ -262,8 +261,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		return res
 	}
 
-	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
-		fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
+	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout, r.late.notify)
 	conn, told, notifyErr := r.notify(notifyCtx, e, conn, path, true, "")
 	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
@@ -320,8 +318,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
 	var untold []any
 	if ctx.Err() == nil {
-		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout,
-			fmt.Errorf("no answer within %s", r.opts.NotifyTimeout))
+		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout, r.late.notify)
 		used, told, nerr := r.notify(notifyCtx, e, conn, p.Socket, false, err.Error())
 		switch {
 		case nerr == nil:

@@ -69,8 +69,7 @@ func (m *parts) dialNew(ctx context.Context, e *entry, path string) (*unaryconn.
 }
 
 func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries int) (*unaryconn.Conn, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout,
-		fmt.Errorf("no connection within %s", m.opts.DialTimeout))
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout, m.late.dial)
 	defer cancel()
 	wait := time.Millisecond
 	for {
@@ -97,6 +96,21 @@ func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries
 			err = context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
+	}
+}
+
+// lateCauses are the causes of the deadlines of a registration's steps,
+// which say how long was waited. They depend only on the options, so they
+// are made once, not for every dial and call (a burst makes thousands).
+type lateCauses struct {
+	dial, getInfo, notify error
+}
+
+func lateCausesOf(o Options) lateCauses {
+	return lateCauses{
+		dial:    fmt.Errorf("no connection within %s", o.DialTimeout),
+		getInfo: fmt.Errorf("no answer within %s", o.GetInfoTimeout),
+		notify:  fmt.Errorf("no answer within %s", o.NotifyTimeout),
 	}
 }
 

@@ -19,6 +19,7 @@ type sandbox struct {
 	timeout  time.Duration
 	returned func(path string) // an abandoned call for path returned
 	log      *slog.Logger
+	late     map[string]error // the deadline's cause for each handler method, made once
 
 	calls sync.WaitGroup // every call still running, abandoned ones included
 
@@ -26,8 +27,21 @@ type sandbox struct {
 	busy map[string]int // abandoned calls still running, by path
 }
 
+// sandboxed are the handler and observer methods the manager calls through
+// the sandbox.
+var sandboxed = []string{"Validate", "Register", "Deregister", "Observe", "Forget"}
+
 func newSandbox(timeout time.Duration, log *slog.Logger, returned func(path string)) *sandbox {
-	return &sandbox{timeout: timeout, returned: returned, log: log, busy: make(map[string]int)}
+	s := &sandbox{timeout: timeout, returned: returned, log: log, busy: make(map[string]int), late: make(map[string]error)}
+	for _, op := range sandboxed {
+		s.late[op] = s.lateCause(op)
+	}
+	return s
+}
+
+// lateCause is the cause of the deadline of a call of handler method op.
+func (s *sandbox) lateCause(op string) error {
+	return fmt.Errorf("handler %s did not return within %s", op, s.timeout)
 }
 
 // handlerFault is a handler call that timed out or panicked: the handler's
@@ -46,8 +60,11 @@ func isFault(err error) bool {
 // sandbox's deadline and returns its error, or a handlerFault if it panicked
 // or did not return in time.
 func (s *sandbox) call(ctx context.Context, path, op string, call func(context.Context) error) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, s.timeout,
-		fmt.Errorf("handler %s did not return within %s", op, s.timeout))
+	late := s.late[op] // read only: made by newSandbox
+	if late == nil {
+		late = s.lateCause(op)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, s.timeout, late)
 	defer cancel()
 	done := make(chan error, 1)
 	var abandoned bool // guarded by s.mu
