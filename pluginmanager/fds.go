@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // File descriptors. The manager holds a connection to every registered (or
@@ -24,20 +25,30 @@ import (
 //
 // Counting the open files costs a read of /dev/fd; it is done only near the
 // limit, and then once every fdRecount admissions at most, counting the
-// connections taken in meanwhile.
+// connections taken in meanwhile. The limit itself (a getrlimit call) is
+// read again near it, at every admission, so that an operator who raises it
+// (prlimit) is heard at once where it matters, and far from it once every
+// fdLimitAge at most, so that one who lowers it is heard within that.
 type fdReserve struct {
-	limit func() int // the open-file limit now; 0: none known
-	open  func() int // the files open now; negative: unknown
+	limit func() int       // the open-file limit now; 0: none known
+	open  func() int       // the files open now; negative: unknown
+	now   func() time.Time // for the limit's age; nil: the limit is read at every admission
 
 	mu          sync.Mutex
-	counted     int  // files open when last counted; 0: not counted
-	heldCounted int  // connections held then
-	since       int  // admissions since
-	short       bool // holding was refused for the reserve, and said so
-	exhausted   bool // a dial failed for want of descriptors, and said so
+	limitRead   int       // the limit last read
+	limitAt     time.Time // when; zero: never
+	counted     int       // files open when last counted; 0: not counted
+	heldCounted int       // connections held then
+	since       int       // admissions since
+	short       bool      // holding was refused for the reserve, and said so
+	exhausted   bool      // a dial failed for want of descriptors, and said so
 }
 
 const fdRecount = 16
+
+// fdLimitAge is how long a limit read far from it is used before it is read
+// again.
+const fdLimitAge = time.Second
 
 // fdReserveOf is the number of descriptors kept free for new registrations
 // at an open-file limit of limit.
@@ -47,17 +58,14 @@ func fdReserveOf(limit int) int { return max(64, limit/8) }
 // now, and whether that is a change from the last answer (to be logged),
 // with the figures to log.
 func (f *fdReserve) admit(held int) (ok, changed bool, open, limit int) {
-	limit = f.limit()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	limit = f.limitLocked(held)
 	if limit <= 0 {
 		return true, false, 0, 0
 	}
 	reserve := fdReserveOf(limit)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	// Far from the limit, however many files others hold (the status API
-	// serves at most a quarter of the limit; a handler holds about one
-	// connection a plugin), there is no need to count.
-	if 2*held+limit/4+2*reserve < limit {
+	if far(held, limit) {
 		return true, f.note(true, true), 0, limit // open: not counted
 	}
 	f.since++
@@ -72,6 +80,28 @@ func (f *fdReserve) admit(held int) (ok, changed bool, open, limit int) {
 	}
 	ok = open+reserve <= limit
 	return ok, f.note(ok, open+2*reserve <= limit), open, limit
+}
+
+// far reports whether, with held connections held, the process is far
+// from an open-file limit of limit, however many files others hold (the
+// status API serves at most a quarter of the limit; a handler holds about
+// one connection a plugin): there is no need to count them.
+func far(held, limit int) bool {
+	return 2*held+limit/4+2*fdReserveOf(limit) < limit
+}
+
+// limitLocked is the open-file limit: the one last read if that was far
+// from it with held connections held and is younger than fdLimitAge, else
+// read now.
+func (f *fdReserve) limitLocked(held int) int {
+	if f.now == nil {
+		return f.limit()
+	}
+	now := f.now()
+	if f.limitAt.IsZero() || now.Sub(f.limitAt) >= fdLimitAge || f.limitRead > 0 && !far(held, f.limitRead) {
+		f.limitRead, f.limitAt = f.limit(), now
+	}
+	return f.limitRead
 }
 
 // note records an answer of admit, and reports whether it changes what was

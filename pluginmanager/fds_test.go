@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestFDReserve(t *testing.T) {
@@ -71,5 +72,43 @@ func TestFDReserve(t *testing.T) {
 	}
 	if !f.connected() || f.connected() {
 		t.Fatal("connected: want true once after the shortage, then false")
+	}
+}
+
+// The limit is read again at every admission near it, and far from it once
+// its reading is fdLimitAge old.
+func TestFDReserveLimitAge(t *testing.T) {
+	limit, reads := 1024, 0
+	now := time.Unix(1000, 0)
+	f := &fdReserve{
+		limit: func() int { reads++; return limit },
+		open:  func() int { return 900 },
+		now:   func() time.Time { return now },
+	}
+	for range 10 {
+		f.admit(100)
+	}
+	if reads != 1 {
+		t.Fatalf("far from the limit: %d reads in 10 admissions, want 1", reads)
+	}
+	// Lowered: heard once the reading is old.
+	limit = 512
+	if _, _, _, l := f.admit(100); l != 1024 {
+		t.Fatalf("limit %d before the reading is old, want the 1024 read", l)
+	}
+	now = now.Add(fdLimitAge)
+	if _, _, _, l := f.admit(100); l != 512 || reads != 2 {
+		t.Fatalf("limit %d after %v (%d reads), want 512 read again", l, fdLimitAge, reads)
+	}
+	// Near it: read at every admission, so that a raise is heard at once.
+	if ok, _, _, _ := f.admit(400); ok {
+		t.Fatal("900 open of 512: held")
+	}
+	limit = 4096
+	if ok, _, _, l := f.admit(400); !ok || l != 4096 {
+		t.Fatalf("raised to 4096 near the limit: ok %v, limit %d; want held at 4096", ok, l)
+	}
+	if reads != 4 {
+		t.Fatalf("%d reads, want 4 (one at each admission near the limit)", reads)
 	}
 }

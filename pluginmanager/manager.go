@@ -109,7 +109,7 @@ func New(opts Options) (*Manager, error) {
 			table:   newHandlerTable(),
 			metrics: newMetrics(),
 			roots:   resolveRoots(o.EndpointRoots),
-			fds:     &fdReserve{limit: openFileLimit, open: openFiles},
+			fds:     &fdReserve{limit: openFileLimit, open: openFiles, now: time.Now},
 			late:    lateCausesOf(o),
 		},
 		queue:  queue.New(o.Clock),
