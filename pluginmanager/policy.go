@@ -21,9 +21,11 @@ func (p Peers) allow(who peer) bool {
 
 // checkPolicy applies the rules that keep plugins in bounds: who may serve
 // the plugin's type (he's AllowedPeers, or the Options' for a type without
-// a handler or without its own) and where its endpoint may be. Its error
-// names the rule, so that an operator knows which setting refused.
-func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
+// a handler or without its own) and where its endpoint may be. ask asks
+// the kernel who serves the plugin; it is called only if a rule applies.
+// Its error names the rule, so that an operator knows which setting
+// refused.
+func (m *parts) checkPolicy(p Plugin, ask func() peer, he *handlerEntry) error {
 	rule, setting := m.opts.AllowedPeers, "Options.AllowedPeers"
 	if he != nil {
 		rule = he.peers
@@ -31,12 +33,10 @@ func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
 			setting = "the HandlerOptions.AllowedPeers of its type"
 		}
 	}
-	if rule != nil && !rule.allow(who) {
-		if !who.known {
-			return fmt.Errorf("the credentials of the process serving %s could not be read, and %s requires them", p.Socket, setting)
+	if rule != nil {
+		if who := ask(); !rule.allow(who) {
+			return refusedPeer(p, who, rule, setting)
 		}
-		return fmt.Errorf("the process serving %s (pid %d) runs as uid %d, gid %d, which %s does not allow for %s plugins (uids %v, gids %v)",
-			p.Socket, who.pid, who.uid, who.gid, setting, p.Type, rule.UIDs, rule.GIDs)
 	}
 	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
 		ep := confine.ResolveExisting(p.Endpoint) // a symlink inside a root may point out of it (Endpoint is clean: EndpointPath)
@@ -45,6 +45,15 @@ func (m *parts) checkPolicy(p Plugin, who peer, he *handlerEntry) error {
 		}
 	}
 	return nil
+}
+
+// refusedPeer says why rule, the AllowedPeers of setting, refuses who.
+func refusedPeer(p Plugin, who peer, rule *Peers, setting string) error {
+	if !who.known {
+		return fmt.Errorf("the credentials of the process serving %s could not be read, and %s requires them", p.Socket, setting)
+	}
+	return fmt.Errorf("the process serving %s (pid %d) runs as uid %d, gid %d, which %s does not allow for %s plugins (uids %v, gids %v)",
+		p.Socket, who.pid, who.uid, who.gid, setting, p.Type, rule.UIDs, rule.GIDs)
 }
 
 // resolveRoots cleans the endpoint roots and resolves their symlinks, so that

@@ -190,7 +190,6 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	if err != nil {
 		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
 	}
-	who := peerOf(conn)
 	// From here, refuse takes conn, to tell the plugin; a registration keeps
 	// it for the liveness watch.
 
@@ -232,6 +231,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.answer.Store(&p)
 
 	he := r.table.get(p.Type)
+	who := func() peer { return r.peerOf(ctx, e, conn, path) }
 	if err := r.checkPolicy(p, who, he); err != nil {
 		return r.refuse(ctx, conn, e, p, ReasonPolicy, err, true, attempt)
 	}

@@ -41,9 +41,26 @@ type peer struct {
 	known         bool
 }
 
-// peerOf asks the kernel who is at the other end of a connection.
-func peerOf(c *unaryconn.Conn) peer {
-	p, ok := peercred.Of(c)
+// peerOf asks the kernel who listens on the socket e found at path: on
+// conn, the connection its GetInfo was answered on, while that is open, and
+// otherwise on a connection of its own (conn is closed once the plugin's
+// server is asked with grpc-go instead, see call), made as every other is.
+// It is asked only when a rule needs the answer (AllowedPeers, see
+// checkPolicy): nothing else shows it.
+func (m *parts) peerOf(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) peer {
+	if conn != nil {
+		if p, ok := peercred.Of(conn); ok {
+			return peer{pid: p.PID, uid: p.UID, gid: p.GID, known: true}
+		}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout, m.late.dial)
+	defer cancel()
+	nc, err := m.socket(ctx, e, path)
+	if err != nil {
+		return peer{}
+	}
+	defer nc.Close()
+	p, ok := peercred.Of(nc)
 	return peer{pid: p.PID, uid: p.UID, gid: p.GID, known: ok}
 }
 
