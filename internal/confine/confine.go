@@ -63,12 +63,69 @@ type Identity struct{ Dev, Ino uint64 }
 // elsewhere the path is looked at just before connecting to it by name, and
 // a swap in between is not caught (see dial_other.go).
 func Socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
-	clean := filepath.Clean(rel) // "a/../../x" is "../x": checked as it will be walked
-	if rel == "" || filepath.IsAbs(clean) || clean == "." || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
-		return nil, fmt.Errorf("%s is not a path inside %s", rel, root)
+	clean, err := inside(root, rel)
+	if err != nil {
+		return nil, err
 	}
 	return socket(ctx, root, clean, want)
 }
+
+// inside is rel clean, if it is a relative path inside root.
+func inside(root, rel string) (string, error) {
+	clean := filepath.Clean(rel) // "a/../../x" is "../x": checked as it will be walked
+	if rel == "" || filepath.IsAbs(clean) || clean == "." || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is not a path inside %s", rel, root)
+	}
+	return clean, nil
+}
+
+// Root is a directory sockets below it are connected to, as Socket does,
+// through a descriptor of it held open (on Linux): a connection walks from
+// that descriptor, not from the directory opened again by its path, which
+// spares two system calls of every connection made there. The walk below
+// it, the checks and the connection are Socket's.
+//
+// The directory at the path may be replaced (removed and made again, moved,
+// or the operator's symlink to it changed). A walk from the descriptor held
+// then still reaches only the socket file expected, or nothing: Root
+// connects only to a given Identity. A walk that does not reach it opens
+// the directory at the path again and, if that is another directory than
+// the one held, holds it and walks again, so that what is at the path now
+// is what a failure reports; so does Reopen, for a caller that knows of a
+// replacement. The zero Identity is connected to as Socket does, from the
+// directory opened again.
+//
+// A Root is safe for concurrent use.
+type Root struct {
+	path string
+	held heldDir // per OS: the descriptor held, on Linux
+}
+
+// NewRoot returns the Root of the directory at path. Nothing is opened
+// until the first connection.
+func NewRoot(path string) *Root { return &Root{path: path} }
+
+// Socket connects to the unix socket at rel below the root, as
+// Socket(ctx, root, rel, want) does (see Root for the descriptor it walks
+// from).
+func (r *Root) Socket(ctx context.Context, rel string, want Identity) (*net.UnixConn, error) {
+	clean, err := inside(r.path, rel)
+	if err != nil {
+		return nil, err
+	}
+	if want == (Identity{}) {
+		return socket(ctx, r.path, clean, want)
+	}
+	return r.held.socket(ctx, r.path, clean, want)
+}
+
+// Reopen lets go of the directory held: the next connection opens the one
+// at the path now.
+func (r *Root) Reopen() { r.held.release() }
+
+// Close lets go of the directory held. Connections may still be made; each
+// opens the directory again, as Socket does, and holds nothing.
+func (r *Root) Close() { r.held.close() }
 
 // Dialer connects to endpoints (unix socket paths). Its zero value connects
 // to any endpoint. It is safe for concurrent use.

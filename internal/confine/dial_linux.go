@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,43 +23,147 @@ func socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}
+	defer unix.Close(dir)
+	c, _, err := walk(ctx, dir, rel, want)
+	return c, err
+}
+
+// walk is socket from dir, a descriptor of root, which it leaves open.
+// reached reports whether the socket expected was found, whatever the
+// connection to it said.
+func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixConn, reached bool, err error) {
 	parts := strings.Split(rel, string(os.PathSeparator))
+	from := dir
 	for _, name := range parts[:len(parts)-1] {
-		next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		unix.Close(dir)
-		if err != nil {
-			return nil, changed(name, err)
+		next, err := unix.Openat(from, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if from != dir {
+			unix.Close(from)
 		}
-		dir = next
+		if err != nil {
+			return nil, false, changed(name, err)
+		}
+		from = next
 	}
 	name := parts[len(parts)-1]
-	fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	unix.Close(dir)
+	fd, err := unix.Openat(from, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if from != dir {
+		unix.Close(from)
+	}
 	if err != nil {
-		return nil, changed(name, err)
+		return nil, false, changed(name, err)
 	}
 	defer unix.Close(fd)
 	var st unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_INO, &st); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, false, fmt.Errorf("%s: %w", name, err)
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFSOCK:
 	case unix.S_IFLNK:
-		return nil, fmt.Errorf("%s is now %w: %w", name, errSymlink, ErrChanged)
+		return nil, false, fmt.Errorf("%s is now %w: %w", name, errSymlink, ErrChanged)
 	default:
-		return nil, fmt.Errorf("%s is no longer a socket: %w", name, ErrChanged)
+		return nil, false, fmt.Errorf("%s is no longer a socket: %w", name, ErrChanged)
 	}
 	if got := (Identity{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); want != (Identity{}) && got != want {
-		return nil, fmt.Errorf("%s: %w", name, ErrReplaced)
+		return nil, false, fmt.Errorf("%s: %w", name, ErrReplaced)
 	}
 	// connect(2) on /proc/self/fd/N reaches the socket the descriptor holds.
 	var nd net.Dialer
-	c, err := nd.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	nc, err := nd.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
-		return nil, unwrapOp(err)
+		return nil, true, unwrapOp(err)
 	}
-	return c.(*net.UnixConn), nil
+	return nc.(*net.UnixConn), true, nil
+}
+
+// heldDir is the descriptor of a Root's directory, held open. Walks share
+// it under mu's read lock; it is replaced, or let go, under its write lock,
+// so that it is never closed under a walk.
+type heldDir struct {
+	mu     sync.RWMutex
+	fd     int
+	id     Identity // of the directory held
+	valid  bool     // fd is held
+	closed bool     // Close was called: hold nothing any more
+}
+
+// socket connects as Root.Socket says: from the directory held, and, if the
+// socket expected is not found from there, from the directory at root now,
+// held from then on if it is another one.
+func (h *heldDir) socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
+	h.mu.RLock()
+	if h.valid {
+		c, reached, err := walk(ctx, h.fd, rel, want)
+		h.mu.RUnlock()
+		if err == nil || reached {
+			return c, err
+		}
+	} else {
+		h.mu.RUnlock()
+	}
+	fd, id, err := openDir(root)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	switch {
+	case h.closed:
+		h.mu.Unlock()
+		defer unix.Close(fd)
+		c, _, err := walk(ctx, fd, rel, want)
+		return c, err
+	case h.valid && h.id == id:
+		unix.Close(fd) // the one held: what was not found there is not there
+	default:
+		if h.valid {
+			unix.Close(h.fd)
+		}
+		h.fd, h.id, h.valid = fd, id, true
+	}
+	h.mu.Unlock()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if !h.valid { // let go of meanwhile
+		return socket(ctx, root, rel, want)
+	}
+	c, _, err := walk(ctx, h.fd, rel, want)
+	return c, err
+}
+
+// openDir opens the directory at path, as a walk starts from it, and tells
+// which directory it is.
+func openDir(path string) (fd int, id Identity, err error) {
+	fd, err = unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, Identity{}, fmt.Errorf("opening %s: %w", path, err)
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_INO, &st); err != nil {
+		unix.Close(fd)
+		return -1, Identity{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return fd, Identity{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}, nil
+}
+
+// release lets go of the descriptor held.
+func (h *heldDir) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.valid {
+		unix.Close(h.fd)
+		h.valid = false
+	}
+}
+
+// close lets go of the descriptor held, and holds none from then on.
+func (h *heldDir) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.valid {
+		unix.Close(h.fd)
+		h.valid = false
+	}
+	h.closed = true
 }
 
 // changed explains a walk that met something other than what was checked:
