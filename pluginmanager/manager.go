@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/internal/peercred"
 	"github.com/plugd/plugd/pluginmanager/internal/connset"
@@ -55,9 +56,10 @@ type parts struct {
 	table   *handlerTable
 	calls   *sandbox
 	metrics *metrics
-	roots   []string   // Options.EndpointRoots, resolved
-	fds     *fdReserve // the file descriptors kept for new registrations
-	late    lateCauses // why a dial or call ran out of time, made once
+	roots   []string      // Options.EndpointRoots, resolved
+	fds     *fdReserve    // the file descriptors kept for new registrations
+	late    lateCauses    // why a dial or call ran out of time, made once
+	dir     *confine.Root // the registry directory, which connections walk from (see socket)
 	// dirUntrusted is set while the registry directory, made again since
 	// Run started, is not safe from other users (see Manager.trusted):
 	// its sockets are let go meanwhile.
@@ -111,6 +113,7 @@ func New(opts Options) (*Manager, error) {
 			roots:   resolveRoots(o.EndpointRoots),
 			fds:     &fdReserve{limit: openFileLimit, open: openFiles, now: time.Now},
 			late:    lateCausesOf(o),
+			dir:     confine.NewRoot(o.Dir),
 		},
 		queue:  queue.New(o.Clock),
 		events: newBroker(o.EventBuffer, o.EventHistory),
@@ -292,6 +295,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	workers.Wait()
 	m.rec.stop(ctx)
 	wg.Wait()
+	m.dir.Close()
 	m.log.Info("plugin manager stopped")
 	return nil
 }

@@ -139,16 +139,22 @@ func lateCausesOf(o Options) lateCauses {
 // root, to a socket of its choosing elsewhere; every (re)connection is
 // checked anew. Otherwise the error wraps confine.ErrChanged: the file found
 // is gone from the path (gone, for the manager), whatever is there now. A
-// socket path too long to connect to by name is refused (see tooLong).
+// socket path too long to connect to by name is refused (see tooLong). The
+// walk starts from the registry directory held open (confine.Root), which
+// the watch tells to look at the path again when the directory itself is
+// replaced.
 func (m *parts) socket(ctx context.Context, e *entry, path string) (*net.UnixConn, error) {
 	if err := tooLong(path); err != nil {
 		return nil, err
 	}
-	rel, err := filepath.Rel(m.opts.Dir, path)
-	if err != nil {
-		return nil, err
+	rel, ok := strings.CutPrefix(path, m.opts.Dir+string(filepath.Separator)) // paths below Dir are clean: filepath.Join made them
+	if !ok {
+		var err error
+		if rel, err = filepath.Rel(m.opts.Dir, path); err != nil {
+			return nil, err
+		}
 	}
-	return confine.Socket(ctx, m.opts.Dir, rel, confine.Identity{Dev: e.id.dev, Ino: e.id.ino})
+	return m.dir.Socket(ctx, rel, confine.Identity{Dev: e.id.dev, Ino: e.id.ino})
 }
 
 // errTooLong marks a socket path longer than a unix socket's may be.

@@ -177,6 +177,9 @@ func (m *Manager) handleRootEvent(w *watcher, ev fsnotify.Event) {
 	}
 	fi, err := os.Lstat(root)
 	there := err == nil && fi.IsDir()
+	// Connections walk from the directory found at the path now, not the
+	// one held (see socket).
+	m.dir.Reopen()
 	switch {
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
 		// Whatever is at the path now is not the directory we watched.
