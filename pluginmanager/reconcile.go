@@ -240,14 +240,14 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	}
 	h := he.h
 
-	if err := r.calls.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
+	if err := r.handlerCall(ctx, path, h, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
 		// A refusal is final (but a kubelet handler's); a handler that timed
 		// out or panicked may do better next time.
 		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
 	}
 
 	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
-	if err := r.calls.call(reg.endpoint.with(ctx), path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+	if err := r.handlerCall(reg.endpoint.with(ctx), path, h, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
 		reg.endpoint.end()
 		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
 		if isFault(err) {
@@ -311,6 +311,15 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	e.due = earliest(e.live.probeAt, redial)
 	r.log.Log(ctx, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
 	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
+}
+
+// handlerCall calls method op of h for the socket at path, in the sandbox,
+// unless it is a func left unset, which does nothing (see unset).
+func (r *registrar) handlerCall(ctx context.Context, path string, h Handler, op string, call func(context.Context) error) error {
+	if unset(h, op) {
+		return nil
+	}
+	return r.calls.call(ctx, path, op, call)
 }
 
 // refuse tells the plugin, over conn, that it was not registered, then
@@ -510,7 +519,7 @@ func (p *parts) logGone(ctx context.Context, path string, e *entry, err error) {
 func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
 	reg.endpoint.end()
 	r.conns.Unwatch(path)
-	err := r.calls.call(ctx, path, "Deregister", func(ctx context.Context) error {
+	err := r.handlerCall(ctx, path, reg.handler, "Deregister", func(ctx context.Context) error {
 		reg.handler.Deregister(ctx, reg.plugin)
 		return nil
 	})
