@@ -252,8 +252,10 @@ func pluginFromInfo(info *registerapi.PluginInfo, socket string) (Plugin, error)
 		return p, fmt.Errorf("%w: %d supported versions, at most %d are allowed", errInvalidInfo, len(p.Versions), maxVersions)
 	}
 	for i, v := range p.Versions {
-		if err := checkField(fmt.Sprintf("supported_versions[%d]", i), v, maxVersionLen, true); err != nil {
-			return p, err
+		if err := checkField("supported_versions", v, maxVersionLen, true); err != nil {
+			// Named with its index only when it is wrong: no string is
+			// made for every version of every answer.
+			return p, checkField(fmt.Sprintf("supported_versions[%d]", i), v, maxVersionLen, true)
 		}
 	}
 	sentNone := p.Endpoint == ""
