@@ -184,10 +184,12 @@ func Within(p, dir string) bool {
 	if p == dir {
 		return true
 	}
-	if !strings.HasSuffix(dir, string(filepath.Separator)) { // "/" has one
-		dir += string(filepath.Separator)
+	if !strings.HasPrefix(p, dir) {
+		return false
 	}
-	return strings.HasPrefix(p, dir)
+	// dir, then a separator: "/" ends in one; any other clean dir does not.
+	// (The manager asks this of every filesystem event: nothing is built.)
+	return strings.HasSuffix(dir, string(filepath.Separator)) || p[len(dir)] == filepath.Separator
 }
 
 // ResolveExisting resolves the symlinks of the longest part of path that

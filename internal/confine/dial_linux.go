@@ -32,9 +32,9 @@ func socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn
 // reached reports whether the socket expected was found, whatever the
 // connection to it said.
 func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixConn, reached bool, err error) {
-	parts := strings.Split(rel, string(os.PathSeparator))
 	from := dir
-	for _, name := range parts[:len(parts)-1] {
+	name, rest, more := strings.Cut(rel, string(os.PathSeparator))
+	for ; more; name, rest, more = strings.Cut(rest, string(os.PathSeparator)) {
 		next, err := unix.Openat(from, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if from != dir {
 			unix.Close(from)
@@ -44,7 +44,6 @@ func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixC
 		}
 		from = next
 	}
-	name := parts[len(parts)-1]
 	fd, err := unix.Openat(from, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if from != dir {
 		unix.Close(from)
