@@ -280,7 +280,6 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	now := r.clock.Now()
 	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
 	e.reg = reg
 	e.answer.Store(nil)
 	e.status.Plugin = p
@@ -307,10 +306,16 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		}
 		r.reg.warnLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "err", e.status.LastError)
 	}
-	r.metrics.latency.WithLabelValues(label).Observe(now.Sub(e.status.Discovered).Seconds())
+	took := now.Sub(e.status.Discovered)
 	e.due = earliest(e.live.probeAt, redial)
-	r.log.Log(ctx, level, "plugin registered", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions, "attempt", attempt)
-	return result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
+	res := result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
+	r.reg.mu.Unlock()
+	// Said once the registry is free again: writing the line must not hold
+	// up the other workers. As attributes, so that nothing is boxed.
+	r.metrics.latency.WithLabelValues(label).Observe(took.Seconds())
+	r.log.LogAttrs(ctx, level, "plugin registered", slog.String("socket", path), slog.String("type", p.Type), slog.String("name", p.Name),
+		slog.String("endpoint", p.Endpoint), slog.Any("versions", p.Versions), slog.Int("attempt", attempt))
+	return res
 }
 
 // handlerCall calls method op of h for the socket at path, in the sandbox,
