@@ -240,14 +240,14 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	}
 	h := he.h
 
-	if err := r.handlerCall(ctx, path, h, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
+	if err := r.handlerCall(ctx, path, h, "Validate", p); err != nil {
 		// A refusal is final (but a kubelet handler's); a handler that timed
 		// out or panicked may do better next time.
 		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
 	}
 
 	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
-	if err := r.handlerCall(reg.endpoint.with(ctx), path, h, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
+	if err := r.handlerCall(reg.endpoint.with(ctx), path, h, "Register", p); err != nil {
 		reg.endpoint.end()
 		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
 		if isFault(err) {
@@ -318,13 +318,23 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	return res
 }
 
-// handlerCall calls method op of h for the socket at path, in the sandbox,
-// unless it is a func left unset, which does nothing (see unset).
-func (r *registrar) handlerCall(ctx context.Context, path string, h Handler, op string, call func(context.Context) error) error {
+// handlerCall calls method op (Validate, Register or Deregister) of h with
+// p, for the socket at path, in the sandbox, unless it is a func left
+// unset, which does nothing (see unset): then not even the call is made.
+func (r *registrar) handlerCall(ctx context.Context, path string, h Handler, op string, p Plugin) error {
 	if unset(h, op) {
 		return nil
 	}
-	return r.calls.call(ctx, path, op, call)
+	return r.calls.call(ctx, path, op, func(ctx context.Context) error {
+		switch op {
+		case "Validate":
+			return h.Validate(ctx, p)
+		case "Register":
+			return h.Register(ctx, p)
+		}
+		h.Deregister(ctx, p)
+		return nil
+	})
 }
 
 // refuse tells the plugin, over conn, that it was not registered, then
@@ -524,10 +534,7 @@ func (p *parts) logGone(ctx context.Context, path string, e *entry, err error) {
 func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
 	reg.endpoint.end()
 	r.conns.Unwatch(path)
-	err := r.handlerCall(ctx, path, reg.handler, "Deregister", func(ctx context.Context) error {
-		reg.handler.Deregister(ctx, reg.plugin)
-		return nil
-	})
+	err := r.handlerCall(ctx, path, reg.handler, "Deregister", reg.plugin)
 	p := reg.plugin
 	now := r.clock.Now()
 	r.reg.mu.Lock()
