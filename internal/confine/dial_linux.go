@@ -145,24 +145,19 @@ func openDir(path string) (fd int, id Identity, err error) {
 }
 
 // release lets go of the descriptor held.
-func (h *heldDir) release() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.valid {
-		unix.Close(h.fd)
-		h.valid = false
-	}
-}
+func (h *heldDir) release() { h.letGo(false) }
 
 // close lets go of the descriptor held, and holds none from then on.
-func (h *heldDir) close() {
+func (h *heldDir) close() { h.letGo(true) }
+
+func (h *heldDir) letGo(closing bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.valid {
 		unix.Close(h.fd)
 		h.valid = false
 	}
-	h.closed = true
+	h.closed = h.closed || closing
 }
 
 // changed explains a walk that met something other than what was checked:
