@@ -19,6 +19,20 @@ func (benchInfo) GetInfo(context.Context, *registerapi.InfoRequest) (*registerap
 	return &registerapi.PluginInfo{Type: "CSIPlugin", Name: "p", SupportedVersions: []string{"1.0.0"}}, nil
 }
 
+// serveInfo serves benchInfo with grpc-go at p.sock in dir.
+func serveInfo(tb testing.TB, dir string) (path string, srv *grpc.Server) {
+	tb.Helper()
+	path = filepath.Join(dir, "p.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv = grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, benchInfo{})
+	go srv.Serve(l)
+	return path, srv
+}
+
 // BenchmarkAsk is the cost of one liveness probe, client and in-process
 // server together: GetInfo on the connection the manager holds to each
 // registered plugin, and on a new connection, as when the plugin's server
@@ -29,14 +43,7 @@ func BenchmarkAsk(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "p.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(srv, benchInfo{})
-	go srv.Serve(l)
+	path, srv := serveInfo(b, dir)
 	defer srv.Stop()
 	m, err := New(Options{Dir: dir})
 	if err != nil {

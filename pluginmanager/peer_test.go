@@ -9,9 +9,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"google.golang.org/grpc"
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -20,14 +17,7 @@ import (
 // on a connection of its own to the same socket file.
 func TestPeerOf(t *testing.T) {
 	dir := testenv.ShortDir(t, "peer")
-	path := filepath.Join(dir, "p.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(srv, benchInfo{})
-	go srv.Serve(l)
+	path, srv := serveInfo(t, dir)
 	defer srv.Stop()
 	m, err := New(Options{Dir: dir})
 	if err != nil {
