@@ -95,6 +95,8 @@ type HandlerOptions struct {
 
 // HandlerFuncs is a Handler built from functions, like http.HandlerFunc. A nil
 // ValidateFunc or RegisterFunc accepts every plugin; a nil DeregisterFunc does nothing.
+// The manager does not call a method whose func is nil (nor start the
+// sandbox it would run in).
 type HandlerFuncs struct {
 	ValidateFunc   func(ctx context.Context, p Plugin) error
 	RegisterFunc   func(ctx context.Context, p Plugin) error
