@@ -175,3 +175,51 @@ func TestRoot(t *testing.T) {
 		t.Error("a descriptor held after Close")
 	}
 }
+
+// Connections made while the directory held is let go of again and again
+// all reach the socket: a descriptor is never closed under a walk.
+func TestRootConcurrent(t *testing.T) {
+	dir := testenv.ShortDir(t, "rc")
+	testenv.CountAccepts(t, filepath.Join(dir, "s.sock"))
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(dir, "s.sock"), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := Identity{Dev: st.Dev, Ino: st.Ino}
+	r := NewRoot(dir)
+	defer r.Close()
+	stop := make(chan struct{})
+	reopened := make(chan struct{})
+	go func() {
+		defer close(reopened)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				r.Reopen()
+			}
+		}
+	}()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for range 50 {
+				c, err := r.Socket(context.Background(), "s.sock", want)
+				if err != nil {
+					errs <- err
+					return
+				}
+				c.Close()
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(stop)
+	<-reopened
+}

@@ -32,6 +32,18 @@ func socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn
 // reached reports whether the socket expected was found, whatever the
 // connection to it said.
 func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixConn, reached bool, err error) {
+	fd, name, err := reach(dir, rel)
+	if err != nil {
+		return nil, false, err
+	}
+	defer unix.Close(fd)
+	return connect(ctx, fd, name, want)
+}
+
+// reach opens rel below dir, with O_PATH, one component at a time, with
+// O_NOFOLLOW: fd is the last component's descriptor, to be closed, and name
+// its name. dir is used only to open the first component, and left open.
+func reach(dir int, rel string) (fd int, name string, err error) {
 	from := dir
 	name, rest, more := strings.Cut(rel, string(os.PathSeparator))
 	for ; more; name, rest, more = strings.Cut(rest, string(os.PathSeparator)) {
@@ -40,18 +52,25 @@ func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixC
 			unix.Close(from)
 		}
 		if err != nil {
-			return nil, false, changed(name, err)
+			return -1, name, changed(name, err)
 		}
 		from = next
 	}
-	fd, err := unix.Openat(from, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err = unix.Openat(from, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if from != dir {
 		unix.Close(from)
 	}
 	if err != nil {
-		return nil, false, changed(name, err)
+		return -1, name, changed(name, err)
 	}
-	defer unix.Close(fd)
+	return fd, name, nil
+}
+
+// connect checks that fd, the descriptor reach opened for name, is a
+// socket, and the one expected unless want is zero, and connects to it
+// through fd. reached reports whether it is the socket expected, whatever
+// the connection to it said.
+func connect(ctx context.Context, fd int, name string, want Identity) (c *net.UnixConn, reached bool, err error) {
 	var st unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_INO, &st); err != nil {
 		return nil, false, fmt.Errorf("%s: %w", name, err)
@@ -76,8 +95,9 @@ func walk(ctx context.Context, dir int, rel string, want Identity) (c *net.UnixC
 }
 
 // heldDir is the descriptor of a Root's directory, held open. Walks share
-// it under mu's read lock; it is replaced, or let go, under its write lock,
-// so that it is never closed under a walk.
+// it under mu's read lock, for the first step of the walk only; it is
+// replaced, or let go, under its write lock, so that it is never closed
+// under a walk.
 type heldDir struct {
 	mu     sync.RWMutex
 	fd     int
@@ -90,15 +110,8 @@ type heldDir struct {
 // socket expected is not found from there, from the directory at root now,
 // held from then on if it is another one.
 func (h *heldDir) socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
-	h.mu.RLock()
-	if h.valid {
-		c, reached, err := walk(ctx, h.fd, rel, want)
-		h.mu.RUnlock()
-		if err == nil || reached {
-			return c, err
-		}
-	} else {
-		h.mu.RUnlock()
+	if c, reached, held, err := h.walk(ctx, rel, want); held && (err == nil || reached) {
+		return c, err
 	}
 	fd, id, err := openDir(root)
 	if err != nil {
@@ -120,13 +133,28 @@ func (h *heldDir) socket(ctx context.Context, root, rel string, want Identity) (
 		h.fd, h.id, h.valid = fd, id, true
 	}
 	h.mu.Unlock()
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	if !h.valid { // let go of meanwhile
+	c, _, held, err := h.walk(ctx, rel, want)
+	if !held { // let go of meanwhile
 		return socket(ctx, root, rel, want)
 	}
-	c, _, err := walk(ctx, h.fd, rel, want)
 	return c, err
+}
+
+// walk is walk from the directory held; held is false if none is.
+func (h *heldDir) walk(ctx context.Context, rel string, want Identity) (c *net.UnixConn, reached, held bool, err error) {
+	h.mu.RLock()
+	if !h.valid {
+		h.mu.RUnlock()
+		return nil, false, false, nil
+	}
+	fd, name, err := reach(h.fd, rel)
+	h.mu.RUnlock()
+	if err != nil {
+		return nil, false, true, err
+	}
+	defer unix.Close(fd)
+	c, reached, err = connect(ctx, fd, name, want)
+	return c, reached, true, err
 }
 
 // openDir opens the directory at path, as a walk starts from it, and tells
