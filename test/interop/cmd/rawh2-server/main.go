@@ -105,7 +105,9 @@ type conn struct {
 	last     atomic.Uint32 // the last stream the client opened
 	answered bool          // an answer has been sent on this connection
 	raised   bool          // max-streams-0: the limit has been raised
-	blocks   int           // header blocks read
+	refused  uint32        // max-streams-0: the stream last refused
+	acked    bool          // the client has acknowledged our SETTINGS
+	checked  bool          // table-size-0: the first header block after that was checked
 }
 
 func newConn(nc net.Conn, i int) *conn {
@@ -187,6 +189,7 @@ func (c *conn) serve() error {
 		}
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
+			c.acked = c.acked || f.IsAck()
 			if !f.IsAck() {
 				if err := c.write(func(fr *http2.Framer) error { return fr.WriteSettingsAck() }); err != nil {
 					return err
@@ -218,6 +221,14 @@ func (c *conn) serve() error {
 			}
 			req = r
 		case *http2.DataFrame:
+			if f.StreamID == c.refused && (req == nil || req.stream != f.StreamID) {
+				// Sent before the client read our RST_STREAM: dropped
+				// (RFC 9113 §5.1), and the connection's window given back.
+				if len(f.Data()) > 0 {
+					c.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, uint32(len(f.Data()))) })
+				}
+				continue
+			}
 			if req == nil || f.StreamID != req.stream {
 				return fmt.Errorf("DATA on stream %d, which is not a request's", f.StreamID)
 			}
@@ -254,24 +265,28 @@ func (c *conn) readHeaders(f *http2.HeadersFrame) (*request, error) {
 		block = append(block, cont.HeaderBlockFragment()...)
 		end = cont.HeadersEnded()
 	}
-	c.blocks++
-	if *scenario == "table-size-0" && c.blocks == 1 && (len(block) == 0 || block[0] != 0x20) {
+	if *scenario == "table-size-0" && c.acked && !c.checked && (len(block) == 0 || block[0] != 0x20) {
 		// nghttp2, having lowered its table to 0, requires the HPACK
 		// dynamic table size update (to 0: 0x20) at the start of the
-		// first header block after, and fails the connection without one.
+		// first header block after the client acknowledged that (RFC
+		// 7541 §4.2; a block sent before, as a client may send one
+		// with its preface, is decoded with the table as it was), and
+		// fails the connection without one.
 		server.Emit("compression-error", nil)
 		c.write(func(fr *http2.Framer) error {
 			return fr.WriteGoAway(0, http2.ErrCodeCompression, []byte("expected a dynamic table size update"))
 		})
 		return nil, errors.New("no dynamic table size update")
 	}
+	c.checked = c.checked || c.acked
 	fields, err := c.dec.DecodeFull(block)
 	if err != nil {
 		return nil, err
 	}
 	c.last.Store(f.StreamID)
 	if *scenario == "max-streams-0" && !c.raised {
-		server.Emit("refused", nil)
+		server.Emit("refused", map[string]any{"message": fmt.Sprintf("stream %d", f.StreamID)})
+		c.refused = f.StreamID
 		return nil, c.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream) })
 	}
 	r := &request{stream: f.StreamID}
