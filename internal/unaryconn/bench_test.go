@@ -2,6 +2,7 @@ package unaryconn
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -41,6 +42,31 @@ func BenchmarkDialGetInfo(b *testing.B) {
 		}
 		var info registerapi.PluginInfo
 		if err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &info, 1<<16); err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+		cancel()
+	}
+}
+
+// BenchmarkOpenRegistration is a registration's calls on a new connection
+// from Open: GetInfo, whose request goes with the connection's preface, then
+// NotifyRegistrationStatus.
+func BenchmarkOpenRegistration(b *testing.B) {
+	path := serve(b, registration{})
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		nc, err := net.Dial("unix", path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := Open(nc.(*net.UnixConn), time.Time{})
+		var info registerapi.PluginInfo
+		if err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &info, 1<<16); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Invoke(ctx, notify, &registerapi.RegistrationStatus{PluginRegistered: true}, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
 			b.Fatal(err)
 		}
 		c.Close()

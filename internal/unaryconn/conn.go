@@ -19,8 +19,19 @@
 // status read from trailers, flow-control credit, and answers to the peer's
 // SETTINGS and PING. Failures are gRPC status errors with the codes grpc-go
 // would give, and match sentinels that say what to do next (ErrProtocol,
-// ErrHangup, ErrMaybeDelivered, ErrFlood). Whatever it does not speak is
-// ErrProtocol: a caller then makes the call with grpc-go (InvokeGRPC).
+// ErrHangup, ErrMaybeDelivered, ErrHandshake, ErrFlood). Whatever it does not
+// speak is ErrProtocol: a caller then makes the call with grpc-go
+// (InvokeGRPC).
+//
+// Every write and read saved counts twice, here and in the plugin's server,
+// when thousands of plugins register at once on a small machine. So a
+// connection made for a call (Open) sends the call's request with its
+// connection preface, and reads the peer's SETTINGS with the answer, instead
+// of waiting for them first (NewConn and Dial wait, for a caller that must
+// know the peer answered); and the acknowledgements the peer is owed go with
+// the next request, or after at most a few milliseconds by themselves
+// (acks.go). A registration, GetInfo then NotifyRegistrationStatus on a new
+// connection to a grpc-go server, takes two writes: it took five.
 package unaryconn
 
 import (
@@ -86,7 +97,10 @@ type Conn struct {
 	credit      uint32         // DATA received and not yet given back to the peer's window
 	frameSize   uint32         // the peer's SETTINGS_MAX_FRAME_SIZE
 	maxStreams  uint32         // the peer's SETTINGS_MAX_CONCURRENT_STREAMS
-	ackSettings bool           // the peer's first SETTINGS are still to be acknowledged
+	acks        *owed          // the acknowledgements the peer is owed (acks.go)
+	preface     bool           // Open: our connection preface is still to be sent, with the first call
+	settled     bool           // the peer's first SETTINGS have come
+	handshakeBy time.Time      // Open: when they must have come by, if before a call's deadline
 	goAway      *callError     // the peer's GOAWAY, if one came
 	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
 	broken      error          // why no further call can be made; set once
@@ -115,9 +129,51 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 
 // NewConn opens an HTTP/2 connection on nc, a unix socket connection the
 // caller made its own way (through a path that cannot follow a swapped
-// symlink, say), as Dial does after connecting. The Conn owns nc from then
-// on: it is closed if the handshake fails.
+// symlink, say), as Dial does after connecting: it returns once the peer has
+// answered, which a connection that is only to be watched needs to know. The
+// Conn owns nc from then on: it is closed if the handshake fails. Its errors
+// match ErrHandshake.
 func NewConn(ctx context.Context, nc *net.UnixConn) (*Conn, error) {
+	c := newConn(nc)
+	if err := c.handshake(ctx); err != nil {
+		c.nc.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The socket's deadline is ctx's (or ctx's end cut it short),
+			// and may fire a moment before ctx reports it.
+			<-ctx.Done()
+		}
+		if ctx.Err() != nil {
+			err = contextError(ctx.Err())
+		}
+		return nil, handshakeError(err)
+	}
+	return c, nil
+}
+
+// Open starts an HTTP/2 connection on nc, as NewConn does, without waiting
+// for the peer: our connection preface goes out with the first call's
+// request, in one write, and the peer's SETTINGS are read with its answer
+// (RFC 9113 §3.4 lets a client send frames right after its preface). That
+// saves a round trip, a write and a read on each side, where a connection is
+// made for a call.
+//
+// The peer's SETTINGS must have come by handshakeDeadline (if not zero, and
+// before the call's deadline). If the first call fails before they came
+// (the peer said nothing, hung up, or is not HTTP/2), its error matches
+// ErrHandshake and not ErrMaybeDelivered, and says what NewConn would have
+// said: an HTTP/2 server sends its SETTINGS before anything else, so it
+// acted on nothing. A stream refused because it was sent before the peer's
+// SETTINGS_MAX_CONCURRENT_STREAMS was known is sent again once allowed.
+//
+// The Conn owns nc, as NewConn's does.
+func Open(nc *net.UnixConn, handshakeDeadline time.Time) *Conn {
+	c := newConn(nc)
+	c.preface = true
+	c.handshakeBy = handshakeDeadline
+	return c
+}
+
+func newConn(nc *net.UnixConn) *Conn {
 	c := &Conn{
 		nc:         nc,
 		dec:        hpack.NewDecoder(4096, nil),
@@ -129,61 +185,110 @@ func NewConn(ctx context.Context, nc *net.UnixConn) (*Conn, error) {
 		now:        time.Now,
 	}
 	c.dec.SetMaxStringLength(maxHeaderListSize)
-	if err := c.handshake(ctx); err != nil {
-		c.nc.Close()
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// The socket's deadline is ctx's (or ctx's end cut it short),
-			// and may fire a moment before ctx reports it.
-			<-ctx.Done()
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("HTTP/2 handshake: %w", ctx.Err())
-		}
-		return nil, fmt.Errorf("HTTP/2 handshake: %w", err)
-	}
-	return c, nil
+	return c
 }
 
-// handshake sends our connection preface and reads the peer's, which must
-// begin with SETTINGS. Our SETTINGS ACK goes out with the first call.
-func (c *Conn) handshake(ctx context.Context) error {
-	dl, _ := ctx.Deadline()
-	c.nc.SetDeadline(dl)
-	defer c.nc.SetDeadline(time.Time{})
-	defer c.cutOnDone(ctx)()
-
-	var b bytes.Buffer
+// writePreface queues our connection preface: the magic string, our
+// SETTINGS and the connection window we give.
+func writePreface(b *bytes.Buffer, fr *http2.Framer) {
 	b.WriteString(http2.ClientPreface)
-	fr := http2.NewFramer(&b, c.nc) // unbuffered reads: what follows SETTINGS stays in the socket
-	fr.SetMaxReadFrameSize(maxFrameSize)
 	fr.WriteSettings(
 		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize},
 	)
 	fr.WriteWindowUpdate(0, connWindow-defaultWindow)
+}
+
+// handshake sends our connection preface and reads the peer's, which must
+// begin with SETTINGS. Our SETTINGS ACK goes out with the first call, or
+// after ackDelay.
+func (c *Conn) handshake(ctx context.Context) error {
+	dl, _ := ctx.Deadline()
+	c.nc.SetDeadline(dl)
+	defer c.nc.SetDeadline(time.Time{})
+	var cut cutter
+	cut.start(ctx, c.nc)
+	defer cut.stop()
+
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, c.nc) // unbuffered reads: what follows SETTINGS stays in the socket
+	fr.SetMaxReadFrameSize(maxFrameSize)
+	writePreface(&b, fr)
 	if _, err := c.nc.Write(b.Bytes()); err != nil {
-		return err
+		return hangupError("sending: %v", err)
 	}
 	f, err := fr.ReadFrame()
-	if errors.Is(err, io.EOF) {
-		return hangupError("the peer closed the connection without a word")
+	if err != nil {
+		return firstFrameError(err)
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := c.firstFrame(f); err != nil {
 		return err
 	}
-	if err != nil {
-		return frameError("the peer is not an HTTP/2 server", err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, err = c.settings(f.(*http2.SettingsFrame))
+	if err == nil {
+		c.oweSettingsAck()
+		c.ackLaterLocked()
 	}
+	return err
+}
+
+// writePrefaceLocked sends our connection preface by itself, for a
+// connection from Open watched before its first call. c.mu must be held.
+func (c *Conn) writePrefaceLocked() error {
+	var b bytes.Buffer
+	writePreface(&b, http2.NewFramer(&b, nil))
+	c.preface = false
+	c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
+	_, err := c.nc.Write(b.Bytes())
+	c.nc.SetWriteDeadline(time.Time{})
+	if err != nil {
+		c.broken = handshakeError(hangupError("sending: %v", err))
+		return c.broken
+	}
+	return nil
+}
+
+// firstFrameError is the error of reading the peer's first frame.
+func firstFrameError(err error) error {
+	switch {
+	case errors.Is(err, io.EOF):
+		return hangupError("the peer closed the connection without a word")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return err
+	}
+	return frameError("the peer is not an HTTP/2 server", err)
+}
+
+// firstFrame checks the peer's first frame, which must be SETTINGS, valid
+// ones: then the handshake is done.
+func (c *Conn) firstFrame(f http2.Frame) *callError {
 	sf, ok := f.(*http2.SettingsFrame)
 	if !ok || sf.IsAck() {
 		return protocolError("the peer is not an HTTP/2 server: its first frame is %v, not SETTINGS", f.Header().Type)
 	}
-	if _, err := c.settings(sf); err != nil {
-		return err
+	if err := sf.ForeachSetting(http2.Setting.Valid); err != nil {
+		return protocolError("bad SETTINGS from the peer: %v", err)
 	}
-	c.ackSettings = true
+	c.settled = true
 	return nil
+}
+
+// handshakeError is the failure of a connection before the peer's SETTINGS
+// came: nothing was processed.
+func handshakeError(err error) error {
+	var ce *callError
+	if !errors.As(err, &ce) {
+		return fmt.Errorf("HTTP/2 handshake: %w (%w)", err, ErrHandshake)
+	}
+	e := &callError{
+		st:          status.New(ce.st.Code(), "HTTP/2 handshake: "+ce.st.Message()),
+		kinds:       append(slices.DeleteFunc(slices.Clone(ce.kinds), func(k error) bool { return k == ErrMaybeDelivered }), ErrHandshake),
+		unprocessed: true,
+	}
+	return e
 }
 
 // settings applies the peer's SETTINGS and returns by how much they changed
@@ -234,6 +339,7 @@ func (c *Conn) Close() error {
 	if c.broken == nil {
 		c.broken = hangupError("closed by this side")
 	}
+	c.stopAckTimerLocked()
 	c.stopWatchLocked()
 	return err
 }
@@ -257,8 +363,7 @@ func (c *Conn) Usable() bool {
 // incomplete one for later. c.mu must be held.
 func (c *Conn) idleFrames() bool {
 	r := bytes.NewReader(c.rest)
-	k := call{c: c}
-	k.fr = http2.NewFramer(&k.out, r)
+	k := call{c: c, callIO: &callIO{fr: http2.NewFramer(io.Discard, r)}} // what it calls for is owed (acks.go), not written
 	k.fr.SetMaxReadFrameSize(maxFrameSize)
 	for r.Len() >= 9 {
 		b := c.rest[len(c.rest)-r.Len():]
@@ -272,6 +377,12 @@ func (c *Conn) idleFrames() bool {
 		if err != nil {
 			c.broken = frameError("reading what the peer sent an idle connection", err)
 			return false
+		}
+		if !c.settled {
+			if err := c.firstFrame(f); err != nil {
+				c.broken = handshakeError(err)
+				return false
+			}
 		}
 		switch f := f.(type) {
 		case *http2.SettingsFrame, *http2.PingFrame, *http2.WindowUpdateFrame, *http2.GoAwayFrame:
@@ -296,23 +407,12 @@ func (c *Conn) idleFrames() bool {
 	} else if r.Len() < len(c.rest) {
 		c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
 	}
-	if c.ackSettings {
-		// Normally sent with the first call; a connection left idle
-		// before one must not leave the peer's SETTINGS unacknowledged
-		// (some servers close such a connection after a while).
-		k.fr.WriteSettingsAck()
-		c.ackSettings = false
+	// What the frames call for (SETTINGS and PING ACKs) goes with the
+	// next call, or soon by itself.
+	if c.broken == nil && c.tooManyOwed() {
+		return c.writeAcksLocked() == nil
 	}
-	if k.out.Len() > 0 {
-		// A peer that sends PINGs and reads nothing would fill the socket:
-		// neither the watch, which a call may be waiting to take the
-		// socket from, nor that call may wait long on it.
-		c.nc.SetWriteDeadline(time.Now().Add(idleWriteTimeout))
-		defer c.nc.SetWriteDeadline(time.Time{})
-		if err := k.flush(); err != nil {
-			return false
-		}
-	}
+	c.ackLaterLocked()
 	return c.broken == nil
 }
 
@@ -327,27 +427,64 @@ const idleWriteTimeout = 100 * time.Millisecond
 // aLongTimeAgo is a deadline that makes a blocked read or write return now.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// cutOnDone makes the end of ctx cut short a read or write on the socket until
-// the returned func is called. That func waits for a cut already begun, which
+// cutter makes the end of a context cut short a read or write on the socket
+// until it is stopped. stop waits for a cut already begun, which
 // context.AfterFunc's stop does not: left running, the cut could set its
 // deadline after the next call set its own, and fail that call.
-func (c *Conn) cutOnDone(ctx context.Context) (stop func()) {
-	cut := make(chan struct{})
-	stopCut := context.AfterFunc(ctx, func() {
-		c.nc.SetDeadline(aLongTimeAgo)
-		close(cut)
-	})
-	return func() {
-		if !stopCut() {
-			<-cut
-		}
+type cutter struct {
+	nc       *net.UnixConn
+	stopFunc func() bool // context.AfterFunc's; nil for a context that never ends early
+
+	mu      sync.Mutex
+	stopped bool
+}
+
+// start cuts nc short at the end of ctx, until stop.
+func (k *cutter) start(ctx context.Context, nc *net.UnixConn) {
+	if ctx.Done() == nil {
+		return // it never ends: nothing to cut
+	}
+	k.nc = nc
+	k.stopFunc = context.AfterFunc(ctx, k.cut)
+}
+
+func (k *cutter) cut() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.stopped {
+		k.nc.SetDeadline(aLongTimeAgo)
 	}
 }
 
-// readers are reused between calls: an idle connection holds no buffer.
-// (The one a call uses reads ahead; what it read past the call's end is
-// kept in Conn.rest.)
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+// stop ends what start began, once a cut begun has ended.
+func (k *cutter) stop() {
+	if k.stopFunc != nil && !k.stopFunc() {
+		k.mu.Lock() // the cut has begun: it is done, or will do nothing
+		k.stopped = true
+		k.mu.Unlock()
+	}
+}
+
+// callIO is what a call reads and writes with. They are reused between
+// calls (callIOs): an idle connection holds no buffer. (The reader reads
+// ahead; what it read past the call's end is kept in Conn.rest.)
+type callIO struct {
+	br  *bufio.Reader
+	out bytes.Buffer  // frames to send
+	fr  *http2.Framer // reads br, writes out
+}
+
+var callIOs = sync.Pool{New: func() any {
+	b := &callIO{br: bufio.NewReaderSize(nil, 4096)}
+	b.fr = http2.NewFramer(&b.out, b.br)
+	b.fr.SetMaxReadFrameSize(maxFrameSize)
+	b.fr.MaxHeaderListSize = maxHeaderListSize
+	return b
+}}
+
+// maxPooledOut bounds the write buffer kept for the next call: a large
+// request's is let go.
+const maxPooledOut = 64 << 10
 
 // Invoke calls method (as "/package.Service/Method") with req and decodes the
 // answer into resp. An answer larger than maxRecv bytes (at most MaxRecvSize)
@@ -377,20 +514,20 @@ func (c *Conn) invoke(ctx context.Context, method string, body []byte, resp prot
 	if err := ctx.Err(); err != nil {
 		return contextError(err)
 	}
-	if c.next > maxStreamID {
-		c.broken = hangupError("stream IDs exhausted")
-		return unusable(c.broken)
-	}
-	stream := c.next
-	c.next += 2
 
 	dl, hasDeadline := ctx.Deadline()
-	c.nc.SetDeadline(dl)                // the zero time when there is none: no deadline
+	call := call{c: c, ctx: ctx, maxRecv: maxRecv, dl: dl}
+	if !c.settled && !c.handshakeBy.IsZero() && (!hasDeadline || c.handshakeBy.Before(dl)) {
+		call.dl = c.handshakeBy // until the peer's SETTINGS come
+		call.byHandshake = true
+	}
+	c.nc.SetDeadline(call.dl)           // the zero time when there is none: no deadline
 	defer c.nc.SetDeadline(time.Time{}) // after the cut below has stopped: the watch reads with none
-	defer c.cutOnDone(ctx)()
+	call.cut.start(ctx, c.nc)
+	defer call.cut.stop()
 
-	call := call{c: c, stream: stream, maxRecv: maxRecv}
-	call.br = readers.Get().(*bufio.Reader)
+	call.callIO = callIOs.Get().(*callIO)
+	call.fr.ReadMetaHeaders = c.dec
 	if len(c.rest) > 0 {
 		call.br.Reset(io.MultiReader(bytes.NewReader(c.rest), c.nc))
 		c.rest = nil
@@ -422,6 +559,12 @@ func (c *Conn) invoke(ctx context.Context, method string, body []byte, resp prot
 		// before ours does. grpc-go reports that as the deadline too.
 		err = contextError(context.DeadlineExceeded)
 	}
+	if !c.settled {
+		// No HTTP/2 server spoke: it would have sent SETTINGS first.
+		err = handshakeError(err)
+		c.broken = err
+		return err
+	}
 	var ce *callError
 	if call.sent && errors.As(err, &ce) && !ce.unprocessed {
 		// Not the peer's answer, and the peer had the whole request.
@@ -432,13 +575,18 @@ func (c *Conn) invoke(ctx context.Context, method string, body []byte, resp prot
 
 // call is one unary call in flight.
 type call struct {
-	c       *Conn
-	stream  uint32
-	maxRecv int
-	br      *bufio.Reader
-	out     bytes.Buffer // frames to send
-	fr      *http2.Framer
+	c   *Conn
+	ctx context.Context
+	dl  time.Time // the socket's deadline
+	cut cutter    // ctx's end cuts the call short
+	// byHandshake: dl is Open's handshake deadline, until the peer's
+	// SETTINGS come
+	byHandshake bool
+	stream      uint32
+	maxRecv     int
+	*callIO
 
+	early   bool   // the stream was opened before the peer's SETTINGS came
 	headers bool   // the answer's headers have come
 	data    []byte // the answer's DATA, gRPC prefix included
 	window  int64  // what the peer's window for this stream lets us send
@@ -450,20 +598,27 @@ type call struct {
 }
 
 // release keeps what the reader took past the call's last frame for the next
-// call, and returns the reader to the pool. The bufio.Reader then holds no
-// reference to the connection.
+// call, and returns what it read and wrote with to the pool, holding no
+// reference to the connection. The framer of a call that broke the
+// connection is not reused: it may have been left inside a header block.
 func (k *call) release() {
 	if n := k.br.Buffered(); n > 0 && k.c.broken == nil {
 		b, _ := k.br.Peek(n)
 		k.c.rest = bytes.Clone(b)
 	}
 	k.br.Reset(nil)
-	readers.Put(k.br)
+	k.fr.ReadMetaHeaders = nil
+	if k.c.broken == nil && k.out.Cap() <= maxPooledOut {
+		k.out.Reset()
+		callIOs.Put(k.callIO)
+	}
+	k.callIO = nil
 	if len(k.c.rest) > 0 && k.c.broken == nil {
 		// What came after the answer (a PING, a GOAWAY) will not make the
 		// socket readable again: handle it now.
 		k.c.idleFrames()
 	}
+	k.c.ackLaterLocked()
 }
 
 // fail marks the connection unusable because of err, and returns it.
@@ -477,30 +632,44 @@ func (k *call) fail(err *callError) error {
 // run sends the request and reads frames until this call's stream ends.
 func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 	c := k.c
-	k.fr = http2.NewFramer(&k.out, k.br)
-	k.fr.SetMaxReadFrameSize(maxFrameSize)
-	k.fr.ReadMetaHeaders = c.dec
-	k.fr.MaxHeaderListSize = maxHeaderListSize
-	k.window = c.sendInit
-
-	if c.ackSettings {
-		k.fr.WriteSettingsAck()
-		c.ackSettings = false
+	if c.preface {
+		writePreface(&k.out, k.fr)
+		c.preface = false
 	}
 	if c.credit > 0 {
 		k.fr.WriteWindowUpdate(0, c.credit)
 		c.credit = 0
 	}
-	if err := k.waitForStream(); err != nil {
-		return nil, err
+	for {
+		if err := k.waitForStream(); err != nil {
+			return nil, err
+		}
+		if c.next > maxStreamID {
+			c.broken = hangupError("stream IDs exhausted")
+			return nil, unusable(c.broken)
+		}
+		k.stream = c.next
+		c.next += 2
+		k.early = !c.settled
+		k.headers, k.data, k.encoding, k.sent = false, nil, "", false
+		k.window = c.sendInit
+		// The SETTINGS ACKs owed go before the header block, which says
+		// the table size their SETTINGS may have changed.
+		k.out.Write(c.settingsAcksTo(k.out.AvailableBuffer()))
+		writeRequestHeaders(k.fr, k.stream, method, timeout, c.tableUpdate)
+		c.tableUpdate = false
+		answer, err, again := k.stream1(msg)
+		if !again {
+			return answer, err
+		}
 	}
-	block := requestHeaders(method, timeout, c.tableUpdate)
-	c.tableUpdate = false
-	k.fr.WriteHeaders(http2.HeadersFrameParam{
-		StreamID:      k.stream,
-		BlockFragment: block,
-		EndHeaders:    true,
-	})
+}
+
+// stream1 sends the request on k.stream, whose HEADERS are queued, and reads
+// frames until the stream ends. again: the peer refused a stream sent before
+// its SETTINGS came; the request goes again on a new stream, once allowed.
+func (k *call) stream1(msg []byte) (answer []byte, err error, again bool) {
+	c := k.c
 	for {
 		// The request goes out in as many DATA frames as the peer's frame
 		// size and windows allow, each as soon as they allow it: a request
@@ -517,37 +686,109 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 			msg = msg[n:]
 		}
 		if err := k.flush(); err != nil {
-			return nil, err
+			return nil, err, false
 		}
-		f, err := k.fr.ReadFrame()
+		f, err := k.readFrame()
 		if err != nil {
-			return nil, k.readError(err)
+			return nil, err, false
 		}
 		done, err := k.handle(f)
-		if done || err != nil {
-			return k.answer(err)
+		if ce, ok := err.(*callError); ok && done && k.early && c.broken == nil && ce.unprocessed {
+			// REFUSED_STREAM, for a stream sent before the limit
+			// on streams was known: as an HTTP/2 client must, sent
+			// again once the limit allows.
+			return nil, nil, true
 		}
+		if done || err != nil {
+			answer, err := k.answer(err)
+			return answer, err, false
+		}
+	}
+}
+
+// readFrame reads the peer's next frame. The first must be SETTINGS; once
+// they have come, the call's own deadline holds. While acknowledgements are
+// owed, it waits for the frame no longer than they may wait, and writes them
+// then.
+func (k *call) readFrame() (http2.Frame, error) {
+	c := k.c
+	if c.owes() && k.br.Buffered() == 0 {
+		if err := k.awaitFrame(); err != nil {
+			return nil, err
+		}
+	}
+	f, err := k.fr.ReadFrame()
+	if err != nil {
+		return nil, k.readError(err)
+	}
+	if !c.settled {
+		if err := c.firstFrame(f); err != nil {
+			return nil, k.fail(err)
+		}
+		if k.byHandshake {
+			dl, _ := k.ctx.Deadline()
+			k.byHandshake = false
+			k.setDeadline(dl)
+		}
+	}
+	return f, nil
+}
+
+// awaitFrame waits for the next frame to begin arriving, but no longer than
+// the acknowledgements owed may wait: it writes them then.
+func (k *call) awaitFrame() error {
+	c := k.c
+	due := c.oweDue()
+	if !k.dl.IsZero() && !due.Before(k.dl) {
+		return nil // the call ends first; they wait for after it
+	}
+	if c.now().Before(due) {
+		dl := k.dl
+		k.setDeadline(due)
+		_, err := k.br.Peek(1) // what it read stays read
+		k.setDeadline(dl)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || k.ctx.Err() != nil {
+			return k.readError(err)
+		}
+	}
+	k.out.Write(c.acksTo(k.out.AvailableBuffer()))
+	return k.flush()
+}
+
+// setDeadline sets the socket's deadline to dl, unless the call's context
+// has ended: then the deadline that cut the call short is set again, in case
+// dl undid it.
+func (k *call) setDeadline(dl time.Time) {
+	k.dl = dl
+	k.c.nc.SetDeadline(dl)
+	if k.ctx.Err() != nil {
+		k.c.nc.SetDeadline(aLongTimeAgo)
 	}
 }
 
 // waitForStream waits until the peer allows a stream. A peer may allow none
 // for a while (SETTINGS_MAX_CONCURRENT_STREAMS 0) and raise the limit
 // later; grpc-go's client waits for that within the call's deadline, and so
-// do we, answering what the peer sends meanwhile. Every earlier stream has
-// ended (a call that ends before its stream breaks the connection), so one
-// is allowed whenever the limit is not 0.
+// do we, answering what the peer sends meanwhile at once: it may wait for
+// that. Every earlier stream has ended (a call that ends before its stream
+// breaks the connection, and a refused one has ended), so one is allowed
+// whenever the limit is not 0.
 func (k *call) waitForStream() error {
 	c := k.c
 	for c.maxStreams == 0 {
+		k.out.Write(c.acksTo(k.out.AvailableBuffer()))
 		if err := k.flush(); err != nil {
 			return err
 		}
-		f, err := k.fr.ReadFrame()
+		f, err := k.readFrame()
 		if err != nil {
-			return k.readError(err)
+			return err
 		}
-		if f.Header().StreamID == k.stream {
-			return k.fail(protocolError("the peer sent %v on stream %d, which was not opened", f.Header().Type, k.stream))
+		if f.Header().StreamID >= c.next {
+			return k.fail(protocolError("the peer sent %v on stream %d, which was not opened", f.Header().Type, f.Header().StreamID))
 		}
 		if _, err := k.handle(f); err != nil {
 			return err
@@ -562,11 +803,13 @@ func (k *call) waitForStream() error {
 	return nil
 }
 
-// flush writes the frames queued so far.
+// flush writes the frames queued so far, and with them the acknowledgements
+// owed, which go after the request's DATA (see acks.go).
 func (k *call) flush() error {
-	if k.out.Len() == 0 {
+	if k.out.Len() == 0 && !k.c.tooManyOwed() {
 		return nil
 	}
+	k.out.Write(k.c.acksTo(k.out.AvailableBuffer()))
 	_, err := k.c.nc.Write(k.out.Bytes())
 	k.out.Reset()
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -585,10 +828,19 @@ func (k *call) flush() error {
 
 func (k *call) readError(err error) error {
 	var e *callError
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	switch {
+	case k.byHandshake && errors.Is(err, os.ErrDeadlineExceeded) && k.ctx.Err() == nil:
+		// Open's handshake deadline, before the call's.
+		e = newError(codes.DeadlineExceeded, context.DeadlineExceeded, "the peer sent no SETTINGS by the handshake's deadline")
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		// The socket's deadline is ctx's, which may not have fired yet.
 		e = newError(codes.DeadlineExceeded, context.DeadlineExceeded, "no answer before the deadline")
-	} else {
+	case !k.c.settled:
+		var ok bool
+		if e, ok = firstFrameError(err).(*callError); !ok {
+			e = frameError("reading the answer", err)
+		}
+	default:
 		e = frameError("reading the answer", err)
 	}
 	if g := k.c.goAway; g != nil {
@@ -634,10 +886,10 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			return false, k.fail(err.(*callError))
 		}
 		k.window += delta
-		k.fr.WriteSettingsAck()
+		c.oweSettingsAck()
 	case *http2.PingFrame:
 		if !f.IsAck() {
-			k.fr.WritePing(true, f.Data)
+			c.owePingAck(f.Data)
 		}
 	case *http2.WindowUpdateFrame:
 		switch f.StreamID {
@@ -764,14 +1016,18 @@ func gunzip(b []byte, max int) ([]byte, error) {
 	return out, nil
 }
 
-// requestHeaders encodes a call's headers. Every field is sent "never
-// indexed", which leaves the peer's decoding table as it is: the encoder
-// needs no state kept between calls. sizeUpdate begins the block with a
-// dynamic table size update to 0: our encoder uses no table.
-func requestHeaders(method, timeout string, sizeUpdate bool) []byte {
-	var b bytes.Buffer
-	enc := hpack.NewEncoder(&b)
+// writeRequestHeaders queues a call's HEADERS on stream. Every field is
+// sent "never indexed", which leaves the peer's decoding table as it is: the
+// encoder needs no state kept between calls. sizeUpdate begins the block with
+// a dynamic table size update to 0: our encoder uses no table.
+func writeRequestHeaders(fr *http2.Framer, stream uint32, method, timeout string, sizeUpdate bool) {
+	h := headerEncoders.Get().(*headerEncoder)
+	defer headerEncoders.Put(h)
+	h.buf.Reset()
+	enc := h.enc
 	if sizeUpdate {
+		// One of its own: a pooled encoder's limit is never changed.
+		enc = hpack.NewEncoder(&h.buf)
 		enc.SetMaxDynamicTableSizeLimit(0) // written with the first field
 	}
 	field := func(name, value string) {
@@ -787,8 +1043,26 @@ func requestHeaders(method, timeout string, sizeUpdate bool) []byte {
 	if timeout != "" {
 		field("grpc-timeout", timeout)
 	}
-	return b.Bytes()
+	fr.WriteHeaders(http2.HeadersFrameParam{
+		StreamID:      stream,
+		BlockFragment: h.buf.Bytes(), // copied
+		EndHeaders:    true,
+	})
 }
+
+// headerEncoder is an HPACK encoder and what it writes into. They are reused
+// between calls (headerEncoders): what it encodes is never indexed, so its
+// dynamic table stays empty, and its table size limit is never changed.
+type headerEncoder struct {
+	buf bytes.Buffer
+	enc *hpack.Encoder
+}
+
+var headerEncoders = sync.Pool{New: func() any {
+	h := new(headerEncoder)
+	h.enc = hpack.NewEncoder(&h.buf)
+	return h
+}}
 
 // encodeTimeout writes d as gRPC's grpc-timeout: at most 8 digits and a unit.
 func encodeTimeout(d time.Duration) string {

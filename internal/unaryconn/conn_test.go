@@ -1018,8 +1018,8 @@ func TestHostilePeer(t *testing.T) {
 }
 
 // TestPingAfterAnswer: a PING that came with the answer, read with it, is
-// answered before the call returns: the socket will not be readable again
-// for it.
+// answered, though the socket will not be readable again for it and no call
+// follows (its ACK goes by itself, ackDelay after).
 func TestPingAfterAnswer(t *testing.T) {
 	acked := make(chan bool)
 	path := rawPeer(t, func(p *peer) {

@@ -41,6 +41,14 @@ var (
 	// on, or is the peer's own answer.
 	ErrMaybeDelivered = errors.New("the request may have been delivered")
 
+	// ErrHandshake: the peer did not open HTTP/2 (it sent no SETTINGS:
+	// it said nothing, hung up, or said something else) before the call
+	// or NewConn failed; the error says which. An HTTP/2 server sends its
+	// SETTINGS before anything else, so the peer acted on nothing
+	// (ErrMaybeDelivered never goes with it): for a caller, it failed to
+	// connect. The first call on a connection from Open can fail so.
+	ErrHandshake = errors.New("the HTTP/2 handshake failed")
+
 	// ErrFlood: the peer sent an idle, watched connection more than an
 	// idle connection needs (see Watch). The connection is closed. Log it
 	// once and back off before dialing again.

@@ -23,6 +23,7 @@ var kinds = map[string]error{
 	"ErrHangup":         ErrHangup,
 	"ErrMaybeDelivered": ErrMaybeDelivered,
 	"ErrFlood":          ErrFlood,
+	"ErrHandshake":      ErrHandshake,
 	"DeadlineExceeded":  context.DeadlineExceeded,
 }
 
@@ -208,7 +209,7 @@ func TestErrorKindsDial(t *testing.T) {
 		p.drain()
 	})
 	_, err = Dial(ctx, garbage)
-	wantKinds(t, err, "ErrProtocol")
+	wantKinds(t, err, "ErrProtocol", "ErrHandshake")
 	if _, ok := status.FromError(err); !ok {
 		t.Errorf("Dial's error %v is not a status error", err)
 	}

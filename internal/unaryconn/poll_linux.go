@@ -71,9 +71,9 @@ func (c *Conn) pollLocked(w *watch) error {
 		w.p = nil
 		return err
 	}
-	if len(c.rest) > 0 || c.ackSettings {
-		// What the last call read past its answer, or SETTINGS to
-		// acknowledge, will not make the socket readable.
+	if len(c.rest) > 0 {
+		// What the last call read past its answer will not make the
+		// socket readable.
 		go c.pollStep(w)
 	}
 	return nil

@@ -34,6 +34,13 @@ import (
 //
 // Watch returns an error, and never calls onHangup, if c is unusable or
 // already watched. It does not block (beyond waiting for a call in flight).
+// A connection from Open with no call made yet sends its preface now; the
+// peer's first frame must then be SETTINGS (else ErrProtocol and
+// ErrHandshake).
+//
+// The acknowledgements an idle connection owes the peer go out a few
+// milliseconds after the frames that called for them, unless a call takes
+// them first (acks.go).
 //
 // pluginmanager holds every registered plugin's connection so (its
 // internal/connset), on every platform.
@@ -55,6 +62,12 @@ func (c *Conn) Watch(onHangup func(err error)) error {
 	}
 	if c.onHangup != nil {
 		return errors.New("unaryconn: the connection is already watched")
+	}
+	if c.preface {
+		// From Open, with no call made yet: the connection opens now.
+		if err := c.writePrefaceLocked(); err != nil {
+			return err
+		}
 	}
 	if onHangup == nil {
 		onHangup = func(error) {}
@@ -132,6 +145,7 @@ func (c *Conn) resumeWatchLocked() {
 		c.onHangup = nil
 		return
 	}
+	c.idleAcksLocked()
 	w := &watch{c: c}
 	c.w = w
 	if pollWatches.Load() && c.pollLocked(w) == nil {
