@@ -215,7 +215,7 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 // again after a backoff.
 func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time) {
 	lv := &e.live
-	conn, err := p.dial(ctx, e, path)
+	conn, err := p.dialIdle(ctx, e, path)
 	if err == nil {
 		if lv.unheld = !p.mayHold(path); lv.unheld {
 			conn.Close() // it accepts; from now on its probes watch it
@@ -251,7 +251,7 @@ func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn
 	if conn == nil || !conn.Usable() {
 		closeConn(conn)
 		var err error
-		if conn, err = p.dial(ctx, e, path); err != nil {
+		if conn, err = p.dialIdle(ctx, e, path); err != nil {
 			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
 			e.live.redialAt = now
 			if p.outOfFDs(err) {

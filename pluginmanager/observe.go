@@ -103,7 +103,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	case st == StateAnswering && !o.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
-		conn, err := o.dial(ctx, e, path)
+		conn, err := o.dialIdle(ctx, e, path)
 		if errors.Is(err, confine.ErrChanged) {
 			return o.gone(ctx, path, e, err)
 		}

@@ -195,7 +195,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout, r.late.getInfo)
 	info, err := r.getInfo(infoCtx, e, conn, path)
-	if errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
+	// The HTTP/2 handshake, made with GetInfo, failed: failed to connect.
+	dialFailed := isDialError(err)
+	if !dialFailed && errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
 		// The server closed the connection, or sent GOAWAY, before it took
 		// the call (a server that limits its connections' age does):
 		// asked again at once on a new one, as grpc-go retries such a call.
@@ -218,6 +220,10 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		// An answer over the size cap is malformed, not unlucky: retrying
 		// would only make the plugin send it again.
 		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
+	}
+	if err != nil && dialFailed {
+		closeConn(conn)
+		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
 	}
 	if err != nil {
 		closeConn(conn)
@@ -447,7 +453,7 @@ func (r *registrar) rejected(ctx context.Context, path string, e *entry, now tim
 	if now.Before(e.due) {
 		return result{at: e.due}
 	}
-	conn, err := r.dial(ctx, e, path)
+	conn, err := r.dialIdle(ctx, e, path)
 	if err == nil {
 		conn.Close()
 	}

@@ -64,15 +64,17 @@ func (m *parts) peerOf(ctx context.Context, e *entry, conn *unaryconn.Conn, path
 	return peer{pid: p.PID, uid: p.UID, gid: p.GID, known: ok}
 }
 
-// dial opens a connection to the registration socket at path, within
-// DialTimeout: an HTTP/2 connection on which GetInfo, NotifyRegistrationStatus
-// and later the liveness probes are made (see unaryconn for why not a
-// grpc-go ClientConn). It connects only to the socket file e found there,
-// reached from the registry directory without following a symlink (see
-// socket). A refused connection fails at once with the dialer's error; one
-// that is not answered fails at the deadline, with its cause.
+// dial opens a connection to the registration socket at path, for a call:
+// an HTTP/2 connection on which GetInfo, NotifyRegistrationStatus and later
+// the liveness probes are made (see unaryconn for why not a grpc-go
+// ClientConn). It connects only to the socket file e found there, reached
+// from the registry directory without following a symlink (see socket). A
+// refused connection fails at once with the dialer's error. The HTTP/2
+// handshake is made with the first call (unaryconn.Open), which saves a
+// round trip: the first call fails as a dial does (a dialFailure) if the
+// handshake does, within DialTimeout from now (see call).
 func (m *parts) dial(ctx context.Context, e *entry, path string) (*unaryconn.Conn, error) {
-	return m.dialRetrying(ctx, e, path, 0)
+	return m.dialRetrying(ctx, e, path, 0, false)
 }
 
 // dialNew is dial for a socket that appeared a moment ago, which is most
@@ -82,15 +84,27 @@ func (m *parts) dial(ctx context.Context, e *entry, path string) (*unaryconn.Con
 // 1, 2, 4 and 8 ms before it counts. That wait is the plugin's own start-up,
 // so it is real time, and it is bounded by the dial's deadline.
 func (m *parts) dialNew(ctx context.Context, e *entry, path string) (*unaryconn.Conn, error) {
-	return m.dialRetrying(ctx, e, path, 4)
+	return m.dialRetrying(ctx, e, path, 4, false)
 }
 
-func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries int) (*unaryconn.Conn, error) {
+// dialIdle is dial for a connection on which no call is made (it is only
+// held, or only shows that the plugin accepts): it returns once the plugin
+// has answered with its SETTINGS, within DialTimeout. One that is not
+// answered fails at the deadline, with its cause.
+func (m *parts) dialIdle(ctx context.Context, e *entry, path string) (*unaryconn.Conn, error) {
+	return m.dialRetrying(ctx, e, path, 0, true)
+}
+
+func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries int, wait bool) (*unaryconn.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.DialTimeout, m.late.dial)
 	defer cancel()
-	wait := time.Millisecond
+	delay := time.Millisecond
 	for {
 		nc, err := m.socket(ctx, e, path)
+		if err == nil && !wait {
+			dl, _ := ctx.Deadline()
+			return unaryconn.Open(nc, dl), nil
+		}
 		var conn *unaryconn.Conn
 		if err == nil {
 			conn, err = unaryconn.NewConn(ctx, nc)
@@ -100,13 +114,13 @@ func (m *parts) dialRetrying(ctx context.Context, e *entry, path string, retries
 		}
 		if retries > 0 && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
 			retries--
-			t := time.NewTimer(wait)
+			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
 			}
-			wait *= 2
+			delay *= 2
 			continue
 		}
 		if ctx.Err() != nil && !errors.Is(err, confine.ErrChanged) {
@@ -182,6 +196,9 @@ const (
 func (m *parts) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (*registerapi.PluginInfo, error) {
 	info := new(registerapi.PluginInfo)
 	if err := m.call(ctx, e, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info, true); err != nil {
+		if isDialError(err) {
+			return nil, err // failed to connect, as it says
+		}
 		return nil, wrapRPC(ctx, "GetInfo", err)
 	}
 	return info, nil
@@ -200,6 +217,9 @@ func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, 
 		return m.callGRPC(ctx, e, path, method, req, resp)
 	}
 	err := conn.Invoke(ctx, method, req, resp, maxInfoBytes)
+	if errors.Is(err, unaryconn.ErrHandshake) {
+		return m.handshakeFailure(ctx, path, err)
+	}
 	if err == nil || !errors.Is(err, unaryconn.ErrProtocol) || ctx.Err() != nil ||
 		!idempotent && errors.Is(err, unaryconn.ErrMaybeDelivered) {
 		return err
@@ -209,6 +229,21 @@ func (m *parts) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, 
 	e.grpcOnly = true
 	conn.Close()
 	return m.callGRPC(ctx, e, path, method, req, resp)
+}
+
+// handshakeFailure is the error of a call on a connection from dial whose
+// HTTP/2 handshake, made with it, failed: the plugin's server never spoke
+// HTTP/2 (it said nothing, hung up, or is not HTTP/2), so it acted on
+// nothing, and it failed to connect, as a dial that waited for the
+// handshake would have: said so, with the dial's deadline as its cause if
+// that passed.
+func (m *parts) handshakeFailure(ctx context.Context, path string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		err = fmt.Errorf("%w (%w)", m.late.dial, err)
+	} else if ctx.Err() != nil {
+		err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
+	}
+	return dialFailure{fmt.Errorf("connect %s: %w", path, err)}
 }
 
 // callGRPC makes a call with grpc-go, on a connection of its own.
@@ -365,6 +400,9 @@ func (m *parts) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, path
 // status in its trailers, or an HTTP status), rather than the call failing
 // on the way: then the plugin received the request.
 func answered(err error) bool {
+	if isDialError(err) {
+		return false
+	}
 	var f fallbackError
 	if errors.As(err, &f) {
 		// grpc-go's error: a code the transport does not give is the plugin's.
@@ -387,6 +425,9 @@ func answered(err error) bool {
 func wrapRPC(ctx context.Context, name string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if isDialError(err) {
+		return fmt.Errorf("%s: %w", name, err) // it says what passed
 	}
 	if _, ok := ctx.Deadline(); ok && status.Code(err) == codes.DeadlineExceeded {
 		// The plugin's side enforces our deadline too (gRPC sends it along),
