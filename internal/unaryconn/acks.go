@@ -57,6 +57,14 @@ func (c *Conn) owes() bool {
 	return c.acks != nil && (c.acks.settings > 0 || len(c.acks.pings) > 0)
 }
 
+// owedCount counts the acknowledgements owed.
+func (c *Conn) owedCount() int {
+	if c.acks == nil {
+		return 0
+	}
+	return c.acks.settings + len(c.acks.pings)/17
+}
+
 // oweSettingsAck owes the peer an acknowledgement of SETTINGS.
 func (c *Conn) oweSettingsAck() {
 	c.oweLocked()
@@ -75,7 +83,7 @@ func (c *Conn) oweLocked() {
 		c.acks = new(owed)
 	}
 	if !c.owes() {
-		c.acks.since = c.now()
+		c.acks.since = time.Now() // not c.now: what it bounds is the socket's and the peer's real time
 	}
 }
 
@@ -147,7 +155,7 @@ func (c *Conn) ackLaterLocked() {
 	if !c.owes() || c.acks.armed || c.broken != nil || c.closed {
 		return
 	}
-	d := c.oweDue().Sub(c.now())
+	d := time.Until(c.oweDue())
 	c.acks.armed = true
 	if c.acks.timer == nil {
 		c.acks.timer = time.AfterFunc(d, c.ackTimer)

@@ -360,11 +360,16 @@ func (c *Conn) Usable() bool {
 }
 
 // idleFrames handles the complete frames in c.rest, keeping the rest of an
-// incomplete one for later. c.mu must be held.
-func (c *Conn) idleFrames() bool {
+// incomplete one for later. c.mu must be held. What they call for (SETTINGS
+// and PING ACKs) is written at once when the watch read them (ackNow): no
+// call is likely to come within ackDelay to take it, and a peer may be
+// waiting for it; what came with the end of a call's answer may wait for the
+// next call (acks.go).
+func (c *Conn) idleFrames(ackNow bool) bool {
 	r := bytes.NewReader(c.rest)
 	k := call{c: c, callIO: &callIO{fr: http2.NewFramer(io.Discard, r)}} // what it calls for is owed (acks.go), not written
 	k.fr.SetMaxReadFrameSize(maxFrameSize)
+	owed := c.owedCount()
 	for r.Len() >= 9 {
 		b := c.rest[len(c.rest)-r.Len():]
 		if size := int(b[0])<<16 | int(b[1])<<8 | int(b[2]); size > maxFrameSize {
@@ -407,9 +412,7 @@ func (c *Conn) idleFrames() bool {
 	} else if r.Len() < len(c.rest) {
 		c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
 	}
-	// What the frames call for (SETTINGS and PING ACKs) goes with the
-	// next call, or soon by itself.
-	if c.broken == nil && c.tooManyOwed() {
+	if c.broken == nil && (ackNow && c.owedCount() > owed || c.tooManyOwed()) {
 		return c.writeAcksLocked() == nil
 	}
 	c.ackLaterLocked()
@@ -616,7 +619,7 @@ func (k *call) release() {
 	if len(k.c.rest) > 0 && k.c.broken == nil {
 		// What came after the answer (a PING, a GOAWAY) will not make the
 		// socket readable again: handle it now.
-		k.c.idleFrames()
+		k.c.idleFrames(false)
 	}
 	k.c.ackLaterLocked()
 }
@@ -742,7 +745,7 @@ func (k *call) awaitFrame() error {
 	if !k.dl.IsZero() && !due.Before(k.dl) {
 		return nil // the call ends first; they wait for after it
 	}
-	if c.now().Before(due) {
+	if time.Now().Before(due) {
 		dl := k.dl
 		k.setDeadline(due)
 		_, err := k.br.Peek(1) // what it read stays read

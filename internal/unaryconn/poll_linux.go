@@ -141,7 +141,7 @@ func (c *Conn) pollStep(w *watch) {
 			c.mu.Unlock()
 			return
 		}
-		if !c.idleFrames() {
+		if !c.idleFrames(true) {
 			if c.closing.Load() {
 				continue // its write failed for Close
 			}

@@ -38,9 +38,9 @@ import (
 // peer's first frame must then be SETTINGS (else ErrProtocol and
 // ErrHandshake).
 //
-// The acknowledgements an idle connection owes the peer go out a few
-// milliseconds after the frames that called for them, unless a call takes
-// them first (acks.go).
+// What the peer sends an idle, watched connection is acknowledged at once;
+// what came with the end of a call's answer may wait a few milliseconds for
+// the next call, to go with it (acks.go).
 //
 // pluginmanager holds every registered plugin's connection so (its
 // internal/connset), on every platform.
@@ -194,7 +194,7 @@ func (c *Conn) watch(w *watch) {
 		}
 		// Whole frames the last call read past its answer, or that came
 		// complete; an incomplete one is kept.
-		if !c.idleFrames() {
+		if !c.idleFrames(true) {
 			if c.closing.Load() {
 				continue // its write failed for Close
 			}
