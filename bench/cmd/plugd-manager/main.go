@@ -20,9 +20,19 @@ func (p *manager) Run(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	m.AddHandler(managers.PluginType, pluginmanager.HandlerFuncs{})
+	m.AddHandler(managers.PluginType, acceptAll{})
 	return m.Run(ctx)
 }
+
+// acceptAll takes every plugin. Its methods are called as a real handler's
+// are (through plugd's sandbox, each with its deadline), as the kubelet's
+// manager calls its own accept-everything handler: a HandlerFuncs with no
+// funcs set would have plugd skip the calls, which no real handler does.
+type acceptAll struct{}
+
+func (acceptAll) Validate(context.Context, pluginmanager.Plugin) error { return nil }
+func (acceptAll) Register(context.Context, pluginmanager.Plugin) error { return nil }
+func (acceptAll) Deregister(context.Context, pluginmanager.Plugin)     {}
 
 func main() {
 	m := &manager{}
