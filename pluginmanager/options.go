@@ -28,7 +28,11 @@ type Options struct {
 	// never uses the global registry.
 	Registerer prometheus.Registerer
 
-	// Workers bounds how many sockets are worked on at once. Zero means 16.
+	// Workers bounds how many sockets are worked on at once. Zero means 64:
+	// a plugin that accepts and says nothing holds a worker until its
+	// deadlines pass, and a burst of sockets (a node's plugins starting
+	// together) registers faster with more of its round trips in flight
+	// (bench/README.md); an idle worker is a parked goroutine.
 	Workers int
 
 	// ResyncInterval is how often the directory is walked again to repair
@@ -173,7 +177,7 @@ func (o Options) withDefaults() (Options, error) {
 		v    *int
 		def  int
 	}{
-		{"Workers", &o.Workers, 16},
+		{"Workers", &o.Workers, 64},
 		{"EventBuffer", &o.EventBuffer, 1024},
 		{"EventHistory", &o.EventHistory, 1024},
 		{"MaxSockets", &o.MaxSockets, 20000},
