@@ -384,7 +384,10 @@ func (m *parts) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, path
 		// The connection broke before the request was out: it was not told.
 	}
 	conn.Close()
-	fresh, err := m.dial(ctx, e, path)
+	// Handshake first, not with the request: a server silent at the
+	// deadline might yet act on a request sent with the preface, and the
+	// plugin must not be told twice.
+	fresh, err := m.dialIdle(ctx, e, path)
 	if err != nil {
 		return nil, false, fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}

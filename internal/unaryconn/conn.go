@@ -160,9 +160,12 @@ func NewConn(ctx context.Context, nc *net.UnixConn) (*Conn, error) {
 // The peer's SETTINGS must have come by handshakeDeadline (if not zero, and
 // before the call's deadline). If the first call fails before they came
 // (the peer said nothing, hung up, or is not HTTP/2), its error matches
-// ErrHandshake and not ErrMaybeDelivered, and says what NewConn would have
-// said: an HTTP/2 server sends its SETTINGS before anything else, so it
-// acted on nothing. A stream refused because it was sent before the peer's
+// ErrHandshake and says what NewConn would have said. A peer that hung up
+// or is not HTTP/2 acted on nothing (an HTTP/2 server sends its SETTINGS
+// before anything else); one that said nothing by the deadline may still
+// read the request, sent with the preface, and act on it: that error also
+// matches ErrMaybeDelivered. A call that must not reach the peer twice is
+// better made on a connection from NewConn. A stream refused because it was sent before the peer's
 // SETTINGS_MAX_CONCURRENT_STREAMS was known is sent again once allowed.
 //
 // The Conn owns nc, as NewConn's does.
@@ -563,9 +566,15 @@ func (c *Conn) invoke(ctx context.Context, method string, body []byte, resp prot
 		err = contextError(context.DeadlineExceeded)
 	}
 	if !c.settled {
-		// No HTTP/2 server spoke: it would have sent SETTINGS first.
+		// No HTTP/2 server spoke: it would have sent SETTINGS first. One
+		// that hung up or said something else acted on nothing; one still
+		// silent at the deadline may yet read the request, which was sent.
+		silent := call.sent && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))
 		err = handshakeError(err)
 		c.broken = err
+		if silent {
+			return also(err, ErrMaybeDelivered)
+		}
 		return err
 	}
 	var ce *callError
