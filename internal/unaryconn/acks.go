@@ -177,6 +177,9 @@ func (c *Conn) ackTimer() {
 	c.acks.gen++
 	err := c.writeAcksLocked()
 	c.acks = nil // paid, or the connection is broken: no call is in flight to need it
+	if err != nil && c.closing.Load() {
+		return // Close cut the write short: no hang-up (see Watch)
+	}
 	if err != nil {
 		if w := c.w; w != nil && w.p != nil {
 			c.hangupLocked(w, err) // unlocks c.mu
