@@ -45,10 +45,13 @@ type Options struct {
 	BackoffInitial time.Duration
 	BackoffMax     time.Duration
 
-	// DialTimeout bounds connecting to a registration socket. A refused
-	// connection fails at once. Zero means 5s.
+	// DialTimeout bounds connecting to a registration socket, and the
+	// plugin's HTTP/2 handshake (its SETTINGS). A refused connection fails
+	// at once. Zero means 5s.
 	DialTimeout time.Duration
-	// GetInfoTimeout bounds the GetInfo call. Zero means 5s.
+	// GetInfoTimeout bounds the GetInfo call. On a new connection GetInfo
+	// is sent with the handshake, to save a round trip, so the handshake
+	// also has to be done within it. Zero means 5s.
 	GetInfoTimeout time.Duration
 	// NotifyTimeout bounds each NotifyRegistrationStatus call. Zero means 5s.
 	NotifyTimeout time.Duration

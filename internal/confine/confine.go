@@ -95,6 +95,12 @@ func inside(root, rel string) (string, error) {
 // replacement. The zero Identity is connected to as Socket does, from the
 // directory opened again.
 //
+// Until Reopen, a socket left in a directory moved away is still reached
+// from the descriptor held: only that very file, found inside the registry
+// before (the manager calls Reopen at the directory's watch event). The
+// descriptor held also keeps the directory's filesystem busy (umount says
+// EBUSY) until Close.
+//
 // A Root is safe for concurrent use.
 type Root struct {
 	path string
