@@ -95,8 +95,6 @@ type HandlerOptions struct {
 
 // HandlerFuncs is a Handler built from functions, like http.HandlerFunc. A nil
 // ValidateFunc or RegisterFunc accepts every plugin; a nil DeregisterFunc does nothing.
-// The manager does not call a method whose func is nil (nor start the
-// sandbox it would run in).
 type HandlerFuncs struct {
 	ValidateFunc   func(ctx context.Context, p Plugin) error
 	RegisterFunc   func(ctx context.Context, p Plugin) error
@@ -124,34 +122,6 @@ func (f HandlerFuncs) Deregister(ctx context.Context, p Plugin) {
 	if f.DeregisterFunc != nil {
 		f.DeregisterFunc(ctx, p)
 	}
-}
-
-// unset reports whether method op of h is a HandlerFuncs func left nil,
-// which runs nothing: the manager does not call it, and spares the sandbox
-// (a goroutine and a deadline) it would run in. It is asked at every call,
-// so that a *HandlerFuncs reads its funcs as they are then.
-func unset(h Handler, op string) bool {
-	var f HandlerFuncs
-	switch h := h.(type) {
-	case HandlerFuncs:
-		f = h
-	case *HandlerFuncs:
-		if h == nil {
-			return false
-		}
-		f = *h
-	default:
-		return false
-	}
-	switch op {
-	case "Validate":
-		return f.ValidateFunc == nil
-	case "Register":
-		return f.RegisterFunc == nil
-	case "Deregister":
-		return f.DeregisterFunc == nil
-	}
-	return false
 }
 
 // KubeletPluginHandler is the shape of a handler written for the kubelet's plugin

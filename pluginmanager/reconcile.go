@@ -246,14 +246,14 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	}
 	h := he.h
 
-	if err := r.handlerCall(ctx, path, h, "Validate", p); err != nil {
+	if err := r.calls.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
 		// A refusal is final (but a kubelet handler's); a handler that timed
 		// out or panicked may do better next time.
 		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
 	}
 
 	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
-	if err := r.handlerCall(reg.endpoint.with(ctx), path, h, "Register", p); err != nil {
+	if err := r.calls.call(reg.endpoint.with(ctx), path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
 		reg.endpoint.end()
 		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
 		if isFault(err) {
@@ -322,25 +322,6 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	r.log.LogAttrs(ctx, level, "plugin registered", slog.String("socket", path), slog.String("type", p.Type), slog.String("name", p.Name),
 		slog.String("endpoint", p.Endpoint), slog.Any("versions", p.Versions), slog.Int("attempt", attempt))
 	return res
-}
-
-// handlerCall calls method op (Validate, Register or Deregister) of h with
-// p, for the socket at path, in the sandbox, unless it is a func left
-// unset, which does nothing (see unset): then not even the call is made.
-func (r *registrar) handlerCall(ctx context.Context, path string, h Handler, op string, p Plugin) error {
-	if unset(h, op) {
-		return nil
-	}
-	return r.calls.call(ctx, path, op, func(ctx context.Context) error {
-		switch op {
-		case "Validate":
-			return h.Validate(ctx, p)
-		case "Register":
-			return h.Register(ctx, p)
-		}
-		h.Deregister(ctx, p)
-		return nil
-	})
 }
 
 // refuse tells the plugin, over conn, that it was not registered, then
@@ -540,7 +521,10 @@ func (p *parts) logGone(ctx context.Context, path string, e *entry, err error) {
 func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
 	reg.endpoint.end()
 	r.conns.Unwatch(path)
-	err := r.handlerCall(ctx, path, reg.handler, "Deregister", reg.plugin)
+	err := r.calls.call(ctx, path, "Deregister", func(ctx context.Context) error {
+		reg.handler.Deregister(ctx, reg.plugin)
+		return nil
+	})
 	p := reg.plugin
 	now := r.clock.Now()
 	r.reg.mu.Lock()

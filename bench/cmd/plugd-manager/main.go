@@ -24,10 +24,8 @@ func (p *manager) Run(ctx context.Context, dir string) error {
 	return m.Run(ctx)
 }
 
-// acceptAll takes every plugin. Its methods are called as a real handler's
-// are (through plugd's sandbox, each with its deadline), as the kubelet's
-// manager calls its own accept-everything handler: a HandlerFuncs with no
-// funcs set would have plugd skip the calls, which no real handler does.
+// acceptAll takes every plugin: the shape of the kubelet-manager's own
+// accept-everything handler, so that both managers call the same.
 type acceptAll struct{}
 
 func (acceptAll) Validate(context.Context, pluginmanager.Plugin) error { return nil }
