@@ -223,6 +223,9 @@ func (c *Conn) handshake(ctx context.Context) error {
 	}
 	f, err := fr.ReadFrame()
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return err // NewConn waits for ctx to say it
+		}
 		return firstFrameError(err)
 	}
 	if err := c.firstFrame(f); err != nil {
@@ -254,13 +257,11 @@ func (c *Conn) writePrefaceLocked() error {
 	return nil
 }
 
-// firstFrameError is the error of reading the peer's first frame.
-func firstFrameError(err error) error {
-	switch {
-	case errors.Is(err, io.EOF):
+// firstFrameError is the error of reading the peer's first frame, but for
+// the deadline, which each caller says in its own way.
+func firstFrameError(err error) *callError {
+	if errors.Is(err, io.EOF) {
 		return hangupError("the peer closed the connection without a word")
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return err
 	}
 	return frameError("the peer is not an HTTP/2 server", err)
 }
@@ -766,8 +767,7 @@ func (k *call) awaitFrame() error {
 			return k.readError(err)
 		}
 	}
-	k.out.Write(c.acksTo(k.out.AvailableBuffer()))
-	return k.flush()
+	return k.flushWithAcks()
 }
 
 // setDeadline sets the socket's deadline to dl, unless the call's context
@@ -791,8 +791,7 @@ func (k *call) setDeadline(dl time.Time) {
 func (k *call) waitForStream() error {
 	c := k.c
 	for c.maxStreams == 0 {
-		k.out.Write(c.acksTo(k.out.AvailableBuffer()))
-		if err := k.flush(); err != nil {
+		if err := k.flushWithAcks(); err != nil {
 			return err
 		}
 		f, err := k.readFrame()
@@ -813,6 +812,14 @@ func (k *call) waitForStream() error {
 		}
 	}
 	return nil
+}
+
+// flushWithAcks is flush for a call about to wait on the peer: the
+// acknowledgements owed go now, even with nothing else to write, since the
+// peer may wait for them.
+func (k *call) flushWithAcks() error {
+	k.out.Write(k.c.acksTo(k.out.AvailableBuffer()))
+	return k.flush()
 }
 
 // flush writes the frames queued so far, and with them the acknowledgements
@@ -848,10 +855,7 @@ func (k *call) readError(err error) error {
 		// The socket's deadline is ctx's, which may not have fired yet.
 		e = newError(codes.DeadlineExceeded, context.DeadlineExceeded, "no answer before the deadline")
 	case !k.c.settled:
-		var ok bool
-		if e, ok = firstFrameError(err).(*callError); !ok {
-			e = frameError("reading the answer", err)
-		}
+		e = firstFrameError(err)
 	default:
 		e = frameError("reading the answer", err)
 	}
