@@ -38,6 +38,9 @@ var ackDelay = 20 * time.Millisecond
 // answered as fast (and, while idle and watched, bounded as a flood).
 const maxOwedPings = 16
 
+// pingAckSize is the size of an encoded PING ACK: a frame header and 8 bytes.
+const pingAckSize = 9 + 8
+
 // owed is what the peer is owed, and the timer that sees it paid. A
 // connection in use keeps one (Conn.acks) from the first time it owes
 // something until it is idle and watched, or the timer has paid: an idle
@@ -48,8 +51,6 @@ type owed struct {
 	since    time.Time   // when the oldest became owed
 	timer    *time.Timer // made when first needed, then stopped and armed again
 	armed    bool        // timer is set to fire
-	gen      uint64      // counts the times the timer was stopped
-	fireGen  uint64      // gen when it was last armed: one that fires late, stopped and armed since, is not for now
 }
 
 // owes reports whether the peer is owed an acknowledgement.
@@ -62,7 +63,7 @@ func (c *Conn) owedCount() int {
 	if c.acks == nil {
 		return 0
 	}
-	return c.acks.settings + len(c.acks.pings)/17
+	return c.acks.settings + len(c.acks.pings)/pingAckSize
 }
 
 // oweSettingsAck owes the peer an acknowledgement of SETTINGS.
@@ -93,7 +94,7 @@ func (c *Conn) oweDue() time.Time { return c.acks.since.Add(ackDelay) }
 // tooManyOwed reports whether the acknowledgements owed should go now,
 // whatever else is to come.
 func (c *Conn) tooManyOwed() bool {
-	return c.acks != nil && len(c.acks.pings) >= maxOwedPings*17
+	return c.acks != nil && len(c.acks.pings) >= maxOwedPings*pingAckSize
 }
 
 // settingsAcksTo appends the SETTINGS ACKs owed to b, which then owes them
@@ -123,7 +124,7 @@ func (c *Conn) acksTo(b []byte) []byte {
 // paidLocked stops the timer once nothing is owed.
 func (c *Conn) paidLocked(b []byte) []byte {
 	if !c.owes() {
-		if cap(c.acks.pings) > 4*17 {
+		if cap(c.acks.pings) > 4*pingAckSize {
 			c.acks.pings = nil // what a burst of PINGs made is not kept
 		}
 		c.stopAckTimerLocked()
@@ -136,7 +137,6 @@ func (c *Conn) stopAckTimerLocked() {
 	if c.acks != nil && c.acks.armed {
 		c.acks.timer.Stop()
 		c.acks.armed = false
-		c.acks.gen++
 	}
 }
 
@@ -162,19 +162,18 @@ func (c *Conn) ackLaterLocked() {
 	} else {
 		c.acks.timer.Reset(d)
 	}
-	c.acks.fireGen = c.acks.gen
 }
 
-// ackTimer writes what is owed, unless a call did, or the timer was stopped
-// and armed again since it fired.
+// ackTimer writes what is owed, unless a call paid it (which stops the
+// timer). A firing that waited for c.mu while a call stopped the timer and
+// armed it again writes what is owed then a little early: harmless.
 func (c *Conn) ackTimer() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.acks == nil || !c.acks.armed || c.acks.fireGen != c.acks.gen || c.broken != nil || c.closed {
+	if c.acks == nil || !c.acks.armed || c.broken != nil || c.closed {
 		return
 	}
 	c.acks.armed = false
-	c.acks.gen++
 	err := c.writeAcksLocked()
 	c.acks = nil // paid, or the connection is broken: no call is in flight to need it
 	if err != nil && c.closing.Load() {
@@ -202,7 +201,7 @@ func (c *Conn) writeAcksLocked() error {
 	if !c.owes() {
 		return nil
 	}
-	var buf [4 * 17]byte
+	var buf [4 * pingAckSize]byte
 	b := c.acksTo(buf[:0])
 	// A peer that sends PINGs and reads nothing would fill the socket:
 	// neither the watch, which a call may be waiting to take the socket
