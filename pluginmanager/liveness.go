@@ -279,21 +279,7 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 	}
 	if err == nil && !samePlugin(p, reg.plugin) {
 		closeConn(conn)
-		r.log.Info("plugin answers with different info; registering it afresh", "socket", path,
-			"was", reg.plugin.Type+"/"+reg.plugin.Name, "now", p.Type+"/"+p.Name)
-		r.reg.mu.Lock()
-		e.reg = nil
-		r.reg.mu.Unlock()
-		if !r.deregister(ctx, path, e, reg) {
-			return result{}, true
-		}
-		now := r.clock.Now()
-		r.reg.mu.Lock()
-		defer r.reg.mu.Unlock()
-		e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
-		e.backoff = nil
-		e.live = liveness{}
-		return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}, true
+		return r.changedPlugin(ctx, path, e, reg, p), true
 	}
 	if err == nil {
 		r.keep(ctx, path, e, conn, now)
@@ -316,6 +302,27 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		lv.redialAt = now.Add(r.redialDelay(lv))
 	}
 	return result{}, false
+}
+
+// changedPlugin lets go of reg, whose plugin at path answered a probe as
+// another plugin, p, so that p is registered afresh. (Apart from probe, so
+// that its locals are not on the stack under every probe.)
+func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, reg *registration, p Plugin) result {
+	r.log.Info("plugin answers with different info; registering it afresh", "socket", path,
+		"was", reg.plugin.Type+"/"+reg.plugin.Name, "now", p.Type+"/"+p.Name)
+	r.reg.mu.Lock()
+	e.reg = nil
+	r.reg.mu.Unlock()
+	if !r.deregister(ctx, path, e, reg) {
+		return result{}
+	}
+	now := r.clock.Now()
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
+	e.backoff = nil
+	e.live = liveness{}
+	return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}
 }
 
 // judge decides from what the last looks found whether a registered plugin

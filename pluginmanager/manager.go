@@ -367,12 +367,18 @@ func (m *Manager) work(ctx context.Context) {
 			m.events.publish(ev)
 		}
 		if res.err != nil && m.log.Enabled(ctx, slog.LevelDebug) {
-			// Failures are logged where they are recorded, once per change;
-			// this is every failed look, with what comes of it.
-			m.log.Debug("reconcile failed", "socket", path, "terminal", res.terminal, "next", res.at, "err", printable(res.err.Error()))
+			m.logFailedLook(path, res)
 		}
 		m.queue.Done(path)
 	}
+}
+
+// logFailedLook logs, at debug level, a look at path that failed. Failures
+// are logged where they are recorded, once per change; this is every failed
+// look, with what comes of it. (Apart from work, so that its arguments are
+// not on the stack under every registration.)
+func (m *Manager) logFailedLook(path string, res result) {
+	m.log.Debug("reconcile failed", "socket", path, "terminal", res.terminal, "next", res.at, "err", printable(res.err.Error()))
 }
 
 // askRescan asks the watch loop for a walk of the directory. It never blocks.

@@ -283,7 +283,14 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 	if !r.conns.Watching(path) && !e.live.unheld {
 		redial = e.live.redialAt
 	}
+	return r.registered(ctx, path, e, reg, p, attempt, redial, told, silent, notifyErr)
+}
 
+// registered records that the plugin p at path is registered, as reg,
+// and logs it; told, silent and notifyErr say how telling it went. It is a
+// function of its own so that its locals are not on the stack under the
+// dial and the calls of every registration: a worker's stack stays small.
+func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *registration, p Plugin, attempt int, redial time.Time, told, silent bool, notifyErr error) result {
 	now := r.clock.Now()
 	r.reg.mu.Lock()
 	e.reg = reg
