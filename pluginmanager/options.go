@@ -28,13 +28,15 @@ type Options struct {
 	// never uses the global registry.
 	Registerer prometheus.Registerer
 
-	// Workers bounds how many sockets are worked on at once. Zero means 256:
+	// Workers bounds how many sockets are worked on at once. Zero means 128:
 	// a plugin that accepts and says nothing holds a worker until its
 	// deadlines pass, and a burst of sockets (a node's plugins starting
 	// together) registers faster with more of its round trips in flight
-	// (bench/README.md: a burst of 5000 took 8 % less time with 256 than
-	// with 64). An idle worker is a parked goroutine; a busy one uses about
-	// 30 KiB, which the process keeps once the burst is over.
+	// (bench/README.md: a burst of 5000 took 5 % less time with 128 than
+	// with 64). An idle worker is a parked goroutine; what a busy one used
+	// (about 20 KiB: its stack, its call's buffers) the process keeps once
+	// the burst is over. 256 were 3 % faster again, but with probes every
+	// 10 s took plugd's memory at 5000 plugins past half the kubelet's.
 	Workers int
 
 	// ResyncInterval is how often the directory is walked again to repair
@@ -182,7 +184,7 @@ func (o Options) withDefaults() (Options, error) {
 		v    *int
 		def  int
 	}{
-		{"Workers", &o.Workers, 256},
+		{"Workers", &o.Workers, 128},
 		{"EventBuffer", &o.EventBuffer, 1024},
 		{"EventHistory", &o.EventHistory, 1024},
 		{"MaxSockets", &o.MaxSockets, 20000},

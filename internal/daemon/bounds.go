@@ -61,7 +61,7 @@ func (c Config) checkBounds() error {
 		def      string
 		whatsBig string
 	}{
-		{"workers", c.Workers, maxWorkers, "256", "each is a goroutine that may hold a dial and a handler call"},
+		{"workers", c.Workers, maxWorkers, "128", "each is a goroutine that may hold a dial and a handler call"},
 		{"policy.maxSockets", c.Policy.MaxSockets, maxMaxSockets, "20000", "each tracked socket costs memory and, registered, file descriptors"},
 	} {
 		if n.v < 0 || n.v > n.max {

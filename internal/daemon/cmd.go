@@ -88,7 +88,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.StringVar(&fl.Status.Socket, "status-socket", "", "unix socket of the status API, or none (default "+defaultNote("socket")+")")
 	f.StringVar(&fl.Status.TCP, "status-tcp", "", "also serve the status API on this TCP address, e.g. 127.0.0.1:9090")
 	f.BoolVar(&fl.Status.AllowNonLoopback, "status-allow-non-loopback", false, "allow --status-tcp on an address that is not loopback (the API has no authentication)")
-	f.IntVar(&fl.Workers, "workers", 0, "sockets worked on at once (default 256)")
+	f.IntVar(&fl.Workers, "workers", 0, "sockets worked on at once (default 128)")
 	f.DurationVar((*time.Duration)(&fl.ResyncInterval), "resync-interval", 0, "walk the registry directory this often to repair missed events; negative disables (default 30s)")
 	f.DurationVar((*time.Duration)(&fl.Backoff.Initial), "backoff-initial", 0, "first retry delay after a transient failure (default 500ms)")
 	f.DurationVar((*time.Duration)(&fl.Backoff.Max), "backoff-max", 0, "longest retry delay (default 2m)")

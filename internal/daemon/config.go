@@ -47,7 +47,7 @@ type Config struct {
 
 	Status StatusConfig `json:"status,omitempty"`
 
-	// Workers is how many sockets are worked on at once. Default 256.
+	// Workers is how many sockets are worked on at once. Default 128.
 	Workers int `json:"workers,omitempty"`
 	// ResyncInterval is how often the registry directory is walked again to
 	// repair missed filesystem events. Default 30s; negative disables it.
