@@ -35,7 +35,7 @@ type Options struct {
 	// (bench/README.md: a burst of 5000 took 5 % less time with 128 than
 	// with 64). An idle worker is a parked goroutine; what a busy one used
 	// (about 20 KiB: its stack, its call's buffers) the process keeps once
-	// the burst is over. 256 were 3 % faster again, but with probes every
+	// the burst is over. 256 were 4 % faster again, but with probes every
 	// 10 s took plugd's memory at 5000 plugins past half the kubelet's.
 	Workers int
 
