@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"golang.org/x/net/http2"
+
 	"github.com/plugd/plugd/pluginmanager"
 	"github.com/plugd/plugd/plugintest"
 )
@@ -59,6 +61,80 @@ func TestNotHTTP2IsADialFailure(t *testing.T) {
 			}
 			if n := conns.Load(); n != 1 {
 				t.Errorf("the first attempt connected %d times, want once", n)
+			}
+		})
+	}
+}
+
+// TestRetriedGetInfoThatCannotConnectIsADialFailure: a server that answers
+// the handshake, then says with GOAWAY that it did not take GetInfo, is
+// asked again at once on a new connection. When that connection cannot be
+// made (nothing listens any more), or its handshake fails (the server hangs
+// up without a word), the attempt failed to connect (ReasonDial), as a
+// first connection that failed so does: it is not GetInfo that failed. A
+// socket nobody listens on is then Stale, once the grace a socket that has
+// just appeared gets to start listening has passed (about 2 s).
+func TestRetriedGetInfoThatCannotConnectIsADialFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// second: what the server does with the second connection; nil:
+		// the listener is closed before the first is answered.
+		second func(net.Conn)
+		says   string
+		state  pluginmanager.State
+	}{{
+		name:  "nothing listens",
+		says:  "connection refused",
+		state: pluginmanager.StateStale,
+	}, {
+		name:   "hangs up",
+		second: func(c net.Conn) { c.(*net.UnixConn).CloseWrite(); io.Copy(io.Discard, c) },
+		says:   "HTTP/2 handshake",
+		state:  pluginmanager.StateFailed,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+			path := filepath.Join(h.dir, "going.sock")
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.(*net.UnixListener).SetUnlinkOnClose(false) // the file stays: refused, not gone
+			t.Cleanup(func() { l.Close() })
+			var conns atomic.Int32
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					if conns.Add(1) > 1 {
+						go func() { defer c.Close(); tc.second(c) }()
+						continue
+					}
+					if tc.second == nil {
+						l.Close()
+					}
+					go func() {
+						defer c.Close()
+						fr := http2.NewFramer(c, c)
+						fr.WriteSettings()
+						fr.WriteGoAway(0, http2.ErrCodeNo, []byte("shutting down")) // stream 1 not taken
+						c.(*net.UnixConn).CloseWrite()
+						io.Copy(io.Discard, c)
+					}()
+				}
+			}()
+			ev := h.WaitEvent(path, pluginmanager.EventFailed)
+			if ev.Reason != pluginmanager.ReasonDial || !strings.Contains(ev.Error, tc.says) || ev.Attempt != 1 || ev.State != tc.state {
+				t.Errorf("failure: %s %s %q (attempt %d), want %s, a dial failure that says %q", ev.State, ev.Reason, ev.Error, ev.Attempt, tc.state, tc.says)
+			}
+			want := int32(2)
+			if tc.second == nil {
+				want = 1
+			}
+			if n := conns.Load(); n != want {
+				t.Errorf("the first attempt was accepted %d times, want %d", n, want)
 			}
 		})
 	}

@@ -195,9 +195,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout, r.late.getInfo)
 	info, err := r.getInfo(infoCtx, e, conn, path)
-	// The HTTP/2 handshake, made with GetInfo, failed: failed to connect.
-	dialFailed := isDialError(err)
-	if !dialFailed && errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
+	if !isDialError(err) && errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
 		// The server closed the connection, or sent GOAWAY, before it took
 		// the call (a server that limits its connections' age does):
 		// asked again at once on a new one, as grpc-go retries such a call.
@@ -205,7 +203,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		if conn, err = r.dial(infoCtx, e, path); err == nil {
 			info, err = r.getInfo(infoCtx, e, conn, path)
 		} else {
-			conn = nil
+			conn, err = nil, dialFailure{err}
 		}
 	}
 	cancel()
@@ -221,7 +219,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 		// would only make the plugin send it again.
 		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
 	}
-	if err != nil && dialFailed {
+	if isDialError(err) {
+		// The HTTP/2 handshake, made with GetInfo, failed, or the
+		// connection made again for it did: failed to connect.
 		closeConn(conn)
 		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
 	}
