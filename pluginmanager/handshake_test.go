@@ -39,22 +39,7 @@ func TestNotHTTP2IsADialFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 			path := filepath.Join(h.dir, "odd.sock")
-			l, err := net.Listen("unix", path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			var conns atomic.Int32
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					conns.Add(1)
-					go func() { defer c.Close(); tc.serve(c) }()
-				}
-			}()
+			conns := serveConns(t, path, func(_ *net.UnixListener, _ int32, c net.Conn) { tc.serve(c) })
 			ev := h.WaitEvent(path, pluginmanager.EventFailed)
 			if ev.Reason != pluginmanager.ReasonDial || !strings.Contains(ev.Error, "HTTP/2 handshake") || !strings.Contains(ev.Error, tc.says) || ev.Attempt != 1 {
 				t.Errorf("failure: %s %q (attempt %d), want a dial failure that says the handshake failed and %q", ev.Reason, ev.Error, ev.Attempt, tc.says)
@@ -95,36 +80,20 @@ func TestRetriedGetInfoThatCannotConnectIsADialFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 			path := filepath.Join(h.dir, "going.sock")
-			l, err := net.Listen("unix", path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l.(*net.UnixListener).SetUnlinkOnClose(false) // the file stays: refused, not gone
-			t.Cleanup(func() { l.Close() })
-			var conns atomic.Int32
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					if conns.Add(1) > 1 {
-						go func() { defer c.Close(); tc.second(c) }()
-						continue
-					}
-					if tc.second == nil {
-						l.Close()
-					}
-					go func() {
-						defer c.Close()
-						fr := http2.NewFramer(c, c)
-						fr.WriteSettings()
-						fr.WriteGoAway(0, http2.ErrCodeNo, []byte("shutting down")) // stream 1 not taken
-						c.(*net.UnixConn).CloseWrite()
-						io.Copy(io.Discard, c)
-					}()
+			conns := serveConns(t, path, func(l *net.UnixListener, n int32, c net.Conn) {
+				if n > 1 {
+					tc.second(c)
+					return
 				}
-			}()
+				if tc.second == nil {
+					l.Close() // before the GOAWAY that has the manager connect again
+				}
+				fr := http2.NewFramer(c, c)
+				fr.WriteSettings()
+				fr.WriteGoAway(0, http2.ErrCodeNo, []byte("shutting down")) // stream 1 not taken
+				c.(*net.UnixConn).CloseWrite()
+				io.Copy(io.Discard, c)
+			})
 			ev := h.WaitEvent(path, pluginmanager.EventFailed)
 			if ev.Reason != pluginmanager.ReasonDial || !strings.Contains(ev.Error, tc.says) || ev.Attempt != 1 || ev.State != tc.state {
 				t.Errorf("failure: %s %s %q (attempt %d), want %s, a dial failure that says %q", ev.State, ev.Reason, ev.Error, ev.Attempt, tc.state, tc.says)
@@ -138,4 +107,32 @@ func TestRetriedGetInfoThatCannotConnectIsADialFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveConns listens at path and serves each connection it accepts with
+// serve(l, n, c), l the listener (which leaves the socket file in place when
+// closed: nobody listens, the file is not gone) and n counting the
+// connections from 1, in a goroutine of its own that closes c after. It
+// returns the count. The listener is closed when the test ends.
+func serveConns(t *testing.T, path string, serve func(l *net.UnixListener, n int32, c net.Conn)) *atomic.Int32 {
+	t.Helper()
+	nl, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := nl.(*net.UnixListener)
+	l.SetUnlinkOnClose(false)
+	t.Cleanup(func() { l.Close() })
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n := conns.Add(1)
+			go func() { defer c.Close(); serve(l, n, c) }()
+		}
+	}()
+	return &conns
 }
