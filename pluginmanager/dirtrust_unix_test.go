@@ -15,6 +15,7 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
+	"github.com/plugd/plugd/plugintest"
 )
 
 // runOnce runs a manager on opts until it has started (or failed), and
@@ -195,5 +196,102 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 	}
 	if n := planted.Notifications(); n != 1 {
 		t.Errorf("the plugin was told %d times, want once, once its directory was safe", n)
+	}
+}
+
+// A directory below the registry directory is held to the registry
+// directory's rule: one that anyone may write to could have a plugin
+// planted in it, so its sockets are not registered, and the warning names
+// it and the fix. Made safe (a chmod), its plugin registers at once; made
+// unsafe again, the plugin is let go.
+func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
+	dir := testenv.ShortDir(t, "su")
+	open, safe := filepath.Join(dir, "open"), filepath.Join(dir, "safe")
+	for _, d := range []string{open, safe} {
+		if err := os.Mkdir(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	planted := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "planted.example.com"})
+	good := testenv.StartPlugin(t, plugin.Config{Dir: safe, Type: "CSIPlugin", Name: "good.example.com"})
+
+	log, warnings := testenv.WarnLogger()
+	rec := plugintest.NewRecorder()
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: log}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	<-h.m.Synced() // the first walk is done: a socket it took would be known now
+	for _, s := range h.m.Plugins() {
+		if s.Socket == planted.Path() {
+			t.Errorf("the socket in the directory anyone may write to is taken: %+v", s)
+		}
+	}
+	warnings.Wait(t, "not registering the plugins in a directory", wait)
+	for _, want := range []string{"dir=" + open, "chmod go-w " + open, "AllowWritableDir"} {
+		if !strings.Contains(warnings.String(), want) {
+			t.Errorf("warnings = %q, want them to say %q", warnings, want)
+		}
+	}
+	h.WaitSocket(good.Path(), pluginmanager.StateRegistered)
+	if n := planted.Notifications(); n != 0 {
+		t.Errorf("the plugin in the unsafe directory was told %d times", n)
+	}
+
+	// Fixed: the chmod is seen at once, with no resync (none is set).
+	if err := os.Chmod(open, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	h.WaitSocket(planted.Path(), pluginmanager.StateRegistered)
+
+	// Made unsafe again: let go, and said so again.
+	if err := os.Chmod(open, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	h.WaitGone(planted.Path())
+	rec.WaitCalls(t, "deregister", "planted.example.com", 1)
+	if n := strings.Count(warnings.String(), "not registering the plugins in a directory"); n != 2 {
+		t.Errorf("the unsafe directory was warned about %d times, want twice (once each time it was unsafe): %s", n, warnings)
+	}
+	h.WaitSocket(good.Path(), pluginmanager.StateRegistered) // still
+}
+
+// Options.AllowWritableDir accepts unsafe directories below the registry
+// directory too.
+func TestAllowWritableDirTakesUnsafeSubdirectories(t *testing.T) {
+	dir := testenv.ShortDir(t, "sa")
+	open := filepath.Join(dir, "open")
+	if err := os.Mkdir(open, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "allowed.example.com"})
+	h := start(t, pluginmanager.Options{Dir: dir, AllowWritableDir: true}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+}
+
+// An observer takes the sockets in an unsafe directory below the registry
+// directory, as the manager it watches does, and warns about it.
+func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
+	dir := testenv.ShortDir(t, "so")
+	open := filepath.Join(dir, "open")
+	if err := os.Mkdir(open, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "seen.example.com"})
+	log, warnings := testenv.WarnLogger()
+	h := start(t, pluginmanager.Options{Dir: dir, Observe: true, Logger: log}, nil)
+	h.WaitSocket(p.Path(), pluginmanager.StateAnswering)
+	warnings.Wait(t, "for the manager observed as for plugd", wait)
+	if !strings.Contains(warnings.String(), "dir="+open) {
+		t.Errorf("warnings = %q, want them to name %s", warnings, open)
+	}
+	if n := p.Notifications(); n != 0 {
+		t.Errorf("the observer told the plugin %d times", n)
 	}
 }

@@ -286,7 +286,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	for range m.opts.Workers {
 		workers.Go(func() { m.work(ctx) })
 	}
-	workers.Go(func() { m.watch(ctx, newWatcher(w)) })
+	workers.Go(func() { m.watch(ctx, m.newWatcher(w)) })
 	m.log.Info("plugin manager started", "dir", dir, "workers", m.opts.Workers)
 
 	<-ctx.Done()

@@ -141,6 +141,14 @@ type Options struct {
 	// Symlinks on the way are followed, each checked where it is. This one
 	// setting accepts all three: "others may change what is in here".
 	//
+	// Directories below the registry directory, whose sockets are
+	// registered as the kubelet registers them, are held to the registry
+	// directory's own rule: one that belongs to another user, or that users
+	// other than its owner may write to, is left out (not watched, nothing
+	// in it registered, what was registered let go), with a warning that
+	// names it and the fix, until a chmod or chown makes it safe (seen at
+	// once). AllowWritableDir accepts those too.
+	//
 	// An observer (Observe) is not refused but warned, once, at Run: the
 	// directory is the other manager's, which uses it as it is, so what the
 	// observer reports is what that manager sees. The kubelet's own layout

@@ -87,8 +87,8 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
-	if r.dirUntrusted.Load() {
-		present = false // not to be used while the directory is not safe
+	if r.dirUntrusted.Load() || (present && !r.subdirsTrusted(path)) {
+		present = false // not to be used while the directory, or the one it is in, is not safe
 	}
 	now := r.clock.Now()
 

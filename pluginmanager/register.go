@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/internal/peercred"
 	"github.com/plugd/plugd/internal/textsafe"
 	"github.com/plugd/plugd/internal/unaryconn"
@@ -161,14 +163,48 @@ func (m *parts) socket(ctx context.Context, e *entry, path string) (*net.UnixCon
 	if err := tooLong(path); err != nil {
 		return nil, err
 	}
-	rel, ok := strings.CutPrefix(path, m.opts.Dir+string(filepath.Separator)) // paths below Dir are clean: filepath.Join made them
-	if !ok {
-		var err error
-		if rel, err = filepath.Rel(m.opts.Dir, path); err != nil {
-			return nil, err
-		}
+	rel, err := m.rel(path)
+	if err != nil {
+		return nil, err
 	}
 	return m.dir.Socket(ctx, rel, confine.Identity{Dev: e.id.dev, Ino: e.id.ino})
+}
+
+// rel is path, a socket's below the registry directory, relative to it.
+func (m *parts) rel(path string) (string, error) {
+	if rel, ok := strings.CutPrefix(path, m.opts.Dir+string(filepath.Separator)); ok {
+		return rel, nil // paths below Dir are clean: filepath.Join made them
+	}
+	return filepath.Rel(m.opts.Dir, path)
+}
+
+// subdirsTrusted reports whether the directories between the registry
+// directory and the socket at path are safe from other users as the
+// registry directory must be (dirtrust.CheckBelow): a socket in one that is
+// not is taken as absent, as the watch leaves it out, and says so
+// (watcher.take). Nothing is looked at for a socket in the registry
+// directory itself, nor with Options.AllowWritableDir. The directories
+// cannot be changed under the check by anyone it protects against: each
+// is reached from a safe one, and is safe.
+func (m *parts) subdirsTrusted(path string) bool {
+	if m.opts.AllowWritableDir {
+		return true
+	}
+	rel, err := m.rel(path)
+	if err != nil {
+		return false
+	}
+	dir, uid := m.opts.Dir, os.Geteuid()
+	for {
+		name, rest, more := strings.Cut(rel, string(filepath.Separator))
+		if !more {
+			return true
+		}
+		dir, rel = filepath.Join(dir, name), rest
+		if dirtrust.CheckBelow(dir, uid) != nil {
+			return false
+		}
+	}
 }
 
 // errTooLong marks a socket path longer than a unix socket's may be.

@@ -28,7 +28,7 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fw.Close()
-	w := newWatcher(fw)
+	w := m.newWatcher(fw)
 
 	socket := func(name string) (string, fileID) {
 		t.Helper()

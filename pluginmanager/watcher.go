@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/dirtrust"
 )
 
 // fileID is the identity of a socket file. A socket removed and created again at
@@ -43,14 +45,61 @@ func unprintable(name string) bool {
 type watcher struct {
 	fs   *fsnotify.Watcher
 	dirs map[string]bool // directories watched, to tell a removed directory from a removed socket
+
+	// The directories below the registry directory (top) are held to its
+	// rule (see take); refused are the ones that fail it, each with what
+	// was said about it, said again only when that changes.
+	top     string
+	trust   bool // check them: not with Options.AllowWritableDir
+	observe bool // take them anyway, and warn (Options.Observe)
+	refused map[string]string
+	log     *slog.Logger
 }
 
-func newWatcher(fs *fsnotify.Watcher) *watcher {
-	return &watcher{fs: fs, dirs: make(map[string]bool)}
+func (m *Manager) newWatcher(fs *fsnotify.Watcher) *watcher {
+	return &watcher{fs: fs, dirs: make(map[string]bool),
+		top: m.opts.Dir, trust: !m.opts.AllowWritableDir, observe: m.opts.Observe,
+		refused: make(map[string]string), log: m.log}
+}
+
+// take reports whether the sockets in dir, a directory below the registry
+// directory, are to be registered: not if users other than plugd's and root
+// could change it (dirtrust.CheckBelow), for whoever could plant a plugin
+// in the registry directory itself. The workers hold sockets to the same
+// rule (parts.subdirsTrusted); an observer takes them, and warns.
+func (w *watcher) take(dir string) bool {
+	if !w.trust {
+		return true
+	}
+	err := dirtrust.CheckBelow(dir, os.Geteuid())
+	var u *dirtrust.Untrusted
+	if !errors.As(err, &u) {
+		// Safe, or gone (its Remove event follows), or unreadable (the
+		// walk says so): nothing to say about who may change it.
+		if _, was := w.refused[dir]; was && err == nil {
+			delete(w.refused, dir)
+			if !w.observe {
+				w.log.Info("a directory in the registry directory is safe from other users again; registering its plugins", "dir", dir)
+			}
+		}
+		return true
+	}
+	if w.refused[dir] != err.Error() {
+		w.refused[dir] = err.Error()
+		if w.observe {
+			w.log.Warn("a directory in the registry directory is not safe from other users: they could plant a plugin there, or replace one, for the manager observed as for plugd; fix it, or set Options.AllowWritableDir to accept it",
+				"dir", dir, "err", err)
+		} else {
+			w.log.Warn("not registering the plugins in a directory of the registry directory that users other than plugd's and root could change, until it is fixed; or, to accept it, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)",
+				"dir", dir, "err", err)
+		}
+	}
+	return w.observe
 }
 
 // watchTree adds an fsnotify watch on root and every directory below it that is
-// not hidden and not a symlink, and calls found for every socket in them. It
+// not hidden, not a symlink and, below the registry directory, safe (take),
+// and calls found for every socket in them. It
 // goes on past errors and returns the first.
 func (w *watcher) watchTree(root string, found func(path string, id fileID)) error {
 	var first error
@@ -88,6 +137,9 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 		}
 		switch {
 		case d.IsDir(): // WalkDir never follows a symlink, so this is a real directory
+			if path != w.top && !w.take(path) {
+				return fs.SkipDir
+			}
 			if err := w.fs.Add(path); err != nil {
 				if errors.Is(err, syscall.ENOSPC) {
 					err = fmt.Errorf("watching %s: the system's inotify watch limit is reached (raise fs.inotify.max_user_watches); sockets there are found by the periodic resync only: %w", path, err)
@@ -154,6 +206,31 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			// socket looked at, so removing N sockets costs O(N), not O(N²).
 			w.forget(ev.Name)
 			m.enqueueUnder(ev.Name)
+		} else {
+			delete(w.refused, ev.Name) // made again, it is said about again
+		}
+	case ev.Has(fsnotify.Chmod):
+		// A directory's mode or owner changed (chmod, chown): whether its
+		// sockets are taken may have too.
+		if _, refused := w.refused[ev.Name]; w.dirs[ev.Name] || refused {
+			m.lookAgain(w, ev.Name)
+		}
+	}
+}
+
+// lookAgain decides again whether the sockets in dir, a directory below the
+// registry directory whose mode or owner changed, are taken (watcher.take):
+// one that users other than plugd's and root could change now has its
+// plugins let go, and one fixed is watched and its sockets registered.
+func (m *Manager) lookAgain(w *watcher, dir string) {
+	watched := w.dirs[dir]
+	switch take := w.take(dir); {
+	case watched && !take:
+		w.forget(dir)
+		m.enqueueUnder(dir) // the workers find it refused too (parts.subdirsTrusted)
+	case !watched && take:
+		if err := w.watchTree(dir, func(path string, _ fileID) { m.queue.Add(path) }); err != nil {
+			m.log.Warn("watching directory", "dir", dir, "err", err)
 		}
 	}
 }
@@ -199,15 +276,21 @@ func (m *Manager) handleRootEvent(w *watcher, ev fsnotify.Event) {
 }
 
 // forget drops the watch of dir and every directory below it, which were
-// removed or moved away. A directory moved out of the tree would otherwise
-// keep its inotify watch; for a removed one, the error is only that the
-// kernel dropped the watch already.
+// removed or moved away, or are refused now. A directory moved out of the
+// tree would otherwise keep its inotify watch; for a removed one, the error
+// is only that the kernel dropped the watch already. What was said about
+// refused directories below it is forgotten too.
 func (w *watcher) forget(dir string) {
 	prefix := dir + string(filepath.Separator)
 	for d := range w.dirs {
 		if d == dir || strings.HasPrefix(d, prefix) {
 			_ = w.fs.Remove(d)
 			delete(w.dirs, d)
+		}
+	}
+	for d := range w.refused {
+		if d != dir && strings.HasPrefix(d, prefix) {
+			delete(w.refused, d)
 		}
 	}
 }

@@ -102,7 +102,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long (default 30s)")
 	f.StringArrayVar(&fl.Policy.EndpointRoots, "endpoint-root", nil, "confine plugins' endpoints to this directory; repeat for each (default: anywhere)")
 	f.StringArrayVar(&o.peers, "allowed-peer", nil, "TYPE=uid:N,gid:M,...: only processes running as these may serve plugins of TYPE (* for every other type); repeat for each type")
-	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory that users other than plugd's and root may change (writable by others, owned by another user, or reached through such a directory)")
+	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory that users other than plugd's and root may change (writable by others, owned by another user, or reached through such a directory), and directories below it that are")
 	f.DurationVar((*time.Duration)(&fl.Policy.RemoveStaleAfter), "remove-stale-after", 0, "remove a socket nobody listens on once it is older than this (default: never)")
 	f.IntVar(&fl.Policy.MaxSockets, "max-sockets", 0, "most sockets tracked (default 20000)")
 	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")

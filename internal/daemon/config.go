@@ -155,8 +155,10 @@ type PolicyConfig struct {
 	AllowedPeers []PeerRule `json:"allowedPeers,omitempty"`
 	// AllowWritableRegistryDir lets plugd use a registry directory that
 	// users other than plugd's and root may change (writable by others,
-	// owned by another user, or reached through such a directory);
-	// refused by default (pluginmanager.Options.AllowWritableDir).
+	// owned by another user, or reached through such a directory), and
+	// directories below it that are writable by others or another user's;
+	// refused, or left out, by default
+	// (pluginmanager.Options.AllowWritableDir).
 	AllowWritableRegistryDir bool `json:"allowWritableRegistryDir,omitempty"`
 	// RemoveStaleAfter, if set, removes a socket nobody listens on once it
 	// is older than this. Default: never.

@@ -112,9 +112,37 @@ func (c *checker) walk(path string) error {
 	if err != nil {
 		return err
 	}
+	return c.sockets(cur, fi)
+}
+
+// CheckBelow returns nil if dir, a directory below one Check accepted and
+// reached from it through no symlink, is as safe for the sockets in it: it
+// belongs to uid or to root, and users other than its owner may not write
+// to it (a sticky bit is no help here: whoever may write in it may put a
+// socket there). Otherwise the error (an *Untrusted when it is the
+// directory's ownership or mode) says why. The directories above it are
+// not looked at again: each is Check's directory or was checked so.
+func CheckBelow(dir string, uid int) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	c := checker{dir: dir, abs: dir, uid: uid}
+	if err := c.owner(dir, fi); err != nil {
+		return err
+	}
+	return c.sockets(dir, fi)
+}
+
+// sockets refuses p, described by fi, as a directory sockets are taken
+// from, if users other than its owner may write to it.
+func (c *checker) sockets(p string, fi fs.FileInfo) error {
 	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return &Untrusted{Dir: c.dir, At: c.at(cur), Why: fmt.Sprintf(
-			"is writable by users other than its owner (mode %v): they could put a socket there or replace one; remove that permission (chmod go-w %s)", perm, cur)}
+		return &Untrusted{Dir: c.dir, At: c.at(p), Why: fmt.Sprintf(
+			"is writable by users other than its owner (mode %v): they could put a socket there or replace one; remove that permission (chmod go-w %s)", perm, p)}
 	}
 	return nil
 }

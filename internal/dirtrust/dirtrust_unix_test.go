@@ -190,3 +190,49 @@ func TestOtherOwner(t *testing.T) {
 	}
 	wantUntrusted(t, Check(link, uid), link, link, "belongs to uid 54321")
 }
+
+// A directory below a checked one is held to the rule for the directory
+// sockets are taken from, and to nothing above it: a sticky bit does not
+// make a directory anyone may write to safe, as it does on the way to one.
+func TestCheckBelow(t *testing.T) {
+	const other = 54321
+	base := t.TempDir()
+	uid := os.Geteuid()
+	for _, perm := range []os.FileMode{0o700, 0o750, 0o755} {
+		dir := mkdir(t, filepath.Join(base, perm.String()), perm)
+		if err := CheckBelow(dir, uid); err != nil {
+			t.Errorf("CheckBelow(%s, mode %v) = %v", dir, perm, err)
+		}
+	}
+	for _, perm := range []os.FileMode{0o770, 0o757, 0o777 | os.ModeSticky} {
+		dir := mkdir(t, filepath.Join(base, "w"+perm.String()), perm)
+		wantUntrusted(t, CheckBelow(dir, uid), dir, dir, "writable by users other than its owner", "chmod go-w "+dir)
+	}
+	// Below a directory anyone may write to: that one is not looked at.
+	open := mkdir(t, filepath.Join(base, "open"), 0o777)
+	below := mkdir(t, filepath.Join(open, "below"), 0o750)
+	if err := CheckBelow(below, uid); err != nil {
+		t.Errorf("CheckBelow(%s) = %v, want the parent left to the caller", below, err)
+	}
+	if err := os.Symlink(below, filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckBelow(filepath.Join(base, "link"), uid); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("CheckBelow(a symlink) = %v, want it refused as not a directory", err)
+	}
+	if _, err := os.Stat(filepath.Join(base, "gone")); err == nil {
+		t.Fatal("gone exists")
+	}
+	if err := CheckBelow(filepath.Join(base, "gone"), uid); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("CheckBelow(a directory that is not there) = %v, want ErrNotExist", err)
+	}
+	dir := filepath.Join(base, os.FileMode(0o750).String())
+	if uid != 0 {
+		wantUntrusted(t, CheckBelow(dir, other), dir, dir, "belongs to uid")
+		return
+	}
+	if err := os.Chown(dir, other, -1); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, CheckBelow(dir, uid), dir, dir, "belongs to uid 54321", "chown 0 "+dir)
+}
