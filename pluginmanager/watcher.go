@@ -99,8 +99,8 @@ func (w *watcher) take(dir string) bool {
 
 // watchTree adds an fsnotify watch on root and every directory below it that is
 // not hidden, not a symlink and, below the registry directory, safe (take),
-// and calls found for every socket in them. It
-// goes on past errors and returns the first.
+// and calls found for every socket in them. It goes on past errors and
+// returns the first.
 func (w *watcher) watchTree(root string, found func(path string, id fileID)) error {
 	var first error
 	keep := func(err error) {
