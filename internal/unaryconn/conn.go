@@ -287,12 +287,11 @@ func handshakeError(err error) error {
 	if !errors.As(err, &ce) {
 		return fmt.Errorf("HTTP/2 handshake: %w (%w)", err, ErrHandshake)
 	}
-	e := &callError{
+	return &callError{
 		st:          status.New(ce.st.Code(), "HTTP/2 handshake: "+ce.st.Message()),
 		kinds:       append(slices.DeleteFunc(slices.Clone(ce.kinds), func(k error) bool { return k == ErrMaybeDelivered }), ErrHandshake),
 		unprocessed: true,
 	}
-	return e
 }
 
 // settings applies the peer's SETTINGS and returns by how much they changed
