@@ -199,6 +199,18 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 	}
 }
 
+// mkdirOpen makes dir, a directory anyone may write to (mode 0777, whatever
+// the umask).
+func mkdirOpen(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A directory below the registry directory is held to the registry
 // directory's rule: one that anyone may write to could have a plugin
 // planted in it, so its sockets are not registered, and the warning names
@@ -207,12 +219,8 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
 	dir := testenv.ShortDir(t, "su")
 	open, safe := filepath.Join(dir, "open"), filepath.Join(dir, "safe")
-	for _, d := range []string{open, safe} {
-		if err := os.Mkdir(d, 0o750); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chmod(open, 0o777); err != nil {
+	mkdirOpen(t, open)
+	if err := os.Mkdir(safe, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	planted := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "planted.example.com"})
@@ -261,12 +269,7 @@ func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
 func TestAllowWritableDirTakesUnsafeSubdirectories(t *testing.T) {
 	dir := testenv.ShortDir(t, "sa")
 	open := filepath.Join(dir, "open")
-	if err := os.Mkdir(open, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(open, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	mkdirOpen(t, open)
 	p := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "allowed.example.com"})
 	h := start(t, pluginmanager.Options{Dir: dir, AllowWritableDir: true}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
 	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
@@ -277,12 +280,7 @@ func TestAllowWritableDirTakesUnsafeSubdirectories(t *testing.T) {
 func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
 	dir := testenv.ShortDir(t, "so")
 	open := filepath.Join(dir, "open")
-	if err := os.Mkdir(open, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(open, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	mkdirOpen(t, open)
 	p := testenv.StartPlugin(t, plugin.Config{Dir: open, Type: "CSIPlugin", Name: "seen.example.com"})
 	log, warnings := testenv.WarnLogger()
 	h := start(t, pluginmanager.Options{Dir: dir, Observe: true, Logger: log}, nil)
