@@ -95,7 +95,7 @@ type Finding struct {
 	// match: stale-socket, socket-permission, endpoint-dead,
 	// versions-refused, health-service-missing, duplicate-dead,
 	// socket-path-too-long, other-kubelet-root, kubelet-not-registered,
-	// expected-missing, kubernetes-api.
+	// expected-missing, unsafe-subdirectory, kubernetes-api.
 	Check string `json:"check"`
 	// Type, Name and Socket say which plugin it is about, as far as known;
 	// all empty for a finding about plugd or the node.

@@ -123,7 +123,8 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), doctorTimeout)
 	defer cancel()
 	cfg := d.Config()
-	in := doctor.Input{RegistryDir: cfg.RegistryDir, KubeletRoots: cfg.Doctor.KubeletRoots}
+	in := doctor.Input{RegistryDir: cfg.RegistryDir, KubeletRoots: cfg.Doctor.KubeletRoots,
+		Observe: cfg.Mode == "observe", AllowWritableDir: cfg.Policy.AllowWritableRegistryDir}
 	if cfg.Doctor.ProcDir != "none" {
 		in.ProcDir = cfg.Doctor.ProcDir
 	}

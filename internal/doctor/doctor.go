@@ -14,7 +14,11 @@ package doctor
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +26,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/dirtrust"
 )
 
 // Plugin is one registration socket as plugd knows it.
@@ -55,8 +60,12 @@ type KubernetesProblem struct {
 type Input struct {
 	// RegistryDir is the directory plugd watches.
 	RegistryDir string
-	Plugins     []Plugin
-	Expect      []Expected
+	// Observe says plugd observes another manager (the kubelet) rather
+	// than registering plugins itself; AllowWritableDir that it accepts
+	// directories other users may change (pluginmanager.Options).
+	Observe, AllowWritableDir bool
+	Plugins                   []Plugin
+	Expect                    []Expected
 	// KubeletRoots are kubelet root directories whose plugins_registry is
 	// searched for sockets that belong in RegistryDir. Nil means
 	// DefaultKubeletRoots.
@@ -107,6 +116,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 		c.kubelet(&in.Plugins[i])
 	}
 	c.otherRoots()
+	c.unsafeSubdirs()
 	c.kubernetes()
 	slices.SortStableFunc(c.out, func(a, b api.Finding) int {
 		return cmp.Or(-cmp.Compare(slices.Index(api.Severities, a.Severity), slices.Index(api.Severities, b.Severity)),
@@ -361,4 +371,61 @@ func (c *checker) kubernetes() {
 		}
 		c.add(f)
 	}
+}
+
+// unsafeSubdirs reports the directories below the registry directory that
+// users other than plugd's and root could change (dirtrust.CheckBelow):
+// plugd registers none of the sockets in them, and the kubelet, which
+// registers them, can be handed a planted plugin. The walk is bounded.
+func (c *checker) unsafeSubdirs() {
+	if c.in.RegistryDir == "" || c.in.AllowWritableDir {
+		return
+	}
+	root, seen := filepath.Clean(c.in.RegistryDir), 0
+	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == root || !d.IsDir() {
+			return nil
+		}
+		if seen++; seen > maxRootWalk {
+			return fs.SkipAll // directories, not sockets: a registry of 5000 plugins is walked whole
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			return fs.SkipDir // not watched, by plugd or the kubelet
+		}
+		err = dirtrust.CheckBelow(path, os.Geteuid())
+		var u *dirtrust.Untrusted
+		if !errors.As(err, &u) {
+			return nil
+		}
+		socks := socketsIn(path)
+		f := api.Finding{Check: "unsafe-subdirectory",
+			Evidence: []string{err.Error(), fmt.Sprintf("sockets in it: %d", socks)},
+			Remedy:   fmt.Sprintf("make it writable by its owner alone (chmod go-w %s) and root's or plugd's user's (chown), or move its plugins' sockets into a directory that is; to accept it, set policy.allowWritableRegistryDir", path)}
+		if fi, err := os.Lstat(path); err == nil {
+			if o := ownerOf(fi); o != "" {
+				f.Evidence = append(f.Evidence, "owner: "+o)
+			}
+		}
+		if c.in.Observe {
+			f.Severity = api.SeverityWarning
+			f.Summary = fmt.Sprintf("the directory %s, below the registry directory, is not safe from other users: they could plant a plugin there for the kubelet", path)
+		} else {
+			f.Severity = api.SeverityError
+			f.Summary = fmt.Sprintf("the directory %s, below the registry directory, is not safe from other users: plugd registers none of the %d plugin sockets in it", path, socks)
+		}
+		c.add(f)
+		return fs.SkipDir
+	})
+}
+
+// socketsIn counts the sockets directly in dir.
+func socketsIn(dir string) int {
+	es, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range es {
+		if e.Type()&fs.ModeSocket != 0 {
+			n++
+		}
+	}
+	return n
 }
