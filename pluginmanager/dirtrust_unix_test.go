@@ -228,7 +228,7 @@ func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
 
 	log, warnings := testenv.WarnLogger()
 	rec := plugintest.NewRecorder()
-	h := start(t, pluginmanager.Options{Dir: dir, Logger: log}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: log, ResyncInterval: -1}, map[string]pluginmanager.Handler{"CSIPlugin": rec})
 	<-h.m.Synced() // the first walk is done: a socket it took would be known now
 	for _, s := range h.m.Plugins() {
 		if s.Socket == planted.Path() {
@@ -246,7 +246,7 @@ func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
 		t.Errorf("the plugin in the unsafe directory was told %d times", n)
 	}
 
-	// Fixed: the chmod is seen at once, with no resync (none is set).
+	// Fixed: the chmod is seen at once (its event: there is no resync).
 	if err := os.Chmod(open, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -292,4 +292,11 @@ func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
 	if n := p.Notifications(); n != 0 {
 		t.Errorf("the observer told the plugin %d times", n)
 	}
+	// Removed and made again as unsafe: said again.
+	if err := os.RemoveAll(open); err != nil {
+		t.Fatal(err)
+	}
+	h.WaitGone(p.Path())
+	mkdirOpen(t, open)
+	warnings.WaitN(t, "for the manager observed as for plugd", 2, wait)
 }

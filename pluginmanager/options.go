@@ -147,7 +147,9 @@ type Options struct {
 	// other than its owner may write to, is left out (not watched, nothing
 	// in it registered, what was registered let go), with a warning that
 	// names it and the fix, until a chmod or chown makes it safe (seen at
-	// once). AllowWritableDir accepts those too.
+	// once on Linux, at the next resync on darwin, whose kqueue reports no
+	// attribute change of a directory not watched). AllowWritableDir
+	// accepts those too.
 	//
 	// An observer (Observe) is not refused but warned, once, at Run: the
 	// directory is the other manager's, which uses it as it is, so what the

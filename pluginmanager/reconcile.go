@@ -87,12 +87,17 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
-	if r.dirUntrusted.Load() || (present && !r.subdirsTrusted(path)) {
-		present = false // not to be used while the directory, or the one it is in, is not safe
+	if r.dirUntrusted.Load() {
+		present = false // not to be used while the directory is not safe
 	}
 	now := r.clock.Now()
 
 	r.reg.mu.Lock()
+	// Under the lock, so that a directory made unsafe after this look finds
+	// the entry it makes when the watch queues what is below it.
+	if present && !r.subdirsTrusted(path) {
+		present = false // nor while the directory it is in is not
+	}
 	e := r.reg.entries[path]
 	if e == nil && !present {
 		r.reg.mu.Unlock()

@@ -206,9 +206,8 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 			// socket looked at, so removing N sockets costs O(N), not O(N²).
 			w.forget(ev.Name)
 			m.enqueueUnder(ev.Name)
-		} else {
-			delete(w.refused, ev.Name) // made again, it is said about again
 		}
+		delete(w.refused, ev.Name) // made again, it is said about again
 	case ev.Has(fsnotify.Chmod):
 		// A directory's mode or owner changed (chmod, chown): whether its
 		// sockets are taken may have too.

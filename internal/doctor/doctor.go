@@ -382,8 +382,14 @@ func (c *checker) unsafeSubdirs() {
 		return
 	}
 	root, seen := filepath.Clean(c.in.RegistryDir), 0
-	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || path == root || !d.IsDir() {
+	// A registry directory that is a symlink (a moved /var/lib) is followed,
+	// as the manager follows it; WalkDir goes into it only with a slash.
+	walkRoot := root
+	if fi, err := os.Lstat(root); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		walkRoot = root + string(filepath.Separator)
+	}
+	filepath.WalkDir(walkRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == walkRoot || !d.IsDir() {
 			return nil
 		}
 		if seen++; seen > maxRootWalk {

@@ -31,6 +31,15 @@ func TestUnsafeSubdirectory(t *testing.T) {
 		}
 	}
 	listen(t, filepath.Join(open, "planted.sock"))
+	// A registry directory reached through a symlink (a moved /var/lib) is
+	// looked into as the manager looks into it.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(reg, link); err != nil {
+		t.Fatal(err)
+	}
+	if got := findings(Check(context.Background(), Input{RegistryDir: link, KubeletRoots: []string{}}), "unsafe-subdirectory", ""); len(got) != 1 {
+		t.Errorf("through a symlink to the registry directory: findings %+v, want one", got)
+	}
 
 	for _, tc := range []struct {
 		in       Input

@@ -55,11 +55,17 @@ func (b *Buffer) Write(p []byte) (int, error) {
 // timeout (a failure bound, not a pace): it wakes at each Write.
 func (b *Buffer) Wait(t testing.TB, s string, timeout time.Duration) {
 	t.Helper()
+	b.WaitN(t, s, 1, timeout)
+}
+
+// WaitN waits, as Wait does, until what was written contains s n times.
+func (b *Buffer) WaitN(t testing.TB, s string, n int, timeout time.Duration) {
+	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		b.mu.Lock()
-		if strings.Contains(b.b.String(), s) {
+		if strings.Count(b.b.String(), s) >= n {
 			b.mu.Unlock()
 			return
 		}
@@ -71,7 +77,7 @@ func (b *Buffer) Wait(t testing.TB, s string, timeout time.Duration) {
 		select {
 		case <-written:
 		case <-deadline.C:
-			t.Fatalf("%q not written within %s; written:\n%s", s, timeout, b.String())
+			t.Fatalf("%q not written %d times within %s; written:\n%s", s, n, timeout, b.String())
 		}
 	}
 }
