@@ -171,9 +171,11 @@ func (m *parts) socket(ctx context.Context, e *entry, path string) (*net.UnixCon
 }
 
 // rel is path, a socket's below the registry directory, relative to it.
+// It allocates nothing for a path below Dir (clean: filepath.Join made
+// it), as every reconcile asks it (subdirsTrusted).
 func (m *parts) rel(path string) (string, error) {
-	if rel, ok := strings.CutPrefix(path, m.opts.Dir+string(filepath.Separator)); ok {
-		return rel, nil // paths below Dir are clean: filepath.Join made them
+	if rest, ok := strings.CutPrefix(path, m.opts.Dir); ok && len(rest) > 1 && rest[0] == filepath.Separator {
+		return rest[1:], nil
 	}
 	return filepath.Rel(m.opts.Dir, path)
 }
