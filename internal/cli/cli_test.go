@@ -24,7 +24,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/daemon"
-	"github.com/plugd/plugd/internal/kubenode"
+	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
@@ -781,9 +781,9 @@ func TestKubeletColumn(t *testing.T) {
 
 func TestClusterTable(t *testing.T) {
 	now := time.Now()
-	v := ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []kubenode.ClusterPlugin{
+	v := ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []nodecond.ClusterPlugin{
 		{Type: "CSIPlugin", Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady", Ready: 2, Expected: 3,
-			NotReady: []kubenode.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
+			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
 	}}
 	var b strings.Builder
 	if err := writeCluster(&b, v, true, now); err != nil {

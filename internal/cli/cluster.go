@@ -14,7 +14,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/plugd/plugd/internal/kubenode"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 var clusterOutputs = []string{"table", "wide", "json", "yaml"}
@@ -26,7 +26,7 @@ type ClusterView struct {
 	// them carry at least one of plugd's conditions.
 	Nodes          int                      `json:"nodes"`
 	NodesWithPlugd int                      `json:"nodesWithPlugd"`
-	Plugins        []kubenode.ClusterPlugin `json:"plugins"`
+	Plugins        []nodecond.ClusterPlugin `json:"plugins"`
 }
 
 func (a *app) clusterCommand() *cobra.Command {
@@ -87,9 +87,9 @@ func (a *app) cluster(ctx context.Context, kubeconfig, kubeContext, output strin
 		}
 		return fmt.Errorf("listing nodes at %s: %w", rc.Host, err)
 	}
-	v := ClusterView{Nodes: len(nodes.Items), Plugins: kubenode.Summarize(nodes.Items)}
+	v := ClusterView{Nodes: len(nodes.Items), Plugins: nodecond.Summarize(nodes.Items)}
 	for _, n := range nodes.Items {
-		if slices.ContainsFunc(n.Status.Conditions, kubenode.Owned) {
+		if slices.ContainsFunc(n.Status.Conditions, nodecond.Owned) {
 			v.NodesWithPlugd++
 		}
 	}

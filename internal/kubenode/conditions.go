@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // Expectation is a plugin the node must have, and the Node condition that
@@ -117,37 +118,6 @@ type verdict struct {
 	message string
 }
 
-// messagePrefix starts the message of every condition plugd writes, so that
-// plugctl cluster can tell them, and the plugin each is about, from others'.
-const messagePrefix = "plugd: "
-
-// conditionMessage is a condition's message: which plugin, then why.
-func conditionMessage(typ, name, text string) string {
-	m := messagePrefix + typ + " " + name + ": " + text
-	if len(m) > maxMessage {
-		m = m[:maxMessage-3] + "..."
-	}
-	return m
-}
-
-// maxMessage bounds a condition's message: the kubelet's own are short, and
-// every byte is in every Node read.
-const maxMessage = 512
-
-// parseMessage tells the plugin a message of conditionMessage is about.
-func parseMessage(m string) (typ, name string, ok bool) {
-	rest, ok := strings.CutPrefix(m, messagePrefix)
-	if !ok {
-		return "", "", false
-	}
-	typ, rest, ok = strings.Cut(rest, " ")
-	if !ok {
-		return "", "", false
-	}
-	name, _, ok = strings.Cut(rest, ": ")
-	return typ, name, ok && typ != "" && name != ""
-}
-
 // judge decides the condition of expected plugin e from its sockets and the
 // kubelet view. ok is false when the view cannot be read now (the API is
 // unreachable, or plugd may not read it): the condition is then left alone.
@@ -156,7 +126,7 @@ func parseMessage(m string) (typ, name string, ok bool) {
 // no writes.
 func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, bool) {
 	no := func(reason, text string) (verdict, bool) {
-		return verdict{corev1.ConditionFalse, reason, conditionMessage(e.Type, e.Name, text)}, true
+		return verdict{corev1.ConditionFalse, reason, nodecond.Message(e.Type, e.Name, text)}, true
 	}
 	if len(socks) == 0 {
 		return no(ReasonSocketMissing, fmt.Sprintf("no registration socket of it in %s", registryDir))
@@ -195,7 +165,7 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 		}
 		text += fmt.Sprintf(", %d healthy devices", healthy)
 	}
-	return verdict{corev1.ConditionTrue, ReasonReady, conditionMessage(e.Type, e.Name, text)}, true
+	return verdict{corev1.ConditionTrue, ReasonReady, nodecond.Message(e.Type, e.Name, text)}, true
 }
 
 // conditionsPatch is the strategic merge patch of the Node's status that
@@ -223,7 +193,7 @@ func unexpected(n *corev1.Node, expect []Expectation) []string {
 	var out []string
 	mine := managedConditions(n, fieldManager)
 	for _, c := range n.Status.Conditions {
-		if mine[string(c.Type)] && Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
+		if mine[string(c.Type)] && nodecond.Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
 			out = append(out, string(c.Type))
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -127,7 +128,7 @@ func TestJudge(t *testing.T) {
 			if !ok {
 				return
 			}
-			if typ, name, pok := parseMessage(v.message); !pok || typ != tc.e.Type || name != tc.e.Name {
+			if typ, name, pok := nodecond.Parse(v.message); !pok || typ != tc.e.Type || name != tc.e.Name {
 				t.Errorf("message %q does not name %s %s in plugd's form", v.message, tc.e.Type, tc.e.Name)
 			}
 		})
@@ -182,9 +183,9 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
 	}
 	n.Status.Conditions = append(n.Status.Conditions,
-		corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: conditionMessage("CSIPlugin", "gone.example.com", "ready")},
+		corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: nodecond.Message("CSIPlugin", "gone.example.com", "ready")},
 		// In plugd's form, but written by someone else: not plugd's to delete.
-		corev1.NodeCondition{Type: "example.com/Mimic", Status: corev1.ConditionTrue, Message: conditionMessage("CSIPlugin", "mimic.example.com", "ready")})
+		corev1.NodeCondition{Type: "example.com/Mimic", Status: corev1.ConditionTrue, Message: nodecond.Message("CSIPlugin", "mimic.example.com", "ready")})
 	n.ManagedFields = []metav1.ManagedFieldsEntry{
 		{Manager: "plugd", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
 			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"c1\"}":{".":{},"f:message":{}},"k:{\"type\":\"gone\"}":{".":{},"f:message":{}}}}}`)}},
@@ -274,37 +275,6 @@ func TestParseTaint(t *testing.T) {
 	}
 }
 
-func TestSummarize(t *testing.T) {
-	cond := func(typ string, status corev1.ConditionStatus, reason, plugin string) corev1.NodeCondition {
-		f := strings.Fields(plugin)
-		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: reason, Message: conditionMessage(f[0], f[1], "why")}
-	}
-	nodes := []corev1.Node{
-		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
-			cond("csi.example.com/CSIPluginReady", corev1.ConditionFalse, ReasonSocketMissing, "CSIPlugin csi.example.com"),
-			{Type: "Ready", Status: corev1.ConditionTrue, Message: "kubelet is posting ready status"},
-		}}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
-			cond("csi.example.com/CSIPluginReady", corev1.ConditionTrue, ReasonReady, "CSIPlugin csi.example.com"),
-			cond("g", corev1.ConditionTrue, ReasonReady, "DevicePlugin vendor.example/gpu"),
-		}}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
-	}
-	got := Summarize(nodes)
-	if len(got) != 2 {
-		t.Fatalf("Summarize = %+v", got)
-	}
-	if c := got[0]; c.Type != "CSIPlugin" || c.Ready != 1 || c.Expected != 2 || len(c.NotReady) != 1 || c.NotReady[0].Node != "b" || c.NotReady[0].Reason != ReasonSocketMissing {
-		t.Errorf("csi: %+v", c)
-	}
-	if c := got[1]; c.Name != "vendor.example/gpu" || c.Ready != 1 || c.Expected != 1 {
-		t.Errorf("gpu: %+v", c)
-	}
-}
-
-// A disagreement between the socket and the kubelet is told once, after the
-// grace; a device plugin that went, whose capacity the kubelet keeps for its
-// own grace period with nothing allocatable, is no disagreement.
 func TestDisagreements(t *testing.T) {
 	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
 	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}

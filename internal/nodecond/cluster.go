@@ -1,4 +1,4 @@
-package kubenode
+package nodecond
 
 import (
 	"cmp"
@@ -30,12 +30,6 @@ type NodeCondition struct {
 	Since   time.Time `json:"since,omitzero"`
 }
 
-// Owned says whether c is a condition plugd writes.
-func Owned(c corev1.NodeCondition) bool {
-	_, _, ok := parseMessage(c.Message)
-	return ok
-}
-
 // Summarize tells, from the nodes' conditions, each expected plugin's
 // readiness across them, sorted by type and name. A condition is plugd's
 // when its message is in plugd's form ("plugd: TYPE NAME: ..."); a node
@@ -44,7 +38,7 @@ func Summarize(nodes []corev1.Node) []ClusterPlugin {
 	byKey := map[[3]string]*ClusterPlugin{}
 	for _, n := range nodes {
 		for _, c := range n.Status.Conditions {
-			typ, name, ok := parseMessage(c.Message)
+			typ, name, ok := Parse(c.Message)
 			if !ok {
 				continue
 			}

@@ -1,0 +1,50 @@
+// Package nodecond is the form of the Node conditions plugd writes, for the
+// node agent that writes them and the programs that read them back across
+// a cluster (plugctl cluster): the message that names the plugin a
+// condition is about, and a summary of a cluster's nodes by plugin. It
+// knows Node objects as types only, so a reader links no client code.
+package nodecond
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Prefix starts the message of every condition plugd writes, so that
+// readers can tell them, and the plugin each is about, from others'.
+const Prefix = "plugd: "
+
+// MaxMessage bounds a condition's message: the kubelet's own are short, and
+// every byte is in every Node read.
+const MaxMessage = 512
+
+// Message is a condition's message: which plugin, then why, cut to
+// MaxMessage bytes.
+func Message(typ, name, text string) string {
+	m := Prefix + typ + " " + name + ": " + text
+	if len(m) > MaxMessage {
+		m = m[:MaxMessage-3] + "..."
+	}
+	return m
+}
+
+// Parse tells the plugin a message of Message is about.
+func Parse(m string) (typ, name string, ok bool) {
+	rest, ok := strings.CutPrefix(m, Prefix)
+	if !ok {
+		return "", "", false
+	}
+	typ, rest, ok = strings.Cut(rest, " ")
+	if !ok {
+		return "", "", false
+	}
+	name, _, ok = strings.Cut(rest, ": ")
+	return typ, name, ok && typ != "" && name != ""
+}
+
+// Owned says whether c is a condition plugd writes.
+func Owned(c corev1.NodeCondition) bool {
+	_, _, ok := Parse(c.Message)
+	return ok
+}

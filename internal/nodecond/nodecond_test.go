@@ -1,0 +1,41 @@
+package nodecond
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestSummarize(t *testing.T) {
+	cond := func(typ string, status corev1.ConditionStatus, reason, plugin string) corev1.NodeCondition {
+		f := strings.Fields(plugin)
+		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: reason, Message: Message(f[0], f[1], "why")}
+	}
+	nodes := []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			cond("csi.example.com/CSIPluginReady", corev1.ConditionFalse, "SocketMissing", "CSIPlugin csi.example.com"),
+			{Type: "Ready", Status: corev1.ConditionTrue, Message: "kubelet is posting ready status"},
+		}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			cond("csi.example.com/CSIPluginReady", corev1.ConditionTrue, "PluginReady", "CSIPlugin csi.example.com"),
+			cond("g", corev1.ConditionTrue, "PluginReady", "DevicePlugin vendor.example/gpu"),
+		}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
+	}
+	got := Summarize(nodes)
+	if len(got) != 2 {
+		t.Fatalf("Summarize = %+v", got)
+	}
+	if c := got[0]; c.Type != "CSIPlugin" || c.Ready != 1 || c.Expected != 2 || len(c.NotReady) != 1 || c.NotReady[0].Node != "b" || c.NotReady[0].Reason != "SocketMissing" {
+		t.Errorf("csi: %+v", c)
+	}
+	if c := got[1]; c.Name != "vendor.example/gpu" || c.Ready != 1 || c.Expected != 1 {
+		t.Errorf("gpu: %+v", c)
+	}
+}
+
+// A disagreement between the socket and the kubelet is told once, after the
+// grace; a device plugin that went, whose capacity the kubelet keeps for its
+// own grace period with nothing allocatable, is no disagreement.
