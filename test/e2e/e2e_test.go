@@ -39,13 +39,9 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	bin = dir
-	for _, pkg := range []string{"cmd/plugd", "cmd/plugctl", "examples/plugin"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, filepath.Base(pkg)), "./"+pkg)
-		cmd.Dir = "../.."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
-			return 1
-		}
+	if err := testenv.Build(dir, "cmd/plugd", "cmd/plugctl", "examples/plugin"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	code := m.Run()
 	if code == 0 {

@@ -22,6 +22,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
 	"github.com/plugd/plugd/plugintest"
@@ -42,11 +43,8 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	faultplugin = filepath.Join(dir, "faultplugin")
-	// Built without -race even under go test -race: it is the plugin, not
-	// the code under test, and it starts faster so.
-	cmd := exec.Command("go", "build", "-o", faultplugin, "./faultplugin")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building faultplugin: %v\n%s", err, out)
+	if err := testenv.Build(dir, "test/faults/faultplugin"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	code := m.Run()

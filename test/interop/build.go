@@ -3,7 +3,6 @@ package interop
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -12,6 +11,8 @@ import (
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/types/descriptorpb"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // bin is where Run keeps what it builds; empty outside Run.
@@ -31,19 +32,18 @@ func Run(m interface{ Run() int }) int {
 	return m.Run()
 }
 
-// builds are the Go servers, each built once for the run.
+// builds are the Go servers, each built once for the run: from the
+// repository's root, as testenv.Build takes them.
 var builds = map[Stack]*build{
-	GRPCGo:    {module: "../..", pkg: "./test/interop/cmd/grpcgo-server"},
-	Raw:       {module: "../..", pkg: "./test/interop/cmd/rawh2-server"},
-	GRPCGo127: {module: "grpc127", pkg: "."},
+	GRPCGo:    {pkg: "test/interop/cmd/grpcgo-server"},
+	Raw:       {pkg: "test/interop/cmd/rawh2-server"},
+	GRPCGo127: {pkg: "test/interop/grpc127"},
 }
 
 type build struct {
-	module string // the module's directory, from this package's
-	pkg    string // the package, from the module's directory
-	once   sync.Once
-	exe    string
-	err    error
+	pkg  string
+	once sync.Once
+	err  error
 }
 
 // built returns the binary of stack's server, building it on first use.
@@ -53,20 +53,11 @@ func built(t testing.TB, stack Stack) string {
 		t.Fatal("interop: servers written in Go are built by interop.Run: call it from TestMain")
 	}
 	b := builds[stack]
-	b.once.Do(func() {
-		exe := filepath.Join(bin, string(stack))
-		cmd := exec.Command("go", "build", "-o", exe, b.pkg)
-		cmd.Dir = filepath.Join(dir(), b.module)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("building the %s server (in %s): %v\n%s", stack, cmd.Dir, err, out)
-			return
-		}
-		b.exe = exe
-	})
+	b.once.Do(func() { b.err = testenv.Build(bin, b.pkg) })
 	if b.err != nil {
 		t.Fatal("interop: ", b.err)
 	}
-	return b.exe
+	return filepath.Join(bin, filepath.Base(b.pkg))
 }
 
 var desc struct {
