@@ -20,10 +20,10 @@ ARG VERSION=devel
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath \
-        -ldflags="-s -X github.com/plugd/plugd/internal/daemon.Version=${VERSION}" \
+        -ldflags="-s -X github.com/plugd/plugd/cmd/plugd/internal/daemon.Version=${VERSION}" \
         -o /out/plugd ./cmd/plugd && \
     CGO_ENABLED=0 go build -trimpath \
-        -ldflags="-s -X github.com/plugd/plugd/internal/cli.Version=${VERSION}" \
+        -ldflags="-s -X github.com/plugd/plugd/cmd/plugctl/internal/cli.Version=${VERSION}" \
         -o /out/plugctl ./cmd/plugctl
 
 # Root, deliberately: not static-debian12:nonroot. Plugins' registration

@@ -4,7 +4,7 @@ package main
 import (
 	"os"
 
-	"github.com/plugd/plugd/internal/cli"
+	"github.com/plugd/plugd/cmd/plugctl/internal/cli"
 )
 
 func main() {

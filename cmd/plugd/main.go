@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/plugd/plugd/internal/daemon"
-	"github.com/plugd/plugd/internal/demo"
+	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
+	"github.com/plugd/plugd/cmd/plugd/internal/demo"
 )
 
 func main() {

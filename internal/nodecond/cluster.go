@@ -8,6 +8,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// ClusterView is plugctl cluster's answer (what -o json prints): every expected plugin across the
+// cluster's nodes.
+type ClusterView struct {
+	// Nodes is how many Node objects there are; NodesWithPlugd how many of
+	// them carry at least one of plugd's conditions.
+	Nodes          int             `json:"nodes"`
+	NodesWithPlugd int             `json:"nodesWithPlugd"`
+	Plugins        []ClusterPlugin `json:"plugins"`
+}
+
 // ClusterPlugin is one expected plugin across a cluster: on how many nodes
 // plugd expects it, and on how many it is ready, read from the conditions
 // plugd writes.

@@ -11,7 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/plugd/plugd/internal/cli"
+	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -64,7 +64,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("plugctl cluster -o wide:\n%s", out)
 	out, _ = plugctl(t, "cluster", "--kubeconfig", admincfg, "-o", "json")
-	var v cli.ClusterView
+	var v nodecond.ClusterView
 	decode(t, out, &v)
 	found := false
 	for _, p := range v.Plugins {

@@ -24,7 +24,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 	"github.com/plugd/plugd/plugin"
 )
 

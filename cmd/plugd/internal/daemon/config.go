@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/internal/kubenode"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 )
 

@@ -199,7 +199,7 @@ func checkConfig(t *testing.T, c Config) {
 // refuse with a message, and what they accept is within bounds, survives a
 // YAML round trip unchanged, and is a fixed point of WithDefaults.
 func FuzzConfig(f *testing.F) {
-	example, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", "config.yaml"))
+	example, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "deploy", "systemd", "config.yaml"))
 	if err != nil {
 		f.Fatal(err)
 	}

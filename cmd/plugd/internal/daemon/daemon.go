@@ -25,13 +25,13 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
-	"github.com/plugd/plugd/internal/kubenode"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 	"k8s.io/klog/v2"
 )
 
 // Version is plugd's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/internal/daemon.Version=v1.2.3".
+// -ldflags "-X github.com/plugd/plugd/cmd/plugd/internal/daemon.Version=v1.2.3".
 var Version = "devel"
 
 // Daemon is one plugd: a plugin manager and the status API in front of it.

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/internal/doctor"
+	"github.com/plugd/plugd/cmd/plugd/internal/doctor"
 	"github.com/plugd/plugd/pluginmanager"
 )
 

@@ -5,16 +5,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -23,14 +26,36 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/internal/daemon"
 	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+// plugd is the daemon the tests run plugctl against, built once by TestMain.
+var plugd string
+
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+func runTests(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "cli-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := testenv.Build(dir, "cmd/plugd"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	plugd = filepath.Join(dir, "plugd")
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return code
 }
 
 // failSafe bounds every wait in these tests, so that a bug fails a test
@@ -46,7 +71,7 @@ const (
 	nopeID = "nope.example.com.sock"
 )
 
-// env is a real plugd, run in-process on a temporary registry directory.
+// env is a real plugd, run as a process on a temporary registry directory.
 type env struct {
 	dir  string // registry directory
 	sock string // status API
@@ -58,32 +83,32 @@ func startDaemon(t *testing.T) *env {
 	// Not t.TempDir: its long path would make the sockets' paths too long.
 	tmp := testenv.ShortDir(t, "cli")
 	e := &env{dir: filepath.Join(tmp, "plugins"), sock: filepath.Join(tmp, "plugd.sock")}
-
-	logs := &testenv.Buffer{}
-	d, err := daemon.New(daemon.Config{
-		RegistryDir: e.dir,
-		Status:      daemon.StatusConfig{Socket: e.sock},
-		Handlers: []daemon.HandlerConfig{
-			{Type: "CSIPlugin", Handler: "accept"},
-			{Type: "DevicePlugin", Handler: "accept"},
-		},
-		// Nothing of the machine the tests run on: no kubelet roots, no processes.
-		Doctor: daemon.DoctorConfig{KubeletRoots: []string{filepath.Join(tmp, "no-kubelet")}, ProcDir: "none"},
-	}, logs)
-	if err != nil {
+	// Nothing of the machine the tests run on: no kubelet roots, no processes.
+	config := fmt.Sprintf(`registryDir: %s
+status: {socket: %s}
+handlers: [{type: CSIPlugin, handler: accept}, {type: DevicePlugin, handler: accept}]
+doctor: {kubeletRoots: [%s], procDir: none}
+`, e.dir, e.sock, filepath.Join(tmp, "no-kubelet"))
+	path := filepath.Join(tmp, "plugd.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	logs := &testenv.Buffer{}
+	cmd := exec.Command(plugd, "--config", path)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan struct{})
 	var runErr error
 	go func() {
 		defer close(done)
-		runErr = d.Run(ctx)
+		runErr = cmd.Wait()
 	}()
 	var once sync.Once
 	e.stop = func() {
 		once.Do(func() {
-			cancel()
+			cmd.Process.Signal(syscall.SIGTERM)
 			<-done
 			if runErr != nil {
 				t.Errorf("plugd: %v", runErr)
@@ -781,7 +806,7 @@ func TestKubeletColumn(t *testing.T) {
 
 func TestClusterTable(t *testing.T) {
 	now := time.Now()
-	v := ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []nodecond.ClusterPlugin{
+	v := nodecond.ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []nodecond.ClusterPlugin{
 		{Type: "CSIPlugin", Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady", Ready: 2, Expected: 3,
 			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
 	}}
@@ -796,7 +821,7 @@ func TestClusterTable(t *testing.T) {
 		}
 	}
 	b.Reset()
-	writeCluster(&b, ClusterView{Nodes: 2}, false, now)
+	writeCluster(&b, nodecond.ClusterView{Nodes: 2}, false, now)
 	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
 		t.Errorf("empty cluster:\n%s", b.String())
 	}

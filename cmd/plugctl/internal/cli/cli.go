@@ -38,7 +38,7 @@ const (
 )
 
 // Version is plugctl's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/internal/cli.Version=v1.2.3".
+// -ldflags "-X github.com/plugd/plugd/cmd/plugctl/internal/cli.Version=v1.2.3".
 var Version = "devel"
 
 // Environment variables that stand in for the global flags, so that a shell

@@ -19,16 +19,6 @@ import (
 
 var clusterOutputs = []string{"table", "wide", "json", "yaml"}
 
-// ClusterView is plugctl cluster's answer: every expected plugin across the
-// cluster's nodes.
-type ClusterView struct {
-	// Nodes is how many Node objects there are; NodesWithPlugd how many of
-	// them carry at least one of plugd's conditions.
-	Nodes          int                      `json:"nodes"`
-	NodesWithPlugd int                      `json:"nodesWithPlugd"`
-	Plugins        []nodecond.ClusterPlugin `json:"plugins"`
-}
-
 func (a *app) clusterCommand() *cobra.Command {
 	var kubeconfig, kubeContext, output string
 	cmd := &cobra.Command{
@@ -87,7 +77,7 @@ func (a *app) cluster(ctx context.Context, kubeconfig, kubeContext, output strin
 		}
 		return fmt.Errorf("listing nodes at %s: %w", rc.Host, err)
 	}
-	v := ClusterView{Nodes: len(nodes.Items), Plugins: nodecond.Summarize(nodes.Items)}
+	v := nodecond.ClusterView{Nodes: len(nodes.Items), Plugins: nodecond.Summarize(nodes.Items)}
 	for _, n := range nodes.Items {
 		if slices.ContainsFunc(n.Status.Conditions, nodecond.Owned) {
 			v.NodesWithPlugd++
@@ -103,7 +93,7 @@ func (a *app) cluster(ctx context.Context, kubeconfig, kubeContext, output strin
 }
 
 // writeCluster prints v for people.
-func writeCluster(w io.Writer, v ClusterView, wide bool, now time.Time) error {
+func writeCluster(w io.Writer, v nodecond.ClusterView, wide bool, now time.Time) error {
 	if len(v.Plugins) == 0 {
 		_, err := fmt.Fprintf(w, "no node has a condition of plugd's (%d nodes): no plugd expects a plugin, or none is connected to Kubernetes\n", v.Nodes)
 		return err

@@ -1,4 +1,7 @@
-package deploy
+// The files in deploy/ are valid for this daemon: the manifests decode
+// strictly into their API types, their flags and configuration are plugd's,
+// and the systemd unit's configuration is a commented copy of the defaults.
+package daemon_test
 
 import (
 	"bytes"
@@ -25,14 +28,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/plugd/plugd/internal/daemon"
+	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
 
+// The deployment files, from this package's directory.
 const (
-	manifestPath  = "kubernetes/daemonset.yaml"
-	taintRBACPath = "kubernetes/remove-taint-rbac.yaml"
-	unitPath      = "systemd/plugd.service"
-	configPath    = "systemd/config.yaml"
+	manifestPath  = "../../../../deploy/kubernetes/daemonset.yaml"
+	taintRBACPath = "../../../../deploy/kubernetes/remove-taint-rbac.yaml"
+	unitPath      = "../../../../deploy/systemd/plugd.service"
+	configPath    = "../../../../deploy/systemd/config.yaml"
 )
 
 // splitDocuments splits a multi-document YAML file on the lines that are

@@ -1,2 +1,0 @@
-// Package deploy holds plugd's packaging; its tests check the manifests.
-package deploy
