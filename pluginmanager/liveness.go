@@ -422,7 +422,9 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	}
 
 	// The grace period is over: let it go, and try it again with backoff
-	// (and at once if its socket is re-created).
+	// (and at once if its socket is re-created). One let go for its
+	// endpoint, with its registrar answering, is tried again only once the
+	// endpoint serves: a registration now would fail for want of it.
 	if !r.deregister(ctx, path, e, reg) {
 		return result{}
 	}
@@ -432,6 +434,10 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	e.status.Plugin = p
 	e.status.State = StateFailed
 	e.status.Reason, e.status.LastError = reason, printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, why))
+	if reason == ReasonEndpoint && lv.socketErr == nil {
+		e.awaiting = p.Endpoint
+		e.status.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v; waiting for its endpoint to serve to register it again", he.grace, why))
+	}
 	e.status.NextRetry = now.Add(r.nextDelay(&e.backoff))
 	e.due = e.status.NextRetry
 	return result{at: e.due, err: why, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
@@ -514,4 +520,36 @@ func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
 		return
 	}
 	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))
+}
+
+// awaitPoll caps the delay between looks at the endpoint of a plugin
+// deregistered for its endpoint (entry.awaiting): a connect to a unix
+// socket, no call, costs next to nothing, and the plugin is registered
+// again within it of its endpoint's return, however long it was gone.
+const awaitPoll = 2 * time.Second
+
+// awaitEndpoint looks whether the endpoint that e waits for takes a
+// connection. If it does not, e stays Failed, looked at again with backoff
+// (at most awaitPoll), quietly: the plugin's failure was said when it was
+// deregistered. If it does, waiting is false, and the registration is tried.
+func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, now time.Time) (res result, waiting bool) {
+	dialCtx, cancel := context.WithTimeout(ctx, r.opts.DialTimeout)
+	conn, err := confine.For(e.awaiting, path, r.roots).Dial(dialCtx, e.awaiting)
+	cancel()
+	if err == nil {
+		conn.Close()
+		r.reg.mu.Lock()
+		e.awaiting = ""
+		r.reg.mu.Unlock()
+		r.log.Debug("plugin's endpoint serves again; registering it again", "socket", path)
+		return result{}, false
+	}
+	if ctx.Err() != nil {
+		return result{}, true
+	}
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	e.status.NextRetry = now.Add(min(r.nextDelay(&e.backoff), awaitPoll))
+	e.due = e.status.NextRetry
+	return result{at: e.due}, true
 }

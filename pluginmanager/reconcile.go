@@ -144,6 +144,13 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 			r.reg.mu.Unlock()
 			return result{at: e.due}
 		}
+		if e.awaiting != "" {
+			r.reg.mu.Unlock()
+			if res, waiting := r.awaitEndpoint(ctx, path, e, now); waiting {
+				return res
+			}
+			r.reg.mu.Lock()
+		}
 	case StateRejected:
 		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
 			r.reg.mu.Unlock()
@@ -299,6 +306,7 @@ func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *
 	now := r.clock.Now()
 	r.reg.mu.Lock()
 	e.reg = reg
+	e.accepted = true
 	e.answer.Store(nil)
 	e.status.Plugin = p
 	e.status.State = StateRegistered
@@ -337,10 +345,15 @@ func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *
 }
 
 // refuse tells the plugin, over conn, that it was not registered, then
-// records the failure. conn is closed.
+// records the failure; a socket file whose plugin was registered before
+// (entry.accepted) is not told. conn is closed.
 func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
 	var untold []any
-	if ctx.Err() == nil {
+	switch {
+	case e.accepted:
+		conn.Close()
+		r.log.Debug("plugin not told it was not registered: it was told it was, and a registrar exits when told otherwise", "socket", p.Socket, "reason", reason)
+	case ctx.Err() == nil:
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout, r.late.notify)
 		used, told, nerr := r.notify(notifyCtx, e, conn, p.Socket, false, err.Error())
 		switch {
@@ -355,7 +368,7 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 		}
 		closeConn(used)
 		cancel()
-	} else {
+	default:
 		conn.Close()
 	}
 	return r.fail(ctx, e, p, reason, err, terminal, attempt, untold...)

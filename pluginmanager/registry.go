@@ -67,6 +67,15 @@ type entry struct {
 	answer atomic.Pointer[Plugin]
 	// said is what the log said of this file's failures (faillog.go).
 	said failureSaid
+	// accepted: a handler registered the plugin of this socket file. It is
+	// never told it is not registered from then on: a registrar exits when
+	// told so (node-driver-registrar does), and the kubelet never tells a
+	// plugin again once it took it.
+	accepted bool
+	// awaiting is the endpoint of a plugin deregistered because its
+	// endpoint stopped serving while its registration socket answered: it
+	// is registered again only once the endpoint takes a connection.
+	awaiting string
 }
 
 // registration is what was handed to a handler, kept to take it back.
@@ -108,6 +117,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.live = liveness{}
 	e.grpcOnly = false
 	e.said = failureSaid{}
+	e.accepted, e.awaiting = false, ""
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))

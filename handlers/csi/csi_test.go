@@ -178,6 +178,9 @@ type registrar struct {
 	path     string
 	info     *registerapi.PluginInfo
 	stopping func()
+	// exitWhenRefused makes it stop serving once told it is not
+	// registered, as node-driver-registrar exits.
+	exitWhenRefused bool
 
 	mu       sync.Mutex
 	statuses []*registerapi.RegistrationStatus
@@ -220,6 +223,9 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 	select {
 	case r.changed <- struct{}{}:
 	default:
+	}
+	if !s.PluginRegistered && r.exitWhenRefused {
+		go r.stopping() // after this answer
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
@@ -741,6 +747,80 @@ func TestDeadDriverIsUnhealthy(t *testing.T) {
 	defer r.mu.Unlock()
 	if len(r.statuses) != 1 {
 		t.Errorf("the registrar was told %v, want registered once", r.statuses)
+	}
+}
+
+// Issue 25, item 1: a driver that dies while its registrar lives is
+// deregistered at the end of its grace period, and its registrar is never
+// told registered=false for it (node-driver-registrar exits when told so,
+// and nothing would register the driver again): the manager waits for the
+// endpoint to serve, then registers the driver again and says so.
+func TestDeadDriverPastGraceIsNeverToldFalse(t *testing.T) {
+	hm := newHarness(t, csi.New(csi.Options{}), pluginmanager.Options{UnhealthyGrace: 50 * time.Millisecond})
+	dir := testenv.ShortDir(t, "csi")
+	d := serveDriver(t, dir, driverName)
+	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
+	r.exitWhenRefused = true
+	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
+
+	d.stop()
+	hm.event(r.path, pluginmanager.EventUnhealthy, pluginmanager.ReasonEndpoint)
+	hm.WaitEvent(r.path, pluginmanager.EventDeregistered)
+	if ds := hm.h.Drivers(); len(ds) != 0 {
+		t.Errorf("drivers = %+v after the grace period, want none", ds)
+	}
+	s := hm.WaitSocket(r.path, pluginmanager.StateFailed)
+	if s.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(s.LastError, "waiting for its endpoint") {
+		t.Errorf("status %+v, want Failed for the endpoint, waiting for it", s)
+	}
+
+	// A driver starting again that accepts connections and closes them:
+	// its endpoint takes a connection, so the manager tries the
+	// registration again, whose NodeGetInfo fails. Three connections
+	// are a look, an attempt, and the look after it.
+	l, err := net.Listen("unix", d.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 1)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	for range 3 {
+		select {
+		case <-accepted:
+		case <-time.After(wait):
+			t.Fatalf("the manager did not connect to the endpoint again; the registrar was told %v", r.all())
+		}
+	}
+	l.Close() // removes the socket
+	<-closed
+	for _, s := range r.all() {
+		if !s.PluginRegistered {
+			t.Fatalf("the registrar was told %v: a registrar that was told it is registered must never be told otherwise", s)
+		}
+	}
+
+	serveDriver(t, dir, driverName)
+	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
+	if ds := hm.h.Drivers(); len(ds) != 1 {
+		t.Errorf("drivers = %+v, want the driver again", ds)
+	}
+	got := r.all()
+	if len(got) != 2 || !got[0].PluginRegistered || !got[1].PluginRegistered {
+		t.Errorf("the registrar was told %v, want registered twice, never not registered", got)
 	}
 }
 
