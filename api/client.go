@@ -12,10 +12,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
-
-	"github.com/plugd/plugd/internal/textsafe"
+	"unicode"
 )
 
 // Client talks to plugd's status API. Its zero value talks to the daemon on
@@ -233,7 +233,7 @@ func (c *Client) doOnce(ctx context.Context, path string) (*http.Response, error
 		// Never asked for (DisableCompression): a compressed answer could be
 		// a bomb of gigabytes once inflated.
 		resp.Body.Close()
-		return nil, fmt.Errorf("the answer from %s is compressed (Content-Encoding %q), which plugd never does and this client does not read; is it plugd?", c.where(), textsafe.Printable(enc, 64))
+		return nil, fmt.Errorf("the answer from %s is compressed (Content-Encoding %q), which plugd never does and this client does not read; is it plugd?", c.where(), printable(enc, 64))
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil
@@ -244,7 +244,7 @@ func (c *Client) doOnce(ctx context.Context, path string) (*http.Response, error
 	if json.Unmarshal(body, &e) != nil || e.Message == "" {
 		e.Message = strings.TrimSpace(string(body))
 	}
-	e.Message = textsafe.Printable(e.Message, 4<<10) // it goes to a terminal
+	e.Message = printable(e.Message, 4<<10) // it goes to a terminal
 	err = fmt.Errorf("plugd: %s (HTTP %d)", e.Message, resp.StatusCode)
 	busy := resp.Header.Get("Retry-After") != ""
 	switch {
@@ -311,3 +311,31 @@ func escapePath(id string) string {
 	}
 	return strings.Join(parts, "/")
 }
+
+// printable is s with every character a terminal would act on (escape
+// sequences, newlines, bidi controls) written as a Go escape, invalid UTF-8
+// dropped, cut to at most max bytes at a character boundary: what the server
+// says ends up on a person's terminal. It is internal/textsafe's rule, kept
+// here so that api, which other programs import, needs only the standard
+// library (TestPrintableIsTextsafes keeps the two the same).
+func printable(s string, max int) string {
+	s = strings.ToValidUTF8(s, "")
+	if strings.IndexFunc(s, needsEscape) >= 0 {
+		var b strings.Builder
+		for _, r := range s {
+			if needsEscape(r) {
+				q := strconv.QuoteRune(r)
+				b.WriteString(q[1 : len(q)-1])
+			} else {
+				b.WriteRune(r)
+			}
+		}
+		s = b.String()
+	}
+	if len(s) > max {
+		s = strings.ToValidUTF8(s[:max], "")
+	}
+	return s
+}
+
+func needsEscape(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }

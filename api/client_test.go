@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -194,4 +196,35 @@ func TestHostileServer(t *testing.T) {
 			t.Errorf("error %v, want one about the headers' size", err)
 		}
 	})
+}
+
+// An error a server sends reaches the caller's error escaped, so that it
+// cannot drive the terminal plugctl prints it on, and cut to 4 KiB.
+func TestErrorMessageIsEscaped(t *testing.T) {
+	const evil = "gone \x1b]0;owned\x07\x1b[2J"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error": %q}`, evil+strings.Repeat("x", 8<<10))
+	}))
+	defer srv.Close()
+	_, err := (&Client{Address: srv.URL}).Plugin(context.Background(), "x.sock")
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `gone \x1b]0;owned\a\x1b[2J`) {
+		t.Fatalf("error %v, want ErrNotFound with the message escaped", err)
+	}
+	if strings.ContainsAny(err.Error(), "\x1b\x07") || len(err.Error()) > 4<<10+100 {
+		t.Errorf("error of %d bytes, unescaped or not cut: %q", len(err.Error()), err)
+	}
+}
+
+// api keeps its own copy of internal/textsafe's rule (it imports only the
+// standard library); the two must say the same.
+func TestPrintableIsTextsafes(t *testing.T) {
+	long := strings.Repeat("é", 100)
+	for _, s := range []string{"plain text", "\x1b[31mred\n", "bidi \u202e", "bad \xff byte", "tab\there", long} {
+		for _, max := range []int{4, 51, 1000} {
+			if got, want := printable(s, max), textsafe.Printable(s, max); got != want {
+				t.Errorf("printable(%q, %d) = %q, textsafe.Printable says %q", s, max, got, want)
+			}
+		}
+	}
 }
