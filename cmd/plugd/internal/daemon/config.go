@@ -382,9 +382,6 @@ func (c Config) WithDefaults() (Config, error) {
 	if err := c.checkBounds(); err != nil {
 		return c, err
 	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = Duration(10 * time.Second)
-	}
 	if len(c.Policy.AllowedPeers) > 0 && runtime.GOOS == "windows" {
 		return c, errors.New("policy.allowedPeers cannot be enforced on Windows, which does not tell who listens on a unix socket: remove it, and restrict who may write to the registry directory (its ACL) instead")
 	}
@@ -420,6 +417,7 @@ func (c Config) WithDefaults() (Config, error) {
 	if err := c.checkKubernetes(); err != nil {
 		return c, err
 	}
+	c.applyNumberDefaults()
 	if c.Doctor.ProcDir == "" && runtime.GOOS == "linux" {
 		c.Doctor.ProcDir = "/proc"
 	}

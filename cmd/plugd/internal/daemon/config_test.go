@@ -3,8 +3,10 @@ package daemon
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plugd/plugd/internal/testenv"
 )
@@ -86,5 +88,33 @@ func TestDangerousConfigsRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want it to say %q", tc.yaml, err, tc.want)
 		}
+	}
+}
+
+// WithDefaults fills in every numeric default from bounds.go's tables, on a
+// copy: the caller's handlers and hooks keep their zeros.
+func TestDefaultsAppliedToACopy(t *testing.T) {
+	in := Config{RegistryDir: "/x", Handlers: []HandlerConfig{
+		{Type: "DRAPlugin", Handler: "dra"},
+		{Type: "example.com/Greeter", Handler: "hook", Hook: &HookConfig{Command: []string{"/bin/true"}}},
+		{Type: "CSIPlugin", Handler: "csi"},
+	}, Kubernetes: &KubernetesConfig{NodeName: "n"}}
+	c, err := in.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workers != 128 || c.Timeouts.Handler != Duration(30*time.Second) || c.Policy.MaxSockets != 20000 ||
+		c.Policy.RemoveStaleAfter != 0 || c.Kubernetes.DisagreementGrace != Duration(time.Minute) {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+	if c.Handlers[0].GracePeriod != Duration(30*time.Second) || c.Handlers[1].Hook.Timeout != Duration(10*time.Second) ||
+		c.Handlers[2].GracePeriod != 0 || c.Handlers[0].UnhealthyGrace != 0 {
+		t.Errorf("handlers' defaults: %+v, hook %+v", c.Handlers, c.Handlers[1].Hook)
+	}
+	if in.Handlers[0].GracePeriod != 0 || in.Handlers[1].Hook.Timeout != 0 || in.Kubernetes.DisagreementGrace != 0 {
+		t.Errorf("WithDefaults wrote into the caller's configuration: %+v, hook %+v", in.Handlers, in.Handlers[1].Hook)
+	}
+	if again, err := c.WithDefaults(); err != nil || !reflect.DeepEqual(again, c) {
+		t.Errorf("WithDefaults of its own result: %v\n%+v\n%+v", err, again, c)
 	}
 }

@@ -305,7 +305,7 @@ func TestFlagsOverrideTheFile(t *testing.T) {
 		len(cfg.Handlers) != 2 || cfg.Handlers[0].Type != "CSIPlugin" || cfg.Handlers[1].Type != "Y" {
 		t.Errorf("config = %+v", cfg)
 	}
-	if cfg.ResyncInterval != 0 || cfg.ShutdownTimeout != Duration(10*time.Second) {
+	if cfg.ResyncInterval != Duration(30*time.Second) || cfg.ShutdownTimeout != Duration(10*time.Second) {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 }
@@ -366,7 +366,7 @@ func TestReload(t *testing.T) {
 	if strings.Join(applied, "; ") != "log.level: info -> debug; handlers: added accept for example.com/Greeter" {
 		t.Errorf("applied %q", applied)
 	}
-	if strings.Join(restart, "; ") != "handlers: CSIPlugin removed; workers: default -> 3" {
+	if strings.Join(restart, "; ") != "handlers: CSIPlugin removed; workers: 128 -> 3" {
 		t.Errorf("needs restart %q", restart)
 	}
 	// The new handler takes the plugin that was waiting for one.
