@@ -1,0 +1,110 @@
+// Package docs is plugd's manual. Its test keeps what the manual says of
+// the code's layout true; docs/reference.md's configuration table is held
+// to the code by cmd/plugd/internal/daemon's TestConfigReference.
+package docs
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+// Issue 26: architecture.md's "Packages" section lists every package of the
+// main module, one line each, and no other: a package added, moved or
+// removed without its line fails here, saying which and what to do.
+func TestPackageList(t *testing.T) {
+	root := testenv.Root()
+	// go test caches a passing result by the files the test opened; the
+	// directories go list reads are not among them. Opening each directory
+	// of the module makes a package added or removed a new result.
+	if err := openModuleDirs(root); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}", "./...")
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	cmd = exec.Command("go", "list", "-m")
+	cmd.Dir = root
+	mod, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	prefix := strings.TrimSpace(string(mod)) + "/"
+	var pkgs []string
+	for _, p := range strings.Fields(string(out)) {
+		pkgs = append(pkgs, strings.TrimPrefix(p, prefix))
+	}
+
+	const file = "docs/architecture.md"
+	b, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := packageList(string(b))
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	for _, p := range pkgs {
+		if !slices.Contains(listed, p) {
+			t.Errorf("package %s is not in %s's package list: add a line \"- `%s` — what it is\" under \"## Packages\", on its floor", p, file, p)
+		}
+	}
+	for _, p := range listed {
+		if !slices.Contains(pkgs, p) {
+			t.Errorf("%s lists %s, which go list ./... does not know: remove its line from \"## Packages\" (or fix its path if it moved)", file, p)
+		}
+	}
+	for i, p := range listed {
+		if slices.Contains(listed[:i], p) {
+			t.Errorf("%s lists %s twice", file, p)
+		}
+	}
+}
+
+// packageList is the packages named at the start of the list items in the
+// "## Packages" section: "- `path` — what it is".
+func packageList(doc string) ([]string, error) {
+	_, section, ok := strings.Cut(doc, "\n## Packages\n")
+	if !ok {
+		return nil, errors.New(`no "## Packages" section`)
+	}
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+	var out []string
+	for _, m := range regexp.MustCompile("(?m)^- `([^`]+)`").FindAllStringSubmatch(section, -1) {
+		out = append(out, m[1])
+	}
+	return out, nil
+}
+
+// openModuleDirs reads every directory of the main module, as go list ./...
+// does: not those of other modules (a go.mod of their own), nor testdata,
+// node_modules, or names starting with . or _.
+func openModuleDirs(root string) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || path == root {
+			return err
+		}
+		name := d.Name()
+		if name == "testdata" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+			return filepath.SkipDir
+		}
+		if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+			return filepath.SkipDir
+		}
+		return nil
+	})
+}
