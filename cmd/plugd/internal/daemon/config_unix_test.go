@@ -44,7 +44,7 @@ func TestConfigFileMustBeARegularFile(t *testing.T) {
 		"/dev/zero": "config /dev/zero is a device, not a regular file",
 		fifo:        "is a named pipe (FIFO), not a regular file",
 		dir:         "is a directory, not a regular file",
-		huge:        "is larger than 1024 KiB",
+		huge:        "is larger than 1 MiB",
 	} {
 		if err := load(path); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("LoadConfig(%s): %v, want it to say %q", path, err, want)

@@ -1,17 +1,16 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/smallfile"
 )
 
 // systemDirs are directories plugd refuses as its registry directory. It
@@ -111,45 +110,15 @@ const maxConfigSize = 1 << 20
 // maxConfigSize, read without blocking. /dev/zero would never end, and a
 // FIFO would hold plugd (and a reload on SIGHUP) until someone writes to it.
 func readConfigFile(path string) ([]byte, error) {
-	// O_NONBLOCK: opening a FIFO waits for a writer otherwise. It changes
-	// nothing for a regular file.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
+	b, err := smallfile.Read(path, maxConfigSize)
+	var se *smallfile.Error
+	switch {
+	case errors.As(err, &se) && se.Kind != "":
+		return nil, fmt.Errorf("config %w: plugd reads its configuration whole, at start and on SIGHUP; give the path of a YAML file", err)
+	case errors.As(err, &se):
+		return nil, fmt.Errorf("config %w, more than any configuration: is it the right file?", err)
+	case err != nil:
 		return nil, fmt.Errorf("reading config: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("reading config: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("config %s is %s, not a regular file: plugd reads its configuration whole, at start and on SIGHUP; give the path of a YAML file", path, fileKind(fi.Mode()))
-	}
-	tooBig := fmt.Errorf("config %s is larger than %d KiB, more than any configuration: is it the right file?", path, maxConfigSize>>10)
-	if fi.Size() > maxConfigSize {
-		return nil, tooBig
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading config: %w", err)
-	}
-	if len(b) > maxConfigSize {
-		return nil, tooBig
 	}
 	return b, nil
-}
-
-// fileKind names what a file that is not a regular file is.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "a named pipe (FIFO)"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return "a special file"
 }
