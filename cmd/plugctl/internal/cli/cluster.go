@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/plugd/plugd/internal/kubeconfig"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -53,10 +53,8 @@ a context. Reading needs permission to list nodes.`,
 	return cmd
 }
 
-func (a *app) cluster(ctx context.Context, kubeconfig, kubeContext, output string) error {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, output string) error {
+	rc, err := kubeconfig.RESTConfig(kubeconfig.ClientConfig(kubeconfigPath, kubeContext))
 	if err != nil {
 		return fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}

@@ -27,12 +27,12 @@ import (
 	storagev1client "k8s.io/client-go/kubernetes/typed/storage/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/events"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
 // Config is what a Node needs. NodeName and Plugins are required.
@@ -177,18 +177,19 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// restConfig reads the kubeconfig, or the pod's in-cluster configuration.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
+// restConfig reads the kubeconfig at path (bounded: package kubeconfig), or
+// the pod's in-cluster configuration.
+func restConfig(path string) (*rest.Config, error) {
+	if path == "" {
 		rc, err := rest.InClusterConfig()
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes: no kubeconfig is set and plugd is not in a pod (%w): set kubernetes.kubeconfig", err)
 		}
 		return rc, nil
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := kubeconfig.RESTConfig(kubeconfig.ClientConfig(path, ""))
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes.kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("kubernetes.kubeconfig %s: %w", path, err)
 	}
 	return rc, nil
 }
