@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
@@ -417,6 +418,11 @@ func (c Config) WithDefaults() (Config, error) {
 	if err := c.checkKubernetes(); err != nil {
 		return c, err
 	}
+	if p := c.Doctor.ProcDir; p != "" && p != "none" {
+		if err := checkProcDir(p); err != nil {
+			return c, fmt.Errorf("doctor.procDir %s %w; \"none\" skips the search for a running kubelet", p, err)
+		}
+	}
 	c.applyNumberDefaults()
 	if c.Doctor.ProcDir == "" && runtime.GOOS == "linux" {
 		c.Doctor.ProcDir = "/proc"
@@ -446,6 +452,12 @@ func (c *Config) checkKubernetes() error {
 		c.Kubernetes = &kc
 		if kc.NodeName == "" {
 			return errors.New("kubernetes.nodeName is empty: set it, --node-name or NODE_NAME (the DaemonSet sets NODE_NAME from spec.nodeName)")
+		}
+		// A Node's name is a DNS subdomain; anything else (a path such as
+		// ../../namespaces/kube-system/secrets/x) is no Node's, and has no
+		// place in the URLs plugd builds of it.
+		if errs := validation.IsDNS1123Subdomain(kc.NodeName); len(errs) > 0 {
+			return fmt.Errorf("kubernetes.nodeName %q is not a Node's name: %s (--node-name and NODE_NAME set it too)", kc.NodeName, strings.Join(errs, "; "))
 		}
 		if kc.RemoveTaintWhenReady != "" {
 			if _, _, err := kubenode.ParseTaint(kc.RemoveTaintWhenReady); err != nil {

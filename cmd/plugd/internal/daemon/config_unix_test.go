@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -111,5 +112,59 @@ func TestKubeconfigMustBeARegularFile(t *testing.T) {
 			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
 			t.Fatalf("New with kubeconfig %s did not return", path)
 		}
+	}
+}
+
+// Issue 25, item 9: the configuration refuses what is not plugd's to
+// write or read: a condition type node-problem-detector or the kubelet
+// writes, a nodeName that is no Node's name (and would be a path in the
+// URLs plugd builds), a doctor.procDir that is not a proc file system.
+func TestConfigRefusesWhatIsNotPlugds(t *testing.T) {
+	expect := func(cond string) string {
+		return "kubernetes: {nodeName: node-a}\nexpect: [{type: CSIPlugin, name: a.example.com, condition: " + cond + "}]\n"
+	}
+	cases := []struct{ yaml, want string }{
+		{expect("KernelDeadlock"), `expect[0]: condition "KernelDeadlock" is node-problem-detector's`},
+		{expect("ReadonlyFilesystem"), "node-problem-detector's"},
+		{expect("FrequentKubeletRestart"), "node-problem-detector's"},
+		{expect("FrequentDockerRestart"), "node-problem-detector's"},
+		{expect("FrequentContainerdRestart"), "node-problem-detector's"},
+		{expect("CorruptDockerOverlay2"), "node-problem-detector's"},
+		{expect("Ready"), `condition "Ready" is the kubelet's`},
+		{expect("MemoryPressure"), "the kubelet's"},
+		{expect("DiskPressure"), "the kubelet's"},
+		{expect("PIDPressure"), "the kubelet's"},
+		{expect("NetworkUnavailable"), "the kubelet's"},
+		{"kubernetes: {nodeName: '../../namespaces/kube-system/secrets/x'}\n", `kubernetes.nodeName "../../namespaces/kube-system/secrets/x" is not a Node's name: a lowercase RFC 1123 subdomain`},
+		{"kubernetes: {nodeName: Node_A}\n", "is not a Node's name"},
+		{"kubernetes: {nodeName: '" + strings.Repeat("a", 254) + "'}\n", "must be no more than 253 characters"},
+	}
+	if runtime.GOOS == "linux" {
+		cases = append(cases,
+			struct{ yaml, want string }{"doctor: {procDir: /dev}\n", "doctor.procDir /dev is not a proc file system"},
+			struct{ yaml, want string }{"doctor: {procDir: /nonexistent}\n", "doctor.procDir /nonexistent cannot be read"})
+	}
+	dir := t.TempDir()
+	for _, tc := range cases {
+		path := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := LoadConfig(path)
+		if err == nil {
+			_, err = cfg.WithDefaults()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to say %q", tc.yaml, err, tc.want)
+		}
+	}
+	// What is plugd's passes: its own conditions, a Node's name, a procfs.
+	ok := Config{RegistryDir: filepath.Join(dir, "reg"), Kubernetes: &KubernetesConfig{NodeName: "node-a.example.com"},
+		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "a.example.com", Condition: "a.example.com/KernelDeadlock"}}}
+	if runtime.GOOS == "linux" {
+		ok.Doctor.ProcDir = "/proc"
+	}
+	if _, err := ok.WithDefaults(); err != nil {
+		t.Errorf("%+v: %v", ok, err)
 	}
 }

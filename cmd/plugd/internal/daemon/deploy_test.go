@@ -230,7 +230,9 @@ func plugdArgs(t *testing.T, c corev1.Container, cm *corev1.ConfigMap, mountPath
 	for _, e := range c.Env {
 		env[e.Name] = e.Value
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
-			env[e.Name] = "<" + e.ValueFrom.FieldRef.FieldPath + ">"
+			// What the field holds stands in for its value; lowercase, so
+			// that spec.nodeName passes as a Node's name.
+			env[e.Name] = "fieldref." + strings.ToLower(e.ValueFrom.FieldRef.FieldPath)
 		}
 	}
 	cfg, err := daemon.LoadArgs(args, func(k string) string { return env[k] })
@@ -300,7 +302,7 @@ func TestDaemonSet(t *testing.T) {
 
 	// The Kubernetes side: its own Node, by the downward API, with the
 	// ServiceAccount's token.
-	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "<spec.nodeName>" || cfg.Kubernetes.Kubeconfig != "" {
+	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "fieldref.spec.nodename" || cfg.Kubernetes.Kubeconfig != "" {
 		t.Errorf("plugd's kubernetes settings are %+v; want in-cluster, with the node name from spec.nodeName", cfg.Kubernetes)
 	}
 	for _, a := range []*bool{sa.AutomountServiceAccountToken, pod.AutomountServiceAccountToken} {

@@ -87,8 +87,18 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 	if slices.Contains(kubeletConditions, corev1.NodeConditionType(e.Condition)) {
 		return e, fmt.Errorf("condition %q is the kubelet's: choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
 	}
+	if slices.Contains(npdConditions, e.Condition) {
+		return e, fmt.Errorf("condition %q is node-problem-detector's, which writes it too: plugd's writes and its would undo each other; choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
+	}
 	return e, nil
 }
+
+// npdConditions are the condition types node-problem-detector's shipped
+// monitors write (its config/*.json): plugd never writes them either.
+var npdConditions = []string{"KernelDeadlock", "ReadonlyFilesystem", "XfsShutdown", "FrequentUnregisterNetDevice",
+	"FrequentKubeletRestart", "FrequentDockerRestart", "FrequentContainerdRestart", "CorruptDockerOverlay2",
+	"KubeletUnhealthy", "ContainerRuntimeUnhealthy", "KubeProxyUnhealthy", "CsiProxyUnhealthy", "NTPProblem",
+	"DiskSizeCheckFailure"}
 
 // kubeletConditions are the condition types the kubelet (and the node
 // lifecycle controller) own; plugd never writes them.
