@@ -94,8 +94,9 @@ type Finding struct {
 	// Check names the test that found it, a stable word scripts may
 	// match: stale-socket, socket-permission, endpoint-dead,
 	// versions-refused, health-service-missing, duplicate-dead,
-	// socket-path-too-long, other-kubelet-root, kubelet-not-registered,
-	// expected-missing, unsafe-subdirectory, kubernetes-api.
+	// socket-path-too-long, other-kubelet-root, kubelet-process-ignored,
+	// kubelet-not-registered, expected-missing, unsafe-subdirectory,
+	// kubernetes-api.
 	Check string `json:"check"`
 	// Type, Name and Socket say which plugin it is about, as far as known;
 	// all empty for a finding about plugd or the node.

@@ -49,11 +49,31 @@ func owner(t *testing.T) string {
 	return fmt.Sprintf("owner uid %s (%s), gid %s (%s)", u.Uid, u.Username, g.Gid, g.Name)
 }
 
-// fakeKubelet runs a process that looks like a kubelet with --root-dir
-// root to anyone reading /proc: a shell whose argv[0] is "kubelet".
-func fakeKubelet(t *testing.T, root string) *exec.Cmd {
+// kubelet runs a process that is a kubelet with --root-dir root to anyone
+// reading /proc: a shell whose argv[0] is "kubelet". With named, the shell
+// runs as a program named kubelet (a link to it, in a directory of its
+// own), as the test's user: the doctor takes it for the kubelet. Without,
+// it is /bin/sh, as anyone can start it: the doctor does not.
+func kubelet(t *testing.T, root string, named bool) *exec.Cmd {
 	t.Helper()
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"kubelet", "-c", "sleep 600; :", "--root-dir=" + root},
+	path := "/bin/sh"
+	if named {
+		sh, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = filepath.Join(t.TempDir(), "kubelet")
+		if err := os.Link(sh, path); err != nil {
+			b, err := os.ReadFile(sh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, b, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cmd := &exec.Cmd{Path: path, Args: []string{"kubelet", "-c", "sleep 600; :", "--root-dir=" + root},
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -68,7 +88,8 @@ func fakeKubelet(t *testing.T, root string) *exec.Cmd {
 // Every broken setup plugctl doctor knows, each made for real: killed
 // plugins' sockets, a dead endpoint, refused versions, a health service
 // nobody serves, a path too long to dial, sockets under another kubelet
-// root, a kubelet running with another --root-dir, and an expected plugin
+// root, a kubelet running with another --root-dir (and a process that only
+// calls itself the kubelet, with yet another), and an expected plugin
 // that is not there. plugd manages here, where a socket that goes Stale
 // forgets who it was: the doctor still knows.
 func TestDoctor(t *testing.T) {
@@ -86,7 +107,8 @@ expect: [{type: CSIPlugin, name: missing.example.com}]
 doctor: {kubeletRoots: [%s]}
 `, otherRoot), nil)
 	n.waitReady(t, 10*time.Millisecond)
-	kubeletProc := fakeKubelet(t, customRoot)
+	fake := kubelet(t, filepath.Join(dir, "evil"), false)
+	kubeletProc := kubelet(t, customRoot, true)
 
 	// Killed: their sockets stay.
 	gone := n.plugin(t, "-type", "CSIPlugin", "-name", "gone.example.com", "-versions", "1.0.0", "-socket", "gone.sock")
@@ -158,6 +180,7 @@ doctor: {kubeletRoots: [%s]}
 		{"socket-path-too-long", longPath, api.SeverityError, []string{fmt.Sprintf("%d bytes long", len(longPath))}},
 		{"other-kubelet-root", filepath.Join(otherRoot, "plugins_registry", "lost.sock"), api.SeverityWarning, []string{"the plugin writes under the wrong kubelet root: set its kubelet directory to " + customRoot}},
 		{"other-kubelet-root", "", api.SeverityError, []string{fmt.Sprintf("kubelet pid %d, --root-dir %s", kubeletProc.Process.Pid, customRoot), "registryDir " + filepath.Join(customRoot, "plugins_registry")}},
+		{"kubelet-process-ignored", "", api.SeverityInfo, []string{fmt.Sprintf("pid %d, named kubelet, --root-dir %s: not taken, as it runs ", fake.Process.Pid, filepath.Join(dir, "evil")), "not a program named kubelet"}},
 		{"expected-missing", "", api.SeverityError, []string{"missing.example.com"}},
 	} {
 		f := find(want.check, want.socket)

@@ -27,6 +27,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // Plugin is one registration socket as plugd knows it.
@@ -118,11 +119,34 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.otherRoots()
 	c.unsafeSubdirs()
 	c.kubernetes()
+	for i := range c.out {
+		c.out[i] = printable(c.out[i])
+	}
 	slices.SortStableFunc(c.out, func(a, b api.Finding) int {
 		return cmp.Or(-cmp.Compare(slices.Index(api.Severities, a.Severity), slices.Index(api.Severities, b.Severity)),
 			cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.Check, b.Check))
 	})
 	return c.out
+}
+
+// maxFindingText bounds each text of a finding (its summary, remedy, and
+// each line of evidence): they quote plugins, processes and the API server.
+const maxFindingText = 4096
+
+// printable is f with every text escaped (textsafe) and cut to
+// maxFindingText, as plugin-controlled text is everywhere plugd shows it:
+// findings quote sockets' names, plugins' answers, processes' command
+// lines and the API server's objects, and are printed on terminals.
+func printable(f api.Finding) api.Finding {
+	for _, s := range []*string{&f.Type, &f.Name, &f.Socket, &f.Summary, &f.Remedy} {
+		*s = textsafe.Printable(*s, maxFindingText)
+	}
+	ev := make([]string, len(f.Evidence))
+	for i, e := range f.Evidence {
+		ev[i] = textsafe.Printable(e, maxFindingText)
+	}
+	f.Evidence = ev
+	return f
 }
 
 type checker struct {

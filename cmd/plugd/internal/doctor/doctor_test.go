@@ -2,9 +2,11 @@ package doctor
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +19,25 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(idleEnv) != "" {
+		idle()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// idleEnv makes the test binary idle instead of testing: it is then a
+// process with the command line its starter chose (see
+// TestRealProcessesNamedKubelet).
+const idleEnv = "PLUGD_DOCTOR_TEST_IDLE"
+
+// idle waits until its standard input is closed: the test that started it
+// has ended.
+func idle() {
+	io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
 
 // listen serves a unix socket at path until the test ends.
 func listen(t *testing.T, path string) net.Listener {
@@ -147,20 +167,52 @@ func TestCheck(t *testing.T) {
 }
 
 // A kubelet found among the processes, with a --root-dir other than the
-// directory plugd watches, is the cause to report.
+// directory plugd watches, is the cause to report; a process is taken for
+// the kubelet by what the kernel says of it (its uid, its executable), not
+// by the name it gives itself, and every one is looked at. The processes
+// here are made up (a directory per pid with its cmdline, status and exe);
+// TestRealProcessesNamedKubelet runs real ones.
 func TestRunningKubeletRoot(t *testing.T) {
 	dir := t.TempDir()
 	proc := filepath.Join(dir, "proc")
 	root := filepath.Join(dir, "custom")
-	if err := os.MkdirAll(filepath.Join(proc, "4242"), 0o755); err != nil {
-		t.Fatal(err)
+	self := strconv.Itoa(os.Geteuid())
+	process := func(pid, cmdline, uids, exe string) {
+		t.Helper()
+		d := filepath.Join(proc, pid)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "cmdline"), []byte(cmdline), 0o644)
+		os.WriteFile(filepath.Join(d, "status"), []byte("Name:\tx\nUid:\t"+uids+"\nGid:\t0\t0\t0\t0\n"), 0o644)
+		if err := os.Symlink(exe, filepath.Join(d, "exe")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.WriteFile(filepath.Join(proc, "4242", "cmdline"), []byte("/usr/bin/kubelet\x00--config=/etc/k.yaml\x00--root-dir\x00"+root+"\x00"), 0o644)
+	// Fakes first, in the order /proc lists them: none of them may hide the kubelet.
+	process("1000", "kubelet\x00--root-dir=/tmp/evil-python\x00", "0\t0\t0\t0", "/usr/bin/python3.11")
+	process("1001", "kubelet\x00--root-dir=/tmp/evil-user\x00", "1234\t1234\t1234\t1234", "/home/u/kubelet")
+	process("1002", "kubelet\x00--root-dir=/tmp/evil-setuid\x00", "1234\t0\t0\t0", "/home/u/kubelet")
+	process("1003", "/bin/sh\x00-c\x00kubelet --root-dir=/tmp/evil-sh\x00", "0\t0\t0\t0", "/bin/sh")
+	process("4242", "/usr/bin/kubelet\x00--config=/etc/k.yaml\x00--root-dir\x00"+root+"\x00", self+"\t"+self+"\t"+self+"\t"+self, "/usr/bin/kubelet (deleted)")
 	os.WriteFile(filepath.Join(proc, "self"), nil, 0o644)
 	fs := Check(context.Background(), Input{RegistryDir: "/var/lib/kubelet/plugins_registry", ProcDir: proc, KubeletRoots: []string{}})
 	got := findings(fs, "other-kubelet-root", "")
 	if len(got) != 1 || !strings.Contains(got[0].Summary, root+"/plugins_registry") || !strings.Contains(got[0].Evidence[0], "pid 4242") {
 		t.Errorf("findings: %+v", fs)
+	}
+	ignored := findings(fs, "kubelet-process-ignored", "")
+	if len(ignored) != 1 || ignored[0].Severity != api.SeverityInfo || len(ignored[0].Evidence) != 3 {
+		t.Fatalf("the processes not taken for the kubelet: %+v", ignored)
+	}
+	for i, want := range []string{
+		"pid 1000, named kubelet, --root-dir /tmp/evil-python: not taken, as it runs /usr/bin/python3.11, not a program named kubelet",
+		"pid 1001, named kubelet, --root-dir /tmp/evil-user: not taken, as it runs as uid 1234, neither root nor plugd's user",
+		"pid 1002, named kubelet, --root-dir /tmp/evil-setuid: not taken, as it runs as uid 1234 (effective 0), neither root nor plugd's user",
+	} {
+		if ignored[0].Evidence[i] != want {
+			t.Errorf("evidence %d: %q, want %q", i, ignored[0].Evidence[i], want)
+		}
 	}
 }
 

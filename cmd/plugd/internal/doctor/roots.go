@@ -1,54 +1,71 @@
 package doctor
 
 import (
-	"bytes"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // roots is what Check found of kubelet root directories: the running
-// kubelet, if one is visible, and registration sockets outside the
-// directory plugd watches.
+// kubelets, if any are visible, the processes that only call themselves
+// the kubelet, and registration sockets outside the directory plugd
+// watches.
 type roots struct {
-	kubelet *runningKubelet
-	sockets []rootSocket
+	// kubelet is the running kubelet: the one that watches plugd's
+	// directory, else the first found; nil if none is.
+	kubelet   *runningKubelet
+	kubelets  []runningKubelet
+	impostors []namedKubelet
+	sockets   []rootSocket
 }
-
-type runningKubelet struct {
-	pid     int
-	rootDir string
-	flag    bool // the root came from --root-dir, not the default
-}
-
-func (k *runningKubelet) registry() string { return filepath.Join(k.rootDir, "plugins_registry") }
 
 type rootSocket struct{ root, path string }
 
 func (r roots) socketsOutside() []string {
 	var out []string
 	for _, s := range r.sockets {
-		out = append(out, s.path)
+		out = append(out, shown(s.path))
 	}
 	return out
 }
 
-// findRoots finds the running kubelet and the sockets under the other
+// maxShown bounds text from outside plugd's configuration (a process's
+// command line, a file name under another kubelet root) in a finding: it
+// is escaped (textsafe) and cut to this many bytes, a path's longest.
+const maxShown = 4096
+
+// shown is text from outside, as a finding shows it.
+func shown(s string) string { return textsafe.Printable(s, maxShown) }
+
+// findRoots finds the running kubelets and the sockets under the other
 // kubelet roots.
 func findRoots(in Input) roots {
 	var r roots
 	if in.ProcDir != "" {
-		r.kubelet = findKubelet(in.ProcDir)
+		for _, k := range findKubelets(in.ProcDir, os.Geteuid()) {
+			if k.why != "" {
+				r.impostors = append(r.impostors, k)
+			} else {
+				r.kubelets = append(r.kubelets, k.runningKubelet)
+			}
+		}
+		for i := range r.kubelets {
+			if r.kubelet == nil || sameDir(r.kubelets[i].registry(), in.RegistryDir) {
+				r.kubelet = &r.kubelets[i]
+			}
+		}
 	}
 	dirs := slices.Clone(in.KubeletRoots)
-	if r.kubelet != nil && !slices.Contains(dirs, r.kubelet.rootDir) {
-		dirs = append(dirs, r.kubelet.rootDir)
+	for _, k := range r.kubelets {
+		if !slices.Contains(dirs, k.rootDir) {
+			dirs = append(dirs, k.rootDir)
+		}
 	}
 	for _, root := range dirs {
 		reg := filepath.Join(root, "plugins_registry")
@@ -76,50 +93,6 @@ func findRoots(in Input) roots {
 	return r
 }
 
-// findKubelet looks for a kubelet among the processes in procDir, and the
-// root directory it uses: its --root-dir, or the default.
-func findKubelet(procDir string) *runningKubelet {
-	ents, err := os.ReadDir(procDir)
-	if err != nil {
-		return nil
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(procDir, e.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-		k := &runningKubelet{pid: pid}
-		switch filepath.Base(args[0]) {
-		case "kubelet":
-			k.rootDir = "/var/lib/kubelet"
-		case "k3s":
-			if len(args) < 2 || (args[1] != "agent" && args[1] != "server") {
-				continue
-			}
-			k.rootDir = "/var/lib/rancher/k3s/agent/kubelet"
-		default:
-			continue
-		}
-		for i, a := range args[1:] {
-			switch {
-			case strings.HasPrefix(a, "--root-dir="):
-				k.rootDir, k.flag = strings.TrimPrefix(a, "--root-dir="), true
-			case a == "--root-dir" && i+2 < len(args):
-				k.rootDir, k.flag = args[i+2], true
-			case strings.HasPrefix(a, "--kubelet-arg=root-dir="):
-				k.rootDir, k.flag = strings.TrimPrefix(a, "--kubelet-arg=root-dir="), true
-			}
-		}
-		return k
-	}
-	return nil
-}
-
 // sameDir says a and b are one directory.
 func sameDir(a, b string) bool {
 	if filepath.Clean(a) == filepath.Clean(b) {
@@ -130,33 +103,64 @@ func sameDir(a, b string) bool {
 	return errA == nil && errB == nil && os.SameFile(fa, fb)
 }
 
-// otherRoots reports a kubelet that watches another directory than plugd,
-// and sockets written under another kubelet root than the one in use.
+// otherRoots reports each running kubelet that watches another directory
+// than plugd, the processes that only call themselves the kubelet, and
+// sockets written under another kubelet root than the one in use.
 func (c *checker) otherRoots() {
-	k := c.roots.kubelet
-	if k != nil && !sameDir(k.registry(), c.in.RegistryDir) {
+	for i := range c.roots.kubelets {
+		k := &c.roots.kubelets[i]
+		if sameDir(k.registry(), c.in.RegistryDir) {
+			continue
+		}
 		how := "default root directory"
 		if k.flag {
-			how = "--root-dir " + k.rootDir
+			how = "--root-dir " + k.shownRoot()
 		}
 		c.add(api.Finding{Severity: api.SeverityError, Check: "other-kubelet-root",
-			Summary:  fmt.Sprintf("the running kubelet registers plugins from %s, but plugd watches %s", k.registry(), c.in.RegistryDir),
+			Summary:  fmt.Sprintf("the running kubelet registers plugins from %s, but plugd watches %s", k.shownRegistry(), c.in.RegistryDir),
 			Evidence: []string{fmt.Sprintf("kubelet pid %d, %s", k.pid, how)},
-			Remedy:   fmt.Sprintf("point plugd at the kubelet's directory: registryDir %s (and the DaemonSet's hostPath)", k.registry())})
+			Remedy:   fmt.Sprintf("point plugd at the kubelet's directory: registryDir %s (and the DaemonSet's hostPath)", k.shownRegistry())})
 	}
+	c.impostors()
+	k := c.roots.kubelet
 	for _, s := range c.roots.sockets {
-		f := api.Finding{Severity: api.SeverityWarning, Check: "other-kubelet-root", Socket: s.path,
+		f := api.Finding{Severity: api.SeverityWarning, Check: "other-kubelet-root", Socket: shown(s.path),
 			Summary:  fmt.Sprintf("a registration socket is under the kubelet root %s, not in %s", s.root, c.in.RegistryDir),
-			Evidence: []string{"socket: " + s.path}}
+			Evidence: []string{"socket: " + shown(s.path)}}
 		switch {
 		case k != nil && sameDir(s.root, k.rootDir):
-			f.Remedy = "the kubelet uses this root: point plugd at " + k.registry()
+			f.Remedy = "the kubelet uses this root: point plugd at " + k.shownRegistry()
 		case k != nil:
-			f.Evidence = append(f.Evidence, fmt.Sprintf("the running kubelet (pid %d) uses root %s", k.pid, k.rootDir))
-			f.Remedy = fmt.Sprintf("the plugin writes under the wrong kubelet root: set its kubelet directory to %s (a Helm chart's kubeletDir, node-driver-registrar's --kubelet-registration-path, the DaemonSet's hostPath)", k.rootDir)
+			f.Evidence = append(f.Evidence, fmt.Sprintf("the running kubelet (pid %d) uses root %s", k.pid, k.shownRoot()))
+			f.Remedy = fmt.Sprintf("the plugin writes under the wrong kubelet root: set its kubelet directory to %s (a Helm chart's kubeletDir, node-driver-registrar's --kubelet-registration-path, the DaemonSet's hostPath)", k.shownRoot())
 		default:
 			f.Remedy = fmt.Sprintf("if this node's kubelet uses %s, point plugd at %s; otherwise the plugin writes under the wrong kubelet root: set its kubelet directory to %s", s.root, filepath.Join(s.root, "plugins_registry"), filepath.Dir(c.in.RegistryDir))
 		}
 		c.add(f)
 	}
+}
+
+// impostors reports the processes that call themselves the kubelet but
+// are not taken for it, so that an operator sees why the doctor believed
+// another process, or none.
+func (c *checker) impostors() {
+	im := c.roots.impostors
+	if len(im) == 0 {
+		return
+	}
+	f := api.Finding{Severity: api.SeverityInfo, Check: "kubelet-process-ignored",
+		Summary: fmt.Sprintf("%d processes call themselves the kubelet but are not taken for it: the kubelet runs as root (or plugd's user) a program named kubelet", len(im)),
+		Remedy:  "nothing, if they are yours (a test, a kubelet in a user namespace); otherwise see who started them: ps -o pid,user,args -p PID"}
+	for i, k := range im {
+		if i == maxImpostors {
+			f.Evidence = append(f.Evidence, fmt.Sprintf("and %d more", len(im)-i))
+			break
+		}
+		root := "the default root directory"
+		if k.flag {
+			root = "--root-dir " + k.shownRoot()
+		}
+		f.Evidence = append(f.Evidence, fmt.Sprintf("pid %d, named %s, %s: not taken, as %s", k.pid, k.program, root, k.why))
+	}
+	c.add(f)
 }

@@ -1,0 +1,164 @@
+package doctor
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Bounds on what the doctor reads of a process: the kubelet's command line
+// is a few KiB, its status file about 1.5 KiB.
+const (
+	maxCmdline = 64 << 10
+	maxStatus  = 8 << 10
+	// maxImpostors is how many processes named kubelet but not taken for it
+	// a finding lists; it counts the others.
+	maxImpostors = 5
+)
+
+// runningKubelet is a process the doctor takes for the node's kubelet, and
+// the root directory it uses.
+type runningKubelet struct {
+	pid     int
+	rootDir string
+	flag    bool // the root came from --root-dir, not the default
+}
+
+func (k *runningKubelet) registry() string { return filepath.Join(k.rootDir, "plugins_registry") }
+
+// shownRoot is the root directory as a finding shows it: it comes from a
+// command line, so it is escaped and cut.
+func (k *runningKubelet) shownRoot() string { return shown(k.rootDir) }
+
+func (k *runningKubelet) shownRegistry() string { return shown(k.registry()) }
+
+// namedKubelet is a process whose command line says it is the kubelet
+// (argv[0] kubelet, or k3s agent|server), and what the doctor found of it.
+type namedKubelet struct {
+	runningKubelet
+	program  string // what argv[0] names: kubelet or k3s
+	uid, exe string // its real and effective uid, its executable; "" where unreadable
+	why      string // why it is not taken for the kubelet; "" when it is
+}
+
+// findKubelets lists the processes in procDir whose command line says they
+// are the kubelet, and decides which are: a process is the kubelet only if
+// it runs as root or as plugd's own user (real and effective uid), and its
+// executable (/proc/PID/exe) is named kubelet (k3s for k3s), so not a
+// script interpreter or any other program started with argv[0] "kubelet".
+// Any local user can start a process with any argv[0] and any
+// --root-dir; only root (or plugd's user) can start one that passes.
+// Every process is looked at, so that one that is not the kubelet cannot
+// hide one that is by coming first.
+func findKubelets(procDir string, self int) []namedKubelet {
+	ents, err := os.ReadDir(procDir)
+	if err != nil {
+		return nil
+	}
+	var out []namedKubelet
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		dir := filepath.Join(procDir, e.Name())
+		k, ok := namedAsKubelet(dir)
+		if !ok {
+			continue
+		}
+		k.pid = pid
+		k.uid, k.why = checkOwner(dir, self)
+		if k.why == "" {
+			k.exe, k.why = checkExe(dir, k.program)
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+// namedAsKubelet reads the command line in dir and says whether it is the
+// kubelet's, with the root directory it names.
+func namedAsKubelet(dir string) (namedKubelet, bool) {
+	b, err := readUpTo(filepath.Join(dir, "cmdline"), maxCmdline)
+	if err != nil || len(b) == 0 {
+		return namedKubelet{}, false
+	}
+	args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+	k := namedKubelet{program: filepath.Base(args[0])}
+	switch k.program {
+	case "kubelet":
+		k.rootDir = "/var/lib/kubelet"
+	case "k3s":
+		if len(args) < 2 || (args[1] != "agent" && args[1] != "server") {
+			return k, false
+		}
+		k.rootDir = "/var/lib/rancher/k3s/agent/kubelet"
+	default:
+		return k, false
+	}
+	for i, a := range args[1:] {
+		switch {
+		case strings.HasPrefix(a, "--root-dir="):
+			k.rootDir, k.flag = strings.TrimPrefix(a, "--root-dir="), true
+		case a == "--root-dir" && i+2 < len(args):
+			k.rootDir, k.flag = args[i+2], true
+		case strings.HasPrefix(a, "--kubelet-arg=root-dir="):
+			k.rootDir, k.flag = strings.TrimPrefix(a, "--kubelet-arg=root-dir="), true
+		}
+	}
+	return k, true
+}
+
+// checkOwner reads the real and effective uid of the process in dir, and
+// says why it is not the kubelet's if they are not root's or self's.
+func checkOwner(dir string, self int) (uid, why string) {
+	b, err := readUpTo(filepath.Join(dir, "status"), maxStatus)
+	if err != nil {
+		return "", "its owner cannot be read: " + err.Error()
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "Uid:" {
+			continue
+		}
+		real, effective := f[1], f[2]
+		uid = real
+		if effective != real {
+			uid = real + " (effective " + effective + ")"
+		}
+		for _, id := range []string{real, effective} {
+			if id != "0" && id != strconv.Itoa(self) {
+				return uid, "it runs as uid " + uid + ", neither root nor plugd's user"
+			}
+		}
+		return uid, ""
+	}
+	return "", "its status has no Uid line"
+}
+
+// checkExe reads which program the process in dir runs, and says why it is
+// not the kubelet if the program is not named want. A binary replaced on
+// disk since it started (an upgrade) still counts.
+func checkExe(dir, want string) (exe, why string) {
+	exe, err := os.Readlink(filepath.Join(dir, "exe"))
+	if err != nil {
+		return "", "its executable cannot be read: " + err.Error()
+	}
+	if filepath.Base(strings.TrimSuffix(exe, " (deleted)")) != want {
+		return exe, "it runs " + shown(exe) + ", not a program named " + want
+	}
+	return exe, ""
+}
+
+// readUpTo reads at most max bytes of the file at path.
+func readUpTo(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, max))
+}
