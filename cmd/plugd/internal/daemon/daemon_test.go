@@ -438,13 +438,20 @@ func TestReadOnlyAPIAndBoundedStreams(t *testing.T) {
 		t.Errorf("POST /v1/plugins = %d %q %s", w.Code, w.Header().Get("Allow"), w.Body)
 	}
 
-	// Streams beyond the limit are turned away, not buffered: four
-	// clients take every stream, and a fifth gets none.
+	// Streams beyond the limit are turned away, not buffered: once clients
+	// took every stream, one more client gets none.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr := r.tcpAddr(t)
-	for i := range maxStreams / maxClientStreams {
-		openStreams(t, ctx, clientFrom(addr, fmt.Sprintf("127.0.0.%d", i+2)), maxClientStreams)
+	// Three clients take their share, and as many others one each.
+	for i := range 3 + reservedStreams {
+		n := 1
+		if i < 3 {
+			n = maxClientStreams
+		}
+		if _, err := openStreams(t, ctx, clientFrom(addr, fmt.Sprintf("127.0.1.%d", i+2)), n); err != nil {
+			t.Fatalf("client %d: %v", i+1, err)
+		}
 	}
 	if _, err := r.client.Events(ctx, 0); !errors.Is(err, api.ErrBusy) || !strings.Contains(err.Error(), "too many event streams") {
 		t.Errorf("stream %d: %v", maxStreams+1, err)
@@ -468,6 +475,44 @@ func TestEventStreamsPerClient(t *testing.T) {
 		t.Fatalf("another client, after the first took its share: %v", err)
 	}
 	s.Close()
+}
+
+// Issue 25, item 7: clients that hold streams share fairly with those
+// that hold none. Before, four clients (four uids in the status socket's
+// group) took all 64 streams, and every plugctl watch after them failed.
+// Now four greedy clients take at most 49, and 15 more clients (the last
+// one on the unix socket, as a readiness probe's plugctl) get one each; a
+// greedy client is told why it gets no more.
+func TestEventStreamsShareFairly(t *testing.T) {
+	r := runDaemon(t, Config{Status: StatusConfig{TCP: "127.0.0.1:0"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr := r.tcpAddr(t)
+	taken := 0
+	for i := range 4 {
+		src := fmt.Sprintf("127.0.0.%d", i+2)
+		n, err := openStreams(t, ctx, clientFrom(addr, src), maxStreams)
+		taken += n
+		if !errors.Is(err, api.ErrBusy) || !strings.Contains(err.Error(), "this client (address "+src+") has") {
+			t.Fatalf("greedy client %s: opened %d, then %v; want a refusal that says why", src, n, err)
+		}
+	}
+	if max := maxStreams - reservedStreams + 1; taken > max {
+		t.Errorf("four greedy clients took %d streams, more than %d", taken, max)
+	}
+	for i := range reservedStreams - 2 {
+		src := fmt.Sprintf("127.0.2.%d", i+2)
+		if _, err := openStreams(t, ctx, clientFrom(addr, src), 1); err != nil {
+			t.Errorf("client %d with no stream after the greedy ones: %v", i+1, err)
+		}
+	}
+	if _, err := openStreams(t, ctx, r.client, 1); err != nil {
+		t.Errorf("the unix socket's client after the greedy ones: %v", err)
+	}
+	// Every stream is taken now: one client more is told so.
+	if _, err := openStreams(t, ctx, clientFrom(addr, "127.0.3.2"), 1); !errors.Is(err, api.ErrBusy) || !strings.Contains(err.Error(), "too many event streams") {
+		t.Errorf("a client once every stream is taken: %v", err)
+	}
 }
 
 // openStreams opens up to n event streams with c, which stay open until ctx

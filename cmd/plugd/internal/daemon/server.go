@@ -26,13 +26,18 @@ const (
 	maxReplay  = 1000 // ?replay= at most; plugd keeps 1024 recent events
 	maxStreams = 64   // event streams open at once
 	// maxClientStreams is how many of them one client may hold: a uid on
-	// the unix socket, an address over TCP. A few clients that open streams
-	// and never read them cannot then take every stream from the others.
+	// the unix socket, an address over TCP.
 	maxClientStreams = 16
-	streamBuffer     = 256 // events a stream may fall behind before it is told it lost some
-	writeDeadline    = 10 * time.Second
-	maxDoctors       = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
-	doctorTimeout    = 10 * time.Second // bound on one doctor run
+	// reservedStreams are kept for clients that hold none: a client's
+	// second and later streams are refused once no more than these are
+	// free, so the last 16 streams go to 16 different clients. Clients
+	// that open streams and never read them need 19 uids (or addresses)
+	// between them to take every stream, where 4 were enough.
+	reservedStreams = 16
+	streamBuffer    = 256 // events a stream may fall behind before it is told it lost some
+	writeDeadline   = 10 * time.Second
+	maxDoctors      = 2                // doctor runs (GET /v1/findings) at once; each dials sockets
+	doctorTimeout   = 10 * time.Second // bound on one doctor run
 	// answerWait is how long an answer may wait for its turn to be built
 	// (see bounded) before it is a 503.
 	answerWait = 2 * time.Second
@@ -171,14 +176,9 @@ func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request) {
 	if c := connOf(r); c != nil {
 		peer = c.peer
 	}
-	switch clientFull, full := d.openStream(peer); {
-	case clientFull:
+	if status, msg := d.openStream(peer); status != 0 {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, the most one client may have; close one and retry", peer, maxClientStreams))
-		return
-	case full:
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams))
+		writeError(w, status, msg)
 		return
 	}
 	defer d.closeStream(peer)
@@ -298,20 +298,25 @@ func (a *heldAnswer) Header() http.Header         { return a.header }
 func (a *heldAnswer) WriteHeader(status int)      { a.status = status }
 func (a *heldAnswer) Write(b []byte) (int, error) { return a.body.Write(b) }
 
-// openStream counts a stream of peer's, unless peer has maxClientStreams
-// open (clientFull) or everyone maxStreams (full).
-func (d *Daemon) openStream(peer string) (clientFull, full bool) {
+// openStream counts a stream of peer's, or returns why it may not open
+// one, with the HTTP status that says so: 429 when peer has its share, 503
+// when every stream is taken. A client may hold maxClientStreams, and its
+// second and later streams only while more than reservedStreams are free.
+func (d *Daemon) openStream(peer string) (status int, msg string) {
 	d.streamsMu.Lock()
 	defer d.streamsMu.Unlock()
+	held, free := d.streamsBy[peer], maxStreams-d.streamsOpen
 	switch {
-	case d.streamsBy[peer] >= maxClientStreams:
-		return true, false
-	case d.streamsOpen >= maxStreams:
-		return false, true
+	case held >= maxClientStreams:
+		return http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, the most one client may have; close one and retry", peer, maxClientStreams)
+	case free <= 0:
+		return http.StatusServiceUnavailable, fmt.Sprintf("too many event streams open (%d); close one and retry", maxStreams)
+	case held > 0 && free <= reservedStreams:
+		return http.StatusTooManyRequests, fmt.Sprintf("this client (%s) has %d event streams open, and the last %d of plugd's %d are kept for clients that have none; close one and retry", peer, held, reservedStreams, maxStreams)
 	}
 	d.streamsBy[peer]++
 	d.streamsOpen++
-	return false, false
+	return 0, ""
 }
 
 func (d *Daemon) closeStream(peer string) {
