@@ -593,6 +593,64 @@ func TestWaitWithoutAStream(t *testing.T) {
 	}
 }
 
+// Issue 25, item 7: watch, like wait, works when plugd has no event stream
+// left for it: it says so, asks for the list every second, and prints the
+// changes as events. Before, it exited 1 on plugd's 429.
+func TestWatchWithoutAStream(t *testing.T) {
+	e := startDaemon(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &api.Client{Socket: e.sock}
+	for {
+		s, err := c.Events(ctx, 0)
+		if err != nil {
+			t.Logf("plugd has no stream left for this client: %v", err)
+			break
+		}
+		defer s.Close()
+	}
+	b := e.background(t, "watch")
+	waitLine(t, b.stderr, "plugd has no event stream free .*this client .* has 16 event streams open.*; asking for the list every 1s instead")
+	waitLine(t, b.stderr, "plugd lists 0 plugins now; their changes follow")
+	p := e.plugin(t, "CSIPlugin", "csi.example.com")
+	seen := waitLine(t, b.stdout, eventRx("Registered", "CSIPlugin", "csi.example.com", csiID, "Registered")+"$")
+	if !slices.ContainsFunc(seen, regexp.MustCompile(eventRx("Discovered", "CSIPlugin", "csi.example.com", csiID, `\w+`)).MatchString) {
+		t.Errorf("no Discovered line before Registered:\n%s", strings.Join(seen, "\n"))
+	}
+	p.Close()
+	waitLine(t, b.stdout, eventRx("Removed", "CSIPlugin", "csi.example.com", csiID, `\w+`))
+	if code, _, _ := b.interrupt(t); code != ExitOK {
+		t.Errorf("exit code %d after Ctrl-C, want 0", code)
+	}
+}
+
+// listEvents makes, of two lists, the events plugd would have sent.
+func TestListEvents(t *testing.T) {
+	p := func(id, state string, attempts int) api.Plugin {
+		return api.Plugin{ID: id, State: state, Attempts: attempts}
+	}
+	list := func(ps ...api.Plugin) map[string]api.Plugin {
+		m := map[string]api.Plugin{}
+		for _, p := range ps {
+			m[p.ID] = p
+		}
+		return m
+	}
+	before := list(p("a", "Registered", 1), p("b", "Failed", 1), p("c", "Unhealthy", 1), p("d", "Registered", 1), p("gone", "Stale", 3), p("same", "Registered", 1))
+	now := list(p("a", "Unhealthy", 1), p("b", "Failed", 2), p("c", "Registered", 1), p("d", "Failed", 2), p("new", "Rejected", 1), p("same", "Registered", 1))
+	var got []string
+	for _, ev := range listEvents(before, now, time.Now()) {
+		if ev.Seq != 0 {
+			t.Errorf("event %+v has a Seq: it is not plugd's", ev)
+		}
+		got = append(got, ev.Type+" "+ev.Plugin.ID)
+	}
+	want := []string{"Unhealthy a", "Failed b", "Healthy c", "Deregistered d", "Failed d", "Discovered new", "Rejected new", "Removed gone"}
+	if !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+}
+
 func TestWaitRejected(t *testing.T) {
 	e := startDaemon(t)
 	e.plugin(t, "example.com/Nope", "nope.example.com")

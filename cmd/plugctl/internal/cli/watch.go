@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,7 +37,13 @@ behind and plugd dropped events for it; 'plugctl list' shows the current state.
 -o json prints each event as the API's Event object on one line.
 
 --replay N starts with up to N recent events, so that what just happened is
-not missed.`,
+not missed.
+
+When plugd has no event stream free for plugctl (they are limited per
+client), watch says so on standard error and asks for the list every
+second instead, printing what changed between two looks as the events it
+makes of them (seq 0 in -o json): a change undone within a second is not
+seen, and --replay has nothing to replay.`,
 		Example: `  plugctl watch --replay 20
   plugctl watch -o json | jq -c 'select(.type == "Failed")'`,
 		Args: noArgs,
@@ -58,18 +66,23 @@ not missed.`,
 
 func (a *app) watch(ctx context.Context, replay int, output string) error {
 	c := a.client()
-	stream, err := a.openEvents(ctx, c, replay)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // Ctrl-C before plugd answered
-		}
-		return err
-	}
-	defer stream.Close()
 	write := printEvent
 	if output == "json" {
 		enc := json.NewEncoder(a.stdout)
 		write = func(_ io.Writer, ev api.Event) error { return enc.Encode(ev) }
+	}
+	stream, err := a.openEvents(ctx, c, replay)
+	switch {
+	case err == nil:
+		defer stream.Close()
+	case ctx.Err() != nil:
+		return nil // Ctrl-C before plugd answered
+	case errors.Is(err, api.ErrBusy):
+		// As wait does: a watch must not depend on a stream.
+		fmt.Fprintf(a.stderr, "plugd has no event stream free (%v); asking for the list every %s instead, and printing what changed between two looks\n", err, watchPollEvery)
+		return a.pollEvents(ctx, c, write)
+	default:
+		return err
 	}
 	for {
 		ev, err := stream.Next()
@@ -85,6 +98,123 @@ func (a *app) watch(ctx context.Context, replay int, output string) error {
 			return err
 		}
 	}
+}
+
+// watchPollEvery is how often watch asks for the list when plugd has no
+// event stream for it: the whole list, so not as often as wait asks for
+// its few plugins.
+const watchPollEvery = time.Second
+
+// pollEvents is watch without an event stream: it asks for the list every
+// watchPollEvery and writes the events that turn one list into the next
+// (listEvents), until ctx is done (nil) or plugd cannot be asked.
+func (a *app) pollEvents(ctx context.Context, c *api.Client, write func(io.Writer, api.Event) error) error {
+	tick := time.NewTicker(watchPollEvery)
+	defer tick.Stop()
+	var last map[string]api.Plugin // nil until the first look
+	for {
+		plugins, err := a.listOnce(ctx, c)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, api.ErrBusy):
+			// Too busy to answer this once: ask again at the next tick.
+		case err != nil:
+			return fmt.Errorf("asking plugd at %s for the list: %w", where(c), err)
+		default:
+			now := make(map[string]api.Plugin, len(plugins))
+			for _, p := range plugins {
+				now[p.ID] = p
+			}
+			if last == nil {
+				fmt.Fprintf(a.stderr, "plugd lists %d plugins now; their changes follow\n", len(now))
+			} else {
+				for _, ev := range listEvents(last, now, time.Now()) {
+					if err := write(a.stdout, ev); err != nil {
+						return err
+					}
+				}
+			}
+			last = now
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// listOnce asks for the list, giving plugd --timeout to answer.
+func (a *app) listOnce(ctx context.Context, c *api.Client) ([]api.Plugin, error) {
+	ctx, cancel := a.requestContext(ctx)
+	defer cancel()
+	return c.Plugins(ctx, api.Filter{})
+}
+
+// listEvents are the events that turn the list before into the list now,
+// as plugd would have sent them, in the order of the plugins' IDs: a plugin
+// that appeared is Discovered (and, past Pending, its state's event
+// follows), one whose state changed has its new state's event (Deregistered
+// first, if it was registered and is not now), a Failed one that failed
+// again is Failed again, and one that went is Removed. Their Seq is 0: they
+// are not plugd's.
+func listEvents(before, now map[string]api.Plugin, at time.Time) []api.Event {
+	var out []api.Event
+	add := func(typ string, p api.Plugin) { out = append(out, api.Event{Time: at, Type: typ, Plugin: p}) }
+	for _, id := range slices.Sorted(maps.Keys(now)) {
+		p := now[id]
+		old, seen := before[id]
+		if !seen {
+			add(api.EventDiscovered, p)
+			if typ := stateEvent(api.StatePending, p.State); typ != "" {
+				add(typ, p)
+			}
+			continue
+		}
+		wasRegistered := old.State == api.StateRegistered || old.State == api.StateUnhealthy
+		isRegistered := p.State == api.StateRegistered || p.State == api.StateUnhealthy
+		switch {
+		case old.State != p.State:
+			if wasRegistered && !isRegistered {
+				add(api.EventDeregistered, p)
+			}
+			if typ := stateEvent(old.State, p.State); typ != "" {
+				add(typ, p)
+			}
+		case p.State == api.StateFailed && (p.Attempts != old.Attempts || p.LastError != old.LastError):
+			add(api.EventFailed, p)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(before)) {
+		if _, ok := now[id]; !ok {
+			add(api.EventRemoved, before[id])
+		}
+	}
+	return out
+}
+
+// stateEvent is the event that says a plugin went from one state to
+// another; "" for a state no event ends in (Pending, Registering).
+func stateEvent(from, to string) string {
+	switch to {
+	case api.StateRegistered:
+		if from == api.StateUnhealthy {
+			return api.EventHealthy
+		}
+		return api.EventRegistered
+	case api.StateFailed, api.StateStale:
+		return api.EventFailed
+	case api.StateRejected:
+		return api.EventRejected
+	case api.StateUnhealthy:
+		return api.EventUnhealthy
+	case api.StateAnswering:
+		return api.EventAnswering
+	case api.StateNotAnswering:
+		return api.EventNotAnswering
+	}
+	return ""
 }
 
 // eventStream is an open event stream with the context that keeps it open.
