@@ -10,12 +10,16 @@
 // [Start] (or [Serve], which also blocks until its context is done) does all
 // of that with one call:
 //
-//   - it validates the [Config] and creates the registry directory if needed;
-//   - it replaces a stale socket left by an earlier run of the same plugin,
-//     but refuses to delete anything that is not a socket;
-//   - it listens on a temporary dot-file (which managers ignore) and renames
-//     it into place, so the manager never sees a socket that is not yet
-//     accepting connections;
+//   - it validates the [Config] (versions included: plugd's handlers and the
+//     kubelet's refuse a plugin that lists none) and creates the registry
+//     directory if needed;
+//   - it replaces a stale socket left by an earlier run of the same plugin
+//     (one nobody listens on), but refuses one a plugin answers on
+//     ([ErrInUse]: another instance runs) and anything that is not a socket;
+//   - it listens in a hidden directory of its own inside the registry
+//     directory, which managers skip and a kubelet does not watch, and links
+//     the socket into place, so the manager never sees a socket that is not
+//     yet accepting connections, nor any other name created;
 //   - it answers GetInfo from the Config and records every status the
 //     manager sends, which [Server.Status], [Server.Registered] and
 //     [Server.WaitRegistered] expose.

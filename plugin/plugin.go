@@ -36,6 +36,10 @@ type Config struct {
 	Type     string // e.g. "CSIPlugin", "DRAPlugin", "DevicePlugin" or a custom type; required
 	Name     string // required
 	Endpoint string // zero means the registration socket itself (the manager substitutes it)
+	// Versions are the versions of its type's API the plugin speaks, in
+	// its order of preference (CSI: "1.0.0"; DRA: "v1.DRAPlugin"; device
+	// plugins: "v1beta1"); required: plugd's handlers, "accept" included,
+	// and the kubelet's refuse a plugin that lists none.
 	Versions []string
 	// Services, if set, is called with the gRPC server before it starts serving,
 	// so a plugin can serve its own services (e.g. a device plugin) on the same socket.
@@ -70,7 +74,10 @@ type Server struct {
 	grpc *grpc.Server
 	// socket identifies the inode this Server created, so Close can tell it
 	// apart from a successor's socket at the same path.
-	socket   os.FileInfo
+	socket os.FileInfo
+	// private is the hidden directory the socket was made in (see Start),
+	// removed by Close.
+	private  string
 	served   chan struct{} // closed when the serve goroutine returns
 	serveErr error         // set before served is closed
 
@@ -92,9 +99,25 @@ type Server struct {
 	changed chan struct{}
 }
 
+// ErrInUse is returned, wrapped, by Start when a plugin answers on the
+// socket's path: another instance of the plugin, most likely, which must
+// stop (and remove its socket) before this one takes the name.
+var ErrInUse = errors.New("is in use")
+
 // Start validates cfg, creates the registration socket and starts serving on
 // it. The socket becomes visible under its final name only once it is
-// listening. Call Close to stop.
+// listening. A socket left at the path by an earlier run is replaced; one a
+// plugin still answers on is not: Start returns an error wrapping ErrInUse.
+// Call Close to stop.
+//
+// The socket is made in a hidden directory of its own inside Config.Dir
+// (.NAME.sock.XXXXXXXX.d, mode 0700, removed by Close) and linked into
+// place once it listens. Managers skip hidden names, and a kubelet watches
+// neither the hidden directory nor what is in it, so the only name it sees
+// created is the socket's, already accepting connections. (A hidden
+// socket made in Config.Dir itself is seen too: the kubelet looks at
+// every name created there before it skips hidden ones, and logs an error
+// for one renamed away before it looked.)
 func Start(cfg Config) (*Server, error) {
 	socketName, err := cfg.socketName()
 	if err != nil {
@@ -109,7 +132,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("plugin: socket path %q is %d bytes, but unix socket paths must be shorter than %d bytes; use a shorter Config.Dir or Config.Socket",
 			path, len(path), maxSocketPath)
 	}
-	tmpPath, err := tempSocketPath(dir, socketName)
+	private, err := privateDirPath(dir, socketName)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +142,11 @@ func Start(cfg Config) (*Server, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
-	removeLeftoverTemps(dir, socketName)
+	removeLeftovers(dir, socketName)
+	if err := os.Mkdir(private, 0o700); err != nil {
+		return nil, fmt.Errorf("plugin: creating the directory the socket is made in: %w", err)
+	}
+	tmpPath := filepath.Join(private, ".s")
 
 	log := cfg.Logger
 	if log == nil {
@@ -135,6 +162,7 @@ func Start(cfg Config) (*Server, error) {
 		log:      log.With("plugin", cfg.Name, "socket", path),
 		grace:    gracePeriod,
 		grpc:     grpc.NewServer(),
+		private:  private,
 		served:   make(chan struct{}),
 		closed:   make(chan struct{}),
 		changed:  make(chan struct{}),
@@ -147,21 +175,45 @@ func Start(cfg Config) (*Server, error) {
 	lis, id, err := listenUnix(tmpPath)
 	if err != nil {
 		s.grpc.Stop()
+		os.Remove(private)
 		return nil, err
 	}
 	s.socket = id
 	go s.serve(lis)
 
-	// Rename is atomic, so the manager either sees no socket or one that is
-	// already accepting connections.
-	if err := os.Rename(tmpPath, path); err != nil {
+	// The manager either sees no socket or one that already accepts
+	// connections. A link fails, where a rename would replace, if another
+	// instance took the name since removeStaleSocket looked.
+	if err := moveIntoPlace(tmpPath, path); err != nil {
 		s.grpc.Stop()
 		<-s.served
 		removeIfSame(tmpPath, id)
+		os.Remove(private)
+		if errors.Is(err, fs.ErrExist) {
+			return nil, inUse(path)
+		}
 		return nil, fmt.Errorf("plugin: moving socket into place at %s: %w", path, err)
 	}
 	s.log.Info("plugin registration socket listening")
 	return s, nil
+}
+
+// moveIntoPlace gives the socket at tmp the name path, unless path exists
+// (an error wrapping fs.ErrExist). Where the file system makes no hard link
+// of a socket, it renames, which replaces.
+func moveIntoPlace(tmp, path string) error {
+	err := os.Link(tmp, path)
+	switch {
+	case err == nil:
+		return os.Remove(tmp)
+	case errors.Is(err, fs.ErrExist):
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func inUse(path string) error {
+	return fmt.Errorf("plugin: %s %w: a plugin answers on it (another instance of this one?); stop it first, or set Config.Socket to another name", path, ErrInUse)
 }
 
 // Serve is Start, then blocks until ctx is done, then Close. It returns nil
@@ -259,6 +311,7 @@ func (s *Server) shutdown() error {
 	err := s.removeSocket()
 	s.stopGRPC()
 	<-s.served
+	os.Remove(s.private) // empty since the socket moved out
 	s.log.Info("plugin registration socket closed")
 	return err
 }
@@ -379,20 +432,23 @@ func (cfg *Config) socketName() (string, error) {
 		return "", fmt.Errorf("plugin: %s %q must not start with '.', because the manager ignores such files; set Config.Socket to another name", field, name)
 	case strings.ContainsRune(name, 0):
 		return "", fmt.Errorf("plugin: %s %q must not contain a NUL byte; set Config.Socket to another name", field, name)
+	case len(cfg.Versions) == 0:
+		return "", fmt.Errorf(`plugin: Config.Versions is empty: list the versions of the %s API the plugin speaks (CSI: "1.0.0"; DRA: "v1.DRAPlugin"; device plugins: "v1beta1"); plugd's handlers and the kubelet's refuse a plugin that lists none`, cfg.Type)
 	}
 	return name, nil
 }
 
-// tempSocketPath picks the dot-file to listen on before the rename. The name
-// derived from the socket's is easier to trace back to its owner; the short
-// form keeps long socket names within the sun_path limit.
-func tempSocketPath(dir, socketName string) (string, error) {
+// privateDirPath picks the hidden directory the socket is made in. The
+// name derived from the socket's is easier to trace back to its owner; the
+// short form keeps long socket names within the sun_path limit, with the
+// socket's own name (".s") inside.
+func privateDirPath(dir, socketName string) (string, error) {
 	suffix := fmt.Sprintf("%08x", rand.Uint32())
 	for _, name := range []string{
-		"." + socketName + "." + suffix + ".tmp",
-		"." + suffix + ".tmp",
+		"." + socketName + "." + suffix + ".d",
+		"." + suffix + ".d",
 	} {
-		if p := filepath.Join(dir, name); len(p) < maxSocketPath {
+		if p := filepath.Join(dir, name); len(p)+len("/.s") < maxSocketPath {
 			return p, nil
 		}
 	}
@@ -400,8 +456,14 @@ func tempSocketPath(dir, socketName string) (string, error) {
 		dir, maxSocketPath)
 }
 
-// removeStaleSocket removes a socket left at path by an earlier run. Anything
-// else at path is someone else's data, so it is left alone and reported.
+// dialTimeout bounds the look at a socket found at the path, and at one
+// left in a hidden directory.
+const dialTimeout = time.Second
+
+// removeStaleSocket removes a socket left at path by an earlier run: one
+// nobody listens on. A socket a plugin answers on is not stale (an error
+// wrapping ErrInUse), and anything else at path is someone else's data,
+// left alone and reported.
 func removeStaleSocket(path string) error {
 	fi, err := os.Lstat(path)
 	switch {
@@ -412,27 +474,47 @@ func removeStaleSocket(path string) error {
 	case fi.Mode().Type() != fs.ModeSocket:
 		return fmt.Errorf("plugin: %s exists and is not a socket (mode %v); remove it or choose another Config.Socket", path, fi.Mode())
 	}
+	c, err := net.DialTimeout("unix", path, dialTimeout)
+	switch {
+	case err == nil:
+		c.Close()
+		return inUse(path)
+	case !refused(err):
+		return fmt.Errorf("plugin: cannot tell whether a plugin answers on %s, so it is left in place: %w", path, err)
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("plugin: removing stale socket: %w", err)
 	}
 	return nil
 }
 
-// removeLeftoverTemps removes the temporary sockets an earlier run of this
-// plugin left when it died between listening and renaming. The manager
-// ignores them, but nothing else would ever clean them up. One that still
-// accepts connections belongs to a Start in progress elsewhere and is kept.
-func removeLeftoverTemps(dir, socketName string) {
-	matches, _ := filepath.Glob(filepath.Join(dir, "."+socketName+".*.tmp"))
-	for _, m := range matches {
-		if fi, err := os.Lstat(m); err != nil || fi.Mode().Type() != fs.ModeSocket {
-			continue
-		}
-		if c, err := net.DialTimeout("unix", m, time.Second); err == nil {
+// removeLeftovers removes what an earlier run of this plugin left when it
+// died before it could clean up: its hidden directory, and the temporary
+// sockets of earlier versions of this package, made in Dir itself.
+// Managers ignore them, but nothing else would ever remove them. One whose
+// socket still accepts connections belongs to a Start in progress
+// elsewhere and is kept.
+func removeLeftovers(dir, socketName string) {
+	answers := func(p string) bool {
+		c, err := net.DialTimeout("unix", p, dialTimeout)
+		if err == nil {
 			c.Close()
+		}
+		return err == nil
+	}
+	temps, _ := filepath.Glob(filepath.Join(dir, "."+socketName+".*.tmp"))
+	for _, m := range temps {
+		if fi, err := os.Lstat(m); err == nil && fi.Mode().Type() == fs.ModeSocket && !answers(m) {
+			os.Remove(m)
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(dir, "."+socketName+".*.d"))
+	for _, d := range dirs {
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() || answers(filepath.Join(d, ".s")) {
 			continue
 		}
-		os.Remove(m)
+		os.Remove(filepath.Join(d, ".s"))
+		os.Remove(d) // only if that left it empty: what else is in it is not ours
 	}
 }
 

@@ -132,12 +132,19 @@ func TestPathIsAbsoluteAndDefaultsToNameDotSock(t *testing.T) {
 }
 
 // The manager reacts to the socket's creation event, so at that moment the
-// socket must already accept connections.
+// socket must already accept connections. And no other name may be created
+// in the directory a manager watches but directories that stay: the
+// kubelet looks at (stats) every name created there before it skips hidden
+// ones, and logs "Error when handling create event ... stat file
+// .NAME.sock.XXXX.tmp failed" for one already renamed away (issue 25, item
+// 10), which a temporary socket made there before was on most starts.
 func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Socket = "dra.sock"
 	final := filepath.Join(cfg.Dir, cfg.Socket)
 
+	// A watch of the directory alone, as the kubelet's of a directory whose
+	// subdirectories it has not walked.
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		t.Fatal(err)
@@ -148,8 +155,8 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 	}
 
 	type observation struct {
-		sawDotFile bool  // a dot-file event preceded the final name's creation
-		dialErr    error // dialling the final name as soon as it appeared
+		created []string // names created before the socket's, each with what stat said of it
+		dialErr error    // dialling the final name as soon as it appeared
 	}
 	observed := make(chan observation, 1)
 	go func() {
@@ -160,10 +167,10 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 				if !ok {
 					return
 				}
-				if strings.HasPrefix(filepath.Base(ev.Name), ".") {
-					obs.sawDotFile = true
+				if !ev.Has(fsnotify.Create) {
+					continue
 				}
-				if ev.Name == final && ev.Has(fsnotify.Create) {
+				if ev.Name == final {
 					c, err := net.Dial("unix", final)
 					if err == nil {
 						c.Close()
@@ -171,6 +178,14 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 					obs.dialErr = err
 					observed <- obs
 					return
+				}
+				// What the kubelet does with a created name, first.
+				fi, err := os.Stat(ev.Name)
+				switch {
+				case err != nil:
+					obs.created = append(obs.created, ev.Name+": "+err.Error())
+				case !fi.IsDir():
+					obs.created = append(obs.created, ev.Name+": a "+fi.Mode().Type().String()+", not a directory")
 				}
 			case err, ok := <-w.Errors:
 				if ok {
@@ -189,8 +204,8 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 		if obs.dialErr != nil {
 			t.Errorf("dialling the socket when it appeared: %v", obs.dialErr)
 		}
-		if !obs.sawDotFile {
-			t.Errorf("socket appeared without first listening on a dot-file")
+		if len(obs.created) > 0 {
+			t.Errorf("names created in the watched directory before the socket, other than directories that stay: %q", obs.created)
 		}
 	case <-time.After(timeout):
 		t.Fatal("no create event for the socket")
@@ -203,16 +218,60 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 	if fi.Mode().Type() != fs.ModeSocket {
 		t.Errorf("%s has mode %v, want a socket", s.Path(), fi.Mode())
 	}
-	entries, err := os.ReadDir(cfg.Dir)
+	// The socket, and an empty hidden directory until Close.
+	hidden := func() []string {
+		entries, err := os.ReadDir(cfg.Dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			if e.Name() == "dra.sock" {
+				continue
+			}
+			if sub, err := os.ReadDir(filepath.Join(cfg.Dir, e.Name())); !e.IsDir() || !strings.HasPrefix(e.Name(), ".dra.sock.") || err != nil || len(sub) > 0 {
+				t.Errorf("registry dir holds %s after Start, want only dra.sock and an empty hidden directory", e.Name())
+			}
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	if h := hidden(); len(h) != 1 {
+		t.Errorf("hidden directories %q, want one", h)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if h := hidden(); len(h) != 0 {
+		t.Errorf("hidden directories after Close: %q", h)
+	}
+}
+
+// Issue 25, item 10: Start replaces a stale socket, never a live one. A
+// second instance started on the socket of one that serves is refused,
+// saying so, and the first goes on serving; before, the second removed the
+// first's socket as stale, and the first still said it was registered.
+func TestLiveSocketIsNotReplaced(t *testing.T) {
+	cfg := testConfig(t)
+	first := start(t, cfg)
+	before, err := os.Lstat(first.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
+	second, err := plugin.Start(cfg)
+	if err == nil {
+		second.Close()
+		t.Fatal("a second Start on a live socket succeeded")
 	}
-	if !slices.Equal(names, []string{"dra.sock"}) {
-		t.Errorf("registry dir holds %v after Start, want only [dra.sock]", names)
+	if !errors.Is(err, plugin.ErrInUse) || !strings.Contains(err.Error(), first.Path()+" is in use: a plugin answers on it") {
+		t.Errorf("second Start: %v; want an error wrapping ErrInUse that says why", err)
+	}
+	after, err := os.Lstat(first.Path())
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the first instance's socket after the second Start: %v", err)
+	}
+	if _, err := registration(t, first.Path()).GetInfo(testContext(t), &registerapi.InfoRequest{}); err != nil {
+		t.Errorf("GetInfo on the first instance's socket: %v", err)
 	}
 }
 
@@ -415,6 +474,11 @@ func TestCloseLeavesSuccessorSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its socket removed (by its Close under way, or by hand), the name is
+	// free for the successor while the old server still runs.
+	if err := os.Remove(old.Path()); err != nil {
+		t.Fatal(err)
+	}
 	cfg.Versions = []string{"v2"}
 	successor := start(t, cfg)
 	ours, err := os.Lstat(successor.Path())
@@ -541,7 +605,7 @@ func TestServicesHook(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	valid := plugin.Config{Dir: "/nonexistent/plg", Type: "DRAPlugin", Name: "gpu"}
+	valid := plugin.Config{Dir: "/nonexistent/plg", Type: "DRAPlugin", Name: "gpu", Versions: []string{"v1.DRAPlugin"}}
 	tests := []struct {
 		name   string
 		modify func(*plugin.Config)
@@ -556,6 +620,10 @@ func TestConfigValidation(t *testing.T) {
 		{"name makes a path", func(c *plugin.Config) { c.Name = "example.com/gpu" }, []string{"Config.Name", "plain file name", "set Config.Socket"}},
 		{"name makes a hidden file", func(c *plugin.Config) { c.Name = ".gpu" }, []string{"Config.Name", "'.'"}},
 		{"path too long", func(c *plugin.Config) { c.Dir = "/tmp/" + strings.Repeat("d", 100) }, []string{"108", "shorter Config.Dir"}},
+		// Issue 25, item 10: plugd's accept handler refuses it, so the SDK
+		// must not make it (plugintest accepted it: a green test, a failing
+		// deployment).
+		{"no versions", func(c *plugin.Config) { c.Versions = nil }, []string{"Config.Versions is empty", "DRAPlugin", "refuse a plugin that lists none"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -583,26 +651,39 @@ func TestConfigValidation(t *testing.T) {
 
 func TestStartRemovesLeftoverTemporarySockets(t *testing.T) {
 	dir := testenv.ShortDir(t, "plg")
-	// A run that died between listen and rename left this behind.
-	left := filepath.Join(dir, ".p.sock.0badc0de.tmp")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: left, Net: "unix"})
-	if err != nil {
+	deadSocket := func(path string) {
+		t.Helper()
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	// A run that died between listen and link left its hidden directory
+	// with the socket in it; one of an earlier version of this package, a
+	// temporary socket in the directory itself.
+	leftDir := filepath.Join(dir, ".p.sock.0badc0de.d")
+	if err := os.Mkdir(leftDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l.SetUnlinkOnClose(false)
-	l.Close()
+	deadSocket(filepath.Join(leftDir, ".s"))
+	left := filepath.Join(dir, ".p.sock.0badc0de.tmp")
+	deadSocket(left)
 	other := filepath.Join(dir, ".other.sock.0badc0de.tmp") // not ours: kept
 	if err := os.WriteFile(other, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	s, err := plugin.Start(plugin.Config{Dir: dir, Socket: "p.sock", Type: "T", Name: "p"})
+	s, err := plugin.Start(plugin.Config{Dir: dir, Socket: "p.sock", Type: "T", Name: "p", Versions: []string{"v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := os.Lstat(left); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("leftover temporary socket still there: %v", err)
+	for _, p := range []string{left, leftDir} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("leftover %s still there: %v", p, err)
+		}
 	}
 	if _, err := os.Lstat(other); err != nil {
 		t.Errorf("another plugin's file was touched: %v", err)

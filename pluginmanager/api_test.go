@@ -128,7 +128,7 @@ func TestKubeletHandlerAdapter(t *testing.T) {
 	h.WaitGone(p.Path())
 
 	k.mu.Lock()
-	want := []string{"validate example.com/gpu v1beta1", "register example.com/gpu", "validate refused ", "validate refused ", "deregister example.com/gpu"}
+	want := []string{"validate example.com/gpu v1beta1", "register example.com/gpu", "validate refused v1", "validate refused v1", "deregister example.com/gpu"}
 	if !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %q, want %q", k.calls, want)
 	}

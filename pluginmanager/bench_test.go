@@ -45,7 +45,7 @@ func BenchmarkRegistrationLatency(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		told := make(chan struct{}, 1)
 		begin := time.Now()
-		p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i),
+		p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i), Versions: []string{"1.0.0"},
 			OnStatus: func(st plugin.Status) {
 				if st.Registered {
 					told <- struct{}{}
@@ -92,7 +92,7 @@ func BenchmarkBurst(b *testing.B) {
 				all := make(chan struct{})
 				servers := make([]*plugin.Server, n)
 				for i := range n {
-					servers[i], err = plugin.Start(plugin.Config{Dir: staging, Type: "CSIPlugin", Name: fmt.Sprint("p", i),
+					servers[i], err = plugin.Start(plugin.Config{Dir: staging, Type: "CSIPlugin", Name: fmt.Sprint("p", i), Versions: []string{"1.0.0"},
 						OnStatus: func(st plugin.Status) {
 							if st.Registered && registered.Add(1) == int64(n) {
 								close(all)

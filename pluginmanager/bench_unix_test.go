@@ -20,7 +20,7 @@ func BenchmarkIdle(b *testing.B) {
 		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
 			m, dir := benchManager(b)
 			for i := range n {
-				p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i)})
+				p, err := plugin.Start(plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i), Versions: []string{"1.0.0"}})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -75,7 +75,7 @@ func ExampleManager_Subscribe() {
 	go func() { done <- m.Run(ctx) }()
 
 	// No handler was added for this type: the plugin is rejected, and told why.
-	p, err := plugin.Start(plugin.Config{Dir: dir, Type: "example.com/Widget", Name: "widget"})
+	p, err := plugin.Start(plugin.Config{Dir: dir, Type: "example.com/Widget", Name: "widget", Versions: []string{"v1"}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -85,7 +85,11 @@ func TestReregisterWhenRecreated(t *testing.T) {
 	first := testenv.StartPlugin(t, cfg)
 	h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
 
-	// A restarted plugin removes its old socket and listens anew at the same path.
+	// A restarted plugin removes its old socket and listens anew at the same
+	// path (the SDK refuses to take the path of a live one).
+	if err := os.Remove(first.Path()); err != nil {
+		t.Fatal(err)
+	}
 	onStatus, got := statuses()
 	cfg.OnStatus = onStatus
 	second := testenv.StartPlugin(t, cfg)

@@ -26,7 +26,7 @@ func ExampleNewManager() {
 
 		// Registration refused on purpose: the plugin must hear why.
 		m.RefuseValidate("picky.example.com", errors.New("not on the list"))
-		picky, err := plugin.Start(plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "picky.example.com"})
+		picky, err := plugin.Start(plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "picky.example.com", Versions: []string{"v1"}})
 		if err != nil {
 			t.Fatal(err)
 		}

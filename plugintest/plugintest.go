@@ -3,7 +3,7 @@
 // wait for it to register and look at what it sent.
 //
 //	m := plugintest.NewManager(t, "example.com/Greeter")
-//	srv, _ := plugin.Start(plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "greeter"})
+//	srv, _ := plugin.Start(plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}})
 //	p := m.WaitRegistered("greeter")  // what the plugin said in GetInfo
 //
 // The manager is the real one (package pluginmanager) speaking the kubelet's

@@ -38,7 +38,7 @@ func TestRegisterRefuseFailRemove(t *testing.T) {
 	}
 
 	m.RefuseValidate("picky", errors.New("not on the list"))
-	picky := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "picky"})
+	picky := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "picky", Versions: []string{"v1"}})
 	if s := m.WaitState("picky", pluginmanager.StateRejected); s.LastError != "not on the list" {
 		t.Errorf("refusal = %q", s.LastError)
 	}
@@ -47,7 +47,7 @@ func TestRegisterRefuseFailRemove(t *testing.T) {
 	}
 
 	m.FailRegister("flaky", errors.New("backend down"))
-	start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "flaky"})
+	start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Greeter", Name: "flaky", Versions: []string{"v1"}})
 	m.WaitState("flaky", pluginmanager.StateFailed)
 	m.FailRegister("flaky", nil)
 	m.WaitRegistered("flaky")
@@ -93,8 +93,8 @@ func TestNewManagerWith(t *testing.T) {
 	if m.Dir == "" {
 		t.Fatal("no registry directory")
 	}
-	good := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "good"})
-	bad := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "bad"})
+	good := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "good", Versions: []string{"v1"}})
+	bad := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Gate", Name: "bad", Versions: []string{"v1"}})
 
 	if s := m.WaitSocket(good.Path(), pluginmanager.StateRegistered); s.Name != "good" || s.Socket != good.Path() {
 		t.Errorf("good: %+v", s)
@@ -115,8 +115,8 @@ func TestNewManagerWithARecorder(t *testing.T) {
 	rec := plugintest.NewRecorder()
 	m := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"example.com/Gate": &gate{}, "example.com/Rec": rec})
 	m.RefuseValidate("no", errors.New("refused"))
-	yes := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "yes"})
-	no := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "no"})
+	yes := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "yes", Versions: []string{"v1"}})
+	no := start(t, plugin.Config{Dir: m.Dir, Type: "example.com/Rec", Name: "no", Versions: []string{"v1"}})
 	m.WaitSocket(yes.Path(), pluginmanager.StateRegistered)
 	m.WaitSocket(no.Path(), pluginmanager.StateRejected)
 	m.WaitCalls("register", "yes", 1)

@@ -457,7 +457,6 @@ func TestRejected(t *testing.T) {
 	}{
 		{"unsupported version", "/run/dra.sock", []string{"v2.DRAPlugin", "v1.DRAResourceHealth"},
 			`offers none of the DRA services supported (v1.DRAPlugin, v1beta1.DRAPlugin); it offers ["v2.DRAPlugin" "v1.DRAResourceHealth"]`, ""},
-		{"no version", "/run/dra.sock", nil, "offers none of the DRA services supported", ""},
 		// The manager itself refuses a relative endpoint, before the handler sees it.
 		{"relative endpoint", "run/dra.sock", []string{"v1.DRAPlugin"}, `endpoint "run/dra.sock" is not an absolute path`, pluginmanager.ReasonInvalidInfo},
 		// And one too long for a unix socket, by the same rule (pluginmanager.EndpointPath).
@@ -481,6 +480,12 @@ func TestRejected(t *testing.T) {
 				t.Errorf("the plugin was told %+v", st)
 			}
 		})
+	}
+	// One that lists no version at all, which the SDK does not make but
+	// another plugin may.
+	err := e.h.Validate(context.Background(), pluginmanager.Plugin{Type: Type, Name: "ok.example.com", Endpoint: "/run/dra.sock", Socket: filepath.Join(e.dir, "none.sock")})
+	if err == nil || !strings.Contains(err.Error(), "offers none of the DRA services supported") {
+		t.Errorf("Validate of a plugin with no version: %v", err)
 	}
 	if len(e.h.Drivers()) != 0 {
 		t.Errorf("drivers = %+v, want none", e.h.Drivers())

@@ -89,9 +89,14 @@ func (b *Buffer) String() string {
 	return b.b.String()
 }
 
-// StartPlugin serves a plugin with the SDK until the test ends.
+// StartPlugin serves a plugin with the SDK until the test ends. A cfg
+// without Versions gets "v1": the SDK requires some, and most tests do not
+// care which.
 func StartPlugin(t testing.TB, cfg plugin.Config) *plugin.Server {
 	t.Helper()
+	if len(cfg.Versions) == 0 {
+		cfg.Versions = []string{"v1"}
+	}
 	s, err := plugin.Start(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -43,8 +43,9 @@ func (d *demo) scenario(ctx context.Context) error {
 	}{
 		{"1. Four plugins start: a CSI driver, a DRA driver, a device plugin, and one of a\n" +
 			"   type of your own. plugd has a handler for each type, so each registers.", d.stepRegister},
-		{"2. A CSI driver that lists no supported versions: the handler's validation refuses\n" +
-			"   it. Rejected is final, not retried, until the plugin replaces its socket.", d.stepInvalid},
+		{"2. A CSI driver that announces its endpoint as a relative path: plugd refuses it\n" +
+			"   before any handler sees it. Rejected is final, not retried, until the plugin\n" +
+			"   replaces its socket.", d.stepInvalid},
 		{"3. A plugin of a type plugd has no handler for: rejected too, until plugd has one.\n" +
 			"   Add a handler for the type to plugd's configuration file and send plugd SIGHUP,\n" +
 			"   and the plugin registers, without a restart of either.", d.stepNoHandler},
@@ -100,7 +101,8 @@ func (d *demo) stepRegister(ctx context.Context) error {
 }
 
 func (d *demo) stepInvalid(ctx context.Context) error {
-	p, err := d.startPlugin(plugin.Config{Type: typeCSI, Name: "csi-bad.example.com", Socket: "csi-bad.sock"})
+	p, err := d.startPlugin(plugin.Config{Type: typeCSI, Name: "csi-bad.example.com", Socket: "csi-bad.sock",
+		Endpoint: "csi/driver.sock", Versions: []string{"1.0.0"}})
 	if err != nil {
 		return err
 	}
