@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -84,7 +85,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.StringVar(&o.configPath, "config", "", "YAML configuration file; flags override its fields")
 	f.StringVar(&fl.Mode, "mode", "", "manage (register plugins, as the node's plugin manager) or observe (beside a kubelet: only look, never notify or write) (default manage)")
 	f.StringVar(&fl.RegistryDir, "registry-dir", "", "directory plugins put their registration sockets in (default "+defaultNote("registry")+")")
-	f.StringArrayVar(&o.handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER (accept); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
+	f.StringArrayVar(&o.handlers, "handler", nil, "TYPE=HANDLER: accept plugins of TYPE with the built-in HANDLER: "+strings.Join(flagHandlers(), ", ")+" (hook needs --config, for its command or URL); repeat for each type; replaces the configured list (default CSIPlugin, DRAPlugin, DevicePlugin with accept)")
 	f.StringVar(&fl.Status.Socket, "status-socket", "", "unix socket of the status API, or none (default "+defaultNote("socket")+")")
 	f.StringVar(&fl.Status.TCP, "status-tcp", "", "also serve the status API on this TCP address, e.g. 127.0.0.1:9090")
 	f.BoolVar(&fl.Status.AllowNonLoopback, "status-allow-non-loopback", false, "allow --status-tcp on an address that is not loopback (the API has no authentication)")
@@ -102,7 +103,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long"+flagDefault("unhealthy-grace"))
 	f.StringArrayVar(&fl.Policy.EndpointRoots, "endpoint-root", nil, "confine plugins' endpoints to this directory; repeat for each (default: anywhere)")
 	f.StringArrayVar(&o.peers, "allowed-peer", nil, "TYPE=uid:N,gid:M,...: only processes running as these may serve plugins of TYPE (* for every other type); repeat for each type")
-	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory that users other than plugd's and root may change (writable by others, owned by another user, or reached through such a directory), and directories below it that are")
+	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory that users other than plugd's and root may change (writable by others, owned by another user, or reached through such a directory), and the directories below it that are writable by others or another user's; without it, the registry directory is refused and such directories below it are left out")
 	f.DurationVar((*time.Duration)(&fl.Policy.RemoveStaleAfter), "remove-stale-after", 0, "remove a socket nobody listens on once it is older than this"+flagDefault("remove-stale-after"))
 	f.IntVar(&fl.Policy.MaxSockets, "max-sockets", 0, "most sockets tracked"+flagDefault("max-sockets"))
 	f.StringVar(&fl.Log.Format, "log-format", "", "text or json (default text)")
@@ -110,6 +111,12 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.BoolVar(&o.kubeOn, "kubernetes", false, "connect to the Kubernetes API (in-cluster unless --kubeconfig) for the kubelet's view of each plugin, Node conditions and events")
 	f.StringVar(&o.kube.Kubeconfig, "kubeconfig", "", "kubeconfig file to reach the Kubernetes API with; implies --kubernetes (default: in-cluster)")
 	f.StringVar(&o.kube.NodeName, "node-name", "", "this node's Node object; implies --kubernetes (default $NODE_NAME)")
+}
+
+// flagHandlers are the built-in handlers --handler can name: all but hook,
+// which needs settings of its own.
+func flagHandlers() []string {
+	return slices.DeleteFunc(slices.Clone(builtinHandlers), func(h string) bool { return h == "hook" })
 }
 
 func defaultNote(what string) string {

@@ -303,7 +303,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		stop() // the manager is the daemon: if it stops, everything does
 	})
 	d.log.Info("plugd started", "version", Version, "registryDir", cfg.RegistryDir,
-		"statusSocket", cfg.Status.Socket, "statusTCP", cfg.Status.TCP, "handlers", cfg.Handlers)
+		"statusSocket", cfg.Status.Socket, "statusTCP", cfg.Status.TCP, "handlers", handlerList(cfg.Handlers))
 
 	<-runCtx.Done()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(cfg.ShutdownTimeout))

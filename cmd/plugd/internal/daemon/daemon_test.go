@@ -761,3 +761,31 @@ func TestStatusConnLimit(t *testing.T) {
 		}
 	}
 }
+
+// Issue 25, item 10: plugd --help says each thing whole, and the start line
+// names the handlers as a person writes them. Before, the text of
+// --allow-writable-registry-dir stopped mid-sentence, --handler named only
+// accept of the built-in handlers, and the start line printed Go structs.
+func TestHelpAndStartLine(t *testing.T) {
+	cmd := Command()
+	var out strings.Builder
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--help"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"and the directories below it that are writable by others or another user's; without it, the registry directory is refused and such directories below it are left out\n",
+		"the built-in HANDLER: accept, csi, dra, deviceplugin (hook needs --config, for its command or URL)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("plugd --help does not say %q:\n%s", want, out.String())
+		}
+	}
+
+	r := runDaemon(t, Config{Handlers: []HandlerConfig{{Type: "CSIPlugin", Handler: "csi"}, {Type: "example.com/Greeter", Handler: "accept"}}})
+	r.logs.Wait(t, "plugd started", wait)
+	if logs := r.logs.String(); !strings.Contains(logs, `handlers="CSIPlugin=csi, example.com/Greeter=accept"`) || strings.Contains(logs, "{Type:") {
+		t.Errorf("the start line does not name the handlers as TYPE=HANDLER:\n%s", logs)
+	}
+}

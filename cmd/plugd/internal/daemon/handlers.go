@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,16 @@ func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
 type handler struct {
 	pluginmanager.Handler
 	close func()
+}
+
+// handlerList is the handlers as a person reads them: "CSIPlugin=csi,
+// example.com/Greeter=hook".
+func handlerList(hs []HandlerConfig) string {
+	parts := make([]string, len(hs))
+	for i, h := range hs {
+		parts[i] = h.Type + "=" + h.Handler
+	}
+	return strings.Join(parts, ", ")
 }
 
 // checkHandler refuses settings that do not belong to the handler named.
