@@ -120,7 +120,8 @@ type DevicePluginDetails struct {
 	Serving   bool                `json:"serving"` // the newest instance, whose devices the resource has
 	Connected bool                `json:"connected"`
 	Dropped   bool                `json:"dropped,omitempty"`
-	Devices   map[string]int      `json:"devices"` // counts by health
+	Devices   map[string]int      `json:"devices"`   // counts by health
+	Inventory []Device            `json:"inventory"` // the devices, sorted by ID (at most 10,000)
 	Options   DevicePluginOptions `json:"options"`
 	LastError string              `json:"lastError,omitempty"`
 	Since     time.Time           `json:"since"`

@@ -313,14 +313,15 @@ func (e *env) resource(name string) deviceplugin.Resource {
 
 // instanceDetails is Details as plugd's status API encodes it.
 type instanceDetails struct {
-	Resource  string         `json:"resource"`
-	Endpoint  string         `json:"endpoint"`
-	Serving   bool           `json:"serving"`
-	Connected bool           `json:"connected"`
-	Dropped   bool           `json:"dropped"`
-	Devices   map[string]int `json:"devices"`
-	Options   map[string]any `json:"options"`
-	LastError string         `json:"lastError"`
+	Resource  string                `json:"resource"`
+	Endpoint  string                `json:"endpoint"`
+	Serving   bool                  `json:"serving"`
+	Connected bool                  `json:"connected"`
+	Dropped   bool                  `json:"dropped"`
+	Devices   map[string]int        `json:"devices"`
+	Inventory []deviceplugin.Device `json:"inventory"`
+	Options   map[string]any        `json:"options"`
+	LastError string                `json:"lastError"`
 }
 
 // details returns the handler's Details of the plugin registered on socket,
@@ -384,10 +385,13 @@ func TestRegisterOnRegistrationSocket(t *testing.T) {
 	if !reflect.DeepEqual(r.Devices, wantDevices) {
 		t.Errorf("devices = %+v, want %+v", r.Devices, wantDevices)
 	}
+	// Issue 25, item 10: the details list the devices, by ID, as an
+	// observer's do; before, they only counted them.
 	want := instanceDetails{
 		Resource: gpu, Endpoint: s.Path(), Serving: true, Connected: true,
-		Devices: map[string]int{api.Healthy: 2, api.Unhealthy: 0},
-		Options: map[string]any{"preStartRequired": true},
+		Devices:   map[string]int{api.Healthy: 2, api.Unhealthy: 0},
+		Inventory: wantDevices,
+		Options:   map[string]any{"preStartRequired": true},
 	}
 	if d := e.details(s.Path()); !reflect.DeepEqual(d, want) {
 		t.Errorf("details = %+v, want %+v", d, want)

@@ -491,7 +491,7 @@ func cloneDevices(devs []Device) []Device {
 
 // Details describes the registered instance p as a value that encodes to a
 // JSON object: its resource, whether it serves it, whether its stream is up,
-// and its devices counted by health. For a plugin seen in observe mode it
+// and its devices, counted by health and listed. For a plugin seen in observe mode it
 // describes the last look instead (marked "observed": true), with the device
 // list then received. It returns nil for a plugin that is neither registered
 // with the handler nor observed.
@@ -513,6 +513,7 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 		Connected: inst.connected,
 		Dropped:   inst.dropped,
 		Devices:   counts,
+		Inventory: cloneDevices(inst.devices),
 		Options:   inst.options,
 		LastError: inst.lastErr,
 		Since:     inst.since,
