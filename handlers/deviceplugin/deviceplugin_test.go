@@ -666,6 +666,36 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 	}
 }
 
+// Issue 25, item 10: a device plugin that stops cleanly (its gRPC server
+// stopped, as the kubelet's sample device plugin does on SIGTERM) is not a
+// warning, and the stream's end is told by its cause. Before, it logged
+// WARN "device plugin stream broke ... context canceled": the handler read
+// gRPC's own context of the failed stream, which gRPC cancels itself.
+func TestCleanStopIsNotAWarning(t *testing.T) {
+	log, warnings := testenv.WarnLogger()
+	e := newEnv(t, deviceplugin.Options{Logger: log, GracePeriod: wait})
+	endpoint := filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
+	srv := serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
+	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
+	registered(t, s)
+
+	srv.Stop()
+	r := e.until("the stream to end", wait, func(rs map[string]deviceplugin.Resource) bool {
+		return !rs[gpu].Connected && rs[gpu].LastError != ""
+	})[gpu]
+	if strings.Contains(r.LastError, "context canceled") {
+		t.Errorf("the stream's end is told as %q, not by its cause", r.LastError)
+	}
+	// And its registration socket goes: deregistered, with nothing to warn of.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.pm.WaitGone(s.Path())
+	if w := warnings.String(); w != "" {
+		t.Errorf("a device plugin that stopped cleanly was warned of:\n%s", w)
+	}
+}
+
 func TestRollingUpdate(t *testing.T) {
 	const grace = 200 * time.Millisecond
 	e := newEnv(t, deviceplugin.Options{GracePeriod: grace})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"time"
@@ -51,8 +52,12 @@ var errBadPlugin = errors.New("misbehaving device plugin")
 // session is one connection to a plugin's endpoint with its ListAndWatch
 // stream open.
 type session struct {
-	conn    *grpc.ClientConn
-	stream  grpc.ServerStreamingClient[api.ListAndWatchResponse]
+	conn   *grpc.ClientConn
+	stream grpc.ServerStreamingClient[api.ListAndWatchResponse]
+	// ctx is the stream's context as the handler made it: done only when
+	// the handler ends the stream. (stream.Context() is gRPC's, which it
+	// cancels itself once the stream has failed, whatever the cause.)
+	ctx     context.Context
 	cancel  context.CancelFunc // ends the stream
 	options PluginOptions
 }
@@ -145,6 +150,7 @@ func (h *Handler) open(life, wait context.Context, p pluginmanager.Plugin) (_ *s
 	return &session{
 		conn:   conn,
 		stream: stream,
+		ctx:    streamCtx,
 		cancel: endStream,
 		options: PluginOptions{
 			PreStartRequired:                opts.GetPreStartRequired(),
@@ -240,28 +246,36 @@ func (h *Handler) run(life context.Context, inst *instance, s *session) {
 	}
 }
 
-// breakLog keeps a plugin whose stream keeps breaking from flooding the log:
-// the first break of an instance is a warning, and then at most one break
-// per interval, which tells how many breaks it stands for. The others, and
-// the reconnections after them, are logged at Debug level.
+// breakLog keeps a plugin whose stream keeps breaking from flooding the log,
+// and one that stops from alarming it: at most one break per interval is
+// logged, and tells how many breaks it stands for; the others, and the
+// reconnections after them, are logged at Debug level. A logged break
+// that stands for itself alone (the first, or the first after a quiet
+// interval) is Info: a plugin that stops or restarts ends its stream so,
+// and one that does not come back is warned of at the end of the grace
+// period. One that stands for several is a warning: the stream keeps
+// breaking.
 type breakLog struct {
 	every  time.Duration
-	last   time.Time // of the last warning
-	breaks int       // since the last warning
-	quiet  bool      // the last break was not a warning
+	last   time.Time // of the last break logged
+	breaks int       // since the last break logged
+	quiet  bool      // the last break was not logged
 }
 
-// note counts a break, and returns whether it is a warning and, if so, how
-// many breaks (this one included) happened since the previous warning.
-func (l *breakLog) note(now time.Time) (warn bool, breaks int) {
+// note counts a break, and returns the level to log it at and, above
+// Debug, how many breaks (this one included) it stands for.
+func (l *breakLog) note(now time.Time) (level slog.Level, breaks int) {
 	l.breaks++
 	if !l.last.IsZero() && now.Sub(l.last) < l.every {
 		l.quiet = true
-		return false, 0
+		return slog.LevelDebug, 0
 	}
-	breaks = l.breaks
+	breaks, level = l.breaks, slog.LevelInfo
+	if breaks > 1 {
+		level = slog.LevelWarn
+	}
 	l.last, l.breaks, l.quiet = now, 0, false
-	return true, breaks
+	return level, breaks
 }
 
 // watch applies the device lists the stream sends until it breaks, at the
@@ -272,7 +286,7 @@ func (h *Handler) watch(inst *instance, s *session, pace *pacing.Pacer) error {
 	for {
 		resp, err := s.stream.Recv()
 		if err != nil {
-			return rpcError(s.stream.Context(), "ListAndWatch", err)
+			return rpcError(s.ctx, "ListAndWatch", err)
 		}
 		devs, err := inventory(resp)
 		if err != nil {
@@ -285,9 +299,9 @@ func (h *Handler) watch(inst *instance, s *session, pace *pacing.Pacer) error {
 			h.notifyLocked()
 		}
 		h.mu.Unlock()
-		waited, err := pace.Wait(s.stream.Context(), proto.Size(resp))
+		waited, err := pace.Wait(s.ctx, proto.Size(resp))
 		if err != nil {
-			return rpcError(s.stream.Context(), "ListAndWatch", err)
+			return rpcError(s.ctx, "ListAndWatch", err)
 		}
 		if waited && !slowed {
 			slowed = true
@@ -317,11 +331,13 @@ func (h *Handler) lost(inst *instance, err error, warn *breakLog) {
 		log.Info("stream of a replaced device plugin instance ended; instance dropped")
 	} else {
 		inst.devices = unhealthy(inst.devices)
-		const msg = "device plugin stream broke; its devices are Unhealthy until it is back"
-		if ok, n := warn.note(inst.since); ok {
-			log.Warn(msg, "grace", h.opts.GracePeriod, "breaks", n)
-		} else {
-			log.Debug(msg, "grace", h.opts.GracePeriod)
+		switch level, n := warn.note(inst.since); level {
+		case slog.LevelWarn:
+			log.Warn("device plugin stream broke again; its devices are Unhealthy until it is back", "grace", h.opts.GracePeriod, "breaks", n)
+		case slog.LevelInfo:
+			log.Info("device plugin stream ended (the plugin stopped or restarts?); its devices are Unhealthy until it is back", "grace", h.opts.GracePeriod)
+		default:
+			log.Debug("device plugin stream broke; its devices are Unhealthy until it is back", "grace", h.opts.GracePeriod)
 		}
 	}
 	h.notifyLocked()
