@@ -16,12 +16,12 @@ import (
 // plugins serving their devices on their registration socket.
 func TestConformance(t *testing.T) {
 	plugintest.TestHandler(t, plugintest.HandlerCase{
-		Type: "DevicePlugin",
+		Type: deviceplugin.Type,
 		New:  func(*testing.T) pluginmanager.Handler { return deviceplugin.New(deviceplugin.Options{}) },
 		Start: func(t *testing.T, dir, name string) (string, func()) {
 			dp := newDevicePlugin(dev(name+"-0", api.Healthy))
 			s, err := plugin.Start(plugin.Config{
-				Dir: dir, Socket: name + ".sock", Type: "DevicePlugin", Name: "example.com/" + name,
+				Dir: dir, Socket: name + ".sock", Type: deviceplugin.Type, Name: "example.com/" + name,
 				Versions: []string{"v1beta1"}, Services: dp.register,
 			})
 			if err != nil {
@@ -29,6 +29,6 @@ func TestConformance(t *testing.T) {
 			}
 			return filepath.Join(dir, name+".sock"), func() { s.Close() }
 		},
-		Refused: pluginmanager.Plugin{Type: "DevicePlugin", Name: "gpu", Endpoint: "/run/dp/gpu.sock", Versions: []string{"v1beta1"}, Socket: "/run/reg/gpu.sock"},
+		Refused: pluginmanager.Plugin{Type: deviceplugin.Type, Name: "gpu", Endpoint: "/run/dp/gpu.sock", Versions: []string{"v1beta1"}, Socket: "/run/reg/gpu.sock"},
 	})
 }

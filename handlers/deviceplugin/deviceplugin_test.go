@@ -195,7 +195,7 @@ func newEnv(t *testing.T, opts deviceplugin.Options) *env {
 // end of the test.
 func (e *env) startManager(opts pluginmanager.Options) {
 	e.t.Helper()
-	e.pm = plugintest.NewManagerWith(e.t, opts, map[string]pluginmanager.Handler{"DevicePlugin": e.h})
+	e.pm = plugintest.NewManagerWith(e.t, opts, map[string]pluginmanager.Handler{deviceplugin.Type: e.h})
 	e.pm.Timeout = wait
 	e.m = e.pm.Manager()
 	e.dir = e.pm.Dir
@@ -207,7 +207,7 @@ func (e *env) startManager(opts pluginmanager.Options) {
 func (e *env) startPlugin(cfg plugin.Config) *plugin.Server {
 	e.t.Helper()
 	cfg.Dir = e.dir
-	cfg.Type = "DevicePlugin"
+	cfg.Type = deviceplugin.Type
 	if cfg.Versions == nil {
 		cfg.Versions = []string{"v1beta1"}
 	}
@@ -396,7 +396,7 @@ func TestRegisterOnRegistrationSocket(t *testing.T) {
 	if d := e.details(s.Path()); !reflect.DeepEqual(d, want) {
 		t.Errorf("details = %+v, want %+v", d, want)
 	}
-	if d := e.h.Details(pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Socket: "/nowhere.sock"}); d != nil {
+	if d := e.h.Details(pluginmanager.Plugin{Type: deviceplugin.Type, Name: gpu, Socket: "/nowhere.sock"}); d != nil {
 		t.Errorf("details of an unknown plugin = %+v, want nil", d)
 	}
 
@@ -794,7 +794,7 @@ plugd_deviceplugin_stream_reconnects_total{resource="vendor.example/fpga"} 0
 func TestValidate(t *testing.T) {
 	h := deviceplugin.New(deviceplugin.Options{})
 	defer h.Close()
-	ok := pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Endpoint: "/run/dp/gpu.sock", Versions: []string{"v1beta1"}, Socket: "/run/reg/gpu.sock"}
+	ok := pluginmanager.Plugin{Type: deviceplugin.Type, Name: gpu, Endpoint: "/run/dp/gpu.sock", Versions: []string{"v1beta1"}, Socket: "/run/reg/gpu.sock"}
 	for _, tc := range []struct {
 		name     string
 		edit     func(p *pluginmanager.Plugin)
@@ -945,7 +945,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	p := pluginmanager.Plugin{Type: "DevicePlugin", Name: gpu, Endpoint: endpoint, Versions: []string{"v1beta1"}, Socket: "/reg/gpu.sock"}
+	p := pluginmanager.Plugin{Type: deviceplugin.Type, Name: gpu, Endpoint: endpoint, Versions: []string{"v1beta1"}, Socket: "/reg/gpu.sock"}
 	registerErr := make(chan error, 1)
 	go func() { registerErr <- h.Register(ctx, p) }()
 	select {

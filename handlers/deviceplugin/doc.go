@@ -13,7 +13,7 @@
 //
 //	h := deviceplugin.New(deviceplugin.Options{Logger: logger, Registerer: reg})
 //	defer h.Close()
-//	m.AddHandler("DevicePlugin", h)
+//	m.AddHandler(deviceplugin.Type, h)
 //	...
 //	for _, r := range h.Resources() { ... }
 //

@@ -50,7 +50,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	m.AddHandler("DevicePlugin", devices)
+	m.AddHandler(deviceplugin.Type, devices)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
@@ -58,7 +58,7 @@ func Example() {
 
 	p, err := plugin.Start(plugin.Config{
 		Dir:      dir,
-		Type:     "DevicePlugin",
+		Type:     deviceplugin.Type,
 		Name:     "example.com/gpu",
 		Socket:   "gpu.sock",
 		Versions: []string{api.Version},

@@ -18,6 +18,9 @@ import (
 	"github.com/plugd/plugd/pluginmanager"
 )
 
+// Type is the plugin type device plugins register with.
+const Type = "DevicePlugin"
+
 // Options configure a Handler. The zero value of every field means the
 // default written beside it.
 type Options struct {
@@ -114,9 +117,9 @@ type PluginOptions = plugdapi.DevicePluginOptions
 // whose plugin sent anything else counts as Unhealthy, as in the kubelet.
 type Device = plugdapi.Device
 
-// Handler is the pluginmanager.Handler for device plugins. Create it with New,
-// add it to a manager for type "DevicePlugin", and Close it when the manager's
-// Run has returned. Its methods are safe for concurrent use.
+// Handler is the pluginmanager.Handler for device plugins. Create it with
+// New, add it to a manager for Type ("DevicePlugin"), and Close it when the
+// manager's Run has returned. Its methods are safe for concurrent use.
 type Handler struct {
 	opts Options
 	log  *slog.Logger

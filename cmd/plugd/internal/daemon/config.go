@@ -18,6 +18,9 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
+	"github.com/plugd/plugd/handlers/csi"
+	"github.com/plugd/plugd/handlers/deviceplugin"
+	"github.com/plugd/plugd/handlers/dra"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -304,9 +307,9 @@ var builtinHandlers = []string{"accept", "csi", "dra", "deviceplugin", "hook"}
 // DefaultHandlers are the handlers of a configuration that names none.
 func DefaultHandlers() []HandlerConfig {
 	return []HandlerConfig{
-		{Type: "CSIPlugin", Handler: "accept"},
-		{Type: "DRAPlugin", Handler: "accept"},
-		{Type: "DevicePlugin", Handler: "accept"},
+		{Type: csi.Type, Handler: "accept"},
+		{Type: dra.Type, Handler: "accept"},
+		{Type: deviceplugin.Type, Handler: "accept"},
 	}
 }
 

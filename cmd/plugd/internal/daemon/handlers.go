@@ -38,7 +38,7 @@ type handlerFacts struct {
 // types are read: the Kubernetes side asks for every plugin every few seconds.
 func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
 	var f handlerFacts
-	if p.Type != "CSIPlugin" && p.Type != "DevicePlugin" {
+	if p.Type != csi.Type && p.Type != deviceplugin.Type {
 		return f
 	}
 	var devices map[string]int // counts by health
