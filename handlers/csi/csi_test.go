@@ -72,38 +72,11 @@ func serveDriver(t *testing.T, dir, name string) *driver {
 		},
 		calls: make(map[string]int),
 	}
-	d.stop = serve(t, d.path, func(s *grpc.Server) {
+	d.stop = testenv.ServeGRPC(t, d.path, func(s grpc.ServiceRegistrar) {
 		csipb.RegisterIdentityServer(s, d)
 		csipb.RegisterNodeServer(s, d)
-	})
+	}).Stop // closes the listener, which removes the socket file
 	return d
-}
-
-// serve serves gRPC on a new unix socket at path until the test ends.
-func serve(t *testing.T, path string, register func(*grpc.Server)) (stop func()) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	register(srv)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Errorf("serve %s: %v", path, err)
-		}
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			srv.Stop() // closes the listener, which removes the socket file
-			<-done
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 func (d *driver) set(f func(d *driver)) {
@@ -204,7 +177,7 @@ func startRegistrar(t *testing.T, regDir, socket, name, endpoint string, version
 	if err := os.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	r.stopping = serve(t, r.path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, r) })
+	r.stopping = testenv.ServeGRPC(t, r.path, func(s grpc.ServiceRegistrar) { registerapi.RegisterRegistrationServer(s, r) }).Stop
 	return r
 }
 

@@ -3,10 +3,8 @@ package deviceplugin_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -232,26 +230,9 @@ func registered(t *testing.T, s *plugin.Server) {
 
 // serveEndpoint serves dp on a unix socket at path, outside the registry
 // directory, as a plugin with an endpoint of its own does; Stop kills it.
-func serveEndpoint(t *testing.T, path string, dp *devicePlugin) *grpc.Server {
+func serveEndpoint(t *testing.T, path string, dp *devicePlugin) *testenv.GRPCServer {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	dp.register(srv)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Errorf("serve %s: %v", path, err)
-		}
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return srv
+	return testenv.ServeGRPC(t, path, dp.register)
 }
 
 // until waits, for at most within, for cond to hold on the handler's
@@ -432,7 +413,7 @@ func TestRegisterOnRegistrationSocket(t *testing.T) {
 
 // endpointPlugin registers a plugin whose device service is served on its
 // own socket, which the test can kill and restart.
-func endpointPlugin(t *testing.T, e *env, dp *devicePlugin) (reg *plugin.Server, endpoint string, srv *grpc.Server) {
+func endpointPlugin(t *testing.T, e *env, dp *devicePlugin) (reg *plugin.Server, endpoint string, srv *testenv.GRPCServer) {
 	t.Helper()
 	endpoint = filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
 	srv = serveEndpoint(t, endpoint, dp)

@@ -2,9 +2,7 @@ package deviceplugin_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -75,20 +73,7 @@ func TestListAndWatchFloodIsPaced(t *testing.T) {
 	e := newEnv(t, deviceplugin.Options{GracePeriod: wait, Clock: clk})
 	fp := &floodingPlugin{enough: 500, many: make(chan struct{})}
 	endpoint := filepath.Join(testenv.ShortDir(t, "dpf"), "flood.sock")
-	l, err := net.Listen("unix", endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	api.RegisterDevicePluginServer(srv, fp)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		srv.Stop()
-		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	testenv.ServeGRPC(t, endpoint, func(s grpc.ServiceRegistrar) { api.RegisterDevicePluginServer(s, fp) })
 	registered(t, e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint}))
 
 	size := proto.Size(floodList(0))

@@ -2,15 +2,12 @@ package dra
 
 import (
 	"encoding/json"
-	"errors"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/testenv"
@@ -31,29 +28,6 @@ func startObserving(t *testing.T) *env {
 
 // lookEvery is how often the observer looks at each plugin.
 const lookEvery = time.Minute
-
-// serveGRPC serves a gRPC server without services on a unix socket at path,
-// as a DRA endpoint that only has to be reachable; Stop closes it.
-func serveGRPC(t *testing.T, path string) *grpc.Server {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Errorf("serve %s: %v", path, err)
-		}
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return srv
-}
 
 // observedOf returns Details of p, as plugd's status API encodes it.
 func (e *env) observedOf(p pluginmanager.Plugin) (ObservedStatus, bool) {
@@ -90,8 +64,8 @@ func (e *env) looks(path string, n int) pluginmanager.Event {
 func TestObserve(t *testing.T) {
 	e := startObserving(t)
 	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
-	srv := serveGRPC(t, endpoint)
-	before := time.Now() // the manager may look as soon as the socket is there
+	srv := testenv.ServeGRPC(t, endpoint, nil) // a DRA endpoint has only to be reachable
+	before := time.Now()                       // the manager may look as soon as the socket is there
 	reg, err := plugin.Start(plugin.Config{
 		Dir: e.dir, Type: Type, Name: "seen.example.com", Endpoint: endpoint,
 		Versions: []string{"v2.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"},

@@ -1,9 +1,16 @@
 package testenv
 
 import (
+	"errors"
+	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Count counts every connection made before it, accepted yet or not.
@@ -24,4 +31,24 @@ func TestCountCountsConnectionsNotYetAccepted(t *testing.T) {
 	if got := a.Count(); got != n {
 		t.Errorf("Count again = %d, want %d: its own connections are not counted", got, n)
 	}
+}
+
+// WaitConns sees a client's connection open, and closed once the client
+// closes it; Stop removes the socket.
+func TestServeGRPCCountsOpenConnections(t *testing.T) {
+	path := filepath.Join(ShortDir(t, "tenv"), "grpc.sock")
+	srv := ServeGRPC(t, path, nil)
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Connect()
+	srv.WaitConns(t, 1, 20*time.Second)
+	conn.Close()
+	srv.WaitConns(t, 0, 20*time.Second)
+	srv.Stop()
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Stop, the socket: %v, want it gone", err)
+	}
+	srv.Stop() // again: a no-op
 }

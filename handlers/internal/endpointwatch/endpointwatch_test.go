@@ -3,7 +3,6 @@ package endpointwatch
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/testenv"
@@ -24,24 +22,7 @@ const wait = 20 * time.Second
 // serve runs a gRPC server (no service: the watch asks nothing) on path
 // until stop, which removes the socket, as a stopping driver does.
 func serve(t *testing.T, path string) (stop func()) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(l) }()
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			srv.Stop()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.ServeGRPC(t, path, nil).Stop
 }
 
 func next(t *testing.T, reports <-chan error) error {
