@@ -34,13 +34,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
-// DefaultTimeout bounds each Wait of a Manager unless Manager.Timeout is set.
-// It is a failure bound, not a pace: a wait returns as soon as what it waits
-// for happens.
-const DefaultTimeout = 20 * time.Second
+// DefaultTimeout, 20 seconds, bounds each Wait of a Manager unless
+// Manager.Timeout is set. It is a failure bound, not a pace: a wait returns
+// as soon as what it waits for happens. plugd's own tests wait as long.
+const DefaultTimeout = testenv.Timeout
 
 // shutdownWait bounds the wait for the manager to stop at the end of a test.
 const shutdownWait = time.Minute

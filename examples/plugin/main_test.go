@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -21,13 +20,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait bounds each wait; generous, as -race on a busy machine is slow.
-const wait = 20 * time.Second
-
 func TestExitWhenRefused(t *testing.T) {
 	// The manager has no handler for example.com/Nope.
 	m := plugintest.NewManager(t, "example.com/Greeter")
-	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	ctx, cancel := context.WithTimeout(t.Context(), plugintest.DefaultTimeout)
 	defer cancel()
 	var stderr bytes.Buffer
 	code := run(ctx, []string{"-dir", m.Dir, "-type", "example.com/Nope", "-name", "nope", "-exit-when-refused"}, &stderr)
@@ -42,7 +38,7 @@ func TestExitWhenRefused(t *testing.T) {
 func TestRefusedByValidation(t *testing.T) {
 	m := plugintest.NewManager(t, "example.com/Greeter")
 	m.RefuseValidate("greeter.example.com", errors.New("greeters are not welcome here"))
-	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	ctx, cancel := context.WithTimeout(t.Context(), plugintest.DefaultTimeout)
 	defer cancel()
 	var stderr bytes.Buffer
 	if code := run(ctx, []string{"-dir", m.Dir, "-exit-when-refused"}, &stderr); code != exitRefused {

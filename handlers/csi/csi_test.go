@@ -34,10 +34,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait bounds how long a test waits for what should take milliseconds; it is
-// generous because -race on busy cores is slow.
-const wait = 20 * time.Second
-
 const driverName = "csi.example.com"
 
 // driver is a fake CSI node plugin serving Identity and Node on a unix socket.
@@ -206,7 +202,7 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 // told waits for the first status that says registered == want.
 func (r *registrar) told(t *testing.T, want bool) *registerapi.RegistrationStatus {
 	t.Helper()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		r.mu.Lock()
 		i := slices.IndexFunc(r.statuses, func(s *registerapi.RegistrationStatus) bool { return s.PluginRegistered == want })
@@ -259,7 +255,7 @@ func newHarness(t *testing.T, h *csi.Handler, opts pluginmanager.Options) *harne
 	t.Helper()
 	t.Cleanup(h.Close) // after the manager has stopped
 	pm := plugintest.NewManagerWith(t, opts, map[string]pluginmanager.Handler{csi.Type: h})
-	pm.Timeout = wait
+	pm.Timeout = testenv.Timeout
 	return &harness{Manager: pm, t: t, m: pm.Manager(), h: h}
 }
 
@@ -774,7 +770,7 @@ func TestDeadDriverPastGraceIsNeverToldFalse(t *testing.T) {
 	for range 3 {
 		select {
 		case <-accepted:
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("the manager did not connect to the endpoint again; the registrar was told %v", r.all())
 		}
 	}
@@ -815,7 +811,7 @@ func TestEndpointRootsCheckedAtConnection(t *testing.T) {
 	}
 	serveDriver(t, good, "good.example.com")
 	h := csi.New(csi.Options{EndpointRoots: []string{root}})
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	plugin := func(name, endpoint string) pluginmanager.Plugin {
 		return pluginmanager.Plugin{Type: "CSIPlugin", Name: name, Endpoint: endpoint, Socket: filepath.Join(base, name+"-reg.sock"), Versions: []string{"1.0.0"}}

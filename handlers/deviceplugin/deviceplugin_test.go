@@ -33,10 +33,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait is how long a test waits for something that should take milliseconds;
-// generous, because -race on a busy machine is slow.
-const wait = 20 * time.Second
-
 const gpu = "example.com/gpu"
 
 // devicePlugin is a device plugin speaking the real v1beta1 service. Its
@@ -107,7 +103,7 @@ func (p *devicePlugin) setActive(delta int) {
 // waitIdle waits until no ListAndWatch call is in progress.
 func (p *devicePlugin) waitIdle(t *testing.T) {
 	t.Helper()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		p.mu.Lock()
 		n, changed := p.active, p.activeChanged
@@ -194,7 +190,7 @@ func newEnv(t *testing.T, opts deviceplugin.Options) *env {
 func (e *env) startManager(opts pluginmanager.Options) {
 	e.t.Helper()
 	e.pm = plugintest.NewManagerWith(e.t, opts, map[string]pluginmanager.Handler{deviceplugin.Type: e.h})
-	e.pm.Timeout = wait
+	e.pm.Timeout = testenv.Timeout
 	e.m = e.pm.Manager()
 	e.dir = e.pm.Dir
 	e.sub = e.m.Subscribe()
@@ -221,7 +217,7 @@ func (e *env) startPlugin(cfg plugin.Config) *plugin.Server {
 // handler's Register has returned, so its devices are known.
 func registered(t *testing.T, s *plugin.Server) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	if err := s.WaitRegistered(ctx); err != nil {
 		t.Fatal(err)
@@ -402,7 +398,7 @@ func TestRegisterOnRegistrationSocket(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rs := e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool {
+	rs := e.until("devices Unhealthy", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		return allUnhealthy(rs[gpu])
 	})
 	if r := rs[gpu]; r.Connected || r.Dropped || r.LastError == "" || len(r.Devices) != 3 || r.Socket != s.Path() {
@@ -423,7 +419,7 @@ func endpointPlugin(t *testing.T, e *env, dp *devicePlugin) (reg *plugin.Server,
 }
 
 func TestStreamLossMarksUnhealthyAndRestartRestores(t *testing.T) {
-	e := newEnv(t, deviceplugin.Options{GracePeriod: wait})
+	e := newEnv(t, deviceplugin.Options{GracePeriod: testenv.Timeout})
 	dp := newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-1", api.Healthy))
 	reg, endpoint, srv := endpointPlugin(t, e, dp)
 	if r := e.resource(gpu); r.Endpoint != endpoint || r.Socket != reg.Path() || len(r.Devices) != 2 {
@@ -454,7 +450,7 @@ plugd_deviceplugin_devices{health="Unhealthy",resource="example.com/gpu"} 2
 
 	// It restarts within the grace period, with a different inventory.
 	serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-2", api.Healthy)))
-	rs = e.until("restored", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
+	rs = e.until("restored", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
 	if r := rs[gpu]; r.Dropped || r.LastError != "" || !reflect.DeepEqual(ids(r), []string{"gpu-0", "gpu-2"}) || allUnhealthy(r) {
 		t.Errorf("resource = %+v, want the restarted plugin's healthy devices", r)
 	}
@@ -479,7 +475,7 @@ func TestDroppedAfterGracePeriod(t *testing.T) {
 
 	killed := time.Now()
 	srv.Stop()
-	rs := e.until("resource dropped", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Dropped })
+	rs := e.until("resource dropped", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Dropped })
 	if elapsed := time.Since(killed); elapsed < grace {
 		t.Errorf("dropped %s after the plugin died, before the %s grace period was over", elapsed, grace)
 	}
@@ -495,7 +491,7 @@ func TestDroppedAfterGracePeriod(t *testing.T) {
 
 	// Still registered, it is redialed, and a plugin back later restores it.
 	serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
-	rs = e.until("restored", wait, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
+	rs = e.until("restored", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return rs[gpu].Connected })
 	if r := rs[gpu]; r.Dropped || !reflect.DeepEqual(ids(r), []string{"gpu-0"}) {
 		t.Errorf("resource = %+v, want restored", r)
 	}
@@ -508,7 +504,7 @@ func TestDroppedAfterGracePeriod(t *testing.T) {
 // resource stays throughout, its devices Unhealthy in between, and the new
 // instance takes it over with its own list.
 func TestRestartWithinGracePeriod(t *testing.T) {
-	e := newEnv(t, deviceplugin.Options{GracePeriod: wait})
+	e := newEnv(t, deviceplugin.Options{GracePeriod: testenv.Timeout})
 	dp := newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-1", api.Healthy))
 	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: dp.register})
 	registered(t, s)
@@ -523,7 +519,7 @@ func TestRestartWithinGracePeriod(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rs := e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool {
+	rs := e.until("devices Unhealthy", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		present(rs)
 		return allUnhealthy(rs[gpu])
 	})
@@ -545,7 +541,7 @@ plugd_deviceplugin_devices{health="Unhealthy",resource="example.com/gpu"} 2
 
 	// It starts again on the same socket, with another inventory.
 	s2 := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Services: newDevicePlugin(dev("gpu-0", api.Healthy), dev("gpu-2", api.Healthy)).register})
-	rs = e.until("taken over", wait, func(rs map[string]deviceplugin.Resource) bool {
+	rs = e.until("taken over", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		present(rs)
 		return rs[gpu].Connected
 	})
@@ -570,8 +566,8 @@ func TestDeregisteredDroppedAfterGracePeriod(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.until("devices Unhealthy", wait, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[gpu]) })
-	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
+	e.until("devices Unhealthy", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[gpu]) })
+	e.until("resource gone", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
 	if elapsed := time.Since(stopped); elapsed < grace {
 		t.Errorf("dropped %s after the socket went, before the %s grace period was over", elapsed, grace)
 	}
@@ -600,7 +596,7 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 	e := newEnv(t, deviceplugin.Options{
 		Logger:           slog.New(slog.NewTextHandler(&logs, nil)),
 		ReconnectBackoff: initial, ReconnectBackoffMax: maxDelay,
-		GracePeriod: wait,
+		GracePeriod: testenv.Timeout,
 	})
 	dp := newDevicePlugin(dev("gpu-0", api.Healthy))
 	dp.once = true
@@ -612,7 +608,7 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 	// are 6.
 	windowOver := time.NewTimer(time.Until(start.Add(window)))
 	defer windowOver.Stop()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	var seen []time.Duration // since start
 	inWindow := -1
 	for inWindow < 0 || len(seen) < 6 {
@@ -625,7 +621,7 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 		case <-windowOver.C:
 			inWindow = e.reconnects(gpu)
 		case <-deadline:
-			t.Fatalf("only %d reconnects within %s", len(seen), wait)
+			t.Fatalf("only %d reconnects within %s", len(seen), testenv.Timeout)
 		}
 	}
 	elapsed := time.Since(start)
@@ -654,14 +650,14 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 // gRPC's own context of the failed stream, which gRPC cancels itself.
 func TestCleanStopIsNotAWarning(t *testing.T) {
 	log, warnings := testenv.WarnLogger()
-	e := newEnv(t, deviceplugin.Options{Logger: log, GracePeriod: wait})
+	e := newEnv(t, deviceplugin.Options{Logger: log, GracePeriod: testenv.Timeout})
 	endpoint := filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
 	srv := serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
 	s := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
 	registered(t, s)
 
 	srv.Stop()
-	r := e.until("the stream to end", wait, func(rs map[string]deviceplugin.Resource) bool {
+	r := e.until("the stream to end", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		return !rs[gpu].Connected && rs[gpu].LastError != ""
 	})[gpu]
 	if strings.Contains(r.LastError, "context canceled") {
@@ -699,7 +695,7 @@ func TestRollingUpdate(t *testing.T) {
 
 	// The new one goes first (a rollback): the old one serves again.
 	b.Close()
-	e.until("served from a again", wait, func(rs map[string]deviceplugin.Resource) bool {
+	e.until("served from a again", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		return rs[gpu].Socket == a.Path() && rs[gpu].Connected && len(rs[gpu].Devices) == 2
 	})
 
@@ -708,7 +704,7 @@ func TestRollingUpdate(t *testing.T) {
 	c := e.startPlugin(plugin.Config{Name: gpu, Socket: "c.sock", Services: newDevicePlugin(dev("c-0", api.Healthy)).register})
 	registered(t, c)
 	dpA.stop()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		changed := e.h.Changed()
 		if e.details(a.Path()).Dropped {
@@ -731,7 +727,7 @@ func TestRollingUpdate(t *testing.T) {
 	}
 	// The last one goes: the resource waits out the grace period, then goes.
 	c.Close()
-	e.until("resource gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
+	e.until("resource gone", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 0 })
 	if n := testutil.CollectAndCount(e.reg); n != 0 {
 		t.Errorf("%d series after every instance went, want none", n)
 	}
@@ -766,7 +762,7 @@ plugd_deviceplugin_stream_reconnects_total{resource="vendor.example/fpga"} 0
 
 	// A plugin's series go with it, once the grace period is over.
 	other.Close()
-	e.until("fpga gone", wait, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 1 })
+	e.until("fpga gone", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return len(rs) == 1 })
 	if n := testutil.CollectAndCount(e.reg); n != 4 {
 		t.Errorf("%d series, want the 4 of the remaining resource", n)
 	}
@@ -848,7 +844,7 @@ func TestRejected(t *testing.T) {
 				if got.Registered || !strings.Contains(got.Error, tc.contains) {
 					t.Errorf("plugin was told %+v", got)
 				}
-			case <-time.After(wait):
+			case <-time.After(testenv.Timeout):
 				t.Error("plugin was not told")
 			}
 			if st.Attempts != 1 {
@@ -897,7 +893,7 @@ func TestClose(t *testing.T) {
 	other := e.startPlugin(plugin.Config{Name: fpga, Socket: "fpga.sock", Services: newDevicePlugin(dev("fpga-0", api.Healthy)).register})
 	registered(t, other)
 	other.Close()
-	e.until("fpga waiting for a new instance", wait, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[fpga]) })
+	e.until("fpga waiting for a new instance", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return allUnhealthy(rs[fpga]) })
 
 	e.h.Close()
 	e.h.Close()
@@ -908,7 +904,7 @@ func TestClose(t *testing.T) {
 	if n := testutil.CollectAndCount(e.reg); n != 0 {
 		t.Errorf("%d series after Close, want the collector unregistered", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	if err := e.h.Register(ctx, p); err == nil {
 		t.Error("Register after Close succeeded")
@@ -931,7 +927,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	go func() { registerErr <- h.Register(ctx, p) }()
 	select {
 	case <-called:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Register did not call GetDevicePluginOptions")
 	}
 
@@ -942,7 +938,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	}()
 	select {
 	case <-closed:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Close did not end the Register in flight")
 	}
 	// Close waited for Register to return, but its result reaches the
@@ -952,7 +948,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "GetDevicePluginOptions: context canceled") {
 			t.Errorf("Register = %v, want it cancelled", err)
 		}
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Error("Register did not return")
 	}
 	if rs := h.Resources(); len(rs) != 0 {
@@ -971,20 +967,20 @@ func TestRedialStaysInEndpointRoots(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := newEnv(t, deviceplugin.Options{GracePeriod: wait, EndpointRoots: []string{root}})
+	e := newEnv(t, deviceplugin.Options{GracePeriod: testenv.Timeout, EndpointRoots: []string{root}})
 	endpoint := filepath.Join(root, "gpu.sock")
 	srv := serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
 	reg := e.startPlugin(plugin.Config{Name: gpu, Socket: "gpu.sock", Endpoint: endpoint})
 	registered(t, reg)
 
 	srv.Stop()
-	e.until("the stream to break", wait, func(rs map[string]deviceplugin.Resource) bool { return !rs[gpu].Connected })
+	e.until("the stream to break", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool { return !rs[gpu].Connected })
 	evil := testenv.CountAccepts(t, filepath.Join(outside, "evil.sock"))
 	os.Remove(endpoint)
 	if err := os.Symlink(filepath.Join(outside, "evil.sock"), endpoint); err != nil {
 		t.Fatal(err)
 	}
-	rs := e.until("the redial to be refused or to connect", wait, func(rs map[string]deviceplugin.Resource) bool {
+	rs := e.until("the redial to be refused or to connect", testenv.Timeout, func(rs map[string]deviceplugin.Resource) bool {
 		return strings.Contains(rs[gpu].LastError, "outside the directories endpoints must be in") || evil.Count() > 0
 	})
 	if n := evil.Count(); n != 0 {

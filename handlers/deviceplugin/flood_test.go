@@ -70,7 +70,7 @@ func listNumber(t *testing.T, r deviceplugin.Resource) int {
 // in its Send; each step of the clock lets more through.
 func TestListAndWatchFloodIsPaced(t *testing.T) {
 	clk := testenv.NewTimerClock()
-	e := newEnv(t, deviceplugin.Options{GracePeriod: wait, Clock: clk})
+	e := newEnv(t, deviceplugin.Options{GracePeriod: testenv.Timeout, Clock: clk})
 	fp := &floodingPlugin{enough: 500, many: make(chan struct{})}
 	endpoint := filepath.Join(testenv.ShortDir(t, "dpf"), "flood.sock")
 	testenv.ServeGRPC(t, endpoint, func(s grpc.ServiceRegistrar) { api.RegisterDevicePluginServer(s, fp) })
@@ -82,8 +82,8 @@ func TestListAndWatchFloodIsPaced(t *testing.T) {
 	case d = <-clk.Timers:
 	case <-fp.many:
 		t.Fatalf("the handler took %d lists of %d KiB without slowing the stream; it holds list %d", fp.enough, size>>10, listNumber(t, e.resource(gpu)))
-	case <-time.After(wait):
-		t.Fatalf("the handler neither slowed the stream nor took %d lists within %s", fp.enough, wait)
+	case <-time.After(testenv.Timeout):
+		t.Fatalf("the handler neither slowed the stream nor took %d lists within %s", fp.enough, testenv.Timeout)
 	}
 	taken := listNumber(t, e.resource(gpu))
 	if most := (4<<20)/size + 2; taken > most {
@@ -97,7 +97,7 @@ func TestListAndWatchFloodIsPaced(t *testing.T) {
 		clk.Step(d)
 		select {
 		case d = <-clk.Timers:
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("the handler did not wait again; it holds list %d", listNumber(t, e.resource(gpu)))
 		}
 		if taken = listNumber(t, e.resource(gpu)); taken != before+1 {

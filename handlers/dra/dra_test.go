@@ -42,10 +42,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait is how long a test waits for something that should happen in
-// milliseconds; generous, because -race on busy cores is slow.
-const wait = 20 * time.Second
-
 // env is a running manager with the DRA handler, on a fresh registry directory.
 type env struct {
 	t   *testing.T
@@ -81,7 +77,7 @@ func (e *env) run(mopts pluginmanager.Options) {
 		}
 	})
 	e.pm = plugintest.NewManagerWith(e.t, mopts, map[string]pluginmanager.Handler{Type: e.h})
-	e.pm.Timeout = wait
+	e.pm.Timeout = testenv.Timeout
 	e.m = e.pm.Manager()
 	e.dir = e.pm.Dir
 	e.sub = e.m.Subscribe()
@@ -91,7 +87,7 @@ func (e *env) run(mopts pluginmanager.Options) {
 // or the manager publishes an event, and fails the test at the deadline.
 func (e *env) until(what string, cond func() bool) {
 	e.t.Helper()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		changed := e.h.changes()
 		if cond() {
@@ -657,7 +653,7 @@ func (l *logs) find(msg string) ([]slog.Record, <-chan struct{}) {
 // wait waits for a record whose message is msg, and returns it.
 func (l *logs) wait(t *testing.T, msg string) slog.Record {
 	t.Helper()
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		found, changed := l.find(msg)
 		if len(found) > 0 {
@@ -666,7 +662,7 @@ func (l *logs) wait(t *testing.T, msg string) slog.Record {
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("no log %q within %s", msg, wait)
+			t.Fatalf("no log %q within %s", msg, testenv.Timeout)
 		}
 	}
 }
@@ -829,7 +825,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	go func() { registerErr <- h.Register(ctx, p) }()
 	select {
 	case <-accepted:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Register did not connect to the endpoint")
 	}
 
@@ -840,7 +836,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 	}()
 	select {
 	case <-closed:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Close did not end the Register in flight")
 	}
 	// Close waited for Register's work to end (its result reaches the test
@@ -856,7 +852,7 @@ func TestCloseEndsRegisterInFlight(t *testing.T) {
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("Register = %v, want ErrClosed", err)
 		}
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Error("Register did not return after Close")
 	}
 	if ds := h.Drivers(); len(ds) != 0 {

@@ -64,8 +64,8 @@ func TestHealthFloodIsPaced(t *testing.T) {
 	case d = <-clk.Timers:
 	case <-s.many:
 		t.Fatalf("the handler took %d reports of %d KiB without slowing the stream", s.enough, size>>10)
-	case <-time.After(wait):
-		t.Fatalf("the handler neither slowed the stream nor took %d reports within %s", s.enough, wait)
+	case <-time.After(testenv.Timeout):
+		t.Fatalf("the handler neither slowed the stream nor took %d reports within %s", s.enough, testenv.Timeout)
 	}
 	taken := s.received.Load()
 	if most := int64(healthBurst/size + 2); taken > most {
@@ -76,7 +76,7 @@ func TestHealthFloodIsPaced(t *testing.T) {
 		clk.Step(d)
 		select {
 		case d = <-clk.Timers:
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("the handler did not wait again after report %d", s.received.Load())
 		}
 		if taken = s.received.Load(); taken != before+1 {

@@ -46,7 +46,7 @@ func TestReconnectStaysInEndpointRoots(t *testing.T) {
 	}
 
 	const msg = "DRA endpoint now leads outside the allowed directories; not connecting to it"
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for {
 		found, changed := l.find(msg)
 		if len(found) > 0 {
@@ -58,7 +58,7 @@ func TestReconnectStaysInEndpointRoots(t *testing.T) {
 		case <-changed:
 			continue
 		case <-deadline:
-			t.Fatalf("the handler neither reconnected nor refused within %s", wait)
+			t.Fatalf("the handler neither reconnected nor refused within %s", testenv.Timeout)
 		}
 	}
 	if n := evil.Count(); n != 0 {

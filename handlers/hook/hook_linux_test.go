@@ -4,13 +4,14 @@ package hook_test
 
 import (
 	"errors"
-	"github.com/plugd/plugd/internal/testenv"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/plugd/plugd/internal/testenv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -101,7 +102,7 @@ func waitExited(t *testing.T, pid int) {
 	defer unix.Close(fd)
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
-		n, err := unix.Poll(fds, int(wait.Milliseconds()))
+		n, err := unix.Poll(fds, int(testenv.Timeout.Milliseconds()))
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -109,7 +110,7 @@ func waitExited(t *testing.T, pid int) {
 			t.Fatalf("poll pidfd of %d: %v", pid, err)
 		}
 		if n == 0 {
-			t.Fatalf("process %d is still running %s after its hook was done", pid, wait)
+			t.Fatalf("process %d is still running %s after its hook was done", pid, testenv.Timeout)
 		}
 		return
 	}

@@ -33,10 +33,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait is how long a test waits for something that should happen in
-// milliseconds; it is generous because -race on two busy cores is slow.
-const wait = 20 * time.Second
-
 // typ is the custom plugin type the tests' hooks handle.
 const typ = "example.com/HookPlugin"
 
@@ -450,7 +446,7 @@ type harness struct {
 func start(t *testing.T, h pluginmanager.Handler) *harness {
 	t.Helper()
 	pm := plugintest.NewManagerWith(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{typ: h})
-	pm.Timeout = wait
+	pm.Timeout = testenv.Timeout
 	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir}
 }
 
@@ -466,7 +462,7 @@ func waitStatus(t *testing.T, c <-chan plugin.Status) plugin.Status {
 	select {
 	case st := <-c:
 		return st
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("timed out waiting for the manager to notify the plugin")
 		return plugin.Status{}
 	}

@@ -19,6 +19,12 @@ import (
 	"github.com/plugd/plugd/plugin"
 )
 
+// Timeout is how long a test waits for what should take milliseconds, in
+// plugd's own tests and in plugintest's waits (its DefaultTimeout). It is a
+// failure bound, not a pace: a wait returns as soon as what it waits for
+// happens. It is generous because -race on a loaded machine is slow.
+const Timeout = 20 * time.Second
+
 // ShortDir returns a new directory, named after prefix, under os.TempDir, and
 // removes it when the test ends. A unix socket path must stay under 108
 // bytes, which t.TempDir's long paths do not guarantee.

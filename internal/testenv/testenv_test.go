@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,9 +42,9 @@ func TestServeGRPCCountsOpenConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Connect()
-	srv.WaitConns(t, 1, 20*time.Second)
+	srv.WaitConns(t, 1, Timeout)
 	conn.Close()
-	srv.WaitConns(t, 0, 20*time.Second)
+	srv.WaitConns(t, 0, Timeout)
 	srv.Stop()
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("after Stop, the socket: %v, want it gone", err)

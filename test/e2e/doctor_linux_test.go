@@ -22,7 +22,7 @@ import (
 // waitState polls plugd until the plugin at id is in state.
 func (n *node) waitState(t *testing.T, id, state string) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(testenv.Timeout)
 	for {
 		p, err := n.client.Plugin(context.Background(), id)
 		if err == nil && p.State == state {
@@ -241,7 +241,7 @@ func TestDoctorPermission(t *testing.T) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	n := &node{reg: reg, socket: socket, plugd: startCmd(t, cmd), client: &api.Client{Socket: socket}}
 	n.waitReady(t, 10*time.Millisecond)
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(testenv.Timeout)
 	for {
 		p, err := n.client.Plugin(context.Background(), "root-only.sock")
 		if err == nil && p.Attempts > 0 && p.State != "Registering" {

@@ -53,8 +53,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-const wait = 20 * time.Second
-
 // proc is a running binary whose output is kept.
 type proc struct {
 	cmd  *exec.Cmd
@@ -108,7 +106,7 @@ func (p *proc) wait(t *testing.T) int {
 	t.Helper()
 	select {
 	case <-p.done:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatalf("%s did not exit; output:\n%s", p.cmd.Path, p.out)
 	}
 	var ee *exec.ExitError
@@ -133,7 +131,7 @@ func plugctl(t *testing.T, socket string, args ...string) (string, int) {
 
 // runPlugctl is plugctl without the test, for use from another goroutine.
 func runPlugctl(socket string, args ...string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "plugctl"), append([]string{"--socket", socket}, args...)...)
 	out, err := cmd.CombinedOutput()
@@ -195,7 +193,7 @@ func newNode(t *testing.T, config string, prepare func(reg string)) (*node, []st
 // no event to wait on: plugd's socket does not exist yet.
 func (n *node) waitReady(t *testing.T, poll time.Duration) (notReady int) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(testenv.Timeout)
 	for {
 		err := n.client.Ready(context.Background())
 		switch {

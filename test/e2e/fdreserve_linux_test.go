@@ -98,7 +98,7 @@ func TestPluginRegistersWithFDsShort(t *testing.T) {
 	t.Logf("at a limit of 1024 open files: %s; %s", last, s.figures())
 
 	p := testenv.StartPlugin(t, plugin.Config{Dir: n.reg, Socket: "late.sock", Type: cheapType, Name: "late", Versions: []string{"1.0.0"}})
-	lateCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	lateCtx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	if err := p.WaitRegistered(lateCtx); err != nil {
 		t.Fatalf("a plugin that came after %d: %v; %s; %s\nplugd's log ends:\n%s", plugins, err, last, s.figures(), tail(n.plugd.out.String(), 10))

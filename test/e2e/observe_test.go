@@ -62,7 +62,7 @@ func TestObserveBesideAManager(t *testing.T) {
 
 	// Several looks later (each look is an event), each was told exactly
 	// once, by the registering manager.
-	ctx, stop := context.WithTimeout(context.Background(), wait)
+	ctx, stop := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer stop()
 	events, err := n.client.Events(ctx, 1000)
 	if err != nil {

@@ -299,7 +299,7 @@ func TestRegistrationStorm(t *testing.T) {
 	m.Timeout = time.Minute // how long it takes to settle is logged, not asserted
 	select {
 	case <-m.m.Synced():
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("the manager did not walk the registry directory")
 	}
 	baseGoroutines, baseHeap := runtime.NumGoroutine(), heapInuse()
@@ -450,7 +450,7 @@ func TestRegistryDirRemovedAndRecreated(t *testing.T) {
 	m := runManager(t, pluginmanager.Options{Dir: dir, ResyncInterval: resync}, map[string]pluginmanager.Handler{testType: rec})
 	select {
 	case <-m.m.Synced(): // Run has created the directory
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("the manager did not walk the registry directory")
 	}
 	first := startPlugin(t, dir, "ok", "-name", "first")
@@ -564,7 +564,7 @@ func TestWorldWritableDirRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	err = m.Run(ctx)
 	if err == nil {

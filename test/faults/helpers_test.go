@@ -57,10 +57,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-// wait is how long a test waits for something that should take milliseconds;
-// generous because -race on two busy cores is slow.
-const wait = 20 * time.Second
-
 // slack is how late past its deadline a call may be given up on a busy
 // machine: timing assertions check "at the deadline" as [deadline, deadline+slack].
 const slack = 2 * time.Second
@@ -223,7 +219,7 @@ func runManager(t *testing.T, opts pluginmanager.Options, handlers map[string]pl
 	})
 	started := time.Now()
 	pm := plugintest.NewManagerWith(t, opts, handlers)
-	pm.Timeout = wait
+	pm.Timeout = testenv.Timeout
 	m := &manager{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir, sub: pm.Manager().SubscribeWithReplay(1 << 20), log: buf, started: started, keepHistory: true}
 	t.Cleanup(m.sub.Close)
 	return m
@@ -410,7 +406,7 @@ func (p *proc) stop() {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		p.cmd.Process.Kill()
 		<-p.done
 		p.t.Errorf("faultplugin %s did not exit on SIGTERM; killed", p.name)
@@ -485,7 +481,7 @@ func (l *lines) count(s string) int {
 // exited is closed and no such line came: once the process has been waited
 // for, every line it wrote is in (exec waits for its copying goroutines).
 func (l *lines) waitFor(s string, exited <-chan struct{}) (line string, ok bool) {
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for last := false; ; {
 		l.mu.Lock()
 		i := slices.IndexFunc(l.all, func(line string) bool { return strings.Contains(line, s) })

@@ -116,7 +116,7 @@ func TestGroupWritableDirRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	err = m.Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "AllowWritableDir") {

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 }
 
 // wait bounds every wait that is not about a deadline: a failure bound.
+// It is longer than the other suites' testenv.Timeout because what the
+// tests wait on here is a process of another runtime (Python, Node, an old
+// grpc-go) answering through a pipe, on a machine that -race keeps busy.
 const wait = 30 * time.Second
 
 const (

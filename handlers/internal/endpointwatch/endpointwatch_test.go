@@ -17,8 +17,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const wait = 20 * time.Second
-
 // serve runs a gRPC server (no service: the watch asks nothing) on path
 // until stop, which removes the socket, as a stopping driver does.
 func serve(t *testing.T, path string) (stop func()) {
@@ -30,7 +28,7 @@ func next(t *testing.T, reports <-chan error) error {
 	select {
 	case err := <-reports:
 		return err
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no report")
 		return nil
 	}

@@ -36,7 +36,7 @@ func TestConfigFileMustBeARegularFile(t *testing.T) {
 		select {
 		case err := <-done:
 			return err
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
 			t.Fatalf("LoadConfig(%s) did not return", path)
 			return nil
@@ -62,7 +62,7 @@ func TestConfigFileMustBeARegularFile(t *testing.T) {
 	}()
 	select {
 	case <-reloaded:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		os.WriteFile(fifo, nil, 0)
 		t.Fatal("a reload from a FIFO did not return")
 	}
@@ -108,7 +108,7 @@ func TestKubeconfigMustBeARegularFile(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("kubeconfig %s: %v, want it to say %q", path, err, want)
 			}
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
 			t.Fatalf("New with kubeconfig %s did not return", path)
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/plugd/plugd/internal/confine"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/internal/confine"
+
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 
@@ -27,8 +28,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-const wait = 20 * time.Second
 
 type running struct {
 	d      *Daemon
@@ -62,7 +61,7 @@ func runDaemon(t *testing.T, cfg Config) *running {
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Error("Run did not return after cancel")
 		}
 		if _, err := os.Lstat(cfg.Status.Socket); !errors.Is(err, os.ErrNotExist) {
@@ -72,7 +71,7 @@ func runDaemon(t *testing.T, cfg Config) *running {
 	r := &running{d: d, dir: cfg.RegistryDir, client: &api.Client{Socket: cfg.Status.Socket}, logs: logs}
 	select {
 	case <-d.m.Synced():
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("daemon never scanned its directory")
 	}
 	return r
@@ -81,7 +80,7 @@ func runDaemon(t *testing.T, cfg Config) *running {
 // waitFor waits for the plugin with id to reach state, watching the event stream.
 func (r *running) waitFor(t *testing.T, id, state string) api.Plugin {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	stream, err := r.client.Events(ctx, 0)
 	if err != nil {
@@ -144,7 +143,7 @@ func TestStatusAPI(t *testing.T) {
 	}
 
 	// The event stream replays what happened, in order, with no gaps.
-	ectx, cancel := context.WithTimeout(ctx, wait)
+	ectx, cancel := context.WithTimeout(ctx, testenv.Timeout)
 	defer cancel()
 	stream, err := r.client.Events(ectx, 100)
 	if err != nil {
@@ -679,7 +678,7 @@ current-context: c
 		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "csi.example.com"}}, Doctor: DoctorConfig{ProcDir: "none"}})
 	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	r.waitFor(t, "csi.sock", "Registered")
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(testenv.Timeout)
 	for {
 		p, err := r.client.Plugin(context.Background(), "csi.sock")
 		if err != nil {
@@ -784,7 +783,7 @@ func TestHelpAndStartLine(t *testing.T) {
 	}
 
 	r := runDaemon(t, Config{Handlers: []HandlerConfig{{Type: "CSIPlugin", Handler: "csi"}, {Type: "example.com/Greeter", Handler: "accept"}}})
-	r.logs.Wait(t, "plugd started", wait)
+	r.logs.Wait(t, "plugd started", testenv.Timeout)
 	if logs := r.logs.String(); !strings.Contains(logs, `handlers="CSIPlugin=csi, example.com/Greeter=accept"`) || strings.Contains(logs, "{Type:") {
 		t.Errorf("the start line does not name the handlers as TYPE=HANDLER:\n%s", logs)
 	}
