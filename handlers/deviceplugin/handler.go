@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	plugdapi "github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/observed"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -131,12 +132,11 @@ type Handler struct {
 
 	mu        sync.Mutex
 	closed    bool
-	seq       uint64                  // registration order, to find the newest instance
-	instances map[string]*instance    // by registration socket, including those still in Register
-	resources map[string]*resource    // by name; only those with a registered instance
-	changed   chan struct{}           // closed and replaced on every change
-	observed  map[string]*observation // by registration socket; observe mode only
-	looks     uint64                  // Observe calls so far
+	seq       uint64                        // registration order, to find the newest instance
+	instances map[string]*instance          // by registration socket, including those still in Register
+	resources map[string]*resource          // by name; only those with a registered instance
+	changed   chan struct{}                 // closed and replaced on every change
+	observed  *observed.Table[*observation] // by registration socket; observe mode only
 }
 
 // resource groups the registered instances of one resource name.
@@ -191,8 +191,8 @@ func New(opts Options) *Handler {
 		instances: make(map[string]*instance),
 		resources: make(map[string]*resource),
 		changed:   make(chan struct{}),
-		observed:  make(map[string]*observation),
 	}
+	h.observed = observed.New[*observation](&h.mu, h.notifyLocked, opts.CallTimeout, opts.EndpointRoots)
 	if h.reg != nil {
 		h.reg.MustRegister(collector{h})
 	}
@@ -416,11 +416,6 @@ func (h *Handler) Close() {
 	for _, inst := range h.instances {
 		h.removeLocked(inst, "stopped by Close")
 	}
-	var watches []*observation
-	for _, o := range h.observed {
-		watches = append(watches, o)
-	}
-	clear(h.observed)
 	for name, r := range h.resources { // those waiting for a new instance
 		if r.left != nil {
 			h.stopExpiryLocked(r)
@@ -429,9 +424,7 @@ func (h *Handler) Close() {
 		}
 	}
 	h.mu.Unlock()
-	for _, o := range watches {
-		o.watch.Stop()
-	}
+	h.observed.Close()
 	if first && h.reg != nil {
 		h.reg.Unregister(collector{h})
 	}

@@ -1,6 +1,7 @@
 package deviceplugin_test
 
 import (
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"reflect"
@@ -12,6 +13,7 @@ import (
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	testingclock "k8s.io/utils/clock/testing"
 
+	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
@@ -140,5 +142,46 @@ func TestObserve(t *testing.T) {
 	e.pm.WaitGone(reg.Path())
 	if d := e.h.Details(ps.Plugin); d != nil {
 		t.Errorf("details after the socket went = %+v, want nil", d)
+	}
+}
+
+// A look that fails lets go of the last look's watch of the endpoint, whose
+// reports the manager no longer heeds, and keeps the inventory it saw when
+// the plugin's name is the same. Under another name, the last look's record
+// goes, and its watch with it: none is left behind once Forget is called.
+func TestObserveFailedLetsTheLastWatchGo(t *testing.T) {
+	h := deviceplugin.New(deviceplugin.Options{})
+	t.Cleanup(h.Close)
+	endpoint := filepath.Join(testenv.ShortDir(t, "dpe"), "gpu.sock")
+	srv := serveEndpoint(t, endpoint, newDevicePlugin(dev("gpu-0", api.Healthy)))
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
+	defer cancel()
+	p := pluginmanager.Plugin{Type: deviceplugin.Type, Name: gpu, Endpoint: endpoint, Versions: []string{"v1beta1"}, Socket: "/reg/gpu.sock"}
+	observe := func(p pluginmanager.Plugin, ok bool) {
+		t.Helper()
+		if err := h.Observe(ctx, p); (err == nil) != ok {
+			t.Fatalf("Observe(%s, %q) = %v, want success %v", p.Name, p.Versions, err, ok)
+		}
+	}
+	observe(p, true)
+	srv.WaitConns(t, 1, testenv.Timeout) // the watch's
+
+	bad := p
+	bad.Versions = []string{"v1alpha"}
+	observe(bad, false)
+	srv.WaitConns(t, 0, testenv.Timeout)
+	if d, ok := h.Details(p).(plugdapi.DevicePluginObserved); !ok || len(d.Inventory) != 1 || !strings.Contains(d.LastError, "v1alpha") {
+		t.Errorf("details after a failed look = %+v, want the inventory kept, and the look's error", h.Details(p))
+	}
+
+	observe(p, true)
+	srv.WaitConns(t, 1, testenv.Timeout)
+	other := bad
+	other.Name = "example.com/other"
+	observe(other, false)
+	h.Forget(other)
+	srv.WaitConns(t, 0, testenv.Timeout)
+	if d := h.Details(p); d != nil {
+		t.Errorf("details of %s = %+v, want none once its socket showed another plugin", p.Name, d)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/observed"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -130,8 +131,7 @@ type Handler struct {
 	changed chan struct{}        // closed and replaced on every change; see notifyLocked
 
 	// observed holds what Observe saw, by registration socket; observe mode only.
-	observed map[string]*observation
-	looks    uint64 // Observe calls so far
+	observed *observed.Table[*observation]
 
 	// registering holds the cancel function of every Register in flight, for
 	// Close to end them.
@@ -275,9 +275,9 @@ func New(opts Options) *Handler {
 		drivers:     make(map[string]*driver),
 		sockets:     make(map[string]*instance),
 		changed:     make(chan struct{}),
-		observed:    make(map[string]*observation),
 		registering: make(map[*context.CancelCauseFunc]struct{}),
 	}
+	h.observed = observed.New[*observation](&h.mu, h.notifyLocked, opts.CallTimeout, opts.EndpointRoots)
 	if opts.Registerer != nil {
 		h.collector = newCollector(h)
 		opts.Registerer.MustRegister(h.collector)
@@ -452,18 +452,11 @@ func (h *Handler) Close() {
 	for _, d := range h.drivers {
 		d.stopTimer()
 	}
-	var watches []*observation
-	for _, o := range h.observed {
-		watches = append(watches, o)
-	}
 	clear(h.sockets)
 	clear(h.drivers)
-	clear(h.observed)
 	h.notifyLocked()
 	h.mu.Unlock()
-	for _, o := range watches {
-		o.watch.Stop()
-	}
+	h.observed.Close()
 
 	for _, in := range stop {
 		in.stop()

@@ -7,7 +7,6 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
-	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -16,13 +15,10 @@ var _ pluginmanager.Observer = (*Handler)(nil)
 // observation is what Observe last saw of a registration socket that another
 // manager (a kubelet) registered.
 type observation struct {
-	plugin      pluginmanager.Plugin
 	service     string
 	reachable   bool
 	reachableAt time.Time // of the last look that reached the endpoint
 	lastErr     string    // of the last look, if it failed
-	watch       *endpointwatch.Watch
-	look        uint64 // which Observe made it: the watch of another does not write to it
 }
 
 // ObservedStatus is what Details returns for a plugin seen in observe mode:
@@ -41,105 +37,59 @@ type ObservedStatus = api.DRAObserved
 // when the endpoint goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	service, _, err := check(&p)
-	h.mu.Lock()
-	closed := h.closed
-	h.looks++
-	look := h.looks
-	h.mu.Unlock()
-	if closed {
+	look, ok := h.observed.Look()
+	if !ok {
 		return ErrClosed
 	}
 	var w *endpointwatch.Watch
 	if err == nil {
-		w, err = h.watchObserved(ctx, p, look)
+		w, err = h.observed.Watch(ctx, p, look, h.seen)
 	}
-
-	h.mu.Lock()
-	var old *endpointwatch.Watch
-	defer func() {
-		h.mu.Unlock()
-		old.Stop() // without h.mu, which its reports take
-	}()
-	if h.closed {
-		old = w
-		return ErrClosed
-	}
-	o := h.observed[p.Socket]
-	if o == nil || o.plugin.Name != p.Name {
-		if o != nil {
-			old = o.watch
-		}
-		o = &observation{}
-		h.observed[p.Socket] = o
-	} else {
-		old = o.watch
-	}
-	o.watch, o.look = w, look
-	o.plugin, o.service = p, service
-	o.reachable = err == nil
 	if err != nil {
 		err = fmt.Errorf("observe DRA driver %q: %w", p.Name, err)
+	}
+	if !h.observed.Put(p, look, w, func(o *observation) *observation {
+		if o == nil {
+			o = &observation{}
+		}
+		o.service = service
+		h.seen(o, err)
+		return o
+	}) {
+		return ErrClosed
+	}
+	return err
+}
+
+// seen records in o whether a look at its endpoint, or its watch, found it
+// reachable (err is nil) or not.
+func (h *Handler) seen(o *observation, err error) (changed bool) {
+	o.reachable = err == nil
+	if err != nil {
 		o.lastErr = printable(err.Error(), maxMessageLen)
 	} else {
 		o.lastErr = ""
 		o.reachableAt = h.opts.Clock.Now()
 	}
-	h.notifyLocked()
-	return err
-}
-
-// watchObserved watches the endpoint of the observed plugin p, reporting
-// what it sees to the manager and in Details.
-func (h *Handler) watchObserved(ctx context.Context, p pluginmanager.Plugin, look uint64) (*endpointwatch.Watch, error) {
-	report := pluginmanager.EndpointReporter(ctx)
-	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
-		Timeout: h.opts.CallTimeout,
-		Dial:    confine.For(p.Endpoint, p.Socket, h.opts.EndpointRoots).Dial,
-		Report: func(err error) {
-			report(err)
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			o := h.observed[p.Socket]
-			if o == nil || o.look != look {
-				return
-			}
-			o.reachable = err == nil
-			if err != nil {
-				o.lastErr = printable(err.Error(), maxMessageLen)
-			} else {
-				o.lastErr = ""
-				o.reachableAt = h.opts.Clock.Now()
-			}
-			h.notifyLocked()
-		},
-	})
+	return true
 }
 
 // Forget drops what Observe recorded for p's socket, and stops watching its
 // endpoint: it is gone.
 func (h *Handler) Forget(p pluginmanager.Plugin) {
-	h.mu.Lock()
-	o, ok := h.observed[p.Socket]
-	if ok {
-		delete(h.observed, p.Socket)
-		h.notifyLocked()
-	}
-	h.mu.Unlock()
-	if ok {
-		o.watch.Stop()
-	}
+	h.observed.Forget(p)
 }
 
 // observedLocked returns Details of an observed plugin as an
 // *ObservedStatus, or nil. h.mu must be held.
 func (h *Handler) observedLocked(p pluginmanager.Plugin) any {
-	o := h.observed[p.Socket]
-	if o == nil || o.plugin.Name != p.Name {
+	seen, o, ok := h.observed.FindLocked(p)
+	if !ok {
 		return nil
 	}
 	return &ObservedStatus{
-		Driver:      o.plugin.Name,
-		Endpoint:    o.plugin.Endpoint,
+		Driver:      seen.Name,
+		Endpoint:    seen.Endpoint,
 		Service:     o.service,
 		Observed:    true,
 		Reachable:   o.reachable,
