@@ -472,6 +472,16 @@ func (h *Handler) Resources() []Resource {
 	return out
 }
 
+// countByHealth counts devs by health, Healthy and Unhealthy both named
+// even when none is.
+func countByHealth(devs []Device) map[string]int {
+	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
+	for _, d := range devs {
+		counts[d.Health]++
+	}
+	return counts
+}
+
 // cloneDevices copies devs deeply, so that a caller cannot change the handler's state.
 func cloneDevices(devs []Device) []Device {
 	if devs == nil {
@@ -498,17 +508,13 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 	if inst == nil || inst.res == nil || inst.plugin.Name != p.Name {
 		return h.observedDetailsLocked(p)
 	}
-	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
-	for _, d := range inst.devices {
-		counts[d.Health]++
-	}
 	return plugdapi.DevicePluginDetails{
 		Resource:  inst.res.name,
 		Endpoint:  inst.plugin.Endpoint,
 		Serving:   inst.res.serving() == inst,
 		Connected: inst.connected,
 		Dropped:   inst.dropped,
-		Devices:   counts,
+		Devices:   countByHealth(inst.devices),
 		Inventory: cloneDevices(inst.devices),
 		Options:   inst.options,
 		LastError: inst.lastErr,

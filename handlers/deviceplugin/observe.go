@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-
 	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
@@ -105,15 +103,11 @@ func (h *Handler) observedDetailsLocked(p pluginmanager.Plugin) any {
 	if !ok {
 		return nil
 	}
-	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
-	for _, d := range o.devices {
-		counts[d.Health]++
-	}
 	return plugdapi.DevicePluginObserved{
 		Resource:   seen.Name,
 		Endpoint:   seen.Endpoint,
 		Observed:   true,
-		Devices:    counts,
+		Devices:    countByHealth(o.devices),
 		Inventory:  cloneDevices(o.devices),
 		Options:    o.options,
 		LastError:  o.lastErr,
