@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// ClusterView is plugctl cluster's answer (what -o json prints): every expected plugin across the
-// cluster's nodes.
+// ClusterView is the answer of plugctl cluster and kubectl plugd cluster
+// (what -o json prints): every expected plugin across the cluster's nodes.
 type ClusterView struct {
 	// Nodes is how many Node objects there are; NodesWithPlugd how many of
 	// them carry at least one of plugd's conditions.
@@ -45,35 +45,65 @@ type NodeCondition struct {
 // when its message is in plugd's form ("plugd: TYPE NAME: ..."); a node
 // whose plugd expects nothing does not count.
 func Summarize(nodes []corev1.Node) []ClusterPlugin {
-	byKey := map[[3]string]*ClusterPlugin{}
-	for _, n := range nodes {
-		for _, c := range n.Status.Conditions {
-			typ, name, ok := Parse(c.Message)
-			if !ok {
-				continue
-			}
-			k := [3]string{typ, name, string(c.Type)}
-			cp := byKey[k]
-			if cp == nil {
-				cp = &ClusterPlugin{Type: typ, Name: name, Condition: string(c.Type)}
-				byKey[k] = cp
-			}
-			cp.Expected++
-			if c.Status == corev1.ConditionTrue {
-				cp.Ready++
-				continue
-			}
-			cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(c.Status), Reason: c.Reason,
-				Message: c.Message, Since: c.LastTransitionTime.Time})
-		}
+	var c Census
+	for i := range nodes {
+		c.Add(&nodes[i])
 	}
-	out := make([]ClusterPlugin, 0, len(byKey))
-	for _, cp := range byKey {
-		slices.SortFunc(cp.NotReady, func(a, b NodeCondition) int { return cmp.Compare(a.Node, b.Node) })
-		out = append(out, *cp)
+	return c.View().Plugins
+}
+
+// Census builds a ClusterView one node at a time, so that a reader can page
+// through a large cluster and keep only what the view needs of each page.
+// The zero value is an empty census.
+type Census struct {
+	nodes, withPlugd int
+	byKey            map[[3]string]*ClusterPlugin
+}
+
+// Add counts n: the node, and each of plugd's conditions on it.
+func (c *Census) Add(n *corev1.Node) {
+	c.nodes++
+	mine := false
+	for _, cond := range n.Status.Conditions {
+		typ, name, ok := Parse(cond.Message)
+		if !ok {
+			continue
+		}
+		mine = true
+		k := [3]string{typ, name, string(cond.Type)}
+		cp := c.byKey[k]
+		if cp == nil {
+			if c.byKey == nil {
+				c.byKey = map[[3]string]*ClusterPlugin{}
+			}
+			cp = &ClusterPlugin{Type: typ, Name: name, Condition: string(cond.Type)}
+			c.byKey[k] = cp
+		}
+		cp.Expected++
+		if cond.Status == corev1.ConditionTrue {
+			cp.Ready++
+			continue
+		}
+		cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(cond.Status), Reason: cond.Reason,
+			Message: cond.Message, Since: cond.LastTransitionTime.Time})
+	}
+	if mine {
+		c.withPlugd++
+	}
+}
+
+// View is what the census counted: the plugins sorted by type, name and
+// condition, the nodes where each is not ready sorted by name.
+func (c *Census) View() ClusterView {
+	out := make([]ClusterPlugin, 0, len(c.byKey))
+	for _, cp := range c.byKey {
+		p := *cp
+		p.NotReady = slices.Clone(p.NotReady)
+		slices.SortFunc(p.NotReady, func(a, b NodeCondition) int { return cmp.Compare(a.Node, b.Node) })
+		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b ClusterPlugin) int {
 		return cmp.Or(cmp.Compare(a.Type, b.Type), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Condition, b.Condition))
 	})
-	return out
+	return ClusterView{Nodes: c.nodes, NodesWithPlugd: c.withPlugd, Plugins: out}
 }

@@ -39,3 +39,26 @@ func TestSummarize(t *testing.T) {
 // A disagreement between the socket and the kubelet is told once, after the
 // grace; a device plugin that went, whose capacity the kubelet keeps for its
 // own grace period with nothing allocatable, is no disagreement.
+
+// A census counts node by node what Summarize counts at once, and its view
+// is a copy: counting on does not change a view already taken.
+func TestCensus(t *testing.T) {
+	var c Census
+	mine := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{Type: "x/CSIPluginReady", Status: corev1.ConditionFalse, Message: Message("CSIPlugin", "x", "no socket")}}}}
+	other := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	c.Add(&mine)
+	c.Add(&other)
+	v := c.View()
+	if v.Nodes != 2 || v.NodesWithPlugd != 1 || len(v.Plugins) != 1 || v.Plugins[0].Expected != 1 || len(v.Plugins[0].NotReady) != 1 {
+		t.Fatalf("view %+v", v)
+	}
+	mine.Name = "a-too"
+	c.Add(&mine)
+	if len(v.Plugins[0].NotReady) != 1 {
+		t.Errorf("a view taken earlier changed: %+v", v.Plugins[0])
+	}
+	if w := c.View(); w.Nodes != 3 || w.Plugins[0].Expected != 2 || w.Plugins[0].NotReady[0].Node != "a-too" {
+		t.Errorf("view after a third node: %+v", w)
+	}
+}

@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
-	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
@@ -842,7 +841,7 @@ func TestDoctor(t *testing.T) {
 func TestKubeletColumn(t *testing.T) {
 	now := time.Now()
 	plain := []api.Plugin{{ID: "a.sock", Type: "CSIPlugin", Name: "a", State: "Answering"}}
-	if h := pluginTable(plain, false, now).header; slices.Contains(h, "KUBELET") {
+	if h := pluginTable(plain, false, now).Header; slices.Contains(h, "KUBELET") {
 		t.Errorf("header %q without Kubernetes", h)
 	}
 	kube := []api.Plugin{
@@ -850,38 +849,20 @@ func TestKubeletColumn(t *testing.T) {
 		{ID: "b.sock", State: "Pending"},
 	}
 	var b strings.Builder
-	pluginTable(kube, false, now).write(&b, 0)
+	pluginTable(kube, false, now).Write(&b, 0)
 	if lines := strings.Split(b.String(), "\n"); !strings.HasPrefix(lines[0], "ID       TYPE        NAME   STATE       KUBELET         AGE") ||
 		!strings.Contains(lines[1], "Answering   NotRegistered") || !strings.Contains(lines[2], "Pending     -") {
 		t.Errorf("table:\n%s", b.String())
 	}
 	b.Reset()
-	pluginTable(kube, true, now).write(&b, 0)
+	pluginTable(kube, true, now).Write(&b, 0)
 	if !strings.Contains(b.String(), "NotRegistered(NotInCSINode)") {
 		t.Errorf("wide table:\n%s", b.String())
 	}
 }
 
-func TestClusterTable(t *testing.T) {
-	now := time.Now()
-	v := nodecond.ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []nodecond.ClusterPlugin{
-		{Type: "CSIPlugin", Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady", Ready: 2, Expected: 3,
-			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
-	}}
-	var b strings.Builder
-	if err := writeCluster(&b, v, true, now); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{"TYPE        NAME              READY   EXPECTED   CONDITION", "CSIPlugin   csi.example.com   2       3          csi.example.com/CSIPluginReady",
-		"3 nodes, 3 with plugd's conditions", "CSIPlugin csi.example.com: not ready on 1 of 3 nodes", "node-c   False    SocketMissing   3m      plugd: CSIPlugin"} {
-		if !strings.Contains(b.String(), s) {
-			t.Errorf("cluster -o wide does not print %q:\n%s", s, b.String())
-		}
-	}
-	b.Reset()
-	writeCluster(&b, nodecond.ClusterView{Nodes: 2}, false, now)
-	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
-		t.Errorf("empty cluster:\n%s", b.String())
-	}
+// plugctl cluster reads the API server's address as kubectl does; the view
+// and its table are package fleet's, tested there and in test/kube.
+func TestClusterNoAPIServer(t *testing.T) {
 	run("cluster", "--kubeconfig", "/nonexistent/kubeconfig").want(t, ExitError, "cannot find the Kubernetes API server")
 }

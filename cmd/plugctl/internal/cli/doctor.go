@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
 var doctorOutputs = []string{"text", "json", "yaml"}
@@ -70,95 +70,26 @@ func (a *app) doctor(ctx context.Context, output, minSeverity string) error {
 	}
 	shown := []api.Finding{}
 	for _, f := range fs {
-		if severityAtLeast(f.Severity, minSeverity) {
+		if printer.SeverityAtLeast(f.Severity, minSeverity) {
 			shown = append(shown, f)
 		}
 	}
 	switch output {
 	case "json":
-		err = writeJSON(a.stdout, api.FindingList{Findings: shown})
+		err = printer.JSON(a.stdout, api.FindingList{Findings: shown})
 	case "yaml":
-		err = writeYAML(a.stdout, api.FindingList{Findings: shown})
+		err = printer.YAML(a.stdout, api.FindingList{Findings: shown})
 	default:
-		err = writeFindings(a.stdout, shown)
+		err = printer.Findings(a.stdout, "plugd", shown)
 	}
 	if err != nil {
 		return err
 	}
-	if slices.ContainsFunc(fs, func(f api.Finding) bool { return severityAtLeast(f.Severity, api.SeverityWarning) }) {
-		return &exitError{code: ExitFindings, err: fmt.Errorf("found %s", countFindings(fs))}
+	if slices.ContainsFunc(fs, func(f api.Finding) bool { return printer.SeverityAtLeast(f.Severity, api.SeverityWarning) }) {
+		return &exitError{code: ExitFindings, err: fmt.Errorf("found %s", printer.CountFindings(fs))}
 	}
 	return nil
 }
 
 // doctorWait bounds a doctor run: plugd's own bound, and a margin.
 const doctorWait = 15 * time.Second
-
-func severityAtLeast(s, min string) bool {
-	return slices.Index(api.Severities, s) >= slices.Index(api.Severities, min)
-}
-
-// writeFindings prints findings for people: a heading line each, then the
-// summary, evidence and remedy, indented.
-func writeFindings(w io.Writer, fs []api.Finding) error {
-	var b strings.Builder
-	if len(fs) == 0 {
-		b.WriteString("plugd found nothing wrong\n")
-	}
-	for i, f := range fs {
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		head := []string{text(strings.ToUpper(f.Severity)), text(f.Check)}
-		if f.Type != "" {
-			head = append(head, text(f.Type+" "+f.Name))
-		}
-		if f.Socket != "" {
-			head = append(head, text(f.Socket))
-		}
-		fmt.Fprintf(&b, "%s\n  %s\n", strings.Join(head, "  "), text(f.Summary))
-		for _, e := range f.Evidence {
-			fmt.Fprintf(&b, "  - %s\n", text(e))
-		}
-		if f.Remedy != "" {
-			fmt.Fprintf(&b, "  remedy: %s\n", text(f.Remedy))
-		}
-	}
-	if len(fs) > 0 {
-		fmt.Fprintf(&b, "\n%s\n", countFindings(fs))
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-// text is s on one line, safe for a terminal.
-func text(s string) string {
-	if s == "" {
-		return ""
-	}
-	return cell(s)
-}
-
-// countFindings says how many findings there are of each severity.
-func countFindings(fs []api.Finding) string {
-	var parts []string
-	for _, sev := range slices.Backward(api.Severities) {
-		n := 0
-		for _, f := range fs {
-			if f.Severity == sev {
-				n++
-			}
-		}
-		if n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, plural(n, sev)))
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-func plural(n int, s string) string {
-	if n == 1 {
-		return s
-	}
-	return s + "s"
-}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
 func (a *app) getCommand() *cobra.Command {
@@ -63,9 +64,9 @@ func (a *app) get(ctx context.Context, id, output string) error {
 		return a.explain(ctx, c, err)
 	}
 	if output == "json" {
-		return writeJSON(a.stdout, p)
+		return printer.JSON(a.stdout, p)
 	}
-	return writeYAML(a.stdout, p)
+	return printer.YAML(a.stdout, p)
 }
 
 func notFound(id string, guesses []string) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
 // states are the plugin states plugd reports, as the API spells them.
@@ -82,9 +83,9 @@ func (a *app) list(ctx context.Context, f api.Filter, output string) error {
 	}
 	switch output {
 	case "json":
-		return writeJSON(a.stdout, api.PluginList{Plugins: nonNil(plugins)})
+		return printer.JSON(a.stdout, api.PluginList{Plugins: nonNil(plugins)})
 	case "yaml":
-		return writeYAML(a.stdout, api.PluginList{Plugins: nonNil(plugins)})
+		return printer.YAML(a.stdout, api.PluginList{Plugins: nonNil(plugins)})
 	}
 	if len(plugins) == 0 {
 		// An empty table would leave people wondering whether plugctl
@@ -93,11 +94,11 @@ func (a *app) list(ctx context.Context, f api.Filter, output string) error {
 		return nil
 	}
 	t := pluginTable(plugins, output == "wide", time.Now())
-	width := outputWidth(a.stdout, a.getenv)
+	width := printer.Width(a.stdout, a.getenv)
 	if output == "wide" {
 		width = 0
 	}
-	return t.write(a.stdout, width)
+	return t.Write(a.stdout, width)
 }
 
 // registryDir asks plugd which directory it watches, or returns "" if it will
@@ -134,28 +135,28 @@ func filterString(f api.Filter) string {
 
 // pluginTable lays plugins out for people. ERROR comes last in both forms so
 // that a long error, cut or not, does not push other columns around.
-func pluginTable(plugins []api.Plugin, wide bool, now time.Time) table {
+func pluginTable(plugins []api.Plugin, wide bool, now time.Time) printer.Table {
 	kube := slices.ContainsFunc(plugins, func(p api.Plugin) bool { return p.Kubelet != nil })
-	t := table{header: []string{"ID", "TYPE", "NAME", "STATE"}}
+	t := printer.Table{Header: []string{"ID", "TYPE", "NAME", "STATE"}}
 	if kube {
-		t.header = append(t.header, "KUBELET")
+		t.Header = append(t.Header, "KUBELET")
 	}
-	t.header = append(t.header, "AGE")
+	t.Header = append(t.Header, "AGE")
 	if wide {
-		t.header = append(t.header, "ENDPOINT", "VERSIONS", "ATTEMPTS", "NEXT RETRY", "NEWEST")
+		t.Header = append(t.Header, "ENDPOINT", "VERSIONS", "ATTEMPTS", "NEXT RETRY", "NEWEST")
 	}
-	t.header = append(t.header, "ERROR")
+	t.Header = append(t.Header, "ERROR")
 	for _, p := range plugins {
-		row := []string{cell(p.ID), cell(p.Type), cell(p.Name), cell(p.State)}
+		row := []string{printer.Cell(p.ID), printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.State)}
 		if kube {
 			row = append(row, kubeletCell(p.Kubelet, wide))
 		}
 		row = append(row, age(p, now))
 		if wide {
-			row = append(row, cell(p.Endpoint), cell(strings.Join(p.Versions, ",")),
-				strconv.Itoa(p.Attempts), until(p.NextRetry, now), yesOrDash(p.Newest))
+			row = append(row, printer.Cell(p.Endpoint), printer.Cell(strings.Join(p.Versions, ",")),
+				strconv.Itoa(p.Attempts), printer.Until(p.NextRetry, now), yesOrDash(p.Newest))
 		}
-		t.rows = append(t.rows, append(row, cell(p.LastError)))
+		t.Rows = append(t.Rows, append(row, printer.Cell(p.LastError)))
 	}
 	return t
 }
@@ -167,18 +168,18 @@ func kubeletCell(v *api.KubeletView, wide bool) string {
 	case v == nil:
 		return "-"
 	case wide && v.Reason != "":
-		return cell(v.State + "(" + v.Reason + ")")
+		return printer.Cell(v.State + "(" + v.Reason + ")")
 	}
-	return cell(v.State)
+	return printer.Cell(v.State)
 }
 
 // age is how long a plugin has been registered, or if it is not, how long
 // ago its socket was found.
 func age(p api.Plugin, now time.Time) string {
 	if !p.RegisteredSince.IsZero() {
-		return since(p.RegisteredSince, now)
+		return printer.Since(p.RegisteredSince, now)
 	}
-	return since(p.Discovered, now)
+	return printer.Since(p.Discovered, now)
 }
 
 func yesOrDash(b bool) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
 // waitConditions are what wait can wait for. The first three are states.
@@ -246,7 +247,7 @@ func (a *app) reportMet(w waitSpec, hits []api.Plugin) error {
 		return err
 	}
 	for _, p := range hits {
-		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", cell(p.ID), cell(p.State)); err != nil {
+		if _, err := fmt.Fprintf(a.stdout, "%s is %s\n", printer.Cell(p.ID), printer.Cell(p.State)); err != nil {
 			return err
 		}
 	}
@@ -281,7 +282,7 @@ func describe(matching []api.Plugin) string {
 			parts = append(parts, fmt.Sprintf("and %d more ('plugctl list' shows all)", len(matching)-i))
 			break
 		}
-		s := fmt.Sprintf("%s is %s", cell(p.ID), cell(p.State))
+		s := fmt.Sprintf("%s is %s", printer.Cell(p.ID), printer.Cell(p.State))
 		if p.LastError != "" {
 			s += ", " + errorText(p)
 		}

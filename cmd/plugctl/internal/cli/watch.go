@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -263,7 +264,7 @@ func eventLine(ev api.Event) string {
 		return fmt.Sprintf("%s  %-12s  missed %d events; 'plugctl list' shows the current state", t, ev.Type, ev.Missed)
 	}
 	p := ev.Plugin
-	line := fmt.Sprintf("%s  %-12s  %s  %s  %s  %s", t, cell(ev.Type), cell(p.Type), cell(p.Name), cell(p.ID), cell(p.State))
+	line := fmt.Sprintf("%s  %-12s  %s  %s  %s  %s", t, printer.Cell(ev.Type), printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.ID), printer.Cell(p.State))
 	if p.LastError != "" {
 		line += "  " + errorText(p)
 	}

@@ -1,4 +1,8 @@
-package cli
+// Package printer is how plugd's command-line programs (plugctl and
+// kubectl-plugd) print: aligned tables of terminal-safe cells, ages, JSON
+// and YAML, and doctor findings. Both programs print the same things the
+// same way, so a user reads one form.
+package printer
 
 import (
 	"encoding/json"
@@ -13,10 +17,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// table is rows of cells under a header, printed with aligned columns.
-type table struct {
-	header []string
-	rows   [][]string
+// Table is rows of cells under a header, printed with aligned columns.
+type Table struct {
+	Header []string
+	Rows   [][]string
 }
 
 // columnGap separates columns, as kubectl does.
@@ -26,13 +30,13 @@ const columnGap = "   "
 // that a narrow terminal still shows the start of an error.
 const minLastColumn = 20
 
-// write prints t. If width is positive, the last column is cut so that each
+// Write prints t. If width is positive, the last column is cut so that each
 // line fits in width characters; the others are never cut, so that IDs can be
 // copied from the output.
-func (t table) write(w io.Writer, width int) error {
-	cols := len(t.header)
+func (t Table) Write(w io.Writer, width int) error {
+	cols := len(t.Header)
 	widths := make([]int, cols)
-	for _, r := range append([][]string{t.header}, t.rows...) {
+	for _, r := range append([][]string{t.Header}, t.Rows...) {
 		for i, c := range r {
 			widths[i] = max(widths[i], utf8.RuneCountInString(c))
 		}
@@ -46,10 +50,10 @@ func (t table) write(w io.Writer, width int) error {
 		last = max(width-used, minLastColumn)
 	}
 	var b strings.Builder
-	for _, r := range append([][]string{t.header}, t.rows...) {
+	for _, r := range append([][]string{t.Header}, t.Rows...) {
 		for i, c := range r {
 			if i == cols-1 {
-				b.WriteString(truncate(c, last))
+				b.WriteString(Truncate(c, last))
 				break
 			}
 			b.WriteString(c)
@@ -62,9 +66,9 @@ func (t table) write(w io.Writer, width int) error {
 	return err
 }
 
-// cell makes s fit in a table cell: on one line, and "-" when empty so that
+// Cell makes s fit in a table cell: on one line, and "-" when empty so that
 // every row has as many words as the header (for awk and friends).
-func cell(s string) string {
+func Cell(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	// plugd escapes what plugins send; a daemon that did not must still not
 	// be able to drive the terminal through plugctl.
@@ -80,9 +84,9 @@ func cell(s string) string {
 	return s
 }
 
-// truncate cuts s to n characters, marking the cut with an ellipsis; a
+// Truncate cuts s to n characters, marking the cut with an ellipsis; a
 // negative n leaves s whole.
-func truncate(s string, n int) string {
+func Truncate(s string, n int) string {
 	if n < 0 || utf8.RuneCountInString(s) <= n {
 		return s
 	}
@@ -90,10 +94,10 @@ func truncate(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// outputWidth is how wide a table on w may be: the terminal's width, else
+// Width is how wide a table on w may be: the terminal's width, else
 // $COLUMNS, else a fixed width, so that a table piped to a file or grep still
 // has one short line per plugin (the whole error is in -o wide and get).
-func outputWidth(w io.Writer, getenv func(string) string) int {
+func Width(w io.Writer, getenv func(string) string) int {
 	if n := terminalWidth(w); n > 0 {
 		return n
 	}
@@ -103,9 +107,9 @@ func outputWidth(w io.Writer, getenv func(string) string) int {
 	return 120
 }
 
-// human is a duration the way people say it: 3s, 5m, 2h, 4d. It is rounded
+// Human is a duration the way people say it: 3s, 5m, 2h, 4d. It is rounded
 // down, as ages are.
-func human(d time.Duration) string {
+func Human(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "0s"
@@ -119,16 +123,16 @@ func human(d time.Duration) string {
 	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }
 
-// since is how long ago t was, or "-" if it is unknown.
-func since(t, now time.Time) string {
+// Since is how long ago t was, or "-" if it is unknown.
+func Since(t, now time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return human(now.Sub(t))
+	return Human(now.Sub(t))
 }
 
-// until says when t comes: "in 3s", or "now" if it is due; "-" if there is no t.
-func until(t, now time.Time) string {
+// Until says when t comes: "in 3s", or "now" if it is due; "-" if there is no t.
+func Until(t, now time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
@@ -137,18 +141,18 @@ func until(t, now time.Time) string {
 		return "now"
 	}
 	// Round up: a retry 300ms away is "in 1s", not "in 0s".
-	return "in " + human((d + time.Second - 1).Truncate(time.Second))
+	return "in " + Human((d + time.Second - 1).Truncate(time.Second))
 }
 
-// writeJSON prints v indented, for people and jq alike.
-func writeJSON(w io.Writer, v any) error {
+// JSON prints v indented, for people and jq alike.
+func JSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
 
-// writeYAML prints v as YAML with the field names of its JSON form.
-func writeYAML(w io.Writer, v any) error {
+// YAML prints v as YAML with the field names of its JSON form.
+func YAML(w io.Writer, v any) error {
 	b, err := yaml.Marshal(v)
 	if err != nil {
 		return err

@@ -1,9 +1,9 @@
 //go:build !unix
 
-package cli
+package printer
 
 import "io"
 
-// terminalWidth is 0 where plugctl cannot ask the terminal: tables then use
+// terminalWidth is 0 where the program cannot ask the terminal: tables then use
 // $COLUMNS or a fixed width.
 func terminalWidth(io.Writer) int { return 0 }
