@@ -92,11 +92,13 @@ func nodeFindings(n *corev1.Node) []api.Finding {
 			Remedy:   remedy(p.Reason, n.Name)})
 	}
 	for _, t := range n.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
-			fs = append(fs, api.Finding{Severity: api.SeverityInfo, Check: "taint",
-				Summary:  fmt.Sprintf("the node has the taint %s:%s", t.Key, t.Effect),
-				Evidence: []string{"a startup taint stays until plugd (removeTaintWhenReady) or node-readiness-controller removes it: once every expected plugin is ready"}})
+		if strings.HasPrefix(t.Key, "node.kubernetes.io/") || strings.HasPrefix(t.Key, "node-role.kubernetes.io/") || t.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue // Kubernetes' own: the kubelet's and the node lifecycle's
 		}
+		fs = append(fs, api.Finding{Severity: api.SeverityInfo, Check: "taint",
+			Summary: fmt.Sprintf("the node has the taint %s:%s: pods that do not tolerate it stay off", t.Key, t.Effect),
+			Evidence: []string{"a startup taint for plugins is removed by plugd (kubernetes.removeTaintWhenReady) or by a NodeReadinessRule " +
+				"once every expected plugin is ready; the conditions above say which is not"}})
 	}
 	return fs
 }

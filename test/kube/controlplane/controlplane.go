@@ -63,12 +63,12 @@ func Locate() (Dirs, error) {
 }
 
 // Build compiles etcd and kube-apiserver (from this module) and plugd,
-// plugctl (from the repository) into d.Bin. The go command relinks only
+// plugctl and kubectl-plugd (from the repository) into d.Bin. The go command relinks only
 // what changed; the first build of kube-apiserver takes minutes.
 func Build(ctx context.Context, d Dirs, log io.Writer) error {
 	for _, b := range []struct{ dir, what string }{
 		{d.Module, "./cmd/etcd ./cmd/kube-apiserver"},
-		{d.Repo, "./cmd/plugd ./cmd/plugctl"},
+		{d.Repo, "./cmd/plugd ./cmd/plugctl ./cmd/kubectl-plugd"},
 	} {
 		start := time.Now()
 		args := append([]string{"build", "-o", d.Bin + string(filepath.Separator)}, strings.Fields(b.what)...)

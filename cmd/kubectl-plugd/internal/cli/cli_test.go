@@ -1,0 +1,58 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// run runs the plugin in-process and returns its exit code and output.
+func run(args ...string) (int, string) {
+	var out strings.Builder
+	code := Run(context.Background(), args, &out, &out)
+	return code, out.String()
+}
+
+// The help reads like kubectl's: the command is "kubectl plugd", commands
+// come in groups, and kubectl's connection flags are there.
+func TestHelp(t *testing.T) {
+	code, out := run("--help")
+	for _, want := range []string{"kubectl plugd [command]", "Basic Commands:", "cluster ", "doctor ", "node ",
+		"--kubeconfig string", "--context string", "-n, --namespace string", "--request-timeout"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl plugd --help lacks %q:\n%s", want, out)
+		}
+	}
+	if code != ExitOK {
+		t.Errorf("--help: exit %d", code)
+	}
+	_, out = run("node", "--help")
+	for _, want := range []string{"kubectl plugd node NODE", "Examples:\n  # The plugins of node worker-1\n  kubectl plugd node worker-1", "-w, --watch", "Global Flags:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl plugd node --help lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"node"}, ExitUsage, "node takes one NODE"},
+		{[]string{"doctor", "a", "b"}, ExitUsage, "doctor takes one NODE"},
+		{[]string{"cluster", "-o", "xml"}, ExitUsage, `--output "xml" must be one of table, wide, json, yaml`},
+		{[]string{"doctor", "a", "--min-severity", "fatal"}, ExitUsage, `--min-severity "fatal" must be one of info, warning, error`},
+		{[]string{"cluster", "--bogus"}, ExitUsage, "unknown flag: --bogus"},
+		{[]string{"cluster", "--kubeconfig", "/nonexistent/kubeconfig"}, ExitError, "cannot find the Kubernetes API server"},
+	} {
+		code, out := run(tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("kubectl plugd %q: exit %d, want %d with %q:\n%s", tc.args, code, tc.code, tc.want, out)
+		}
+		if code == ExitUsage && !strings.Contains(out, "--help' for usage") {
+			t.Errorf("kubectl plugd %q: no hint at --help:\n%s", tc.args, out)
+		}
+	}
+}

@@ -1,0 +1,224 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/fleet"
+	"github.com/plugd/plugd/cmd/internal/printer"
+)
+
+var viewOutputs = []string{"table", "wide", "json", "yaml"}
+
+func (a *app) clusterCommand() *cobra.Command {
+	var selector, output string
+	cmd := &cobra.Command{
+		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml]",
+		Short: "Show on how many nodes each expected plugin is ready",
+		Long: `Show, for every plugin that plugd expects on some node, on how many nodes it is
+ready out of the nodes that expect it, read from the Node conditions plugd
+keeps (one per expected plugin).
+
+ Nodes are read 500 at a time, so that a large cluster costs a few requests
+and little memory. -l counts only the nodes it selects. Reading needs list on
+nodes.`,
+		Example: `  # Every expected plugin, and on how many nodes it is ready
+  kubectl plugd cluster
+
+  # Also list the nodes where a plugin is not ready, and why
+  kubectl plugd cluster -o wide
+
+  # Only the GPU nodes, in another cluster
+  kubectl plugd cluster -l nvidia.com/gpu.present=true --context prod
+
+  # The plugins not ready everywhere, for a script
+  kubectl plugd cluster -o json | jq '.plugins[] | select(.ready < .expected)'`,
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+				return err
+			}
+			rc, err := a.restConfig()
+			if err != nil {
+				return err
+			}
+			client, err := corev1client.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			v, err := fleet.Cluster(cmd.Context(), client, selector)
+			if err != nil {
+				return fmt.Errorf("%s: %w", rc.Host, err)
+			}
+			switch output {
+			case "json":
+				return printer.JSON(a.stdout, v)
+			case "yaml":
+				return printer.YAML(a.stdout, v)
+			}
+			return fleet.WriteCluster(a.stdout, v, output == "wide", time.Now())
+		}),
+	}
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Selector (label query) to filter nodes on, e.g. -l key1=value1,key2=value2")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	return cmd
+}
+
+func (a *app) nodeCommand() *cobra.Command {
+	var output string
+	var watch bool
+	cmd := &cobra.Command{
+		Use:   "node NODE [-o table|wide|json|yaml] [-w]",
+		Short: "Show one node's expected plugins, and what the kubelet shows of them",
+		Long: `Show one node's expected plugins: plugd's condition for each (ready or not, the
+reason, since when), then what the kubelet wrote of the node's plugins: the
+CSI drivers in its CSINode, the device plugins' resources in its capacity,
+and the DRA drivers with ResourceSlices for it.
+
+ With --watch, print the view again each time the Node changes.`,
+		Example: `  # The plugins of node worker-1
+  kubectl plugd node worker-1
+
+  # With each condition's message, and followed as it changes
+  kubectl plugd node worker-1 -o wide --watch`,
+		Args: exactlyOneNode,
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			var err error
+			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+				return err
+			}
+			c, err := a.clients()
+			if err != nil {
+				return err
+			}
+			render := func(v fleet.NodeView) ([]byte, error) {
+				var b bytes.Buffer
+				switch output {
+				case "json":
+					err = printer.JSON(&b, v)
+				case "yaml":
+					err = printer.YAML(&b, v)
+				default:
+					err = fleet.WriteNode(&b, v, output == "wide", time.Now())
+				}
+				return b.Bytes(), err
+			}
+			if !watch {
+				v, err := fleet.ReadNode(cmd.Context(), c, args[0])
+				if err != nil {
+					return err
+				}
+				b, err := render(v)
+				if err != nil {
+					return err
+				}
+				_, err = a.stdout.Write(b)
+				return err
+			}
+			var last []byte
+			return fleet.WatchNode(cmd.Context(), c, args[0], func(v fleet.NodeView) error {
+				b, err := render(v)
+				if err != nil || bytes.Equal(b, last) {
+					return err // the kubelet's heartbeats change nothing shown
+				}
+				if last != nil && output != "json" {
+					fmt.Fprintln(a.stdout)
+				}
+				last = b
+				_, err = a.stdout.Write(b)
+				return err
+			})
+		}),
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "After printing the view, watch the Node and print it again when it changes.")
+	return cmd
+}
+
+var doctorOutputs = []string{"text", "json", "yaml"}
+
+func (a *app) doctorCommand() *cobra.Command {
+	var output, minSeverity string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "doctor NODE [-o text|json|yaml]",
+		Short: "Find what is wrong with a node's plugins, and say what to do",
+		Long: `Look at a node through the API and print what is wrong there, most serious
+first, each finding with its evidence and a remedy: the kubelet's Ready
+condition; each expected plugin that is not ready (plugd's condition, its
+reason and message); whether plugd's pod runs on the node and is ready; the
+Warning events plugd recorded about the node; and plugd's own report (what
+plugctl doctor prints on the node: stale sockets, refused versions, sockets
+under another kubelet root...), asked through the API server's proxy to
+plugd's pod where that reaches it.
+
+ plugd's pod is looked for in the namespace -n (default plugd), by the label
+app.kubernetes.io/name=plugd. Exit status 4 when something at warning or
+above is found.`,
+		Example: `  # What is wrong on node worker-1
+  kubectl plugd doctor worker-1
+
+  # Only the errors, as JSON
+  kubectl plugd doctor worker-1 --min-severity error -o json`,
+		Args: exactlyOneNode,
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			var err error
+			if output, err = oneOf("--output", output, doctorOutputs...); err != nil {
+				return err
+			}
+			if minSeverity, err = oneOf("--min-severity", minSeverity, api.Severities...); err != nil {
+				return err
+			}
+			c, err := a.clients()
+			if err != nil {
+				return err
+			}
+			fs, err := fleet.Doctor(cmd.Context(), c, args[0], fleet.DoctorOptions{Namespace: a.namespace(), ReportTimeout: timeout})
+			if err != nil {
+				return err
+			}
+			shown := []api.Finding{}
+			for _, f := range fs {
+				if printer.SeverityAtLeast(f.Severity, minSeverity) {
+					shown = append(shown, f)
+				}
+			}
+			switch output {
+			case "json":
+				err = printer.JSON(a.stdout, api.FindingList{Findings: shown})
+			case "yaml":
+				err = printer.YAML(a.stdout, api.FindingList{Findings: shown})
+			default:
+				err = printer.Findings(a.stdout, "kubectl plugd doctor", shown)
+			}
+			if err != nil {
+				return err
+			}
+			if slices.ContainsFunc(fs, func(f api.Finding) bool { return printer.SeverityAtLeast(f.Severity, api.SeverityWarning) }) {
+				return &exitError{code: ExitFindings, err: fmt.Errorf("found %s on node %s", printer.CountFindings(fs), args[0])}
+			}
+			return nil
+		}),
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "Output format. One of: ("+strings.Join(doctorOutputs, ", ")+").")
+	cmd.Flags().StringVar(&minSeverity, "min-severity", api.SeverityInfo, "Print findings of this severity and above. One of: ("+strings.Join(api.Severities, ", ")+").")
+	cmd.Flags().DurationVar(&timeout, "report-timeout", 10*time.Second, "How long to wait for plugd's own report through the API server's pod proxy.")
+	return cmd
+}
+
+// clients are the API groups the node view and the doctor read.
+func (a *app) clients() (fleet.Clients, error) {
+	rc, err := a.restConfig()
+	if err != nil {
+		return fleet.Clients{}, err
+	}
+	return fleet.NewClients(rc)
+}
