@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -14,12 +15,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
 )
 
 // Command is plugd's command line. Extra subcommands (the demo) are added by
 // the caller.
 func Command() *cobra.Command {
 	var o options
+	var check bool
 	cmd := &cobra.Command{
 		Use:   "plugd",
 		Short: "plugd registers node plugins (CSI, DRA, device plugins, your own) the way the kubelet does",
@@ -36,10 +39,14 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 			if err != nil {
 				return err
 			}
+			if check {
+				return printConfig(cmd.OutOrStdout(), cfg)
+			}
 			return serve(cmd.Context(), cfg, load)
 		},
 	}
 	o.bind(cmd.Flags())
+	cmd.Flags().BoolVar(&check, "check-config", false, "check the configuration (--config, the flags, the environment) and print it, defaults filled in, as YAML; exit 1 naming what plugd would refuse, without starting. The directories and sockets it names are checked only at start")
 
 	cmd.AddCommand(&cobra.Command{
 		Use:   "version",
@@ -50,6 +57,16 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 		},
 	})
 	return cmd
+}
+
+// printConfig writes cfg as YAML, as --config reads it.
+func printConfig(w io.Writer, cfg Config) error {
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
 }
 
 // LoadArgs is the configuration plugd runs with for these command-line

@@ -1,0 +1,48 @@
+package daemon_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
+)
+
+// plugd --check-config prints what plugd would run with and starts
+// nothing; a configuration plugd refuses is an error naming the field.
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	check := func(config string, args ...string) (string, error) {
+		path := filepath.Join(dir, "config.yaml")
+		if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := daemon.Command()
+		var out strings.Builder
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"--check-config", "--config", path}, args...))
+		err := cmd.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := check("expect: [{type: CSIPlugin, name: csi.example.com}]\nlog: {format: json}\n", "--mode=observe", "--registry-dir", filepath.Join(dir, "reg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg daemon.Config
+	if err := yaml.UnmarshalStrict([]byte(out), &cfg); err != nil {
+		t.Fatalf("--check-config printed what --config would not read: %v\n%s", err, out)
+	}
+	if cfg.Mode != "observe" || cfg.Log.Format != "json" || len(cfg.Expect) != 1 || cfg.Expect[0].Condition != "csi.example.com/CSIPluginReady" {
+		t.Errorf("--check-config printed %+v", cfg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "reg")); !os.IsNotExist(err) {
+		t.Errorf("--check-config created the registry directory: %v", err)
+	}
+	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), `unknown field "nmae"`) {
+		t.Errorf("a misspelt field: %v", err)
+	}
+}
