@@ -68,6 +68,10 @@ func eventually(t *testing.T, what string, check func() (bool, string)) {
 // decoded with client-go's own scheme as kubectl would.
 func applyManifest(t *testing.T, rel string) []runtime.Object {
 	t.Helper()
+	if rel == "deploy/kubernetes/daemonset.yaml" {
+		// Its namespace is a file of its own (the chart's namespace.create).
+		applyManifest(t, "deploy/kubernetes/namespace.yaml")
+	}
 	b, err := os.ReadFile(filepath.Join(dirs.Repo, rel))
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ import (
 // The deployment files, from this package's directory.
 const (
 	manifestPath  = "../../../../deploy/kubernetes/daemonset.yaml"
+	namespacePath = "../../../../deploy/kubernetes/namespace.yaml"
 	taintRBACPath = "../../../../deploy/kubernetes/remove-taint-rbac.yaml"
 	unitPath      = "../../../../deploy/systemd/plugd.service"
 	configPath    = "../../../../deploy/systemd/config.yaml"
@@ -136,6 +137,23 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 			t.Fatalf("%s: document %d (%s), as kubectl sends it: %v", manifestPath, i+1, tm.Kind, err)
 		}
 	}
+	return m
+}
+
+// loadDeployment is what kubectl apply makes of the DaemonSet's manifest
+// and the namespace's, which is a file of its own (the Helm chart renders
+// the namespace only with namespace.create).
+func loadDeployment(t *testing.T) manifests {
+	t.Helper()
+	m := loadManifests(t, manifestPath)
+	ns := loadManifests(t, namespacePath)
+	if len(m.namespaces) != 0 || len(ns.namespaces) != 1 || len(ns.serviceAccounts)+len(ns.daemonSets)+len(ns.clusterRoles)+len(ns.configMaps) != 0 {
+		t.Fatalf("%s must hold the Namespace, and only it; %s no Namespace", namespacePath, manifestPath)
+	}
+	if lvl := ns.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; lvl != "privileged" {
+		t.Errorf("Namespace %s enforces Pod Security %q: plugd's hostPath volumes need privileged", ns.namespaces[0].Name, lvl)
+	}
+	m.namespaces = ns.namespaces
 	return m
 }
 
@@ -249,7 +267,7 @@ func within(path, dir string) bool {
 }
 
 func TestDaemonSet(t *testing.T) {
-	m := loadManifests(t, manifestPath)
+	m := loadDeployment(t)
 	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.daemonSets) != 1 || len(m.configMaps) != 1 {
 		t.Fatalf("%s: want one Namespace, ServiceAccount, ConfigMap and DaemonSet; have %d, %d, %d and %d",
 			manifestPath, len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets))
@@ -447,7 +465,7 @@ func TestDaemonSet(t *testing.T) {
 // egress, which plugd needs for the API server, is left alone. plugd's
 // soft memory limit is below the container's.
 func TestNetworkPolicy(t *testing.T) {
-	m := loadManifests(t, manifestPath)
+	m := loadDeployment(t)
 	if len(m.daemonSets) != 1 || len(m.namespaces) != 1 {
 		t.Fatalf("want one DaemonSet and one Namespace, have %d and %d", len(m.daemonSets), len(m.namespaces))
 	}

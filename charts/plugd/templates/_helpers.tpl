@@ -1,0 +1,52 @@
+{{/* The chart's name, and the objects' name: the release's when it names plugd. */}}
+{{- define "plugd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "plugd.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object; the selector's are the pods' identity. */}}
+{{- define "plugd.labels" -}}
+{{ include "plugd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "plugd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "plugd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "plugd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "plugd.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: with serviceAccount.create false, name the ServiceAccount plugd runs as" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image: repository@digest, else repository:tag (default appVersion). */}}
+{{- define "plugd.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The kubelet's registry directory on the node. */}}
+{{- define "plugd.registryDir" -}}
+{{- printf "%s/plugins_registry" (trimSuffix "/" .Values.kubelet.rootDir) }}
+{{- end }}

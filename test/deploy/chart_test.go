@@ -1,0 +1,416 @@
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// The values of each rendering kept in the repository. deploy/kubernetes
+// is what kubectl users apply; testdata/rendered is what test/kube applies
+// to a real API server with a server-side dry run.
+var renderings = []struct {
+	path, values string
+	templates    []string // only these templates' objects (helm template --show-only); none: all
+	header       string
+}{
+	{path: "deploy/kubernetes/daemonset.yaml", header: `# plugd on every node, observing the kubelet's plugins: the Helm chart
+# charts/plugd rendered with its default values, for kubectl apply. Edit the
+# chart, not this file; (cd test/deploy && go test . -update) renders it
+# again, and the test fails while the two differ.
+#
+# Apply: kubectl apply -f deploy/kubernetes/namespace.yaml -f deploy/kubernetes/daemonset.yaml
+# Look:  kubectl plugd cluster          # the kubectl plugin, from anywhere with a kubeconfig
+#        kubectl plugd doctor NODE
+#        kubectl -n plugd exec POD -- plugctl --socket /run/plugd/plugd.sock list
+`},
+	{path: "deploy/kubernetes/namespace.yaml", values: "namespace: {create: true}", templates: []string{"namespace.yaml"}, header: `# The namespace of deploy/kubernetes/daemonset.yaml, with the Pod Security
+# level plugd's hostPath volumes need: the chart's namespace.create.
+# Rendered from charts/plugd; do not edit.
+`},
+	{path: "deploy/kubernetes/remove-taint-rbac.yaml", values: "kubernetes: {removeTaintWhenReady: example.com/plugins-not-ready:NoSchedule}",
+		templates: []string{"remove-taint-rbac.yaml"}, header: `# Only for kubernetes.removeTaintWhenReady (set it in the ConfigMap of
+# daemonset.yaml): the permission to remove the startup taint, which the
+# chart grants when the value is set. Rendered from charts/plugd; do not edit.
+#
+# Apply: kubectl apply -f deploy/kubernetes/remove-taint-rbac.yaml
+`},
+	{path: "test/deploy/testdata/rendered/full.yaml", values: fullValues},
+	{path: "test/deploy/testdata/rendered/minimal.yaml", values: minimalValues},
+}
+
+// fullValues turns every option on.
+const fullValues = `
+namespace: {create: true}
+image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", pullPolicy: Always}
+imagePullSecrets: [{name: registry}]
+expect:
+  - {type: CSIPlugin, name: csi.example.com}
+  - {type: DevicePlugin, name: vendor.example/gpu, minHealthyDevices: 2}
+  - {type: DRAPlugin, name: gpu.example.com, condition: example.com/GPUDriverReady}
+kubernetes: {removeTaintWhenReady: "example.com/plugins-not-ready:NoSchedule", disagreementGrace: 30s}
+log: {format: text, level: debug}
+liveness: {probeInterval: 1m}
+extraConfig: {resyncInterval: 1m, doctor: {procDir: none}}
+rbac: {extraRules: [{apiGroups: [""], resources: [nodes/metrics], verbs: [get]}]}
+kubelet: {rootDir: /var/lib/k0s/kubelet}
+extraArgs: [--workers=64]
+extraEnv: [{name: GODEBUG, value: "madvdontneed=1"}]
+extraVolumes: [{name: pki, hostPath: {path: /var/lib/k0s/kubelet/pki, type: Directory}}]
+extraVolumeMounts: [{name: pki, mountPath: /var/lib/k0s/kubelet/pki, readOnly: true}]
+nodeSelector: {kubernetes.io/os: linux}
+affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: example.com/no-plugd, operator: DoesNotExist}]}]}}}
+podAnnotations: {example.com/team: storage}
+podLabels: {example.com/team: storage}
+status: {port: 9191}
+networkPolicy: {from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: observability}}}]}
+serviceMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}}
+prometheusRule: {enabled: true, labels: {release: prometheus}}
+`
+
+// minimalValues turns every option off.
+const minimalValues = `
+serviceAccount: {create: false, name: node-agents}
+rbac: {create: false}
+networkPolicy: {enabled: false}
+scrapeAnnotations: false
+priorityClassName: ""
+tolerations: []
+goMemLimit: ""
+`
+
+// The generated files are the chart's renderings, byte for byte, and the
+// chart's copy of the mixin's rules is the mixin's.
+func TestGenerated(t *testing.T) {
+	// First the chart's copy of the rules, which a rendering holds.
+	rules, err := os.ReadFile(filepath.Join(repo, "deploy", "monitoring", "rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "charts/plugd/files/rules.yaml", string(rules))
+	for _, r := range renderings {
+		m, _ := mustRender(t, r.values)
+		if len(r.templates) > 0 {
+			m = showOnly(m, r.templates...)
+		}
+		if m == "" {
+			t.Fatalf("%s: the chart renders nothing with %q", r.path, r.values)
+		}
+		golden(t, r.path, r.header+m)
+	}
+}
+
+// helm lint --strict passes for every rendering's values.
+func TestLint(t *testing.T) {
+	for _, r := range renderings {
+		vals := map[string]any{}
+		if err := yaml.Unmarshal([]byte(r.values), &vals); err != nil {
+			t.Fatal(err)
+		}
+		l := action.NewLint()
+		l.Strict = true
+		l.Namespace = namespace
+		res := l.Run([]string{chartDir}, vals)
+		for _, m := range res.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint --strict with the values of %s: %s", r.path, m)
+			}
+		}
+		for _, err := range res.Errors {
+			t.Errorf("helm lint --strict with the values of %s: %v", r.path, err)
+		}
+	}
+}
+
+// objects is a rendering, each object decoded strictly into its API type.
+type objects struct {
+	namespaces      []corev1.Namespace
+	serviceAccounts []corev1.ServiceAccount
+	configMaps      []corev1.ConfigMap
+	services        []corev1.Service
+	clusterRoles    []rbacv1.ClusterRole
+	bindings        []rbacv1.ClusterRoleBinding
+	daemonSets      []appsv1.DaemonSet
+	networkPolicies []networkingv1.NetworkPolicy
+	serviceMonitors []monitoringv1.ServiceMonitor
+	prometheusRules []monitoringv1.PrometheusRule
+}
+
+// decode decodes every document of manifest by its apiVersion and kind,
+// strictly: a field the type lacks, a duplicate key, a number where a
+// string belongs (as kubectl would send it) or an unknown kind fails.
+func decode(t *testing.T, manifest string) objects {
+	t.Helper()
+	var o objects
+	for i, doc := range strings.Split(manifest, "\n---\n") {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatalf("document %d: %v", i+1, err)
+		}
+		if tm.Kind == "" {
+			continue
+		}
+		var obj any
+		add := func(list any) any {
+			v := reflect.ValueOf(list).Elem()
+			v.Set(reflect.Append(v, reflect.Zero(v.Type().Elem())))
+			return v.Index(v.Len() - 1).Addr().Interface()
+		}
+		switch tm.APIVersion + " " + tm.Kind {
+		case "v1 Namespace":
+			obj = add(&o.namespaces)
+		case "v1 ServiceAccount":
+			obj = add(&o.serviceAccounts)
+		case "v1 ConfigMap":
+			obj = add(&o.configMaps)
+		case "v1 Service":
+			obj = add(&o.services)
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			obj = add(&o.clusterRoles)
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			obj = add(&o.bindings)
+		case "apps/v1 DaemonSet":
+			obj = add(&o.daemonSets)
+		case "networking.k8s.io/v1 NetworkPolicy":
+			obj = add(&o.networkPolicies)
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			obj = add(&o.serviceMonitors)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			obj = add(&o.prometheusRules)
+		default:
+			t.Fatalf("document %d: unknown kind %q of apiVersion %q", i+1, tm.Kind, tm.APIVersion)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("document %d (%s): %v", i+1, tm.Kind, err)
+		}
+		j, err := yaml.YAMLToJSONStrict([]byte(doc))
+		if err != nil {
+			t.Fatalf("document %d (%s): %v", i+1, tm.Kind, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(j))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(reflect.New(reflect.TypeOf(obj).Elem()).Interface()); err != nil {
+			t.Fatalf("document %d (%s), as kubectl sends it: %v", i+1, tm.Kind, err)
+		}
+	}
+	return o
+}
+
+// runConfig is what plugd runs with in the DaemonSet's container: its args
+// with --config pointing at the ConfigMap's config.yaml, and its env.
+func runConfig(t *testing.T, o objects) (map[string]any, error) {
+	t.Helper()
+	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 {
+		t.Fatalf("want one DaemonSet and one ConfigMap, have %d and %d", len(o.daemonSets), len(o.configMaps))
+	}
+	c := o.daemonSets[0].Spec.Template.Spec.Containers[0]
+	local := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(local, []byte(o.configMaps[0].Data["config.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := slices.Clone(c.Args)
+	for i, a := range args {
+		if strings.HasPrefix(a, "--config=") {
+			args[i] = "--config=" + local
+		}
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			// What the field holds stands in for its value, lowercase so
+			// that spec.nodeName passes as a Node's name.
+			env[e.Name] = "fieldref." + strings.ToLower(e.ValueFrom.FieldRef.FieldPath)
+		}
+	}
+	out, err := checkConfig(t, args, env)
+	if err != nil {
+		return nil, err
+	}
+	cfg := map[string]any{}
+	if err := yaml.Unmarshal([]byte(out), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, nil
+}
+
+// get is the value at a dotted path of a decoded YAML map.
+func get(m map[string]any, path string) any {
+	var v any = m
+	for k := range strings.SplitSeq(path, ".") {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = mm[k]
+	}
+	return v
+}
+
+// Every rendering decodes strictly, plugd accepts its configuration and
+// flags, and each option does what its value says.
+func TestRenderings(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) {
+		m, notes := mustRender(t, "")
+		o := decode(t, m)
+		if len(o.namespaces)+len(o.serviceMonitors)+len(o.prometheusRules)+len(o.services) != 0 {
+			t.Errorf("the defaults render a Namespace, Service, ServiceMonitor or PrometheusRule: %d %d %d %d", len(o.namespaces), len(o.services), len(o.serviceMonitors), len(o.prometheusRules))
+		}
+		if len(o.clusterRoles) != 1 || len(o.networkPolicies) != 1 {
+			t.Errorf("the defaults render %d ClusterRoles (want 1: no taint removal) and %d NetworkPolicies", len(o.clusterRoles), len(o.networkPolicies))
+		}
+		cfg, err := runConfig(t, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]any{"mode": "observe", "registryDir": "/var/lib/kubelet/plugins_registry",
+			"kubernetes.nodeName": "fieldref.spec.nodename", "log.format": "json", "status.tcp": "0.0.0.0:9090"} {
+			if got := get(cfg, path); got != want {
+				t.Errorf("plugd runs with %s %v, want %v", path, got, want)
+			}
+		}
+		if hs, _ := get(cfg, "handlers").([]any); len(hs) != 3 {
+			t.Errorf("plugd runs with handlers %v", hs)
+		}
+		if ds := o.daemonSets[0]; ds.Spec.Template.Spec.Containers[0].Image != "ghcr.io/plugd/plugd:"+loadChart(t).Metadata.AppVersion {
+			t.Errorf("image %s is not the chart's appVersion", ds.Spec.Template.Spec.Containers[0].Image)
+		}
+		for _, want := range []string{"kubectl plugd cluster -o wide", "kubectl plugd doctor NODE", "expect is empty"} {
+			if !strings.Contains(notes, want) {
+				t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
+			}
+		}
+	})
+
+	t.Run("full", func(t *testing.T) {
+		m, notes := mustRender(t, fullValues)
+		o := decode(t, m)
+		if len(o.namespaces) != 1 || o.namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+			t.Errorf("namespace.create: %+v", o.namespaces)
+		}
+		if len(o.clusterRoles) != 2 || len(o.bindings) != 2 {
+			t.Fatalf("with removeTaintWhenReady: %d ClusterRoles and %d bindings, want 2 and 2", len(o.clusterRoles), len(o.bindings))
+		}
+		if r := o.clusterRoles[1]; r.Name != "plugd-remove-taint" || len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Verbs, []string{"patch"}) || !slices.Equal(r.Rules[0].Resources, []string{"nodes"}) {
+			t.Errorf("the taint's ClusterRole: %+v", r)
+		}
+		if r := o.clusterRoles[0].Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool { return slices.Equal(p.Resources, []string{"nodes/metrics"}) }) {
+			t.Errorf("rbac.extraRules are not in the ClusterRole: %+v", r)
+		}
+		cfg, err := runConfig(t, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]any{"registryDir": "/var/lib/k0s/kubelet/plugins_registry", "log.format": "text", "log.level": "debug",
+			"liveness.probeInterval": "1m0s", "resyncInterval": "1m0s", "workers": float64(64), "status.tcp": "0.0.0.0:9191",
+			"kubernetes.removeTaintWhenReady": "example.com/plugins-not-ready:NoSchedule", "kubernetes.disagreementGrace": "30s", "doctor.procDir": "none"} {
+			if got := get(cfg, path); got != want {
+				t.Errorf("plugd runs with %s %v (%T), want %v", path, got, got, want)
+			}
+		}
+		if ex, _ := get(cfg, "expect").([]any); len(ex) != 3 {
+			t.Errorf("plugd runs with expect %v", ex)
+		}
+		pod := o.daemonSets[0].Spec.Template.Spec
+		c := pod.Containers[0]
+		if !strings.HasSuffix(c.Image, "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef") || c.ImagePullPolicy != corev1.PullAlways {
+			t.Errorf("image %s, pull policy %s", c.Image, c.ImagePullPolicy)
+		}
+		if c.Ports[0].ContainerPort != 9191 || c.ReadinessProbe.HTTPGet.Port.StrVal != "status" {
+			t.Errorf("status.port: ports %+v", c.Ports)
+		}
+		if pod.NodeSelector["kubernetes.io/os"] != "linux" || pod.Affinity == nil || len(pod.ImagePullSecrets) != 1 ||
+			!slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "pki" }) ||
+			!slices.ContainsFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.Name == "pki" && v.ReadOnly }) {
+			t.Errorf("the pod lacks a value: %+v", pod)
+		}
+		if np := o.networkPolicies[0]; np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9191 ||
+			np.Spec.Ingress[0].From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "observability" {
+			t.Errorf("NetworkPolicy: %+v", np.Spec)
+		}
+		if len(o.serviceMonitors) != 1 || len(o.services) != 1 || o.serviceMonitors[0].Labels["release"] != "prometheus" ||
+			o.serviceMonitors[0].Spec.Endpoints[0].Port != o.services[0].Spec.Ports[0].Name {
+			t.Errorf("serviceMonitor: %+v %+v", o.serviceMonitors, o.services)
+		}
+		if len(o.prometheusRules) != 1 || len(o.prometheusRules[0].Spec.Groups) == 0 {
+			t.Errorf("prometheusRule: %+v", o.prometheusRules)
+		}
+		for _, want := range []string{"csi.example.com/CSIPluginReady", "vendor.example/gpu-DevicePluginReady", "example.com/GPUDriverReady",
+			"removes the taint example.com/plugins-not-ready:NoSchedule"} {
+			if !strings.Contains(notes, want) {
+				t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
+			}
+		}
+	})
+
+	t.Run("minimal", func(t *testing.T) {
+		m, _ := mustRender(t, minimalValues)
+		o := decode(t, m)
+		if len(o.serviceAccounts)+len(o.clusterRoles)+len(o.bindings)+len(o.networkPolicies) != 0 {
+			t.Errorf("with everything off: %d ServiceAccounts, %d ClusterRoles, %d bindings, %d NetworkPolicies",
+				len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.networkPolicies))
+		}
+		pod := o.daemonSets[0].Spec.Template.Spec
+		if pod.ServiceAccountName != "node-agents" || pod.PriorityClassName != "" || len(pod.Tolerations) != 0 ||
+			slices.ContainsFunc(pod.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" }) {
+			t.Errorf("pod: %+v", pod)
+		}
+		if _, err := runConfig(t, o); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// A value the schema lets through but plugd refuses is caught by plugd
+	// --check-config, naming the field.
+	t.Run("refused by plugd", func(t *testing.T) {
+		m, _ := mustRender(t, "extraConfig: {workers: 100000}")
+		if _, err := runConfig(t, decode(t, m)); err == nil || !strings.Contains(err.Error(), "workers") {
+			t.Errorf("plugd accepts workers 100000: %v", err)
+		}
+		m, _ = mustRender(t, "extraArgs: [--no-such-flag]")
+		if _, err := runConfig(t, decode(t, m)); err == nil || !strings.Contains(err.Error(), "no-such-flag") {
+			t.Errorf("plugd accepts --no-such-flag: %v", err)
+		}
+	})
+}
+
+// A misspelt or wrong value fails the rendering, naming the field, as helm
+// install would.
+func TestBadValues(t *testing.T) {
+	for _, tc := range []struct{ values, want string }{
+		{"imag: {tag: v1}", "'imag'"},
+		{"image: {tga: v1}", "'tga'"},
+		{"expect: [{type: CSIPlugin, nmae: x}]", "'nmae'"},
+		{"expect: [{type: CSIPlugin}]", "/expect/0"},
+		{"kubernetes: {removeTaintWhenReady: example.com/taint}", "/kubernetes/removeTaintWhenReady"},
+		{"kubernetes: {disagreementGrace: 60}", "/kubernetes/disagreementGrace"},
+		{"log: {format: xml}", "/log/format"},
+		{"handlers: [{type: CSIPlugin, handler: kubelet}]", "/handlers/0/handler"},
+		{"status: {port: 70000}", "/status/port"},
+		{"updateStrategy: {rollingUpdate: {maxSurge: 1}}", "/updateStrategy/rollingUpdate/maxSurge"},
+		{"networkPolicy: {from: []}", "/networkPolicy/from"},
+		{"image: {digest: latest}", "/image/digest"},
+		{"extraArgs: [workers=3]", "/extraArgs/0"},
+		{"serviceAccount: {create: false}", "serviceAccount.name"},
+	} {
+		_, _, err := render(t, tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %q: %v; want an error naming %s", tc.values, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,13 @@
+// Package deploy tests what plugd ships for clusters, with the tools those
+// files are made for: the Helm chart (charts/plugd) rendered and linted by
+// Helm's own library, each object decoded strictly into its API type and
+// plugd's configuration and flags checked by plugd itself (plugd
+// --check-config); the files in deploy/kubernetes, which are the chart's
+// renderings; and the monitoring mixin (deploy/monitoring), its rules
+// parsed, evaluated and unit-tested by Prometheus's rule manager and
+// PromQL engine, and its dashboard's queries checked against the metrics
+// plugd's code exports. A module of its own, so that the main module never
+// requires Helm or Prometheus.
+//
+// go test . -update renders the generated files again.
+package deploy
