@@ -16,7 +16,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	"github.com/plugd/plugd/cmd/internal/printer"
 	"github.com/plugd/plugd/internal/nodecond"
@@ -29,23 +30,53 @@ import (
 const PageSize = 500
 
 // Cluster reads the Nodes that match the label selector (empty: all), a
-// page at a time, and counts plugd's conditions on them.
-func Cluster(ctx context.Context, client corev1client.NodesGetter, selector string) (nodecond.ClusterView, error) {
+// page at a time, and counts plugd's conditions on them. client is a
+// client of the core API group (CoreV1().RESTClient()); it should accept
+// protobuf, of which only each Node's name and conditions are decoded.
+// The next page is asked for as soon as a page's continue token is read,
+// so that the API server prepares it while this page is decoded.
+func Cluster(ctx context.Context, client rest.Interface, selector string) (nodecond.ClusterView, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a page still being fetched when an error ends the read
+	fetch := func(cont string) <-chan page {
+		ch := make(chan page, 1)
+		go func() {
+			opts := metav1.ListOptions{LabelSelector: selector, Limit: PageSize, Continue: cont}
+			var p page
+			p.body, p.err = client.Get().Resource("nodes").VersionedParams(&opts, scheme.ParameterCodec).
+				Do(ctx).ContentType(&p.contentType).Raw()
+			ch <- p
+		}()
+		return ch
+	}
 	var c nodecond.Census
-	opts := metav1.ListOptions{LabelSelector: selector, Limit: PageSize}
+	next := fetch("")
 	for {
-		page, err := client.Nodes().List(ctx, opts)
+		p := <-next
+		if p.err != nil {
+			return nodecond.ClusterView{}, fmt.Errorf("listing nodes: %w", p.err)
+		}
+		cont, err := continueToken(p.body)
 		if err != nil {
 			return nodecond.ClusterView{}, fmt.Errorf("listing nodes: %w", err)
 		}
-		for i := range page.Items {
-			c.Add(&page.Items[i])
+		if cont != "" {
+			next = fetch(cont)
 		}
-		if page.Continue == "" {
+		if _, err := addPage(p.body, p.contentType, &c); err != nil {
+			return nodecond.ClusterView{}, fmt.Errorf("listing nodes: %w", err)
+		}
+		if cont == "" {
 			return c.View(), nil
 		}
-		opts.Continue = page.Continue
 	}
+}
+
+// page is one answer to a list of Nodes.
+type page struct {
+	body        []byte
+	contentType string
+	err         error
 }
 
 // WriteCluster prints v for people: per plugin, on how many nodes it is

@@ -1,9 +1,18 @@
 package fleet
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/plugd/plugd/internal/nodecond"
 )
@@ -28,5 +37,62 @@ func TestWriteCluster(t *testing.T) {
 	WriteCluster(&b, nodecond.ClusterView{Nodes: 2}, false, now)
 	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
 		t.Errorf("empty cluster:\n%s", b.String())
+	}
+}
+
+// A page decoded for its names and conditions only counts what a whole
+// decode counts, in the API server's protobuf and in JSON alike; the
+// continue token comes through; a malformed page is an error, not a panic.
+func TestAddPage(t *testing.T) {
+	cond := func(typ string, status corev1.ConditionStatus, plugin string) corev1.NodeCondition {
+		f := strings.Fields(plugin)
+		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: "R", Message: nodecond.Message(f[0], f[1], "why"),
+			LastTransitionTime: metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))}
+	}
+	list := &corev1.NodeList{ListMeta: metav1.ListMeta{Continue: "next-page", ResourceVersion: "42"}, Items: []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}}, Status: corev1.NodeStatus{
+			Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionFalse, "CSIPlugin c"), {Type: "Ready", Status: "True"}},
+			Images:     []corev1.ContainerImage{{Names: []string{"registry.example.com/a@sha256:00"}, SizeBytes: 1}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionTrue, "CSIPlugin c")}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
+	}}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	var want nodecond.Census
+	for i := range list.Items {
+		want.Add(&list.Items[i])
+	}
+	pb := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	for _, enc := range []struct {
+		name string
+		s    runtime.Encoder
+	}{{"protobuf", pb}, {"json", kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, kjson.SerializerOptions{})}} {
+		var b bytes.Buffer
+		if err := enc.s.Encode(list, &b); err != nil {
+			t.Fatal(err)
+		}
+		var got nodecond.Census
+		cont, err := addPage(b.Bytes(), enc.name, &got)
+		g, _ := json.Marshal(got.View())
+		w, _ := json.Marshal(want.View())
+		tok, terr := continueToken(b.Bytes())
+		if err != nil || cont != "next-page" || tok != cont || terr != nil || !bytes.Equal(g, w) {
+			t.Errorf("%s: continue %q, %v:\n got %+v\nwant %+v", enc.name, cont, err, got.View(), want.View())
+		}
+		if enc.name != "protobuf" {
+			continue
+		}
+		for n := 5; n < b.Len(); n += 7 {
+			var c nodecond.Census
+			if _, err := addPage(b.Bytes()[:n], enc.name, &c); err == nil && n < b.Len()-1 {
+				// A cut that falls between two fields parses; it must not
+				// count more than the whole.
+				if v := c.View(); v.Nodes > 3 {
+					t.Errorf("cut at %d: %+v", n, v)
+				}
+			}
+		}
+	}
+	if _, err := addPage([]byte("<html>proxy error</html>"), "text/html", new(nodecond.Census)); err == nil {
+		t.Error("an HTML page was taken for Nodes")
 	}
 }

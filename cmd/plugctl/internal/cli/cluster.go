@@ -61,13 +61,14 @@ func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector
 	}
 	rc.UserAgent = "plugctl/" + cliVersion()
 	rc.ContentType = "application/vnd.kubernetes.protobuf" // Nodes are large
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	client, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := a.requestContext(ctx)
 	defer cancel()
-	v, err := fleet.Cluster(ctx, client, selector)
+	v, err := fleet.Cluster(ctx, client.RESTClient(), selector)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("the API server at %s did not answer within %s; --timeout waits longer", rc.Host, a.timeout)
