@@ -1,11 +1,14 @@
 # syntax=docker/dockerfile:1
 #
-# plugd and plugctl in one image. Build from the repository root:
+# plugd and plugctl in one image, for linux/amd64 and linux/arm64. Build
+# from the repository root:
 #   docker build -t plugd .
-#   docker build --build-arg VERSION=v1.2.3 -t plugd:v1.2.3 .
-# How to run it: deploy/README.md.
+#   docker buildx build --platform linux/amd64,linux/arm64 --build-arg VERSION=v1.2.3 -t ghcr.io/plugd/plugd:v1.2.3 --push .
+# How to run it: deploy/README.md; how a release is made: docs/release.md.
 
-FROM golang:1.26 AS build
+# The compiler runs on the builder's own platform and cross-compiles (Go
+# needs no emulator for that); only the last stage is the target's.
+FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 WORKDIR /src
 # Modules first, in their own layer, so that editing the source does not
 # download them again.
@@ -13,18 +16,17 @@ COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 # The version the binaries report (plugd version, plugctl version, GET
-# /v1/version); each keeps its own variable.
+# /v1/version).
 ARG VERSION=devel
-# CGO_ENABLED=0: a static binary, which the distroless static image needs (it
-# has no libc). -trimpath: no build paths in the binary. -s: no symbol table.
+# Set by buildx for each platform of --platform; plain docker build sets
+# them to the builder's.
+ARG TARGETOS
+ARG TARGETARCH
+# release/build.sh: static (CGO off: distroless static has no libc),
+# -trimpath, stripped, version-stamped; the release builds the same way.
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath \
-        -ldflags="-s -X github.com/plugd/plugd/cmd/plugd/internal/daemon.Version=${VERSION}" \
-        -o /out/plugd ./cmd/plugd && \
-    CGO_ENABLED=0 go build -trimpath \
-        -ldflags="-s -X github.com/plugd/plugd/cmd/plugctl/internal/cli.Version=${VERSION}" \
-        -o /out/plugctl ./cmd/plugctl
+    release/build.sh /out "$TARGETOS" "$TARGETARCH" "$VERSION" plugd plugctl
 
 # Root, deliberately: not static-debian12:nonroot. Plugins' registration
 # sockets (and the kubelet's registry directory) are owned by root, and
