@@ -212,7 +212,7 @@ func reportFindings(ctx context.Context, c Clients, pod *corev1.Pod, o DoctorOpt
 		return []api.Finding{{Severity: api.SeverityInfo, Check: "report-unreachable",
 			Summary:  "plugd's own report could not be read through the API server's pod proxy",
 			Evidence: []string{fmt.Sprintf("GET pods/%s/proxy%s on port %s: %v", pod.Name, reportPath, port, short(err))},
-			Remedy:   "read it on the node: " + exec + " (the chart's NetworkPolicy may keep the API server out; values networkPolicy.extraFrom admits it)"}}
+			Remedy:   "read it on the node: " + exec + " (the chart's NetworkPolicy admits only what networkPolicy.from selects, which may leave the API server out)"}}
 	}
 	var l api.FindingList
 	if err := json.Unmarshal(b, &l); err != nil {

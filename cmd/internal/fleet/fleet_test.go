@@ -2,7 +2,10 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +16,9 @@ import (
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -94,5 +99,35 @@ func TestAddPage(t *testing.T) {
 	}
 	if _, err := addPage([]byte("<html>proxy error</html>"), "text/html", new(nodecond.Census)); err == nil {
 		t.Error("an HTML page was taken for Nodes")
+	}
+}
+
+// plugd's own report comes through the API server's proxy to its pod's
+// status port. A real API server here proxies to no pod (they would be on
+// loopback, which it refuses), so this one answers as it would.
+func TestReportThroughProxy(t *testing.T) {
+	want := api.FindingList{Findings: []api.Finding{{Severity: api.SeverityWarning, Check: "stale-socket", Summary: "stale socket"}}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/namespaces/plugd/pods/http:plugd-abc:9090/proxy/v1/findings" {
+			http.Error(w, "no such path "+r.URL.Path, http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(want)
+	}))
+	defer srv.Close()
+	c, err := NewClients(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plugd-abc", Namespace: "plugd"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "status", ContainerPort: 9090}}}}}}
+	got := reportFindings(context.Background(), c, pod, DoctorOptions{ReportTimeout: 5 * time.Second})
+	if len(got) != 1 || got[0].Check != "stale-socket" {
+		t.Errorf("plugd's report: %+v", got)
+	}
+	pod.Name = "plugd-gone"
+	if got := reportFindings(context.Background(), c, pod, DoctorOptions{ReportTimeout: 5 * time.Second}); len(got) != 1 || got[0].Check != "report-unreachable" ||
+		!strings.Contains(got[0].Remedy, "kubectl -n plugd exec plugd-gone -- plugctl") {
+		t.Errorf("an unreachable report: %+v", got)
 	}
 }
