@@ -52,13 +52,13 @@ func BenchmarkAsk(b *testing.B) {
 	ctx := context.Background()
 
 	b.Run("held", func(b *testing.B) {
-		_, conn, err := m.ask(ctx, &entry{}, path, nil)
+		_, conn, err := m.client.ask(ctx, &entry{}, path, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, conn, err = m.ask(ctx, &entry{}, path, conn); err != nil {
+			if _, conn, err = m.client.ask(ctx, &entry{}, path, conn); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -67,7 +67,7 @@ func BenchmarkAsk(b *testing.B) {
 	b.Run("new", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_, conn, err := m.ask(ctx, &entry{}, path, nil)
+			_, conn, err := m.client.ask(ctx, &entry{}, path, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,13 +3,14 @@ package pluginmanager_test
 import (
 	"context"
 	"errors"
-	"github.com/plugd/plugd/internal/testenv"
 	"net"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/plugd/plugd/internal/testenv"
 
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"

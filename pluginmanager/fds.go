@@ -146,20 +146,20 @@ func (f *fdReserve) connected() bool {
 // into the set: yes if one is held for path already (it is replaced), and
 // otherwise if that leaves the reserve free. A refusal is counted; the
 // first of a run of them is logged, and so is the room found again.
-func (p *parts) mayHold(path string) bool {
-	if p.conns.Get(path) != nil {
+func (c *client) mayHold(path string) bool {
+	if c.conns.Get(path) != nil {
 		return true
 	}
-	held := p.conns.Len()
-	ok, changed, open, limit := p.fds.admit(held)
+	held := c.conns.Len()
+	ok, changed, open, limit := c.fds.admit(held)
 	if !ok {
-		p.metrics.fdReserveHits.Inc()
+		c.metrics.fdReserveHits.Inc()
 	}
 	switch {
 	case changed && ok:
-		p.log.Info("file descriptors free again: plugd holds idle connections to plugins again", "limit", limit, "held", held)
+		c.log.Info("file descriptors free again: plugd holds idle connections to plugins again", "limit", limit, "held", held)
 	case changed:
-		p.log.Warn("file descriptors are short: plugd holds idle connections to no more plugins, so as to keep descriptors for new registrations, and watches the others by their probes alone (every probe interval); raise the open-file limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+		c.log.Warn("file descriptors are short: plugd holds idle connections to no more plugins, so as to keep descriptors for new registrations, and watches the others by their probes alone (every probe interval); raise the open-file limit (LimitNOFILE= in the systemd unit, ulimit -n)",
 			"open", open, "limit", limit, "reserve", fdReserveOf(limit), "held", held, "socket", path)
 	}
 	return ok
@@ -168,22 +168,22 @@ func (p *parts) mayHold(path string) bool {
 // outOfFDs reports whether err is a dial that failed for want of file
 // descriptors: plugd's own shortage, not the plugin's failure. The first of
 // a run is logged; each is counted.
-func (p *parts) outOfFDs(err error) bool {
-	out, news := p.fds.dialFailed(err)
+func (c *client) outOfFDs(err error) bool {
+	out, news := c.fds.dialFailed(err)
 	if !out {
 		return false
 	}
-	p.metrics.fdExhausted.Inc()
+	c.metrics.fdExhausted.Inc()
 	if news {
-		p.log.Warn("out of file descriptors: cannot connect to plugins, trying again with backoff; raise the open-file limit (LimitNOFILE= in the systemd unit, ulimit -n)",
-			"limit", openFileLimit(), "held", p.conns.Len(), "err", printable(err.Error()))
+		c.log.Warn("out of file descriptors: cannot connect to plugins, trying again with backoff; raise the open-file limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+			"limit", openFileLimit(), "held", c.conns.Len(), "err", printable(err.Error()))
 	}
 	return true
 }
 
 // connected records that a connection to a plugin was made.
-func (p *parts) connected() {
-	if p.fds.connected() {
-		p.log.Info("file descriptors available again: connecting to plugins", "held", p.conns.Len())
+func (c *client) connected() {
+	if c.fds.connected() {
+		c.log.Info("file descriptors available again: connecting to plugins", "held", c.conns.Len())
 	}
 }

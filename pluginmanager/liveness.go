@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"sync"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/confine"
@@ -75,13 +71,13 @@ const (
 
 // quietly reports whether an attempt that failed with err at now is retried
 // quietly, and when.
-func (p *parts) quietly(e *entry, err error, now time.Time) (time.Time, bool) {
+func quietly(log *slog.Logger, e *entry, err error, now time.Time) (time.Time, bool) {
 	if !refused(err) || e.live.quiet >= maxQuiet || now.Sub(e.status.Created) >= bindGrace {
 		return time.Time{}, false
 	}
 	d := 20 * time.Millisecond << e.live.quiet
 	e.live.quiet++
-	p.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", d)
+	log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", d)
 	return now.Add(d), true
 }
 
@@ -127,46 +123,25 @@ func samePlugin(a, b Plugin) bool {
 	return a.Type == b.Type && a.Name == b.Name && a.Endpoint == b.Endpoint && slices.Equal(a.Versions, b.Versions)
 }
 
-// hangups holds what the connection set said of hung-up connections until
-// the worker for each path looks.
-type hangups struct {
-	mu sync.Mutex
-	m  map[string]error
-}
-
-func (h *hangups) put(path string, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = make(map[string]error)
+// heardHangup takes what the connection set said of the connection held
+// for path, if it was hung up, and records when the plugin may be
+// redialled: at once, unless it is one of several hang-ups in a row, or a
+// flood, which is warned of once for the socket file.
+func heardHangup(c *client, reg *registry, path string, e *entry, now time.Time) {
+	err := c.hangups.take(path)
+	if err == nil {
+		return
 	}
-	if prev := h.m[path]; prev == nil || !errors.Is(prev, unaryconn.ErrFlood) {
-		h.m[path] = err // a flood is not forgotten for a plain hang-up after it
-	}
-}
-
-func (h *hangups) take(path string) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	err := h.m[path]
-	delete(h.m, path)
-	return err
-}
-
-// afterHangup records that the connection held for path was hung up, and
-// when it may be redialled: at once, unless it is one of several in a row,
-// or a flood, which is logged once for the socket file.
-func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
 	lv := &e.live
 	flood := errors.Is(err, unaryconn.ErrFlood)
 	if flood && !lv.flooded {
 		lv.flooded = true
-		p.reg.mu.Lock()
-		p.reg.warnLocked(e, now, "plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
+		reg.mu.Lock()
+		reg.warnLocked(e, now, "plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
 			"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
-		p.reg.mu.Unlock()
+		reg.mu.Unlock()
 	} else {
-		p.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
+		c.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
 	}
 	inRow := !lv.lastHangup.IsZero() && now.Sub(lv.lastHangup) < steadyHold
 	lv.lastHangup = now
@@ -177,11 +152,8 @@ func (p *parts) afterHangup(path string, e *entry, err error, now time.Time) {
 		lv.redialAt = now
 		return
 	}
-	lv.redialAt = now.Add(p.redialDelay(lv))
+	lv.redialAt = now.Add(c.redialDelay(lv))
 }
-
-// redialDelay is the next delay before connecting again to a plugin.
-func (p *parts) redialDelay(lv *liveness) time.Duration { return p.nextDelay(&lv.backoff) }
 
 // live looks after a registered plugin: it connects again once the
 // connection held was hung up, probes when a probe is due, reads what the
@@ -190,16 +162,14 @@ func (p *parts) redialDelay(lv *liveness) time.Duration { return p.nextDelay(&lv
 // end of its grace period.
 func (r *registrar) live(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, now time.Time) result {
 	lv := &e.live
-	if err := r.hangups.take(path); err != nil {
-		r.afterHangup(path, e, err, now)
-	}
+	heardHangup(r.client, r.reg, path, e, now)
 	switch {
 	case !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
 		if res, done := r.probe(ctx, path, e, reg, he, now); done {
 			return res
 		}
-	case !r.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
-		r.redial(ctx, path, e, now)
+	case !r.client.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
+		r.client.redial(ctx, path, e, now)
 	}
 	if ctx.Err() != nil {
 		return result{} // shutting down
@@ -210,69 +180,13 @@ func (r *registrar) live(ctx context.Context, path string, e *entry, reg *regist
 	return r.judge(ctx, path, e, reg, he)
 }
 
-// redial connects again to a plugin whose connection was hung up, with no
-// call: a plugin that accepts is still there. One that does not is tried
-// again after a backoff.
-func (p *parts) redial(ctx context.Context, path string, e *entry, now time.Time) {
-	lv := &e.live
-	conn, err := p.dialIdle(ctx, e, path)
-	if err == nil {
-		if lv.unheld = !p.mayHold(path); lv.unheld {
-			conn.Close() // it accepts; from now on its probes watch it
-		} else {
-			err = p.conns.Watch(path, conn)
-		}
-	}
-	if err == nil {
-		p.connected()
-		if !lv.probeFailed {
-			lv.socketErr = nil
-		}
-		return
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	lv.redialAt = now.Add(p.redialDelay(lv))
-	if p.outOfFDs(err) {
-		return // not the plugin's failure
-	}
-	lv.socketErr = err
-}
-
-// keep holds conn for path in the connection set, to hear at once when the
-// plugin goes; a nil or unusable conn is replaced by a new one, so keep may
-// dial. The set owns conn from here.
-func (p *parts) keep(ctx context.Context, path string, e *entry, conn *unaryconn.Conn, now time.Time) {
-	if e.live.unheld = !p.mayHold(path); e.live.unheld {
-		closeConn(conn) // watched by its probes
-		return
-	}
-	if conn == nil || !conn.Usable() {
-		closeConn(conn)
-		var err error
-		if conn, err = p.dialIdle(ctx, e, path); err != nil {
-			p.log.Debug("cannot hold the plugin's connection; connecting again at the next look", "socket", path, "err", err)
-			e.live.redialAt = now
-			if p.outOfFDs(err) {
-				e.live.redialAt = now.Add(p.redialDelay(&e.live))
-			}
-			return
-		}
-	}
-	p.connected()
-	if err := p.conns.Watch(path, conn); err != nil {
-		p.log.Debug("cannot hold the plugin's connection", "socket", path, "err", err)
-	}
-}
-
 // probe asks a registered plugin who it is (its routine probe, or again
 // after a failed one). It reports done, with the result, if the answer was
 // a different plugin, which is registered afresh; otherwise it only records
 // in e.live whether the plugin answered, for judge.
 func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, now time.Time) (result, bool) {
 	lv := &e.live
-	p, conn, err := r.ask(ctx, e, path, r.conns.Get(path))
+	p, conn, err := r.client.ask(ctx, e, path, r.client.conns.Get(path))
 	if ctx.Err() != nil {
 		closeConn(conn)
 		return result{}, true // shutting down
@@ -282,15 +196,15 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		return r.changedPlugin(ctx, path, e, reg, p), true
 	}
 	if err == nil {
-		r.keep(ctx, path, e, conn, now)
+		r.client.hold(ctx, path, e, conn, now)
 		lv.socketErr, lv.probeFailed = nil, false
 		lv.probeAt = nextProbe(now, he.probe)
 		return result{}, false
 	}
-	r.conns.Unwatch(path)
+	r.client.conns.Unwatch(path)
 	lv.unheld = false // connected to again with backoff, if there is room
-	if isDialError(err) && r.outOfFDs(err) {
-		lv.probeAt = now.Add(r.redialDelay(lv)) // not the plugin's failure
+	if isDialError(err) && r.client.outOfFDs(err) {
+		lv.probeAt = now.Add(r.client.redialDelay(lv)) // not the plugin's failure
 		return result{}, false
 	}
 	lv.socketErr = err
@@ -299,7 +213,7 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 		lv.probeAt = now.Add(he.probe) // asked again each interval while it fails, unjittered
 	} else {
 		lv.probeAt = nextProbe(now, he.probe)
-		lv.redialAt = now.Add(r.redialDelay(lv))
+		lv.redialAt = now.Add(r.client.redialDelay(lv))
 	}
 	return result{}, false
 }
@@ -351,9 +265,9 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	case lv.socketErr != nil:
 		why, reason = lv.socketErr, ReasonUnhealthy
 	}
-	watched := r.conns.Watching(path) || lv.unheld // an unheld plugin waits for its probe
+	watched := r.client.conns.Watching(path) || lv.unheld // an unheld plugin waits for its probe
 	now := r.clock.Now()
-	label := r.typeLabel(reg.plugin.Type)
+	label := r.table.label(reg.plugin.Type)
 	p := reg.plugin
 
 	r.reg.mu.Lock()
@@ -438,88 +352,9 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 		e.awaiting = p.Endpoint
 		e.status.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v; waiting for its endpoint to serve to register it again", he.grace, why))
 	}
-	e.status.NextRetry = now.Add(r.nextDelay(&e.backoff))
+	e.status.NextRetry = now.Add(r.delays.next(&e.backoff))
 	e.due = e.status.NextRetry
 	return result{at: e.due, err: why, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
-}
-
-// ask asks the plugin at path who it is, with GetInfo's deadline: on conn if
-// that is open, else on a new connection, which it returns open with the
-// answer. A held connection that turns out closed (a plugin's server may
-// close idle connections, or be gone) is not an answer: a new one tells
-// which.
-func (p *parts) ask(ctx context.Context, e *entry, path string, conn *unaryconn.Conn) (Plugin, *unaryconn.Conn, error) {
-	return p.askNew(ctx, e, path, conn, false)
-}
-
-// askNew is ask, dialling with dialNew if fresh: the socket just appeared.
-func (p *parts) askNew(ctx context.Context, e *entry, path string, conn *unaryconn.Conn, fresh bool) (Plugin, *unaryconn.Conn, error) {
-	if conn != nil {
-		pl, err := p.askOn(ctx, e, conn, path)
-		if err == nil {
-			return pl, conn, nil
-		}
-		// Only a connection the plugin closed is worth another try; a
-		// plugin that answered, even with an error, or that let the
-		// deadline pass, has said what it has to say.
-		closed := !conn.Usable() && status.Code(err) == codes.Unavailable
-		conn.Close()
-		if !closed || ctx.Err() != nil {
-			return Plugin{}, nil, err
-		}
-	}
-	dial := p.dial
-	if fresh {
-		dial = p.dialNew
-	}
-	conn, err := dial(ctx, e, path)
-	if err != nil {
-		return Plugin{}, nil, dialFailure{err}
-	}
-	pl, err := p.askOn(ctx, e, conn, path)
-	if err != nil {
-		conn.Close()
-		return Plugin{}, nil, err
-	}
-	return pl, conn, nil
-}
-
-// askOn is GetInfo on conn, with its deadline, checked as at registration.
-func (p *parts) askOn(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (Plugin, error) {
-	infoCtx, cancel := context.WithTimeoutCause(ctx, p.opts.GetInfoTimeout, p.late.getInfo)
-	defer cancel()
-	info, err := p.getInfo(infoCtx, e, conn, path)
-	if err != nil {
-		return Plugin{}, err
-	}
-	return pluginFromInfo(info, path)
-}
-
-// closeConn closes conn, which may be nil.
-func closeConn(conn *unaryconn.Conn) {
-	if conn != nil {
-		conn.Close()
-	}
-}
-
-// removeIfStaleLocked removes a Stale socket older than
-// Options.RemoveStaleAfter, if set: a crashed plugin's leftover that nobody
-// will come back for. Only the very file that was found stale is removed.
-func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
-	if r.opts.RemoveStaleAfter <= 0 || now.Sub(e.status.Created) < r.opts.RemoveStaleAfter {
-		return
-	}
-	if id, ok := statSocket(e.status.Socket); !ok || id != e.id {
-		return
-	}
-	if err := os.Remove(e.status.Socket); err != nil {
-		if !e.live.unremovable {
-			e.live.unremovable = true // it is tried again at each retry: said once
-			r.reg.warnLocked(e, now, "could not remove a stale socket", "socket", e.status.Socket, "err", err)
-		}
-		return
-	}
-	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))
 }
 
 // awaitPoll caps the delay between looks at the endpoint of a plugin
@@ -534,7 +369,7 @@ const awaitPoll = 2 * time.Second
 // deregistered. If it does, waiting is false, and the registration is tried.
 func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, now time.Time) (res result, waiting bool) {
 	dialCtx, cancel := context.WithTimeout(ctx, r.opts.DialTimeout)
-	conn, err := confine.For(e.awaiting, path, r.roots).Dial(dialCtx, e.awaiting)
+	conn, err := confine.For(e.awaiting, path, r.policy.resolved).Dial(dialCtx, e.awaiting)
 	cancel()
 	if err == nil {
 		conn.Close()
@@ -549,7 +384,7 @@ func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, no
 	}
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
-	e.status.NextRetry = now.Add(min(r.nextDelay(&e.backoff), awaitPoll))
+	e.status.NextRetry = now.Add(min(r.delays.next(&e.backoff), awaitPoll))
 	e.due = e.status.NextRetry
 	return result{at: e.due}, true
 }

@@ -2,12 +2,13 @@ package pluginmanager_test
 
 import (
 	"context"
-	"github.com/plugd/plugd/internal/testenv"
 	"net"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/plugd/plugd/internal/testenv"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,11 +15,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/utils/clock"
 
-	"github.com/plugd/plugd/internal/backoff"
-	"github.com/plugd/plugd/internal/confine"
-	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/internal/peercred"
-	"github.com/plugd/plugd/pluginmanager/internal/connset"
 	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
@@ -35,35 +30,24 @@ import (
 // one thing needed (register, probe, take back, forget), and returns when to
 // look again, which the queue, the one owner of time, holds.
 type Manager struct {
-	*parts
-	queue   *queue.Queue
-	events  *broker
-	rec     reconciler
-	started atomic.Bool
-	synced  chan struct{} // closed after the first walk of the directory
-	rescan  chan struct{} // asks the watch loop for a walk of the directory
-}
-
-// parts are what reconciling needs, shared by both ways of running (see
-// reconciler).
-type parts struct {
 	opts    Options
 	log     *slog.Logger
 	clock   clock.WithTickerAndDelayedExecution
+	queue   *queue.Queue
+	events  *broker
 	reg     *registry
-	conns   *connset.Set // the connections held to plugins, by socket path
-	hangups hangups      // what conns said of those hung up, until looked at
 	table   *handlerTable
-	calls   *sandbox
+	sandbox *sandbox
+	client  *client
 	metrics *metrics
-	roots   []string      // Options.EndpointRoots, resolved
-	fds     *fdReserve    // the file descriptors kept for new registrations
-	late    lateCauses    // why a dial or call ran out of time, made once
-	dir     *confine.Root // the registry directory, which connections walk from (see socket)
+	rec     reconciler
 	// dirUntrusted is set while the registry directory, made again since
-	// Run started, is not safe from other users (see Manager.trusted):
-	// its sockets are let go meanwhile.
+	// Run started, is not safe from other users (watcher.trusted): its
+	// sockets are let go meanwhile.
 	dirUntrusted atomic.Bool
+	started      atomic.Bool
+	synced       chan struct{} // closed after the first walk of the directory
+	rescan       chan struct{} // asks the watcher for a walk of the directory
 }
 
 // reconciler is one way of running the manager over the same parts:
@@ -104,32 +88,26 @@ func New(opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("pluginmanager: Options.Dir: %w", err)
 	}
 	m := &Manager{
-		parts: &parts{
-			opts:    o,
-			log:     o.Logger,
-			clock:   o.Clock,
-			table:   newHandlerTable(),
-			metrics: newMetrics(),
-			roots:   resolveRoots(o.EndpointRoots),
-			fds:     &fdReserve{limit: openFileLimit, open: openFiles, now: time.Now},
-			late:    lateCausesOf(o),
-			dir:     confine.NewRoot(o.Dir),
-		},
-		queue:  queue.New(o.Clock),
-		events: newBroker(o.EventBuffer, o.EventHistory),
-		synced: make(chan struct{}),
-		rescan: make(chan struct{}, 1),
+		opts:    o,
+		log:     o.Logger,
+		clock:   o.Clock,
+		table:   newHandlerTable(),
+		metrics: newMetrics(),
+		queue:   queue.New(o.Clock),
+		events:  newBroker(o.EventBuffer, o.EventHistory),
+		synced:  make(chan struct{}),
+		rescan:  make(chan struct{}, 1),
 	}
 	m.reg = newRegistry(m.events, m.metrics, m.log, o.MaxSockets, m.askRescan)
-	m.calls = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
-	m.conns = connset.New(func(path string, err error) {
-		m.hangups.put(path, err)
-		m.queue.Add(path)
-	})
+	m.sandbox = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
+	m.client = newClient(o, m.metrics, m.queue.Add)
 	if o.Observe {
-		m.rec = &onlooker{parts: m.parts, queue: m.queue.Add}
+		m.rec = &onlooker{opts: &m.opts, log: m.log, clock: m.clock, reg: m.reg, table: m.table, sandbox: m.sandbox,
+			client: m.client, metrics: m.metrics, queue: m.queue.Add}
 	} else {
-		m.rec = &registrar{parts: m.parts, queue: m.queue}
+		m.rec = &registrar{opts: &m.opts, log: m.log, clock: m.clock, reg: m.reg, table: m.table, sandbox: m.sandbox,
+			client: m.client, metrics: m.metrics, queue: m.queue, policy: newPolicy(o), delays: m.client.delays,
+			dirUntrusted: &m.dirUntrusted}
 	}
 	if o.Registerer != nil {
 		if err := m.registerMetrics(o.Registerer); err != nil {
@@ -286,7 +264,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	for range m.opts.Workers {
 		workers.Go(func() { m.work(ctx) })
 	}
-	workers.Go(func() { m.watch(ctx, m.newWatcher(w)) })
+	workers.Go(func() { m.newWatcher(w).run(ctx) })
 	m.log.Info("plugin manager started", "dir", dir, "workers", m.opts.Workers)
 
 	<-ctx.Done()
@@ -295,62 +273,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	workers.Wait()
 	m.rec.stop(ctx)
 	wg.Wait()
-	m.dir.Close()
+	m.client.dir.Close()
 	m.log.Info("plugin manager stopped")
 	return nil
-}
-
-// checkDirTrust refuses a registry directory that users other than plugd's
-// and root could change (dirtrust.Check says how), unless
-// Options.AllowWritableDir accepts that. An observer only warns: the
-// directory is the other manager's, which uses it as it is; refusing would
-// only blind the observer, and what it reports is what that manager sees.
-func (m *Manager) checkDirTrust(dir string) error {
-	if m.opts.AllowWritableDir {
-		return nil
-	}
-	err, untrusted := checkDir(dir)
-	switch {
-	case err == nil:
-		return nil
-	case !untrusted:
-		return fmt.Errorf("pluginmanager: checking who may change the registry directory: %w", err)
-	case m.opts.Observe:
-		m.log.Warn("the registry directory is not safe from other users: they could plant a plugin there, or replace one, for the manager observed as for plugd; fix it, or set Options.AllowWritableDir to accept it",
-			"dir", dir, "err", err)
-		return nil
-	}
-	return fmt.Errorf("pluginmanager: the registry directory %w; or, to accept that, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)", err)
-}
-
-// checkDir checks who may change dir (dirtrust.Check, for this process's
-// user), and reports whether an error says it is unsafe rather than that it
-// could not be checked.
-func checkDir(dir string) (err error, untrusted bool) {
-	err = dirtrust.Check(dir, os.Geteuid())
-	var u *dirtrust.Untrusted
-	return err, errors.As(err, &u)
-}
-
-// trusted checks the registry directory again, as at Run: removed and made
-// again, under a sticky parent such as /tmp, it may be another user's now,
-// and what they put in it is not to be registered. While it is not safe,
-// its plugins are let go (the registrar takes its sockets as absent) and
-// nothing in it is looked at; the next resync after it is fixed finds its
-// sockets again. Said once per change. An observer only warns, at Run.
-func (m *Manager) trusted() bool {
-	if m.opts.Observe || m.opts.AllowWritableDir {
-		return true
-	}
-	err, bad := checkDir(m.opts.Dir) // another error (the directory gone) is the walk's to report
-	switch was := m.dirUntrusted.Swap(bad); {
-	case bad && !was:
-		m.log.Error("the registry directory is no longer safe from other users: letting its plugins go, and registering nothing in it until it is fixed",
-			"dir", m.opts.Dir, "err", err)
-	case !bad && was:
-		m.log.Info("the registry directory is safe again; looking at its sockets", "dir", m.opts.Dir)
-	}
-	return !bad
 }
 
 // work takes paths from the queue and reconciles them, until the queue is
@@ -381,113 +306,10 @@ func (m *Manager) logFailedLook(path string, res result) {
 	m.log.Debug("reconcile failed", "socket", path, "terminal", res.terminal, "next", res.at, "err", printable(res.err.Error()))
 }
 
-// askRescan asks the watch loop for a walk of the directory. It never blocks.
+// askRescan asks the watcher for a walk of the directory. It never blocks.
 func (m *Manager) askRescan() {
 	select {
 	case m.rescan <- struct{}{}:
 	default:
 	}
-}
-
-// watch turns filesystem events, watch errors and the resync timer into work.
-func (m *Manager) watch(ctx context.Context, w *watcher) {
-	m.resync(w)
-	close(m.synced)
-	var tick <-chan time.Time
-	if m.opts.ResyncInterval > 0 {
-		t := m.clock.NewTicker(m.opts.ResyncInterval)
-		defer t.Stop()
-		tick = t.C()
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.fs.Events:
-			if !ok {
-				return
-			}
-			m.handleFSEvent(w, ev)
-		case err, ok := <-w.fs.Errors:
-			if !ok {
-				return
-			}
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
-				m.log.Warn("filesystem events were lost; rescanning the registry directory", "err", err)
-			} else {
-				m.log.Error("filesystem watch error; rescanning the registry directory", "err", err)
-			}
-			m.resync(w)
-		case <-tick:
-			m.resync(w)
-		case <-m.rescan:
-			m.resync(w)
-		}
-	}
-}
-
-// resync walks the directory and queues every socket that is new, replaced or
-// gone compared with what the manager knows. It is the safety net under the
-// watch, so it costs one walk and no RPC.
-func (m *Manager) resync(w *watcher) {
-	if !m.trusted() {
-		m.reg.mu.Lock()
-		for path := range m.reg.entries {
-			m.queue.Add(path) // let go: see reconcile
-		}
-		m.reg.mu.Unlock()
-		return
-	}
-	found := make(map[string]fileID)
-	if err := w.watchTree(m.opts.Dir, func(path string, id fileID) { found[path] = id }); err != nil {
-		m.log.Warn("scanning the registry directory", "dir", m.opts.Dir, "err", err)
-	}
-	now := m.clock.Now()
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	m.reg.tickLocked(now)
-	for path, id := range found {
-		e, ok := m.reg.entries[path]
-		if !ok {
-			// Known from now on (Synced promises it); the worker registers it.
-			m.reg.discoverLocked(path, id, nil, now)
-		}
-		if !ok || e.id != id {
-			m.queue.Add(path)
-		}
-	}
-	for path := range m.reg.entries {
-		if _, ok := found[path]; !ok {
-			m.queue.Add(path)
-		}
-	}
-}
-
-// enqueueUnder queues every known socket below dir, which was removed or renamed.
-func (m *Manager) enqueueUnder(dir string) {
-	prefix := dir + string(filepath.Separator)
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	for path := range m.reg.entries {
-		if strings.HasPrefix(path, prefix) {
-			m.queue.Add(path)
-		}
-	}
-}
-
-// newBackoff is the retry delay of a new socket: BackoffInitial, doubled
-// for each failure since the socket appeared, up to BackoffMax, with ±20%
-// jitter so that plugins that failed together do not retry together.
-func (p *parts) newBackoff() backoff.Backoff {
-	return backoff.New(p.opts.BackoffInitial, p.opts.BackoffMax, 0.2)
-}
-
-// nextDelay is b's next delay, b made (newBackoff) at its first use: most
-// sockets never fail, and need none.
-func (p *parts) nextDelay(b **backoff.Backoff) time.Duration {
-	if *b == nil {
-		nb := p.newBackoff()
-		*b = &nb
-	}
-	return (*b).Next()
 }

@@ -63,7 +63,7 @@ func (m *Manager) registerMetrics(reg prometheus.Registerer) error {
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "plugd_held_connections",
 		Help: "Idle connections held to plugins, to hear at once when one goes.",
-	}, func() float64 { return float64(m.conns.Len()) })
+	}, func() float64 { return float64(m.client.conns.Len()) })
 	for _, c := range []prometheus.Collector{m.metrics.attempts, m.metrics.failures, m.metrics.latency, m.metrics.deregistrations, m.metrics.overLimit,
 		m.metrics.fdReserveHits, m.metrics.fdExhausted, held, pluginsCollector{m}} {
 		if err := reg.Register(c); err != nil {
@@ -92,22 +92,10 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	m.reg.mu.Lock()
 	for _, e := range m.reg.entries {
-		counts[key{m.typeLabel(e.status.Type), e.status.State}]++
+		counts[key{m.table.label(e.status.Type), e.status.State}]++
 	}
 	m.reg.mu.Unlock()
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(m.metrics.plugins, prometheus.GaugeValue, float64(n), k.typ, string(k.state))
 	}
-}
-
-// typeLabel is the metric label for a plugin type.
-func (p *parts) typeLabel(typ string) string {
-	if p.table.known(typ) {
-		return typ
-	}
-	switch typ {
-	case "CSIPlugin", "DRAPlugin", "DevicePlugin": // the kubelet's: a fixed set, named even when observed
-		return typ
-	}
-	return otherType
 }

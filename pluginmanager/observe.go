@@ -3,22 +3,14 @@ package pluginmanager
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
+	"k8s.io/utils/clock"
 )
-
-// dialFailure marks an error of ask's connection step.
-type dialFailure struct{ error }
-
-func (d dialFailure) Unwrap() error { return d.error }
-
-func isDialError(err error) bool {
-	var d dialFailure
-	return errors.As(err, &d)
-}
 
 // onlooker is the manager observing (Options.Observe): beside another
 // manager that registers the plugins, it only looks at each, and records
@@ -30,8 +22,15 @@ func isDialError(err error) bool {
 // backoff. It never notifies a plugin, calls no handler (only observers),
 // and never changes a file.
 type onlooker struct {
-	*parts
-	queue func(path string)
+	opts    *Options
+	log     *slog.Logger
+	clock   clock.Clock
+	reg     *registry
+	table   *handlerTable
+	sandbox *sandbox
+	client  *client
+	metrics *metrics
+	queue   func(path string)
 }
 
 func (o *onlooker) states() []State {
@@ -41,13 +40,13 @@ func (o *onlooker) states() []State {
 func (o *onlooker) start(*sync.WaitGroup) error { return nil }
 
 func (o *onlooker) stop(context.Context) {
-	o.conns.Close()
-	o.calls.wait(o.opts.HandlerTimeout)
+	o.client.conns.Close()
+	o.sandbox.wait(o.opts.HandlerTimeout)
 }
 
 // reconcile forgets what is gone, and looks at a socket when a look is due.
 func (o *onlooker) reconcile(ctx context.Context, path string) result {
-	if ctx.Err() != nil || o.calls.isBusy(path) {
+	if ctx.Err() != nil || o.sandbox.isBusy(path) {
 		return result{}
 	}
 	id, present := statSocket(path)
@@ -79,9 +78,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	o.reg.mu.Unlock()
 
 	lv := &e.live
-	if err := o.hangups.take(path); err != nil {
-		o.afterHangup(path, e, err, now)
-	}
+	heardHangup(o.client, o.reg, path, e, now)
 	if err := tooLong(path); err != nil {
 		if st == StatePending {
 			return o.unreachable(path, e, err, now)
@@ -100,10 +97,10 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.record(path, e, e.status.Plugin, epDown, true, now)
 	case st == StateAnswering && !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
 		return o.look(ctx, path, e, false, now)
-	case st == StateAnswering && !o.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
+	case st == StateAnswering && !o.client.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
 		// Hung up: connect again, with no call. One that accepts is
 		// still there, as it was.
-		conn, err := o.dialIdle(ctx, e, path)
+		conn, err := o.client.dialIdle(ctx, e, path)
 		if errors.Is(err, confine.ErrChanged) {
 			return o.gone(ctx, path, e, err)
 		}
@@ -113,7 +110,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 			}
 			return o.record(path, e, e.status.Plugin, dialFailure{err}, false, now)
 		}
-		o.keep(ctx, path, e, conn, now)
+		o.client.hold(ctx, path, e, conn, now)
 		return result{at: o.next(path, e)}
 	case st == StateAnswering:
 		return result{at: o.next(path, e)}
@@ -135,12 +132,12 @@ func (o *onlooker) unsee(ctx context.Context, path string, e *entry) {
 	e.seen.end()
 	e.seen = nil
 	o.reg.mu.Unlock()
-	o.conns.Unwatch(path)
+	o.client.conns.Unwatch(path)
 	obs := o.observer(seen.Type)
 	if obs == nil || seen.Type == "" {
 		return
 	}
-	err := o.calls.call(context.WithoutCancel(ctx), path, "Forget", func(context.Context) error {
+	err := o.sandbox.call(context.WithoutCancel(ctx), path, "Forget", func(context.Context) error {
 		obs.Forget(seen)
 		return nil
 	})
@@ -153,7 +150,7 @@ func (o *onlooker) unsee(ctx context.Context, path string, e *entry) {
 // be the socket file discovered there any more (see registrar.gone), as if
 // it were removed.
 func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) result {
-	o.logGone(ctx, path, e, err)
+	logGone(ctx, o.log, path, e, err)
 	o.unsee(ctx, path, e)
 	o.reg.mu.Lock()
 	defer o.reg.mu.Unlock()
@@ -173,7 +170,7 @@ func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) 
 	e.status.Reason, e.status.LastError = ReasonDial, printable(err.Error())
 	e.status.UnhealthySince = now
 	e.due = time.Time{}
-	o.metrics.failures.WithLabelValues(o.typeLabel(""), string(ReasonDial)).Inc()
+	o.metrics.failures.WithLabelValues(o.table.label(""), string(ReasonDial)).Inc()
 	o.reg.failedLocked(e, now, "plugin cannot be looked at", "socket", path, "state", StateNotAnswering, "reason", ReasonDial, "err", e.status.LastError)
 	return result{err: err, terminal: true, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }
@@ -183,7 +180,7 @@ func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) 
 // retry of a look that failed.
 func (o *onlooker) next(path string, e *entry) time.Time {
 	lv := &e.live
-	if e.status.State == StateAnswering && (o.conns.Watching(path) || lv.unheld) {
+	if e.status.State == StateAnswering && (o.client.conns.Watching(path) || lv.unheld) {
 		e.due = lv.probeAt
 	} else {
 		e.due = earliest(lv.probeAt, lv.redialAt)
@@ -217,14 +214,14 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	e.seen.end() // what the last look's observer says no longer counts
 	e.seen = seen
 	var held *unaryconn.Conn
-	if o.conns.Watching(path) {
-		held = o.conns.Get(path)
+	if o.client.conns.Watching(path) {
+		held = o.client.conns.Get(path)
 	}
-	p, conn, err := o.askNew(ctx, e, path, held, fresh)
+	p, conn, err := o.client.askNew(ctx, e, path, held, fresh)
 	if err == nil {
-		o.keep(ctx, path, e, conn, started)
+		o.client.hold(ctx, path, e, conn, started)
 	} else {
-		o.conns.Unwatch(path)
+		o.client.conns.Unwatch(path)
 		e.live.unheld = false
 	}
 	if errors.Is(err, confine.ErrChanged) {
@@ -233,7 +230,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	endpoint := false
 	if err == nil {
 		if obs := o.observer(p.Type); obs != nil {
-			err = o.calls.call(seen.with(ctx), path, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
+			err = o.sandbox.call(seen.with(ctx), path, "Observe", func(ctx context.Context) error { return obs.Observe(ctx, p) })
 			endpoint = err != nil
 		}
 	}
@@ -256,19 +253,19 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 	lv := &e.live
 	if err != nil {
 		lv.probeAt = time.Time{}
-		lv.redialAt = started.Add(o.redialDelay(lv))
+		lv.redialAt = started.Add(o.client.redialDelay(lv))
 	}
 	now := o.clock.Now()
 	o.reg.mu.Lock()
 	defer o.reg.mu.Unlock()
 	was := e.status.State
 	if was == StatePending && isDialError(err) {
-		if at, ok := o.quietly(e, err, now); ok {
+		if at, ok := quietly(o.log, e, err, now); ok {
 			e.due = at // bound, not yet listening: no look counted
 			return result{at: at}
 		}
 	}
-	if isDialError(err) && o.outOfFDs(err) {
+	if isDialError(err) && o.client.outOfFDs(err) {
 		// plugd's own want of descriptors: looked at again with backoff,
 		// as it was.
 		e.status.NextRetry = lv.redialAt
@@ -314,7 +311,7 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		o.reg.repeatedLocked(now, "plugin still does not answer", args...)
 		return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 	}
-	o.metrics.failures.WithLabelValues(o.typeLabel(e.status.Type), string(reason)).Inc()
+	o.metrics.failures.WithLabelValues(o.table.label(e.status.Type), string(reason)).Inc()
 	o.reg.failedLocked(e, now, "plugin does not answer", args...)
 	return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
 }

@@ -29,16 +29,16 @@ func TestPeerOf(t *testing.T) {
 	}
 	e := &entry{id: id}
 	ctx := context.Background()
-	_, conn, err := m.ask(ctx, e, path, nil)
+	_, conn, err := m.client.ask(ctx, e, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	me := uint32(os.Getuid())
-	if who := m.peerOf(ctx, e, conn, path); !who.known || who.uid != me || who.pid != uint32(os.Getpid()) {
+	if who := m.client.peerOf(ctx, e, conn, path); !who.known || who.uid != me || who.pid != uint32(os.Getpid()) {
 		t.Errorf("on the open connection: %+v, want this process (uid %d)", who, me)
 	}
 	conn.Close()
-	if who := m.peerOf(ctx, e, conn, path); !who.known || who.uid != me {
+	if who := m.client.peerOf(ctx, e, conn, path); !who.known || who.uid != me {
 		t.Errorf("after the connection closed: %+v, want this process (uid %d)", who, me)
 	}
 	// Another socket in its place is not asked.
@@ -51,7 +51,7 @@ func TestPeerOf(t *testing.T) {
 	if err := os.Rename(other, path); err != nil {
 		t.Fatal(err)
 	}
-	if who := m.peerOf(ctx, e, nil, path); who.known {
+	if who := m.client.peerOf(ctx, e, nil, path); who.known {
 		t.Errorf("another socket at the path: %+v, want unknown", who)
 	}
 }

@@ -19,17 +19,29 @@ func (p Peers) allow(who peer) bool {
 	return who.known && (slices.Contains(p.UIDs, who.uid) || slices.Contains(p.GIDs, who.gid))
 }
 
-// checkPolicy applies the rules that keep plugins in bounds: who may serve
-// the plugin's type (he's AllowedPeers, or the Options' for a type without
-// a handler or without its own) and where its endpoint may be. ask asks
-// the kernel who serves the plugin; it is called only if a rule applies.
-// Its error names the rule, so that an operator knows which setting
-// refused.
-func (m *parts) checkPolicy(p Plugin, ask func() peer, he *handlerEntry) error {
-	rule, setting := m.opts.AllowedPeers, "Options.AllowedPeers"
+// policy is the rules that keep plugins in bounds, from the Options: who
+// may serve a plugin (AllowedPeers) and where its endpoint may be
+// (EndpointRoots).
+type policy struct {
+	peers    *Peers   // Options.AllowedPeers
+	roots    []string // Options.EndpointRoots, as given, for messages
+	resolved []string // the same, resolved (resolveRoots)
+}
+
+func newPolicy(o Options) policy {
+	return policy{peers: o.AllowedPeers, roots: o.EndpointRoots, resolved: resolveRoots(o.EndpointRoots)}
+}
+
+// check applies the rules: who may serve the plugin's type (he's
+// AllowedPeers, or the Options' for a type without a handler or without its
+// own) and where its endpoint may be. ask asks the kernel who serves the
+// plugin; it is called only if a rule applies. Its error names the rule, so
+// that an operator knows which setting refused.
+func (pol policy) check(p Plugin, ask func() peer, he *handlerEntry) error {
+	rule, setting := pol.peers, "Options.AllowedPeers"
 	if he != nil {
 		rule = he.peers
-		if rule != m.opts.AllowedPeers {
+		if rule != pol.peers {
 			setting = "the HandlerOptions.AllowedPeers of its type"
 		}
 	}
@@ -38,10 +50,10 @@ func (m *parts) checkPolicy(p Plugin, ask func() peer, he *handlerEntry) error {
 			return refusedPeer(p, who, rule, setting)
 		}
 	}
-	if len(m.opts.EndpointRoots) > 0 && p.Endpoint != p.Socket {
+	if len(pol.roots) > 0 && p.Endpoint != p.Socket {
 		ep := confine.ResolveExisting(p.Endpoint) // a symlink inside a root may point out of it (Endpoint is clean: EndpointPath)
-		if !slices.ContainsFunc(m.roots, func(root string) bool { return confine.Within(ep, root) }) {
-			return fmt.Errorf("endpoint %s is outside the directories Options.EndpointRoots allows (%s)", p.Endpoint, strings.Join(m.opts.EndpointRoots, ", "))
+		if !slices.ContainsFunc(pol.resolved, func(root string) bool { return confine.Within(ep, root) }) {
+			return fmt.Errorf("endpoint %s is outside the directories Options.EndpointRoots allows (%s)", p.Endpoint, strings.Join(pol.roots, ", "))
 		}
 	}
 	return nil

@@ -205,3 +205,20 @@ func markNewest(ps []PluginStatus, order map[string]uint64) {
 		ps[i].Newest = true
 	}
 }
+
+// delays are the retry delays of a socket: initial, doubled for each
+// failure since the socket appeared, up to max, with ±20% jitter so that
+// plugins that failed together do not retry together (Options.BackoffInitial
+// and BackoffMax). Registrations that fail and connections that are hung up
+// each back off so.
+type delays struct{ initial, max time.Duration }
+
+// next is b's next delay, b made at its first use: most sockets never
+// fail, and need none.
+func (d delays) next(b **backoff.Backoff) time.Duration {
+	if *b == nil {
+		nb := backoff.New(d.initial, d.max, 0.2)
+		*b = &nb
+	}
+	return (*b).Next()
+}

@@ -58,7 +58,7 @@ func TestResyncFindsWhatEventsMissed(t *testing.T) {
 	}
 	added, _ := socket("sub/new.sock")
 
-	m.resync(w)
+	w.resync()
 
 	var got []string
 	for range m.queue.Len() {

@@ -81,3 +81,18 @@ func (t *handlerTable) types() []string {
 	}
 	return out
 }
+
+// label is the metric label for a plugin type: the type if it has a
+// handler or an observer, or is one of the kubelet's (a fixed set, named
+// even when observed), else "other", so that plugins cannot create series
+// at will.
+func (t *handlerTable) label(typ string) string {
+	if t.known(typ) {
+		return typ
+	}
+	switch typ {
+	case "CSIPlugin", "DRAPlugin", "DevicePlugin":
+		return typ
+	}
+	return otherType
+}

@@ -1,6 +1,7 @@
 package pluginmanager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,14 +10,17 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/fsnotify/fsnotify"
+	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/internal/confine"
-	"github.com/plugd/plugd/internal/dirtrust"
+	"github.com/plugd/plugd/pluginmanager/internal/queue"
 )
 
 // fileID is the identity of a socket file. A socket removed and created again at
@@ -40,8 +44,13 @@ func unprintable(name string) bool {
 	return !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0
 }
 
-// watcher is the filesystem side of the manager: an fsnotify watch on every
-// directory of the tree. It belongs to the goroutine running Manager.watch.
+// watcher is the job that reacts to the filesystem: an fsnotify watch on
+// every directory of the tree, a walk of it at start, every
+// Options.ResyncInterval and whenever asked (a place freed under
+// Options.MaxSockets, a lost event), and the registry directory itself
+// going and coming back. It only queues paths: events are hints, and the
+// worker that takes a path reads the file there and decides. It belongs to
+// the goroutine running run.
 type watcher struct {
 	fs   *fsnotify.Watcher
 	dirs map[string]bool // directories watched, to tell a removed directory from a removed socket
@@ -54,47 +63,111 @@ type watcher struct {
 	observe bool // take them anyway, and warn (Options.Observe)
 	refused map[string]string
 	log     *slog.Logger
+
+	clock       clock.WithTicker
+	queue       *queue.Queue
+	reg         *registry
+	root        *confine.Root   // the registry directory the client's connections walk from
+	untrusted   *atomic.Bool    // set while the registry directory is not safe (trusted)
+	resyncEvery time.Duration   // Options.ResyncInterval
+	rescan      <-chan struct{} // asks for a walk of the directory
+	synced      chan<- struct{} // closed after the first walk
 }
 
 func (m *Manager) newWatcher(fs *fsnotify.Watcher) *watcher {
 	return &watcher{fs: fs, dirs: make(map[string]bool),
 		top: m.opts.Dir, trust: !m.opts.AllowWritableDir, observe: m.opts.Observe,
-		refused: make(map[string]string), log: m.log}
+		refused: make(map[string]string), log: m.log,
+		clock: m.clock, queue: m.queue, reg: m.reg, root: m.client.dir, untrusted: &m.dirUntrusted,
+		resyncEvery: m.opts.ResyncInterval, rescan: m.rescan, synced: m.synced}
 }
 
-// take reports whether the sockets in dir, a directory below the registry
-// directory, are to be registered: not if users other than plugd's and root
-// could change it (dirtrust.CheckBelow), for whoever could plant a plugin
-// in the registry directory itself. The workers hold sockets to the same
-// rule (parts.subdirsTrusted); an observer takes them, and warns.
-func (w *watcher) take(dir string) bool {
-	if !w.trust {
-		return true
+// run turns filesystem events, watch errors and the resync timer into
+// work, until ctx is done or the watch is closed.
+func (w *watcher) run(ctx context.Context) {
+	w.resync()
+	close(w.synced)
+	var tick <-chan time.Time
+	if w.resyncEvery > 0 {
+		t := w.clock.NewTicker(w.resyncEvery)
+		defer t.Stop()
+		tick = t.C()
 	}
-	err := dirtrust.CheckBelow(dir, os.Geteuid())
-	var u *dirtrust.Untrusted
-	if !errors.As(err, &u) {
-		// Safe, or gone (its Remove event follows), or unreadable (the
-		// walk says so): nothing to say about who may change it.
-		if _, was := w.refused[dir]; was && err == nil {
-			delete(w.refused, dir)
-			if !w.observe {
-				w.log.Info("a directory in the registry directory is safe from other users again; registering its plugins", "dir", dir)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.fs.Events:
+			if !ok {
+				return
 			}
+			w.handleFSEvent(ev)
+		case err, ok := <-w.fs.Errors:
+			if !ok {
+				return
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.log.Warn("filesystem events were lost; rescanning the registry directory", "err", err)
+			} else {
+				w.log.Error("filesystem watch error; rescanning the registry directory", "err", err)
+			}
+			w.resync()
+		case <-tick:
+			w.resync()
+		case <-w.rescan:
+			w.resync()
 		}
-		return true
 	}
-	if w.refused[dir] != err.Error() {
-		w.refused[dir] = err.Error()
-		if w.observe {
-			w.log.Warn("a directory in the registry directory is not safe from other users: they could plant a plugin there, or replace one, for the manager observed as for plugd; fix it, or set Options.AllowWritableDir to accept it",
-				"dir", dir, "err", err)
-		} else {
-			w.log.Warn("not registering the plugins in a directory of the registry directory that users other than plugd's and root could change, until it is fixed; or, to accept it, set Options.AllowWritableDir (plugd: policy.allowWritableRegistryDir)",
-				"dir", dir, "err", err)
+}
+
+// resync walks the directory and queues every socket that is new, replaced or
+// gone compared with what the manager knows. It is the safety net under the
+// watch, so it costs one walk and no RPC.
+func (w *watcher) resync() {
+	if !w.trusted() {
+		w.reg.mu.Lock()
+		for path := range w.reg.entries {
+			w.queue.Add(path) // let go: see registrar.reconcile
+		}
+		w.reg.mu.Unlock()
+		return
+	}
+	found := make(map[string]fileID)
+	if err := w.watchTree(w.top, func(path string, id fileID) { found[path] = id }); err != nil {
+		w.log.Warn("scanning the registry directory", "dir", w.top, "err", err)
+	}
+	now := w.clock.Now()
+	w.reg.mu.Lock()
+	defer w.reg.mu.Unlock()
+	w.reg.tickLocked(now)
+	for path, id := range found {
+		e, ok := w.reg.entries[path]
+		if !ok {
+			// Known from now on (Synced promises it); the worker registers it.
+			w.reg.discoverLocked(path, id, nil, now)
+		}
+		if !ok || e.id != id {
+			w.queue.Add(path)
 		}
 	}
-	return w.observe
+	for path := range w.reg.entries {
+		if _, ok := found[path]; !ok {
+			w.queue.Add(path)
+		}
+	}
+}
+
+// queueUnder queues every known socket below dir, which was removed or
+// renamed, or is refused now.
+func (w *watcher) queueUnder(dir string) {
+	prefix := dir + string(filepath.Separator)
+	w.reg.mu.Lock()
+	defer w.reg.mu.Unlock()
+	for path := range w.reg.entries {
+		if strings.HasPrefix(path, prefix) {
+			w.queue.Add(path)
+		}
+	}
 }
 
 // watchTree adds an fsnotify watch on root and every directory below it that is
@@ -162,10 +235,10 @@ func (w *watcher) watchTree(root string, found func(path string, id fileID)) err
 
 // handleFSEvent turns one fsnotify event into work. Events are only hints: the
 // worker reads the file as it is now and decides.
-func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
-	root := m.opts.Dir
+func (w *watcher) handleFSEvent(ev fsnotify.Event) {
+	root := w.top
 	if ev.Name == root || !confine.Within(ev.Name, root) {
-		m.handleRootEvent(w, ev)
+		w.handleRootEvent(ev)
 		return
 	}
 	name := filepath.Base(ev.Name)
@@ -174,7 +247,7 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 	}
 	if unprintable(name) {
 		if ev.Has(fsnotify.Create) {
-			m.log.Warn("ignoring a file whose name has control characters or is not UTF-8; rename it to register it",
+			w.log.Warn("ignoring a file whose name has control characters or is not UTF-8; rename it to register it",
 				"dir", filepath.Dir(ev.Name), "name", strconv.Quote(name))
 		}
 		return
@@ -183,36 +256,36 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 	case ev.Has(fsnotify.Create):
 		fi, err := os.Lstat(ev.Name)
 		if err != nil {
-			m.queue.Add(ev.Name) // gone already; the worker forgets it if we knew it
+			w.queue.Add(ev.Name) // gone already; the worker forgets it if we knew it
 			return
 		}
 		if fi.IsDir() {
 			// Sockets may have appeared in it before the watch was in place.
-			if err := w.watchTree(ev.Name, func(path string, _ fileID) { m.queue.Add(path) }); err != nil {
-				m.log.Warn("watching new directory", "dir", ev.Name, "err", err)
+			if err := w.watchTree(ev.Name, func(path string, _ fileID) { w.queue.Add(path) }); err != nil {
+				w.log.Warn("watching new directory", "dir", ev.Name, "err", err)
 			}
 			return
 		}
-		if maybeSocket(fi.Mode()) || m.known(ev.Name) {
+		if maybeSocket(fi.Mode()) || w.known(ev.Name) {
 			// A file, FIFO or symlink renamed over a known socket is a
 			// Create of its path too: the worker finds no socket there,
 			// and lets the plugin go now, not at its next probe.
-			m.queue.Add(ev.Name)
+			w.queue.Add(ev.Name)
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
-		m.queue.Add(ev.Name)
+		w.queue.Add(ev.Name)
 		if w.dirs[ev.Name] {
 			// A whole directory of sockets went. Only then is every known
 			// socket looked at, so removing N sockets costs O(N), not O(N²).
 			w.forget(ev.Name)
-			m.enqueueUnder(ev.Name)
+			w.queueUnder(ev.Name)
 		}
 		delete(w.refused, ev.Name) // made again, it is said about again
 	case ev.Has(fsnotify.Chmod):
 		// A directory's mode or owner changed (chmod, chown): whether its
 		// sockets are taken may have too.
 		if _, refused := w.refused[ev.Name]; w.dirs[ev.Name] || refused {
-			m.lookAgain(w, ev.Name)
+			w.lookAgain(ev.Name)
 		}
 	}
 }
@@ -221,24 +294,24 @@ func (m *Manager) handleFSEvent(w *watcher, ev fsnotify.Event) {
 // registry directory whose mode or owner changed, are taken (watcher.take):
 // one that users other than plugd's and root could change now has its
 // plugins let go, and one fixed is watched and its sockets registered.
-func (m *Manager) lookAgain(w *watcher, dir string) {
+func (w *watcher) lookAgain(dir string) {
 	watched := w.dirs[dir]
 	switch take := w.take(dir); {
 	case watched && !take:
 		w.forget(dir)
-		m.enqueueUnder(dir) // the workers find it refused too (parts.subdirsTrusted)
+		w.queueUnder(dir) // the workers find it refused too (subdirsTrusted)
 	case !watched && take:
-		if err := w.watchTree(dir, func(path string, _ fileID) { m.queue.Add(path) }); err != nil {
-			m.log.Warn("watching directory", "dir", dir, "err", err)
+		if err := w.watchTree(dir, func(path string, _ fileID) { w.queue.Add(path) }); err != nil {
+			w.log.Warn("watching directory", "dir", dir, "err", err)
 		}
 	}
 }
 
 // known reports whether the manager has an entry for path.
-func (m *Manager) known(path string) bool {
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	_, ok := m.reg.entries[path]
+func (w *watcher) known(path string) bool {
+	w.reg.mu.Lock()
+	defer w.reg.mu.Unlock()
+	_, ok := w.reg.entries[path]
 	return ok
 }
 
@@ -246,8 +319,8 @@ func (m *Manager) known(path string) bool {
 // back, as its parent directory's watch reports it. (The directory's own
 // deletion event can come much later: a socket still bound in it keeps it
 // alive in the kernel.)
-func (m *Manager) handleRootEvent(w *watcher, ev fsnotify.Event) {
-	root := m.opts.Dir
+func (w *watcher) handleRootEvent(ev fsnotify.Event) {
+	root := w.top
 	if ev.Name != root {
 		return // something else in the parent directory
 	}
@@ -255,22 +328,22 @@ func (m *Manager) handleRootEvent(w *watcher, ev fsnotify.Event) {
 	there := err == nil && fi.IsDir()
 	// Connections walk from the directory found at the path now, not the
 	// one held (see socket).
-	m.dir.Reopen()
+	w.root.Reopen()
 	switch {
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
 		// Whatever is at the path now is not the directory we watched.
 		w.forget(root)
-		m.enqueueUnder(root)
+		w.queueUnder(root)
 		if !there {
-			m.log.Warn("the registry directory was removed; its plugins are let go until it comes back", "dir", root)
+			w.log.Warn("the registry directory was removed; its plugins are let go until it comes back", "dir", root)
 			return
 		}
-		m.log.Info("the registry directory was replaced", "dir", root)
-		m.resync(w)
+		w.log.Info("the registry directory was replaced", "dir", root)
+		w.resync()
 	case ev.Has(fsnotify.Create) && there:
-		m.log.Info("the registry directory is back", "dir", root)
+		w.log.Info("the registry directory is back", "dir", root)
 		w.forget(root) // a watch left on the old one, if its removal was not seen yet
-		m.resync(w)
+		w.resync()
 	}
 }
 
