@@ -33,7 +33,8 @@ const (
 )
 
 // failureLog is the state of that accounting. It is guarded by registry.mu,
-// under which every failure is recorded.
+// under which every failure is recorded; what it logs is said there
+// (registry.say) and written once the lock is free.
 type failureLog struct {
 	windowEnd time.Time     // the end of the current window of warnings; zero: none open
 	warned    int           // warnings written in the window
@@ -72,7 +73,7 @@ func (r *registry) failedLocked(e *entry, now time.Time, msg string, args ...any
 // to be the same as the last one recorded.
 func (r *registry) repeatedLocked(now time.Time, msg string, args ...any) {
 	r.countFailureLocked(now, false)
-	r.log.Debug(msg, args...)
+	r.say(slog.LevelDebug, msg, args...)
 }
 
 // warnLocked writes a warning about e, within the window's warnings; beyond
@@ -88,14 +89,14 @@ func (r *registry) warnLocked(e *entry, now time.Time, msg string, args ...any) 
 	r.countFailureLocked(now, warn)
 	if warn {
 		l.warned++
-		r.log.Warn(msg, args...)
+		r.say(slog.LevelWarn, msg, args...)
 		return
 	}
 	if l.held == nil {
 		l.held = make(map[State]int)
 	}
 	l.held[e.status.State]++
-	r.log.Debug(msg, args...)
+	r.say(slog.LevelDebug, msg, args...)
 }
 
 // recoveredLocked records that e succeeded at now, and returns the level
@@ -151,7 +152,7 @@ func (r *registry) rollLocked(now time.Time) {
 		return
 	}
 	if n := sum(l.held); n > 0 {
-		r.log.Warn(fmt.Sprintf("%d more socket failures within %s were not logged one by one; every socket's state is in plugctl list, its events and plugd_registration_failures_total", n, failureWindow),
+		r.say(slog.LevelWarn, fmt.Sprintf("%d more socket failures within %s were not logged one by one; every socket's state is in plugctl list, its events and plugd_registration_failures_total", n, failureWindow),
 			"count", n, "byState", counts(l.held), "logged", l.warned)
 	}
 	l.windowEnd, l.warned = time.Time{}, 0
@@ -179,7 +180,7 @@ func (r *registry) summaryLocked(now time.Time) {
 		}
 	}
 	n := sum(byState) + retrying
-	r.log.Warn(fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
+	r.say(slog.LevelWarn, fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
 		"failing", n, "byState", counts(byState), "retrying", retrying, "byReason", counts(byReason),
 		"failures", l.attempts, "notLoggedOneByOne", l.quiet, "since", l.since, "over", now.Sub(l.since).Round(time.Second))
 }

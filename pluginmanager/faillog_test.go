@@ -16,7 +16,14 @@ func TestFailureLog(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	fail := func(e *entry, at time.Time, reason Reason, msg string) {
 		e.status.State, e.status.Reason, e.status.LastError = StateUnhealthy, reason, msg
+		r.lock()
 		r.failedLocked(e, at, "failed", "socket", e.status.Socket)
+		r.unlock()
+	}
+	recovered := func(e *entry, at time.Time) slog.Level {
+		r.lock()
+		defer r.unlock()
+		return r.recoveredLocked(e, at)
 	}
 	e := &entry{status: PluginStatus{Plugin: Plugin{Socket: "/flap"}}}
 	r.entries["/flap"] = e
@@ -25,7 +32,7 @@ func TestFailureLog(t *testing.T) {
 	if warns() != 1 {
 		t.Fatalf("the first failure: %d warnings, want 1:\n%s", warns(), buf.String())
 	}
-	if level := r.recoveredLocked(e, t0.Add(time.Second)); level != slog.LevelInfo {
+	if level := recovered(e, t0.Add(time.Second)); level != slog.LevelInfo {
 		t.Errorf("recovery after a warning at %s, want Info", level)
 	}
 	// The same failure again, its numbers aside, a moment later: a flap.
@@ -33,12 +40,12 @@ func TestFailureLog(t *testing.T) {
 	if warns() != 1 {
 		t.Errorf("a flap: %d warnings, want still 1", warns())
 	}
-	if level := r.recoveredLocked(e, t0.Add(3*time.Second)); level != slog.LevelDebug {
+	if level := recovered(e, t0.Add(3*time.Second)); level != slog.LevelDebug {
 		t.Errorf("recovery after a flap at %s, want Debug", level)
 	}
 	// A different reason is news; so is the same failure long after.
 	fail(e, t0.Add(4*time.Second), ReasonUnhealthy, "connect: refused")
-	r.recoveredLocked(e, t0.Add(5*time.Second))
+	recovered(e, t0.Add(5*time.Second))
 	fail(e, t0.Add(5*time.Second+failureSummaryEvery), ReasonUnhealthy, "connect: refused")
 	if warns() != 3 || !strings.Contains(buf.String(), "1 sockets still failing") {
 		t.Errorf("a new reason, then the same failure after %s: %d warnings, want 3, and a summary for the flap logged at debug level:\n%s", failureSummaryEvery, warns(), buf.String())
@@ -76,22 +83,29 @@ func TestFailureLogTick(t *testing.T) {
 	for i := range 150 {
 		e := &entry{status: PluginStatus{Plugin: Plugin{Socket: fmt.Sprintf("/r%d", i)}, State: StateFailed, Reason: ReasonNoHandler, LastError: "no handler"}}
 		r.entries[e.status.Socket] = e
+		r.lock()
 		r.failedLocked(e, t0, "rejected", "socket", e.status.Socket)
+		r.unlock()
 	}
-	r.tickLocked(t0.Add(failureWindow / 2))
+	tick := func(at time.Time) {
+		r.lock()
+		r.tickLocked(at)
+		r.unlock()
+	}
+	tick(t0.Add(failureWindow / 2))
 	if strings.Contains(buf.String(), "more socket failures") {
 		t.Fatalf("the window's line before its end:\n%s", buf.String())
 	}
-	r.tickLocked(t0.Add(failureWindow))
+	tick(t0.Add(failureWindow))
 	if !strings.Contains(buf.String(), `msg="50 more socket failures within 1m0s`) {
 		t.Errorf("no line for the 50 beyond the budget at the window's end:\n%s", buf.String())
 	}
-	r.tickLocked(t0.Add(failureSummaryEvery))
+	tick(t0.Add(failureSummaryEvery))
 	if !strings.Contains(buf.String(), "150 sockets still failing") {
 		t.Errorf("no summary at its interval's end:\n%s", buf.String())
 	}
 	n := strings.Count(buf.String(), "sockets still failing")
-	r.tickLocked(t0.Add(3 * failureSummaryEvery))
+	tick(t0.Add(3 * failureSummaryEvery))
 	if got := strings.Count(buf.String(), "sockets still failing"); got != n {
 		t.Errorf("%d summaries after ticks with no failure since the last, want %d", got, n)
 	}

@@ -70,14 +70,13 @@ const (
 )
 
 // quietly reports whether an attempt that failed with err at now is retried
-// quietly, and when.
-func quietly(log *slog.Logger, e *entry, err error, now time.Time) (time.Time, bool) {
+// quietly, and when; the caller says so at debug level.
+func quietly(e *entry, err error, now time.Time) (time.Time, bool) {
 	if !refused(err) || e.live.quiet >= maxQuiet || now.Sub(e.status.Created) >= bindGrace {
 		return time.Time{}, false
 	}
 	d := 20 * time.Millisecond << e.live.quiet
 	e.live.quiet++
-	log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", d)
 	return now.Add(d), true
 }
 
@@ -136,10 +135,10 @@ func heardHangup(c *client, reg *registry, path string, e *entry, now time.Time)
 	flood := errors.Is(err, unaryconn.ErrFlood)
 	if flood && !lv.flooded {
 		lv.flooded = true
-		reg.mu.Lock()
+		reg.lock()
 		reg.warnLocked(e, now, "plugin flooded the idle connection plugd keeps to it; closed it, and backing off before connecting again",
 			"socket", path, "type", e.status.Type, "name", e.status.Name, "err", printable(err.Error()))
-		reg.mu.Unlock()
+		reg.unlock()
 	} else {
 		c.log.Debug("plugin's connection hung up", "socket", path, "err", printable(err.Error()))
 	}
@@ -224,15 +223,15 @@ func (r *registrar) probe(ctx context.Context, path string, e *entry, reg *regis
 func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, reg *registration, p Plugin) result {
 	r.log.Info("plugin answers with different info; registering it afresh", "socket", path,
 		"was", reg.plugin.Type+"/"+reg.plugin.Name, "now", p.Type+"/"+p.Name)
-	r.reg.mu.Lock()
+	r.reg.lock()
 	e.reg = nil
-	r.reg.mu.Unlock()
+	r.reg.unlock()
 	if !r.deregister(ctx, path, e, reg) {
 		return result{}
 	}
 	now := r.clock.Now()
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	r.reg.lock()
+	defer r.reg.unlock()
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
 	e.backoff = nil
 	e.live = liveness{}
@@ -270,7 +269,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 	label := r.table.label(reg.plugin.Type)
 	p := reg.plugin
 
-	r.reg.mu.Lock()
+	r.reg.lock()
 	var events []Event
 	st := &e.status
 	switch {
@@ -281,7 +280,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			st.Reason, st.LastError = "", ""
 			level := r.reg.recoveredLocked(e, now)
 			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			r.log.Log(ctx, level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+			r.reg.say(level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
 		}
 		switch {
 		case kept:
@@ -292,7 +291,7 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 				lv.kept = true
 				r.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
 				events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
-				r.log.Info("plugin's registration socket does not answer, but its endpoint serves: it stays registered",
+				r.reg.say(slog.LevelInfo, "plugin's registration socket does not answer, but its endpoint serves: it stays registered",
 					"socket", path, "type", p.Type, "name", p.Name, "err", printable(lv.socketErr.Error()))
 			}
 		case st.Reason == ReasonUnhealthy || st.Reason == ReasonEndpoint:
@@ -326,11 +325,11 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 			redial = lv.redialAt
 		}
 		e.due = earliest(lv.probeAt, redial, graceEnd)
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		return result{at: e.due, err: why, events: events}
 	}
 	e.reg = nil
-	r.reg.mu.Unlock()
+	r.reg.unlock()
 	for _, ev := range events {
 		r.reg.events.publish(ev) // before the Deregistered event
 	}
@@ -343,8 +342,8 @@ func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *regis
 		return result{}
 	}
 	now = r.clock.Now()
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	r.reg.lock()
+	defer r.reg.unlock()
 	e.status.Plugin = p
 	e.status.State = StateFailed
 	e.status.Reason, e.status.LastError = reason, printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, why))
@@ -373,17 +372,17 @@ func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, no
 	cancel()
 	if err == nil {
 		conn.Close()
-		r.reg.mu.Lock()
+		r.reg.lock()
 		e.awaiting = ""
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		r.log.Debug("plugin's endpoint serves again; registering it again", "socket", path)
 		return result{}, false
 	}
 	if ctx.Err() != nil {
 		return result{}, true
 	}
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	r.reg.lock()
+	defer r.reg.unlock()
 	e.status.NextRetry = now.Add(min(r.delays.next(&e.backoff), awaitPoll))
 	e.due = e.status.NextRetry
 	return result{at: e.due}, true

@@ -156,8 +156,8 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 	if !m.table.add(typ, he) {
 		panic("pluginmanager: AddHandler called twice for type " + typ)
 	}
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
+	m.reg.lock()
+	defer m.reg.unlock()
 	for path, e := range m.reg.entries {
 		if e.status.State == StateRejected && e.status.Reason == ReasonNoHandler && e.status.Type == typ {
 			m.queue.Add(path)

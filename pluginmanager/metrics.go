@@ -90,11 +90,11 @@ func (c pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[key{typ, s}] = 0
 		}
 	}
-	m.reg.mu.Lock()
+	m.reg.lock()
 	for _, e := range m.reg.entries {
 		counts[key{m.table.label(e.status.Type), e.status.State}]++
 	}
-	m.reg.mu.Unlock()
+	m.reg.unlock()
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(m.metrics.plugins, prometheus.GaugeValue, float64(n), k.typ, string(k.state))
 	}

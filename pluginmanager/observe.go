@@ -51,31 +51,31 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	}
 	id, present := statSocket(path)
 	now := o.clock.Now()
-	o.reg.mu.Lock()
+	o.reg.lock()
 	e := o.reg.entries[path]
 	if e == nil && !present {
-		o.reg.mu.Unlock()
+		o.reg.unlock()
 		return result{}
 	}
 	if e != nil && (!present || e.id != id) {
-		o.reg.mu.Unlock()
+		o.reg.unlock()
 		o.unsee(ctx, path, e)
-		o.reg.mu.Lock()
+		o.reg.lock()
 		if !present {
 			o.reg.forgetLocked(path, e, o.clock.Now())
-			o.reg.mu.Unlock()
+			o.reg.unlock()
 			return result{}
 		}
 	}
 	if e == nil || e.id != id {
 		if e = o.reg.discoverLocked(path, id, e, now); e == nil {
-			o.reg.mu.Unlock() // over Options.MaxSockets
+			o.reg.unlock() // over Options.MaxSockets
 			return result{}
 		}
 	}
 	st, reason := e.status.State, e.status.Reason
 	fresh := e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second
-	o.reg.mu.Unlock()
+	o.reg.unlock()
 
 	lv := &e.live
 	heardHangup(o.client, o.reg, path, e, now)
@@ -127,11 +127,11 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 // panic is recovered, and one that outlives HandlerTimeout is left to
 // finish alone (the path waits for it) rather than holding up the worker.
 func (o *onlooker) unsee(ctx context.Context, path string, e *entry) {
-	o.reg.mu.Lock()
+	o.reg.lock()
 	seen := e.status.Plugin
 	e.seen.end()
 	e.seen = nil
-	o.reg.mu.Unlock()
+	o.reg.unlock()
 	o.client.conns.Unwatch(path)
 	obs := o.observer(seen.Type)
 	if obs == nil || seen.Type == "" {
@@ -152,8 +152,8 @@ func (o *onlooker) unsee(ctx context.Context, path string, e *entry) {
 func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) result {
 	logGone(ctx, o.log, path, e, err)
 	o.unsee(ctx, path, e)
-	o.reg.mu.Lock()
-	defer o.reg.mu.Unlock()
+	o.reg.lock()
+	defer o.reg.unlock()
 	if o.reg.entries[path] == e {
 		o.reg.forgetLocked(path, e, o.clock.Now())
 	}
@@ -164,8 +164,8 @@ func (o *onlooker) gone(ctx context.Context, path string, e *entry, err error) r
 // (its path is too long, err says): NotAnswering, reason dial, and never
 // looked at again, since no retry can change that.
 func (o *onlooker) unreachable(path string, e *entry, err error, now time.Time) result {
-	o.reg.mu.Lock()
-	defer o.reg.mu.Unlock()
+	o.reg.lock()
+	defer o.reg.unlock()
 	e.status.State = StateNotAnswering
 	e.status.Reason, e.status.LastError = ReasonDial, printable(err.Error())
 	e.status.UnhealthySince = now
@@ -256,21 +256,26 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		lv.redialAt = started.Add(o.client.redialDelay(lv))
 	}
 	now := o.clock.Now()
-	o.reg.mu.Lock()
-	defer o.reg.mu.Unlock()
-	was := e.status.State
+	was := e.status.State // written only by this worker
 	if was == StatePending && isDialError(err) {
-		if at, ok := quietly(o.log, e, err, now); ok {
+		if at, ok := quietly(e, err, now); ok {
+			o.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", path, "in", at.Sub(now))
+			o.reg.lock()
 			e.due = at // bound, not yet listening: no look counted
+			o.reg.unlock()
 			return result{at: at}
 		}
 	}
 	if isDialError(err) && o.client.outOfFDs(err) {
 		// plugd's own want of descriptors: looked at again with backoff,
 		// as it was.
+		o.reg.lock()
+		defer o.reg.unlock()
 		e.status.NextRetry = lv.redialAt
 		return result{at: o.next(path, e)}
 	}
+	o.reg.lock()
+	defer o.reg.unlock()
 	e.status.Attempts++
 	if err == nil {
 		e.status.Plugin = p
@@ -283,7 +288,7 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		if was == StateAnswering {
 			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
 		}
-		o.log.Log(context.Background(), level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		o.reg.say(level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
 		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
 	}
 	state, reason := StateNotAnswering, ReasonGetInfo

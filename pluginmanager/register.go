@@ -104,9 +104,9 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 			// A handler that timed out may still take the plugin, so that
 			// registration is kept, to be taken back if the socket goes or
 			// before it is registered again.
-			r.reg.mu.Lock()
+			r.reg.lock()
 			e.reg = reg
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 		}
 		return res
 	}
@@ -136,7 +136,7 @@ func (r *registrar) register(ctx context.Context, path string, e *entry, id file
 // dial and the calls of every registration: a worker's stack stays small.
 func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *registration, p Plugin, attempt int, redial time.Time, told, silent bool, notifyErr error) result {
 	now := r.clock.Now()
-	r.reg.mu.Lock()
+	r.reg.lock()
 	e.reg = reg
 	e.accepted = true
 	e.answer.Store(nil)
@@ -151,7 +151,7 @@ func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *
 	case told && !silent:
 		// It answered with an error, or dropped the connection once it
 		// had the request: it was told, and is not told again.
-		r.log.Info("plugin registered; its answer to being told so was an error", "socket", path, "type", p.Type, "name", p.Name, "err", printable(notifyErr.Error()))
+		r.reg.say(slog.LevelInfo, "plugin registered; its answer to being told so was an error", "socket", path, "type", p.Type, "name", p.Name, "err", printable(notifyErr.Error()))
 	default:
 		// Not told, or told and silent since (it is not told again): the
 		// handler holds the plugin, and failing the registration now
@@ -167,7 +167,7 @@ func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *
 	took := now.Sub(e.status.Discovered)
 	e.due = earliest(e.live.probeAt, redial)
 	res := result{at: e.due, events: []Event{r.reg.eventLocked(EventRegistered, e, now)}}
-	r.reg.mu.Unlock()
+	r.reg.unlock()
 	// Said once the registry is free again: writing the line must not hold
 	// up the other workers. As attributes, so that nothing is boxed.
 	r.metrics.latency.WithLabelValues(label).Observe(took.Seconds())
@@ -212,31 +212,49 @@ func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, 
 // logged with it.
 func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int, more ...any) result {
 	now := r.clock.Now()
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	var quiet time.Time
+	var fds bool
+	if ctx.Err() == nil && reason == ReasonDial && !terminal {
+		if at, ok := quietly(e, err, now); ok {
+			quiet = at
+			r.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", at.Sub(now))
+		} else {
+			fds = r.client.outOfFDs(err)
+		}
+	}
+	r.reg.lock()
+	res, remove := r.failLocked(ctx, e, p, reason, err, terminal, attempt, now, quiet, fds, more)
+	r.reg.unlock()
+	if remove {
+		r.removeStale(e, now)
+	}
+	return res
+}
+
+// failLocked records the failure for fail, and reports whether the socket
+// is Stale and old enough to be removed (staleDue).
+func (r *registrar) failLocked(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int, now, quiet time.Time, fds bool, more []any) (res result, remove bool) {
 	if ctx.Err() != nil {
 		// Shutting down: the attempt was cut short, not failed.
 		e.status.State = StatePending
-		return result{}
+		return result{}, false
 	}
 	e.answer.Store(nil)
-	if reason == ReasonDial && !terminal {
-		if at, ok := quietly(r.log, e, err, now); ok {
-			// Bound, not yet listening: not a failure, and not counted.
-			e.status.State = StatePending
-			e.status.Attempts--
-			e.due = at
-			return result{at: at}
-		}
-		if r.client.outOfFDs(err) {
-			// plugd's own want of descriptors, not the plugin's failure:
-			// tried again with backoff, neither counted nor Stale.
-			e.status.State = StatePending
-			e.status.Attempts--
-			e.status.NextRetry = now.Add(r.delays.next(&e.backoff))
-			e.due = e.status.NextRetry
-			return result{at: e.due}
-		}
+	switch {
+	case !quiet.IsZero():
+		// Bound, not yet listening: not a failure, and not counted.
+		e.status.State = StatePending
+		e.status.Attempts--
+		e.due = quiet
+		return result{at: quiet}, false
+	case fds:
+		// plugd's own want of descriptors, not the plugin's failure:
+		// tried again with backoff, neither counted nor Stale.
+		e.status.State = StatePending
+		e.status.Attempts--
+		e.status.NextRetry = now.Add(r.delays.next(&e.backoff))
+		e.due = e.status.NextRetry
+		return result{at: e.due}, false
 	}
 	if p.Type == "" {
 		// Not answered this time: the socket keeps what it last said, so
@@ -264,7 +282,7 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 			// saw it Registering, not Rejected: it is up to us to retry.
 			res.at = now
 		}
-		return res
+		return res, false
 	}
 	stale := reason == ReasonDial && refused(err)
 	delay := r.delays.next(&e.backoff)
@@ -272,10 +290,10 @@ func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason,
 	if stale {
 		// A socket file nobody listens on: what a crashed plugin leaves.
 		e.status.State = StateStale
-		r.removeIfStaleLocked(e, now)
+		remove = r.staleDue(e, now)
 	}
 	e.status.NextRetry = now.Add(delay)
 	e.due = e.status.NextRetry
 	r.reg.failedLocked(e, now, "plugin registration failed", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", e.status.State, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay}, more...)...)
-	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
+	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}, remove
 }

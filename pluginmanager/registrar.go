@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,14 +61,14 @@ func (r *registrar) stop(ctx context.Context) {
 		reg  *registration
 	}
 	var all []held
-	r.reg.mu.Lock()
+	r.reg.lock()
 	for path, e := range r.reg.entries {
 		if e.reg != nil && !r.sandbox.isBusy(path) {
 			all = append(all, held{path, e, e.reg})
 			e.reg = nil
 		}
 	}
-	r.reg.mu.Unlock()
+	r.reg.unlock()
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, r.opts.Workers)
 	for _, h := range all {
@@ -92,20 +94,16 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		return result{} // the abandoned call queues the path again when it returns
 	}
 	id, present := statSocket(path)
-	if r.dirUntrusted.Load() {
-		present = false // not to be used while the directory is not safe
+	if r.dirUntrusted.Load() || present && !subdirsTrusted(r.opts.Dir, path, r.opts.AllowWritableDir) {
+		// Not to be used while the directory, or one it is in, is not safe.
+		present = false
 	}
 	now := r.clock.Now()
 
-	r.reg.mu.Lock()
-	// Under the lock, so that a directory made unsafe after this look finds
-	// the entry it makes when the watch queues what is below it.
-	if present && !subdirsTrusted(r.opts.Dir, path, r.opts.AllowWritableDir) {
-		present = false // nor while the directory it is in is not
-	}
+	r.reg.lock()
 	e := r.reg.entries[path]
 	if e == nil && !present {
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		return result{}
 	}
 	// Take back what is gone or replaced, and what a timed-out Register may
@@ -113,22 +111,33 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 	if e != nil && e.reg != nil && (!present || e.reg.id != id || !e.status.State.registered()) {
 		reg := e.reg
 		e.reg = nil
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		if !r.deregister(ctx, path, e, reg) {
 			return result{}
 		}
 		now = r.clock.Now()
-		r.reg.mu.Lock()
+		r.reg.lock()
 	}
 	if !present {
 		r.reg.forgetLocked(path, e, now)
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		return result{}
 	}
 	if e == nil || e.id != id {
+		known := e != nil
 		if e = r.reg.discoverLocked(path, id, e, now); e == nil {
-			r.reg.mu.Unlock() // over Options.MaxSockets
+			r.reg.unlock() // over Options.MaxSockets
 			return result{}
+		}
+		if !known && strings.LastIndexByte(path, filepath.Separator) != len(r.opts.Dir) {
+			// A directory on the way made unsafe after the check above
+			// found no entry to queue (watcher.queueUnder): checked again
+			// now that there is one, with the lock free.
+			r.reg.unlock()
+			if !subdirsTrusted(r.opts.Dir, path, r.opts.AllowWritableDir) {
+				return result{at: now} // and let go at the next look
+			}
+			r.reg.lock()
 		}
 	}
 	switch e.status.State {
@@ -138,39 +147,39 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		}
 		he := r.table.get(e.reg.plugin.Type)
 		if he == nil {
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 			return result{}
 		}
 		reg := e.reg
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		return r.live(ctx, path, e, reg, he, now)
 	case StateFailed, StateStale:
 		if now.Before(e.due) {
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 			return result{at: e.due}
 		}
 		if e.awaiting != "" {
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 			if res, waiting := r.awaitEndpoint(ctx, path, e, now); waiting {
 				return res
 			}
-			r.reg.mu.Lock()
+			r.reg.lock()
 		}
 	case StateRejected:
 		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 			return r.rejected(ctx, path, e, now)
 		}
 	case StatePending:
 		if now.Before(e.due) {
-			r.reg.mu.Unlock()
+			r.reg.unlock()
 			return result{at: e.due} // a quiet retry
 		}
 	}
 	if err := tooLong(path); err != nil {
 		// Refused once, with no connection tried: no retry can shorten it.
 		attempt := e.status.Attempts
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		return r.fail(ctx, e, Plugin{Socket: path}, ReasonDial, err, true, attempt)
 	}
 	e.status.State = StateRegistering
@@ -181,7 +190,7 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 	attempt := e.status.Attempts
 	fid := e.id
 	fresh := attempt == 1 && now.Sub(e.status.Discovered) < time.Second
-	r.reg.mu.Unlock()
+	r.reg.unlock()
 
 	r.metrics.attempts.Inc()
 	return r.register(ctx, path, e, fid, attempt, fresh, now)
@@ -196,15 +205,15 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *registration, err error) result {
 	logGone(ctx, r.log, path, e, err)
 	if reg != nil {
-		r.reg.mu.Lock()
+		r.reg.lock()
 		e.reg = nil
-		r.reg.mu.Unlock()
+		r.reg.unlock()
 		if !r.deregister(ctx, path, e, reg) {
 			return result{}
 		}
 	}
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	r.reg.lock()
+	defer r.reg.unlock()
 	if r.reg.entries[path] == e {
 		r.reg.forgetLocked(path, e, r.clock.Now())
 	}
@@ -223,8 +232,8 @@ func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *
 	})
 	p := reg.plugin
 	now := r.clock.Now()
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
+	r.reg.lock()
+	defer r.reg.unlock()
 	if e.status.State.registered() {
 		e.status.State = StatePending
 	}
@@ -237,7 +246,7 @@ func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *
 		ev.Error = printable(err.Error())
 		r.reg.warnLocked(e, now, "plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
 	} else {
-		r.log.Info("plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
+		r.reg.say(slog.LevelInfo, "plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
 	}
 	r.reg.publishLocked(ev)
 	return !r.sandbox.isBusy(path)

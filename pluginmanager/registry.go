@@ -1,6 +1,7 @@
 package pluginmanager
 
 import (
+	"context"
 	"log/slog"
 	"slices"
 	"strings"
@@ -17,6 +18,13 @@ import (
 // published under the same lock, so that they come in the order of the
 // changes they report.
 //
+// The lock is taken with lock and let go with unlock, and nothing that
+// waits on the world is done in between: no system call on a file (a stat,
+// a connect, a remove) and no log write, since a slow disk or a slow log
+// reader would hold up every worker. A line to log is said (say) under the
+// lock and written by unlock once the lock is free. lockrule_test.go checks
+// the rule on the source.
+//
 // A worker holding a path in the queue is the only writer of that path's
 // entry, apart from discovery of a new path by a resync; so a registration
 // takes the lock twice, once to start the attempt and once to record how it
@@ -29,6 +37,7 @@ type registry struct {
 	rescan  func() // asks for a walk of the directory: a place is free again
 
 	mu               sync.Mutex
+	said             []slog.Record // lines said under the lock, for unlock to write
 	entries          map[string]*entry
 	discoveries      uint64    // socket files discovered so far: each entry's seq
 	overLimit        bool      // sockets were left untracked: look again when one goes
@@ -90,6 +99,32 @@ func newRegistry(events *broker, metrics *metrics, log *slog.Logger, max int, re
 	return &registry{events: events, metrics: metrics, log: log, max: max, rescan: rescan, entries: make(map[string]*entry)}
 }
 
+// lock takes the registry's lock.
+func (r *registry) lock() {
+	r.mu.Lock()
+}
+
+// unlock lets the lock go, then writes the lines said under it, in order.
+func (r *registry) unlock() {
+	said := r.said
+	r.said = nil
+	r.mu.Unlock()
+	for _, rec := range said {
+		_ = r.log.Handler().Handle(context.Background(), rec)
+	}
+}
+
+// say is a line for the log, said under the lock: unlock writes it. It
+// costs nothing unless the logger takes lines of that level.
+func (r *registry) say(level slog.Level, msg string, args ...any) {
+	if !r.log.Enabled(context.Background(), level) {
+		return
+	}
+	rec := slog.NewRecord(time.Now(), level, msg, 0)
+	rec.Add(args...)
+	r.said = append(r.said, rec)
+}
+
 // discoverLocked starts afresh for a new socket file at path, in e (nil for
 // a path not known yet): no attempts, no backoff, no verdict carried over
 // from a file that was there before. It returns nil, and tracks nothing, if
@@ -101,7 +136,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 			r.overLimit = true
 			if now.Sub(r.lastLimitWarning) > time.Minute {
 				r.lastLimitWarning = now
-				r.log.Error("too many sockets: new ones are not tracked until some go; raise Options.MaxSockets if this node needs more",
+				r.say(slog.LevelError, "too many sockets: new ones are not tracked until some go; raise Options.MaxSockets if this node needs more",
 					"limit", r.max, "socket", path)
 			}
 			return nil
@@ -121,7 +156,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.answer.Store(nil)
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: time.Unix(id.sec, id.nsec)}
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))
-	r.log.Debug("socket discovered", "socket", path)
+	r.say(slog.LevelDebug, "socket discovered", "socket", path)
 	return e
 }
 
@@ -134,7 +169,7 @@ func (r *registry) forgetLocked(path string, e *entry, now time.Time) {
 	}
 	delete(r.entries, path)
 	r.publishLocked(r.eventLocked(EventRemoved, e, now))
-	r.log.Debug("socket removed", "socket", path)
+	r.say(slog.LevelDebug, "socket removed", "socket", path)
 }
 
 // eventLocked is an event of e's status as it is now.
@@ -158,7 +193,7 @@ func (r *registry) publishLocked(ev Event) { r.events.publish(ev) }
 
 // plugins is the snapshot Manager.Plugins returns.
 func (r *registry) plugins() []PluginStatus {
-	r.mu.Lock()
+	r.lock()
 	out := make([]PluginStatus, 0, len(r.entries))
 	order := make(map[string]uint64, len(r.entries))
 	for path, e := range r.entries {
@@ -172,7 +207,7 @@ func (r *registry) plugins() []PluginStatus {
 		out = append(out, s)
 		order[path] = e.seq
 	}
-	r.mu.Unlock()
+	r.unlock()
 	slices.SortFunc(out, func(a, b PluginStatus) int { return strings.Compare(a.Socket, b.Socket) })
 	markNewest(out, order)
 	return out

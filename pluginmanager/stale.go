@@ -31,31 +31,49 @@ func (r *registrar) rejected(ctx context.Context, path string, e *entry, now tim
 	if ctx.Err() != nil {
 		return result{}
 	}
-	r.reg.mu.Lock()
-	defer r.reg.mu.Unlock()
-	if err != nil && refused(err) {
-		r.removeIfStaleLocked(e, now)
-	}
+	r.reg.lock()
+	remove := err != nil && refused(err) && r.staleDue(e, now)
 	e.due = now.Add(r.opts.RemoveStaleAfter)
-	return result{at: e.due}
+	at := e.due
+	r.reg.unlock()
+	if remove {
+		r.removeStale(e, now)
+	}
+	return result{at: at}
 }
 
-// removeIfStaleLocked removes a Stale socket older than
-// Options.RemoveStaleAfter, if set: a crashed plugin's leftover that nobody
-// will come back for. Only the very file that was found stale is removed.
-func (r *registrar) removeIfStaleLocked(e *entry, now time.Time) {
-	if r.opts.RemoveStaleAfter <= 0 || now.Sub(e.status.Created) < r.opts.RemoveStaleAfter {
-		return
+// staleDue reports whether the Stale socket of e is to be removed now:
+// Options.RemoveStaleAfter is set, and the socket is older.
+func (r *registrar) staleDue(e *entry, now time.Time) bool {
+	return r.opts.RemoveStaleAfter > 0 && now.Sub(e.status.Created) >= r.opts.RemoveStaleAfter
+}
+
+// removeStale removes the Stale socket of e (staleDue), a crashed plugin's
+// leftover that nobody will come back for, with the registry's lock free.
+// Only the very file that was found stale is removed. A failure is warned
+// of once for the socket file: it is tried again at each retry.
+func (r *registrar) removeStale(e *entry, now time.Time) {
+	path, age := e.status.Socket, now.Sub(e.status.Created).Round(time.Second)
+	removed, err := removeStale(path, e.id)
+	switch {
+	case err != nil && !e.live.unremovable:
+		e.live.unremovable = true
+		r.reg.lock()
+		r.reg.warnLocked(e, now, "could not remove a stale socket", "socket", path, "err", err)
+		r.reg.unlock()
+	case removed:
+		r.log.Info("removed a stale socket", "socket", path, "age", age)
 	}
-	if id, ok := statSocket(e.status.Socket); !ok || id != e.id {
-		return
+}
+
+// removeStale removes the socket file id at path, if it is still that
+// file, and reports whether it did.
+func removeStale(path string, id fileID) (removed bool, err error) {
+	if got, ok := statSocket(path); !ok || got != id {
+		return false, nil
 	}
-	if err := os.Remove(e.status.Socket); err != nil {
-		if !e.live.unremovable {
-			e.live.unremovable = true // it is tried again at each retry: said once
-			r.reg.warnLocked(e, now, "could not remove a stale socket", "socket", e.status.Socket, "err", err)
-		}
-		return
+	if err := os.Remove(path); err != nil {
+		return false, err
 	}
-	r.log.Info("removed a stale socket", "socket", e.status.Socket, "age", now.Sub(e.status.Created).Round(time.Second))
+	return true, nil
 }

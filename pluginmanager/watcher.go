@@ -125,11 +125,11 @@ func (w *watcher) run(ctx context.Context) {
 // watch, so it costs one walk and no RPC.
 func (w *watcher) resync() {
 	if !w.trusted() {
-		w.reg.mu.Lock()
+		w.reg.lock()
 		for path := range w.reg.entries {
 			w.queue.Add(path) // let go: see registrar.reconcile
 		}
-		w.reg.mu.Unlock()
+		w.reg.unlock()
 		return
 	}
 	found := make(map[string]fileID)
@@ -137,8 +137,8 @@ func (w *watcher) resync() {
 		w.log.Warn("scanning the registry directory", "dir", w.top, "err", err)
 	}
 	now := w.clock.Now()
-	w.reg.mu.Lock()
-	defer w.reg.mu.Unlock()
+	w.reg.lock()
+	defer w.reg.unlock()
 	w.reg.tickLocked(now)
 	for path, id := range found {
 		e, ok := w.reg.entries[path]
@@ -161,8 +161,8 @@ func (w *watcher) resync() {
 // renamed, or is refused now.
 func (w *watcher) queueUnder(dir string) {
 	prefix := dir + string(filepath.Separator)
-	w.reg.mu.Lock()
-	defer w.reg.mu.Unlock()
+	w.reg.lock()
+	defer w.reg.unlock()
 	for path := range w.reg.entries {
 		if strings.HasPrefix(path, prefix) {
 			w.queue.Add(path)
@@ -309,8 +309,8 @@ func (w *watcher) lookAgain(dir string) {
 
 // known reports whether the manager has an entry for path.
 func (w *watcher) known(path string) bool {
-	w.reg.mu.Lock()
-	defer w.reg.mu.Unlock()
+	w.reg.lock()
+	defer w.reg.unlock()
 	_, ok := w.reg.entries[path]
 	return ok
 }
