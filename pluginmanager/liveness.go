@@ -226,20 +226,57 @@ func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, re
 	r.reg.lock()
 	e.reg = nil
 	r.reg.unlock()
-	if !r.deregister(ctx, path, e, reg) {
-		return result{}
-	}
+	err, free := r.deregister(ctx, path, reg)
 	now := r.clock.Now()
 	r.reg.lock()
 	defer r.reg.unlock()
+	if !free {
+		e.status.State = StatePending // registered again once the abandoned call returns
+		r.reg.publishLocked(r.reg.deregisteredLocked(e, reg.plugin, err, now))
+		return result{}
+	}
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
 	e.backoff = nil
 	e.live = liveness{}
-	return result{at: now, events: []Event{r.reg.eventLocked(EventDiscovered, e, now)}}
+	dereg := r.reg.deregisteredLocked(e, reg.plugin, err, now)
+	return result{at: now, events: []Event{dereg, r.reg.eventLocked(EventDiscovered, e, now)}}
 }
 
-// judge decides from what the last looks found whether a registered plugin
-// is Registered or Unhealthy (and why), and when to look again:
+// health is what the last looks found of a registered plugin, for
+// judgeHealth.
+type health struct {
+	state         State     // Registered or Unhealthy
+	reason        Reason    // the status's
+	lastError     string    // the status's
+	since         time.Time // UnhealthySince
+	socketErr     error     // why its registration socket does not answer; nil while it does
+	endpointKnown bool      // its handler has reported its endpoint
+	endpointErr   error     // its endpoint is down, as its handler reports
+	withRegistrar bool      // HandlerOptions.DeregisterWithRegistrar
+	noted         bool      // kept registered while its registrar is gone, and said so (liveness.kept)
+	grace         time.Duration
+	now           time.Time
+}
+
+// judgement is judgeHealth's verdict: the plugin's status from now on, what
+// to say of the change, and whether to let it go.
+type judgement struct {
+	state     State
+	reason    Reason
+	lastError string
+	since     time.Time // UnhealthySince
+	why       error     // what makes it Unhealthy; nil if nothing does
+	recovered bool      // it was Unhealthy and is not: a Healthy event
+	kept      bool      // kept registered while its registrar is gone, newly: one Unhealthy event
+	noted     bool      // liveness.kept from now on
+	failed    bool      // newly Unhealthy, or for a new reason: an Unhealthy event, a failure
+	repeated  bool      // Unhealthy as before: logged at debug level
+	graceEnd  time.Time // when an Unhealthy plugin is deregistered; zero while it is not
+	letGo     bool      // the grace period is over: deregister it
+}
+
+// judgeHealth decides from what the last looks found whether a registered
+// plugin is Registered or Unhealthy (and why):
 //
 //   - an endpoint its handler reports down makes it Unhealthy, reason
 //     endpoint;
@@ -248,112 +285,146 @@ func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, re
 //     reports its endpoint serving and its type does not ask for it to be
 //     deregistered with its registrar (HandlerOptions.DeregisterWithRegistrar):
 //     then it stays Registered, with a note, and one Unhealthy event says so;
-//   - an Unhealthy plugin is deregistered at the end of its grace period,
-//     and retried with backoff.
-func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
-	lv := &e.live
-	epKnown, epErr := reg.endpoint.state()
-	var why error
+//   - an Unhealthy plugin is deregistered at the end of its grace period.
+func judgeHealth(h health) judgement {
+	j := judgement{state: h.state, reason: h.reason, lastError: h.lastError, since: h.since, noted: h.noted}
 	var reason Reason
 	kept := false
 	switch {
-	case epErr != nil:
-		why, reason = epErr, ReasonEndpoint
-	case lv.socketErr != nil && epKnown && !he.deregisterWithRegistrar:
+	case h.endpointErr != nil:
+		j.why, reason = h.endpointErr, ReasonEndpoint
+	case h.socketErr != nil && h.endpointKnown && !h.withRegistrar:
 		kept = true
-	case lv.socketErr != nil:
-		why, reason = lv.socketErr, ReasonUnhealthy
+	case h.socketErr != nil:
+		j.why, reason = h.socketErr, ReasonUnhealthy
 	}
-	watched := r.client.conns.Watching(path) || lv.unheld // an unheld plugin waits for its probe
-	now := r.clock.Now()
-	label := r.table.label(reg.plugin.Type)
-	p := reg.plugin
-
-	r.reg.lock()
-	var events []Event
-	st := &e.status
 	switch {
-	case why == nil:
-		if st.State == StateUnhealthy {
-			st.State = StateRegistered
-			st.UnhealthySince = time.Time{}
-			st.Reason, st.LastError = "", ""
-			level := r.reg.recoveredLocked(e, now)
-			events = append(events, r.reg.eventLocked(EventHealthy, e, now))
-			r.reg.say(level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+	case j.why == nil:
+		if h.state == StateUnhealthy {
+			j.state, j.since, j.reason, j.lastError = StateRegistered, time.Time{}, "", ""
+			j.recovered = true
 		}
 		switch {
 		case kept:
-			note := printable(fmt.Sprintf("its registration socket does not answer (%v); kept registered while its endpoint serves", lv.socketErr))
-			st.Reason, st.LastError = ReasonUnhealthy, note
-			if !lv.kept {
-				// Said once, with the state it stays in: Registered.
-				lv.kept = true
-				r.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
-				events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
-				r.reg.say(slog.LevelInfo, "plugin's registration socket does not answer, but its endpoint serves: it stays registered",
-					"socket", path, "type", p.Type, "name", p.Name, "err", printable(lv.socketErr.Error()))
-			}
-		case st.Reason == ReasonUnhealthy || st.Reason == ReasonEndpoint:
-			st.Reason, st.LastError = "", ""
-			lv.kept = false
+			j.reason = ReasonUnhealthy
+			j.lastError = printable(fmt.Sprintf("its registration socket does not answer (%v); kept registered while its endpoint serves", h.socketErr))
+			j.kept, j.noted = !h.noted, true // said once, with the state it stays in: Registered
+		case j.reason == ReasonUnhealthy || j.reason == ReasonEndpoint:
+			j.reason, j.lastError, j.noted = "", "", false
 		}
-	case st.State == StateRegistered || st.Reason != reason:
-		if st.State == StateRegistered {
-			st.State = StateUnhealthy
-			st.UnhealthySince = now
+	case h.state == StateRegistered || h.reason != reason:
+		if h.state == StateRegistered {
+			j.state, j.since = StateUnhealthy, h.now
 		}
-		st.Reason, st.LastError = reason, printable(why.Error())
-		r.metrics.failures.WithLabelValues(label, string(reason)).Inc()
-		events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
-		msg := "plugin stopped answering"
-		if reason == ReasonEndpoint {
-			msg = "plugin's endpoint stopped serving"
-		}
-		r.reg.failedLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
+		j.reason, j.lastError, j.failed = reason, printable(j.why.Error()), true
 	default:
-		st.LastError = printable(why.Error())
-		r.reg.repeatedLocked(now, "plugin still unhealthy", "socket", path, "type", p.Type, "name", p.Name, "reason", reason, "err", st.LastError)
+		j.lastError, j.repeated = printable(j.why.Error()), true
 	}
-	var graceEnd time.Time
-	if st.State == StateUnhealthy {
-		graceEnd = st.UnhealthySince.Add(he.grace)
+	if j.state == StateUnhealthy {
+		j.graceEnd = j.since.Add(h.grace)
+		j.letGo = !h.now.Before(j.graceEnd)
 	}
-	if graceEnd.IsZero() || now.Before(graceEnd) {
+	return j
+}
+
+// judge writes judgeHealth's verdict on a registered plugin into its entry,
+// once, and says what changed; it deregisters an Unhealthy one at the end
+// of its grace period (letGo), and otherwise looks at it again at its next
+// probe, redial or the end of its grace period.
+func (r *registrar) judge(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry) result {
+	lv := &e.live
+	known, down := reg.endpoint.state()
+	watched := r.client.watching(path) || lv.unheld // an unheld plugin waits for its probe
+	now := r.clock.Now()
+	r.reg.lock()
+	st := &e.status
+	j := judgeHealth(health{state: st.State, reason: st.Reason, lastError: st.LastError, since: st.UnhealthySince,
+		socketErr: lv.socketErr, endpointKnown: known, endpointErr: down, withRegistrar: he.deregisterWithRegistrar,
+		noted: lv.kept, grace: he.grace, now: now})
+	events := r.healthLocked(path, e, reg.plugin, j, now)
+	if !j.letGo {
 		var redial time.Time
 		if !watched {
 			redial = lv.redialAt
 		}
-		e.due = earliest(lv.probeAt, redial, graceEnd)
+		e.due = earliest(lv.probeAt, redial, j.graceEnd)
 		r.reg.unlock()
-		return result{at: e.due, err: why, events: events}
+		return result{at: e.due, err: j.why, events: events}
 	}
 	e.reg = nil
 	r.reg.unlock()
-	for _, ev := range events {
-		r.reg.events.publish(ev) // before the Deregistered event
-	}
+	return r.letGo(ctx, path, e, reg, he, j, events)
+}
 
-	// The grace period is over: let it go, and try it again with backoff
-	// (and at once if its socket is re-created). One let go for its
-	// endpoint, with its registrar answering, is tried again only once the
-	// endpoint serves: a registration now would fail for want of it.
-	if !r.deregister(ctx, path, e, reg) {
-		return result{}
+// healthLocked writes j into e's status and says what changed: the events
+// to publish, the failure counted and logged. r.reg is locked.
+func (r *registrar) healthLocked(path string, e *entry, p Plugin, j judgement, now time.Time) []Event {
+	st := &e.status
+	st.State, st.Reason, st.LastError, st.UnhealthySince = j.state, j.reason, j.lastError, j.since
+	e.live.kept = j.noted
+	var events []Event
+	label := r.table.label(p.Type)
+	switch {
+	case j.recovered:
+		level := r.reg.recoveredLocked(e, now)
+		ev := r.reg.eventLocked(EventHealthy, e, now)
+		if j.kept {
+			ev.Reason, ev.Error = "", "" // the note that follows is the next event's
+		}
+		events = append(events, ev)
+		r.reg.say(level, "plugin answers again", "socket", path, "type", p.Type, "name", p.Name)
+	case j.failed:
+		r.metrics.failures.WithLabelValues(label, string(j.reason)).Inc()
+		events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
+		msg := "plugin stopped answering"
+		if j.reason == ReasonEndpoint {
+			msg = "plugin's endpoint stopped serving"
+		}
+		r.reg.failedLocked(e, now, msg, "socket", path, "type", p.Type, "name", p.Name, "reason", j.reason, "err", st.LastError)
+	case j.repeated:
+		r.reg.repeatedLocked(now, "plugin still unhealthy", "socket", path, "type", p.Type, "name", p.Name, "reason", st.Reason, "err", st.LastError)
 	}
-	now = r.clock.Now()
+	if j.kept {
+		r.metrics.failures.WithLabelValues(label, string(ReasonUnhealthy)).Inc()
+		events = append(events, r.reg.eventLocked(EventUnhealthy, e, now))
+		r.reg.say(slog.LevelInfo, "plugin's registration socket does not answer, but its endpoint serves: it stays registered",
+			"socket", path, "type", p.Type, "name", p.Name, "err", printable(e.live.socketErr.Error()))
+	}
+	return events
+}
+
+// letGo deregisters reg, Unhealthy to the end of its grace period (j), and
+// tries it again with backoff (and at once if its socket is re-created).
+// One let go for its endpoint, with its registrar answering, is tried
+// again only once the endpoint serves (awaitEndpoint): a registration now
+// would fail for want of it. The events of the judgement, the deregistration
+// and the failure are published once the retry is scheduled.
+func (r *registrar) letGo(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, j judgement, events []Event) result {
+	err, free := r.deregister(ctx, path, reg)
+	now := r.clock.Now()
+	p := reg.plugin
 	r.reg.lock()
 	defer r.reg.unlock()
-	e.status.Plugin = p
-	e.status.State = StateFailed
-	e.status.Reason, e.status.LastError = reason, printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, why))
-	if reason == ReasonEndpoint && lv.socketErr == nil {
-		e.awaiting = p.Endpoint
-		e.status.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v; waiting for its endpoint to serve to register it again", he.grace, why))
+	if !free {
+		e.status.State = StatePending // registered again once the abandoned call returns
+		return result{events: append(events, r.reg.deregisteredLocked(e, p, err, now))}
 	}
-	e.status.NextRetry = now.Add(r.delays.next(&e.backoff))
-	e.due = e.status.NextRetry
-	return result{at: e.due, err: why, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
+	st := &e.status
+	st.Plugin, st.State, st.Reason = p, StateFailed, j.reason
+	st.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v", he.grace, j.why))
+	if j.reason == ReasonEndpoint && e.live.socketErr == nil {
+		e.awaiting = p.Endpoint
+		st.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v; waiting for its endpoint to serve to register it again", he.grace, j.why))
+	}
+	st.NextRetry = now.Add(r.delays.next(&e.backoff))
+	dereg := r.reg.deregisteredLocked(e, p, err, now)
+	if err == nil {
+		dereg.Error = j.lastError
+	}
+	dereg.State, dereg.NextRetry = StatePending, time.Time{}
+	events = append(events, dereg)
+	e.due = st.NextRetry
+	return result{at: e.due, err: j.why, events: append(events, r.reg.eventLocked(EventFailed, e, now))}
 }
 
 // awaitPoll caps the delay between looks at the endpoint of a plugin
@@ -367,11 +438,7 @@ const awaitPoll = 2 * time.Second
 // (at most awaitPoll), quietly: the plugin's failure was said when it was
 // deregistered. If it does, waiting is false, and the registration is tried.
 func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, now time.Time) (res result, waiting bool) {
-	dialCtx, cancel := context.WithTimeout(ctx, r.opts.DialTimeout)
-	conn, err := confine.For(e.awaiting, path, r.policy.resolved).Dial(dialCtx, e.awaiting)
-	cancel()
-	if err == nil {
-		conn.Close()
+	if err := endpointTakes(ctx, e.awaiting, path, r.policy.resolved, r.opts.DialTimeout); err == nil {
 		r.reg.lock()
 		e.awaiting = ""
 		r.reg.unlock()
@@ -386,4 +453,19 @@ func (r *registrar) awaitEndpoint(ctx context.Context, path string, e *entry, no
 	e.status.NextRetry = now.Add(min(r.delays.next(&e.backoff), awaitPoll))
 	e.due = e.status.NextRetry
 	return result{at: e.due}, true
+}
+
+// endpointTakes connects to endpoint, the endpoint of the plugin whose
+// registration socket is socket, with no call, within timeout, confined as
+// its handler's connections are (confine.For: to roots, or for an endpoint
+// that is the registration socket, to its directory). It returns nil if the
+// endpoint took the connection, else why not.
+func endpointTakes(ctx context.Context, endpoint, socket string, roots []string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := confine.For(endpoint, socket, roots).Dial(ctx, endpoint)
+	if err == nil {
+		conn.Close()
+	}
+	return err
 }

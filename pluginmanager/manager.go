@@ -98,7 +98,7 @@ func New(opts Options) (*Manager, error) {
 		synced:  make(chan struct{}),
 		rescan:  make(chan struct{}, 1),
 	}
-	m.reg = newRegistry(m.events, m.metrics, m.log, o.MaxSockets, m.askRescan)
+	m.reg = newRegistry(m.events, m.metrics, m.table, m.log, o.MaxSockets, m.askRescan)
 	m.sandbox = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
 	m.client = newClient(o, m.metrics, m.queue.Add)
 	if o.Observe {

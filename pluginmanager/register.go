@@ -9,125 +9,250 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/unaryconn"
 )
 
-// register runs the handshake with the plugin and its handler, and records
-// how it went. The first probe is due a probe interval after the attempt
-// started.
-func (r *registrar) register(ctx context.Context, path string, e *entry, id fileID, attempt int, fresh bool, started time.Time) result {
-	p := Plugin{Socket: path}
+// A registration attempt, in steps: connect to the registration socket, ask
+// GetInfo, check the answer and the options' rules, find the type's
+// handler, Validate, Register, and tell the plugin. A step that fails comes
+// to a verdict (stepVerdict: from the step and its error only), which
+// settle carries out: let the socket go, refuse the plugin (telling it),
+// or record the failure (fail, whose outcome decideFailure decides from
+// the facts). Each function here holds one step, so that a worker's stack
+// under the dial and the calls stays small (bench/README.md).
 
+// try is one registration attempt.
+type try struct {
+	path    string
+	e       *entry
+	id      fileID // the socket file tried
+	n       int    // its number, the status's Attempts
+	fresh   bool   // the socket appeared a moment ago: dialled with dialNew
+	started time.Time
+}
+
+// attempt starts an attempt at the socket e at path: counted, Registering.
+// r.reg is locked; attempt lets it go.
+func (r *registrar) attempt(ctx context.Context, path string, e *entry, now time.Time) result {
+	e.status.State = StateRegistering
+	e.status.Attempts++
+	e.status.NextRetry = time.Time{}
+	e.due = time.Time{}
+	e.answer.Store(nil)
+	t := try{path: path, e: e, id: e.id, n: e.status.Attempts, started: now}
+	t.fresh = t.n == 1 && now.Sub(e.status.Discovered) < time.Second
+	r.reg.unlock()
+
+	r.metrics.attempts.Inc()
+	return r.register(ctx, &t)
+}
+
+// register runs the attempt's steps, and records how it went. The first
+// probe is due a probe interval after the attempt started.
+func (r *registrar) register(ctx context.Context, t *try) result {
+	conn, p, v := r.handshake(ctx, t)
+	if v.failed {
+		return r.settle(ctx, t, conn, p, v, nil)
+	}
+	he, v := r.admit(ctx, t, conn, p)
+	if v.failed {
+		return r.settle(ctx, t, conn, p, v, nil)
+	}
+	reg, v := r.take(ctx, t, p, he)
+	if v.failed {
+		return r.settle(ctx, t, conn, p, v, reg)
+	}
+	return r.tell(ctx, t, conn, p, reg, he)
+}
+
+// attemptStep is a step of an attempt that can fail.
+type attemptStep int
+
+const (
+	atDial     attemptStep = iota // connecting to the registration socket
+	atGetInfo                     // asking it who it is
+	atInfo                        // checking its answer (pluginFromInfo)
+	atPolicy                      // the rules of the options (policy.check)
+	atHandler                     // finding the handler for its type
+	atValidate                    // the handler's Validate
+	atRegister                    // the handler's Register
+)
+
+// verdict is what a failed step of an attempt comes to.
+type verdict struct {
+	failed   bool
+	reason   Reason
+	err      error // what to record
+	terminal bool  // Rejected until its socket changes; else retried with backoff
+	tell     bool  // the plugin, which answered GetInfo, is told it was not registered
+	gone     bool  // the socket is not the file tried any more: let go, as if removed
+	keep     bool  // the handler may hold the plugin still: the registration is kept, to be taken back
+}
+
+// stepVerdict is the verdict of step at failing with err. A plugin that
+// cannot be reached, or does not answer, is not told (it is not listening
+// to anything); one that answered is told, unless its socket changed. What
+// retrying cannot fix is terminal: an answer over the size cap or that
+// breaks a rule, a plugin that does not serve Registration, a type with no
+// handler, the options' rules, a Validate that refused (but a kubelet
+// handler's, which the kubelet retries), a Register that said so
+// (TerminalError). A handler that timed out or panicked may do better next
+// time; a Register that timed out may still take the plugin.
+func stepVerdict(at attemptStep, err error) verdict {
+	v := verdict{failed: true, err: err, tell: at > atGetInfo}
+	switch {
+	case at <= atGetInfo && errors.Is(err, confine.ErrChanged):
+		return verdict{failed: true, err: err, gone: true}
+	case at == atDial:
+		v.reason = ReasonDial
+	case at == atGetInfo && status.Code(err) == codes.ResourceExhausted:
+		// An answer over the size cap is malformed, not unlucky: retrying
+		// would only make the plugin send it again.
+		v.reason, v.terminal, v.tell = ReasonInvalidInfo, true, true
+		v.err = fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err)
+	case at == atGetInfo && isDialError(err):
+		// The HTTP/2 handshake, made with GetInfo, failed, or the
+		// connection made again for it did: failed to connect.
+		v.reason = ReasonDial
+	case at == atGetInfo:
+		// A plugin that does not serve Registration at all will not start to by retrying.
+		v.reason, v.terminal = ReasonGetInfo, unimplemented(err)
+	case at == atInfo:
+		v.reason, v.terminal = ReasonInvalidInfo, true
+	case at == atPolicy:
+		v.reason, v.terminal = ReasonPolicy, true
+	case at == atHandler:
+		v.reason, v.terminal = ReasonNoHandler, true
+	case at == atValidate:
+		v.reason, v.terminal = ReasonValidate, !isFault(err) && !isRetryable(err)
+	case at == atRegister:
+		v.reason, v.terminal, v.keep = ReasonRegister, isTerminal(err), isFault(err)
+	}
+	return v
+}
+
+// handshake connects to the plugin and asks it who it is. It returns the
+// connection the answer came on, open, and the plugin, or the verdict of
+// the step that failed (with the connection, if one is open).
+func (r *registrar) handshake(ctx context.Context, t *try) (*unaryconn.Conn, Plugin, verdict) {
 	dial := r.client.dial
-	if fresh {
+	if t.fresh {
 		dial = r.client.dialNew
 	}
-	conn, err := dial(ctx, e, path)
+	conn, err := dial(ctx, t.e, t.path)
 	if err != nil {
-		err = replacedDuring(path, e, err)
-	}
-	if errors.Is(err, confine.ErrChanged) {
-		return r.gone(ctx, path, e, nil, err)
-	}
-	if err != nil {
-		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
+		return nil, Plugin{Socket: t.path}, stepVerdict(atDial, replacedDuring(t.path, t.e, err))
 	}
 	// From here, refuse takes conn, to tell the plugin; a registration keeps
 	// it for the liveness watch.
+	conn, info, err := r.askInfo(ctx, t, conn)
+	if err != nil {
+		return conn, Plugin{Socket: t.path}, stepVerdict(atGetInfo, replacedDuring(t.path, t.e, err))
+	}
+	p, err := pluginFromInfo(info, t.path)
+	if err != nil {
+		// Keep none of what it said: the error says what was wrong, bounded.
+		return conn, Plugin{Socket: t.path}, stepVerdict(atInfo, err)
+	}
+	return conn, p, verdict{}
+}
 
+// askInfo is GetInfo on conn, with its deadline. If the server closed the
+// connection, or sent GOAWAY, before it took the call (a server that limits
+// its connections' age does), it is asked again at once on a new one, as
+// grpc-go retries such a call. It returns the connection the answer came
+// on, or nil if none is open.
+func (r *registrar) askInfo(ctx context.Context, t *try, conn *unaryconn.Conn) (*unaryconn.Conn, *registerapi.PluginInfo, error) {
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout, r.client.late.getInfo)
-	info, err := r.client.getInfo(infoCtx, e, conn, path)
+	defer cancel()
+	info, err := r.client.getInfo(infoCtx, t.e, conn, t.path)
 	if !isDialError(err) && errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
-		// The server closed the connection, or sent GOAWAY, before it took
-		// the call (a server that limits its connections' age does):
-		// asked again at once on a new one, as grpc-go retries such a call.
 		conn.Close()
-		if conn, err = r.client.dial(infoCtx, e, path); err == nil {
-			info, err = r.client.getInfo(infoCtx, e, conn, path)
+		if conn, err = r.client.dial(infoCtx, t.e, t.path); err == nil {
+			info, err = r.client.getInfo(infoCtx, t.e, conn, t.path)
 		} else {
 			conn, err = nil, dialFailure{err}
 		}
 	}
-	cancel()
-	if err != nil {
-		err = replacedDuring(path, e, err)
-	}
-	if errors.Is(err, confine.ErrChanged) {
-		closeConn(conn)
-		return r.gone(ctx, path, e, nil, err)
-	}
-	if status.Code(err) == codes.ResourceExhausted {
-		// An answer over the size cap is malformed, not unlucky: retrying
-		// would only make the plugin send it again.
-		return r.refuse(ctx, conn, e, p, ReasonInvalidInfo, fmt.Errorf("%w: the GetInfo answer is larger than %d bytes: %w", errInvalidInfo, maxInfoBytes, err), true, attempt)
-	}
-	if isDialError(err) {
-		// The HTTP/2 handshake, made with GetInfo, failed, or the
-		// connection made again for it did: failed to connect.
-		closeConn(conn)
-		return r.fail(ctx, e, p, ReasonDial, err, false, attempt)
-	}
-	if err != nil {
-		closeConn(conn)
-		// A plugin that does not serve Registration at all will not start to by retrying.
-		return r.fail(ctx, e, p, ReasonGetInfo, err, unimplemented(err), attempt)
-	}
-	if p, err = pluginFromInfo(info, path); err != nil {
-		// Keep none of what it said: the error says what was wrong, bounded.
-		return r.refuse(ctx, conn, e, Plugin{Socket: path}, ReasonInvalidInfo, err, true, attempt)
-	}
-	e.answer.Store(&p)
+	return conn, info, err
+}
 
+// admit applies the options' rules to p, finds its type's handler, and asks
+// it whether p may register (Validate).
+func (r *registrar) admit(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin) (*handlerEntry, verdict) {
+	t.e.answer.Store(&p)
 	he := r.table.get(p.Type)
-	who := func() peer { return r.client.peerOf(ctx, e, conn, path) }
+	who := func() peer { return r.client.peerOf(ctx, t.e, conn, t.path) }
 	if err := r.policy.check(p, who, he); err != nil {
-		return r.refuse(ctx, conn, e, p, ReasonPolicy, err, true, attempt)
+		return nil, stepVerdict(atPolicy, err)
 	}
 	if he == nil {
-		return r.refuse(ctx, conn, e, p, ReasonNoHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type), true, attempt)
+		return nil, stepVerdict(atHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type))
 	}
 	h := he.h
-
-	if err := r.sandbox.call(ctx, path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
-		// A refusal is final (but a kubelet handler's); a handler that timed
-		// out or panicked may do better next time.
-		return r.refuse(ctx, conn, e, p, ReasonValidate, err, !isFault(err) && !isRetryable(err), attempt)
+	if err := r.sandbox.call(ctx, t.path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
+		return nil, stepVerdict(atValidate, err)
 	}
+	return he, verdict{}
+}
 
-	reg := &registration{id: id, plugin: p, handler: h, endpoint: newEndpointWatch(path, r.queue.Add)}
-	if err := r.sandbox.call(reg.endpoint.with(ctx), path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) }); err != nil {
-		reg.endpoint.end()
-		res := r.refuse(ctx, conn, e, p, ReasonRegister, err, isTerminal(err), attempt)
-		if isFault(err) {
-			// A handler that timed out may still take the plugin, so that
-			// registration is kept, to be taken back if the socket goes or
-			// before it is registered again.
-			r.reg.lock()
-			e.reg = reg
-			r.reg.unlock()
-		}
-		return res
+// take hands p to its handler (Register). On failure it returns the
+// registration only if the handler may hold it still (verdict.keep).
+func (r *registrar) take(ctx context.Context, t *try, p Plugin, he *handlerEntry) (*registration, verdict) {
+	h := he.h
+	reg := &registration{id: t.id, plugin: p, handler: h, endpoint: newEndpointWatch(t.path, r.queue.Add)}
+	err := r.sandbox.call(reg.endpoint.with(ctx), t.path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) })
+	if err == nil {
+		return reg, verdict{}
 	}
+	reg.endpoint.end()
+	v := stepVerdict(atRegister, err)
+	if !v.keep {
+		reg = nil
+	}
+	return reg, v
+}
 
+// settle carries out the verdict v of a failed step: the socket let go,
+// the plugin refused (told, over conn), or the failure recorded. keep is a
+// registration the handler may hold still.
+func (r *registrar) settle(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin, v verdict, keep *registration) result {
+	f := failure{p: p, reason: v.reason, err: v.err, terminal: v.terminal, attempt: t.n, keep: keep}
+	switch {
+	case v.gone:
+		closeConn(conn)
+		return r.gone(ctx, t.path, t.e, nil, v.err)
+	case v.tell:
+		return r.refuse(ctx, conn, t.e, f)
+	}
+	closeConn(conn)
+	return r.fail(ctx, t.e, f)
+}
+
+// tell tells the registered plugin so, holds the connection, and records
+// the registration.
+func (r *registrar) tell(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin, reg *registration, he *handlerEntry) result {
 	notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout, r.client.late.notify)
-	conn, told, notifyErr := r.client.notify(notifyCtx, e, conn, path, true, "")
+	conn, told, notifyErr := r.client.notify(notifyCtx, t.e, conn, t.path, true, "")
 	silent := errors.Is(notifyCtx.Err(), context.DeadlineExceeded) // no answer in time
 	cancel()
 	if !told && errors.Is(notifyErr, confine.ErrChanged) {
 		// Its socket was swapped while it registered (for a symlink, say,
 		// which notify did not follow): it was not told, and is gone.
 		closeConn(conn)
-		return r.gone(ctx, path, e, reg, notifyErr)
+		return r.gone(ctx, t.path, t.e, reg, notifyErr)
 	}
-	e.live = liveness{probeAt: nextProbe(started, he.probe)}
-	r.client.hold(ctx, path, e, conn, r.clock.Now())
+	e := t.e
+	e.live = liveness{probeAt: nextProbe(t.started, he.probe)}
+	r.client.hold(ctx, t.path, e, conn, r.clock.Now())
 	var redial time.Time
-	if !r.client.conns.Watching(path) && !e.live.unheld {
+	if !r.client.watching(t.path) && !e.live.unheld {
 		redial = e.live.redialAt
 	}
-	return r.registered(ctx, path, e, reg, p, attempt, redial, told, silent, notifyErr)
+	return r.registered(ctx, t.path, e, reg, p, t.n, redial, told, silent, notifyErr)
 }
 
 // registered records that the plugin p at path is registered, as reg,
@@ -176,124 +301,191 @@ func (r *registrar) registered(ctx context.Context, path string, e *entry, reg *
 	return res
 }
 
+// failure is a failed attempt, to record.
+type failure struct {
+	p        Plugin // what the plugin said; Socket only if it did not answer
+	reason   Reason
+	err      error
+	terminal bool
+	attempt  int
+	keep     *registration // a registration the handler may hold still, kept to be taken back
+	more     []any         // logged with it
+}
+
 // refuse tells the plugin, over conn, that it was not registered, then
 // records the failure; a socket file whose plugin was registered before
 // (entry.accepted) is not told. conn is closed.
-func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int) result {
-	var untold []any
+func (r *registrar) refuse(ctx context.Context, conn *unaryconn.Conn, e *entry, f failure) result {
 	switch {
 	case e.accepted:
 		conn.Close()
-		r.log.Debug("plugin not told it was not registered: it was told it was, and a registrar exits when told otherwise", "socket", p.Socket, "reason", reason)
+		r.log.Debug("plugin not told it was not registered: it was told it was, and a registrar exits when told otherwise", "socket", f.p.Socket, "reason", f.reason)
 	case ctx.Err() == nil:
 		notifyCtx, cancel := context.WithTimeoutCause(ctx, r.opts.NotifyTimeout, r.client.late.notify)
-		used, told, nerr := r.client.notify(notifyCtx, e, conn, p.Socket, false, err.Error())
+		used, told, nerr := r.client.notify(notifyCtx, e, conn, f.p.Socket, false, f.err.Error())
 		switch {
 		case nerr == nil:
 		case !told:
 			// Said with the failure, and as often.
-			untold = []any{"notifyErr", printable(nerr.Error())}
+			f.more = append(f.more, "notifyErr", printable(nerr.Error()))
 		default:
 			// node-driver-registrar exits when told, sometimes before it
 			// answers; the DRA helper answers with an error by design.
-			r.log.Debug("plugin told it was not registered; its answer was an error, or none", "socket", p.Socket, "err", printable(nerr.Error()))
+			r.log.Debug("plugin told it was not registered; its answer was an error, or none", "socket", f.p.Socket, "err", printable(nerr.Error()))
 		}
 		closeConn(used)
 		cancel()
 	default:
 		conn.Close()
 	}
-	return r.fail(ctx, e, p, reason, err, terminal, attempt, untold...)
+	return r.fail(ctx, e, f)
 }
 
-// fail records a failed attempt: Rejected if terminal, else Failed (or
-// Stale) with a retry after backoff. It is logged as failedLocked says:
-// a warning when it is not the failure last warned of; more args are
-// logged with it.
-func (r *registrar) fail(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int, more ...any) result {
+// failKind is how a failed attempt counts.
+type failKind int
+
+const (
+	failCut      failKind = iota // cut short by shutdown: not a failure
+	failQuiet                    // bound, not listening yet: not a failure, tried again soon
+	failOurs                     // plugd short of file descriptors: not the plugin's, tried again with backoff
+	failRejected                 // terminal: Rejected until its socket changes
+	failRetried                  // Failed, or Stale, tried again with backoff
+)
+
+// failFacts are what decides how a failed attempt is recorded.
+type failFacts struct {
+	shutdown   bool
+	reason     Reason
+	terminal   bool
+	refused    bool          // nobody listens on the socket
+	quiet      time.Time     // a socket bound a moment ago that refuses is tried again then (quietly); zero if not
+	outOfFDs   bool          // the dial failed for want of plugd's file descriptors
+	handled    bool          // its type has a handler now
+	created    time.Time     // its socket file's birth
+	staleAfter time.Duration // Options.RemoveStaleAfter
+	now        time.Time
+	backoff    func() time.Duration // the socket's next retry delay; called only for a retry with backoff
+}
+
+// failOutcome is how a failed attempt is recorded.
+type failOutcome struct {
+	kind        failKind
+	state       State
+	due         time.Time // the entry's next look; zero: none
+	at          time.Time // when the path is looked at again; zero: not until something changes
+	delay       time.Duration
+	removeStale bool // Stale, and older than Options.RemoveStaleAfter
+}
+
+// decideFailure decides how a failed attempt is recorded: Rejected if
+// terminal, else Failed (Stale if nobody listens) with a retry after
+// backoff; not counted at all if it was cut short, or if it was only a
+// socket bound a moment ago, or plugd's want of file descriptors.
+func decideFailure(f failFacts) failOutcome {
+	switch {
+	case f.shutdown:
+		return failOutcome{kind: failCut, state: StatePending}
+	case !f.quiet.IsZero():
+		return failOutcome{kind: failQuiet, state: StatePending, due: f.quiet, at: f.quiet}
+	case f.outOfFDs:
+		d := f.backoff()
+		due := f.now.Add(d)
+		return failOutcome{kind: failOurs, state: StatePending, due: due, at: due, delay: d}
+	case f.terminal:
+		out := failOutcome{kind: failRejected, state: StateRejected}
+		if f.staleAfter > 0 {
+			// A rejected plugin often exits (node-driver-registrar does),
+			// leaving its socket: looked at again once it is old enough.
+			out.due = later(f.created.Add(f.staleAfter), f.now)
+			out.at = out.due
+		}
+		if f.reason == ReasonNoHandler && f.handled {
+			// AddHandler ran while this attempt was refusing the plugin, and
+			// saw it Registering, not Rejected: it is up to us to retry.
+			out.at = f.now
+		}
+		return out
+	}
+	d := f.backoff()
+	out := failOutcome{kind: failRetried, state: StateFailed, due: f.now.Add(d), delay: d}
+	out.at = out.due
+	if f.reason == ReasonDial && f.refused {
+		// A socket file nobody listens on: what a crashed plugin leaves.
+		out.state = StateStale
+		out.removeStale = f.staleAfter > 0 && f.now.Sub(f.created) >= f.staleAfter
+	}
+	return out
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
+}
+
+// fail records a failed attempt as decideFailure decides, writing the
+// entry once. It is logged as failedLocked says: a warning when it is not
+// the failure last warned of.
+func (r *registrar) fail(ctx context.Context, e *entry, f failure) result {
 	now := r.clock.Now()
-	var quiet time.Time
-	var fds bool
-	if ctx.Err() == nil && reason == ReasonDial && !terminal {
-		if at, ok := quietly(e, err, now); ok {
-			quiet = at
+	facts := failFacts{shutdown: ctx.Err() != nil, reason: f.reason, terminal: f.terminal, refused: refused(f.err),
+		created: e.status.Created, staleAfter: r.opts.RemoveStaleAfter, now: now,
+		backoff: func() time.Duration { return r.delays.next(&e.backoff) }}
+	if !facts.shutdown && f.reason == ReasonDial && !f.terminal {
+		if at, ok := quietly(e, f.err, now); ok {
+			facts.quiet = at
 			r.log.Debug("socket refuses connections a moment after it appeared: bound, not listening yet; trying again", "socket", e.status.Socket, "in", at.Sub(now))
 		} else {
-			fds = r.client.outOfFDs(err)
+			facts.outOfFDs = r.client.outOfFDs(f.err)
 		}
 	}
+	if f.p.Type != "" {
+		facts.handled = r.table.get(f.p.Type) != nil
+	}
 	r.reg.lock()
-	res, remove := r.failLocked(ctx, e, p, reason, err, terminal, attempt, now, quiet, fds, more)
+	out := decideFailure(facts)
+	res := r.failedLocked(e, f, out, now)
 	r.reg.unlock()
-	if remove {
+	if out.removeStale {
 		r.removeStale(e, now)
 	}
 	return res
 }
 
-// failLocked records the failure for fail, and reports whether the socket
-// is Stale and old enough to be removed (staleDue).
-func (r *registrar) failLocked(ctx context.Context, e *entry, p Plugin, reason Reason, err error, terminal bool, attempt int, now, quiet time.Time, fds bool, more []any) (res result, remove bool) {
-	if ctx.Err() != nil {
-		// Shutting down: the attempt was cut short, not failed.
-		e.status.State = StatePending
-		return result{}, false
+// failedLocked writes the failure f into e as out says. r.reg is locked.
+func (r *registrar) failedLocked(e *entry, f failure, out failOutcome, now time.Time) result {
+	if f.keep != nil {
+		e.reg = f.keep
+	}
+	e.status.State = out.state
+	if out.kind == failCut {
+		return result{}
 	}
 	e.answer.Store(nil)
-	switch {
-	case !quiet.IsZero():
-		// Bound, not yet listening: not a failure, and not counted.
-		e.status.State = StatePending
+	e.due = out.due
+	if out.kind == failQuiet || out.kind == failOurs {
 		e.status.Attempts--
-		e.due = quiet
-		return result{at: quiet}, false
-	case fds:
-		// plugd's own want of descriptors, not the plugin's failure:
-		// tried again with backoff, neither counted nor Stale.
-		e.status.State = StatePending
-		e.status.Attempts--
-		e.status.NextRetry = now.Add(r.delays.next(&e.backoff))
-		e.due = e.status.NextRetry
-		return result{at: e.due}, false
+		if out.kind == failOurs {
+			e.status.NextRetry = out.due
+		}
+		return result{at: out.at}
 	}
+	p := f.p
 	if p.Type == "" {
 		// Not answered this time: the socket keeps what it last said, so
 		// that a Stale one is still found by its type and name.
 		p = e.status.Plugin
 	}
 	e.status.Plugin = p
-	e.status.Reason, e.status.LastError = reason, printable(err.Error())
-	r.metrics.failures.WithLabelValues(r.table.label(p.Type), string(reason)).Inc()
-	if terminal {
-		e.status.State = StateRejected
-		r.reg.failedLocked(e, now, "plugin rejected", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "reason", reason, "err", e.status.LastError}, more...)...)
-		res := result{err: err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
-		if r.opts.RemoveStaleAfter > 0 {
-			// A rejected plugin often exits (node-driver-registrar does),
-			// leaving its socket: looked at again once it is old enough.
-			e.due = e.status.Created.Add(r.opts.RemoveStaleAfter)
-			if e.due.Before(now) {
-				e.due = now
-			}
-			res.at = e.due
-		}
-		if reason == ReasonNoHandler && r.table.get(p.Type) != nil {
-			// AddHandler ran while this attempt was refusing the plugin, and
-			// saw it Registering, not Rejected: it is up to us to retry.
-			res.at = now
-		}
-		return res, false
+	e.status.Reason, e.status.LastError = f.reason, printable(f.err.Error())
+	r.metrics.failures.WithLabelValues(r.table.label(p.Type), string(f.reason)).Inc()
+	if out.kind == failRejected {
+		r.reg.failedLocked(e, now, "plugin rejected", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "reason", f.reason, "err", e.status.LastError}, f.more...)...)
+		return result{at: out.at, err: f.err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
 	}
-	stale := reason == ReasonDial && refused(err)
-	delay := r.delays.next(&e.backoff)
-	e.status.State = StateFailed
-	if stale {
-		// A socket file nobody listens on: what a crashed plugin leaves.
-		e.status.State = StateStale
-		remove = r.staleDue(e, now)
-	}
-	e.status.NextRetry = now.Add(delay)
-	e.due = e.status.NextRetry
-	r.reg.failedLocked(e, now, "plugin registration failed", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", e.status.State, "reason", reason, "err", e.status.LastError, "attempt", attempt, "retryIn", delay}, more...)...)
-	return result{at: e.due, err: err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}, remove
+	e.status.NextRetry = out.due
+	r.reg.failedLocked(e, now, "plugin registration failed", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", out.state, "reason", f.reason, "err", e.status.LastError, "attempt", f.attempt, "retryIn", out.delay}, f.more...)...)
+	return result{at: out.at, err: f.err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }

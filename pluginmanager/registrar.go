@@ -75,17 +75,125 @@ func (r *registrar) stop(ctx context.Context) {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			r.deregister(ctx, h.path, h.e, h.reg)
+			err, _ := r.deregister(ctx, h.path, h.reg)
+			r.reg.lock()
+			if h.e.status.State.registered() {
+				h.e.status.State = StatePending // not registered, nor looked at, until the next Run
+			}
+			r.reg.publishLocked(r.reg.deregisteredLocked(h.e, h.reg.plugin, err, r.clock.Now()))
+			r.reg.unlock()
 		})
 	}
 	wg.Wait()
 	r.sandbox.wait(r.opts.HandlerTimeout)
 }
 
-// reconcile brings one socket path's registration in line with the file there
-// now: it deregisters what is gone or replaced before it registers the
-// successor, probes a registered plugin whose probe is due or whose
-// connection went, and retries a failed one whose retry is due.
+// step is what one look at a socket path does: the verdict of nextStep.
+type step int
+
+const (
+	stepDone       step = iota // nothing to do until something changes
+	stepTakeBack               // deregister what the handler holds, then look again
+	stepForget                 // the socket is gone: forget it
+	stepDiscover               // a new socket file: start afresh, then look again
+	stepWait                   // not due yet: look again at the entry's due time
+	stepLive                   // look after the registered plugin (liveness.go)
+	stepAwait                  // see whether the endpoint it waits for serves, then look again
+	stepStaleCheck             // Rejected: see whether its socket went stale (stale.go)
+	stepRefuse                 // its path is too long to connect to: Rejected at once
+	stepRegister               // a registration attempt (register.go)
+)
+
+// sighting is what a look at a socket path knows before it acts: the file
+// there, the registry's entry for the path, and the time.
+type sighting struct {
+	present  bool // a socket file is there, to be used (not in an unsafe directory)
+	known    bool // the registry has an entry for the path
+	sameFile bool // the file there is the entry's (its identity)
+	held     bool // a handler holds a registration of the path (entry.reg)
+	heldFile bool // of the file there
+	state    State
+	reason   Reason
+	handled  bool // its type has a handler: the type of the registration held, else the status's
+	awaiting bool // it waits for its endpoint to serve (entry.awaiting)
+	tooLong  bool // its path is too long to connect to
+	due, now time.Time
+}
+
+// nextStep decides what a look at a socket path does, from what it knows:
+// it takes back what is gone or replaced before it registers the successor,
+// looks after a registered plugin, retries a failed one whose retry is
+// due, and leaves a rejected one alone. The steps that end with "look
+// again" change what the next call sees (the registration taken back, the
+// entry made, the endpoint found serving), so a look makes few of them.
+func nextStep(s sighting) step {
+	switch {
+	case !s.known && !s.present:
+		return stepDone
+	case s.held && (!s.present || !s.heldFile || !s.state.registered()):
+		// Gone, replaced, or left with the handler by a Register that
+		// timed out: taken back before anything else.
+		return stepTakeBack
+	case !s.present:
+		return stepForget
+	case !s.known || !s.sameFile:
+		return stepDiscover
+	}
+	switch s.state {
+	case StateRegistered, StateUnhealthy:
+		if s.held && !s.handled {
+			return stepDone
+		}
+		if s.held {
+			return stepLive
+		}
+		// Let go at shutdown (Options.DeregisterOnShutdown): registered again.
+	case StateFailed, StateStale:
+		if s.now.Before(s.due) {
+			return stepWait
+		}
+		if s.awaiting {
+			return stepAwait
+		}
+	case StateRejected:
+		if s.reason != ReasonNoHandler || !s.handled {
+			return stepStaleCheck
+		}
+		// A handler for its type was added since: tried again.
+	case StatePending:
+		if s.now.Before(s.due) {
+			return stepWait // a quiet retry
+		}
+	}
+	if s.tooLong {
+		return stepRefuse
+	}
+	return stepRegister
+}
+
+// sightingOf is what a look at path knows: id and present say what is at
+// the path now, e is its entry or nil. r.reg is locked.
+func (r *registrar) sightingOf(path string, e *entry, id fileID, present bool, now time.Time) sighting {
+	s := sighting{present: present, now: now, tooLong: tooLong(path) != nil}
+	if e == nil {
+		return s
+	}
+	typ := e.status.Type
+	if e.reg != nil {
+		typ = e.reg.plugin.Type
+		s.held, s.heldFile = true, e.reg.id == id
+	}
+	s.known, s.sameFile = true, e.id == id
+	s.state, s.reason, s.due = e.status.State, e.status.Reason, e.due
+	s.handled = r.table.get(typ) != nil
+	s.awaiting = e.awaiting != ""
+	return s
+}
+
+// reconcile brings one socket path's registration in line with the file
+// there now, one step at a time as nextStep decides: the steps that only
+// change the entry are made here, under the registry's lock; the others
+// leave it to their caller, with the lock free.
 func (r *registrar) reconcile(ctx context.Context, path string) result {
 	if ctx.Err() != nil {
 		return result{}
@@ -98,102 +206,96 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 		// Not to be used while the directory, or one it is in, is not safe.
 		present = false
 	}
-	now := r.clock.Now()
-
 	r.reg.lock()
-	e := r.reg.entries[path]
-	if e == nil && !present {
-		r.reg.unlock()
-		return result{}
-	}
-	// Take back what is gone or replaced, and what a timed-out Register may
-	// have left with the handler before it is registered again.
-	if e != nil && e.reg != nil && (!present || e.reg.id != id || !e.status.State.registered()) {
-		reg := e.reg
-		e.reg = nil
-		r.reg.unlock()
-		if !r.deregister(ctx, path, e, reg) {
-			return result{}
-		}
-		now = r.clock.Now()
-		r.reg.lock()
-	}
-	if !present {
-		r.reg.forgetLocked(path, e, now)
-		r.reg.unlock()
-		return result{}
-	}
-	if e == nil || e.id != id {
-		known := e != nil
-		if e = r.reg.discoverLocked(path, id, e, now); e == nil {
-			r.reg.unlock() // over Options.MaxSockets
-			return result{}
-		}
-		if !known && strings.LastIndexByte(path, filepath.Separator) != len(r.opts.Dir) {
-			// A directory on the way made unsafe after the check above
-			// found no entry to queue (watcher.queueUnder): checked again
-			// now that there is one, with the lock free.
+	for {
+		now := r.clock.Now()
+		e := r.reg.entries[path]
+		switch nextStep(r.sightingOf(path, e, id, present, now)) {
+		case stepDone:
 			r.reg.unlock()
-			if !subdirsTrusted(r.opts.Dir, path, r.opts.AllowWritableDir) {
-				return result{at: now} // and let go at the next look
+			return result{}
+		case stepTakeBack:
+			if !r.takeBack(ctx, path, e, id, present) {
+				r.reg.unlock()
+				return result{} // the abandoned call queues the path again
 			}
-			r.reg.lock()
-		}
-	}
-	switch e.status.State {
-	case StateRegistered, StateUnhealthy:
-		if e.reg == nil {
-			break // let go at shutdown; register it again
-		}
-		he := r.table.get(e.reg.plugin.Type)
-		if he == nil {
+		case stepForget:
+			r.reg.forgetLocked(path, e, now)
 			r.reg.unlock()
 			return result{}
-		}
-		reg := e.reg
-		r.reg.unlock()
-		return r.live(ctx, path, e, reg, he, now)
-	case StateFailed, StateStale:
-		if now.Before(e.due) {
+		case stepDiscover:
+			if res, ok := r.discover(path, e, id, now); !ok {
+				return res
+			}
+		case stepWait:
+			at := e.due
 			r.reg.unlock()
-			return result{at: e.due}
-		}
-		if e.awaiting != "" {
+			return result{at: at}
+		case stepLive:
+			reg, he := e.reg, r.table.get(e.reg.plugin.Type)
+			r.reg.unlock()
+			return r.live(ctx, path, e, reg, he, now)
+		case stepAwait:
 			r.reg.unlock()
 			if res, waiting := r.awaitEndpoint(ctx, path, e, now); waiting {
 				return res
 			}
 			r.reg.lock()
-		}
-	case StateRejected:
-		if e.status.Reason != ReasonNoHandler || r.table.get(e.status.Type) == nil {
+		case stepStaleCheck:
 			r.reg.unlock()
 			return r.rejected(ctx, path, e, now)
-		}
-	case StatePending:
-		if now.Before(e.due) {
+		case stepRefuse:
+			// Refused once, with no connection tried: no retry can shorten it.
+			f := failure{p: Plugin{Socket: path}, reason: ReasonDial, err: tooLong(path), terminal: true, attempt: e.status.Attempts}
 			r.reg.unlock()
-			return result{at: e.due} // a quiet retry
+			return r.fail(ctx, e, f)
+		case stepRegister:
+			return r.attempt(ctx, path, e, now)
 		}
 	}
-	if err := tooLong(path); err != nil {
-		// Refused once, with no connection tried: no retry can shorten it.
-		attempt := e.status.Attempts
-		r.reg.unlock()
-		return r.fail(ctx, e, Plugin{Socket: path}, ReasonDial, err, true, attempt)
-	}
-	e.status.State = StateRegistering
-	e.status.Attempts++
-	e.status.NextRetry = time.Time{}
-	e.due = time.Time{}
-	e.answer.Store(nil)
-	attempt := e.status.Attempts
-	fid := e.id
-	fresh := attempt == 1 && now.Sub(e.status.Discovered) < time.Second
-	r.reg.unlock()
+}
 
-	r.metrics.attempts.Inc()
-	return r.register(ctx, path, e, fid, attempt, fresh, now)
+// takeBack deregisters the registration e holds, as nextStep says: its
+// socket is gone or replaced (present, id), or a Register that timed out
+// left it with the handler. r.reg is locked, and locked again on return;
+// the handler is called with it free. The deregistration and what follows
+// from it are written together: its entry is forgotten (or made afresh)
+// under the same lock. It reports false if the handler call was abandoned.
+func (r *registrar) takeBack(ctx context.Context, path string, e *entry, id fileID, present bool) bool {
+	reg := e.reg
+	e.reg = nil
+	r.reg.unlock()
+	err, free := r.deregister(ctx, path, reg)
+	r.reg.lock()
+	if e.status.State.registered() {
+		e.status.State = StatePending
+	}
+	r.reg.publishLocked(r.reg.deregisteredLocked(e, reg.plugin, err, r.clock.Now()))
+	return free
+}
+
+// discover starts afresh for a new socket file at path, in e (nil for a
+// path not known yet). r.reg is locked; it reports ok with it still locked,
+// or the result of the look, with it free: over Options.MaxSockets, or a
+// new socket in a directory made unsafe since the look began.
+func (r *registrar) discover(path string, e *entry, id fileID, now time.Time) (res result, ok bool) {
+	known := e != nil
+	if e = r.reg.discoverLocked(path, id, e, now); e == nil {
+		r.reg.unlock() // over Options.MaxSockets
+		return result{}, false
+	}
+	if known || strings.LastIndexByte(path, filepath.Separator) == len(r.opts.Dir) {
+		return result{}, true
+	}
+	// A directory on the way made unsafe after the look checked it found no
+	// entry to queue (watcher.queueUnder): checked again now that there is
+	// one, with the lock free.
+	r.reg.unlock()
+	if !subdirsTrusted(r.opts.Dir, path, r.opts.AllowWritableDir) {
+		return result{at: now}, false // and let go at the next look
+	}
+	r.reg.lock()
+	return result{}, true
 }
 
 // gone lets go of the socket at path, found when connecting to it (err) not
@@ -204,50 +306,39 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 // is looked at afresh when the watch reports it.
 func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *registration, err error) result {
 	logGone(ctx, r.log, path, e, err)
+	var dereg error
+	free := true
 	if reg != nil {
 		r.reg.lock()
 		e.reg = nil
 		r.reg.unlock()
-		if !r.deregister(ctx, path, e, reg) {
-			return result{}
-		}
+		dereg, free = r.deregister(ctx, path, reg)
 	}
 	r.reg.lock()
 	defer r.reg.unlock()
-	if r.reg.entries[path] == e {
+	if reg != nil {
+		if e.status.State.registered() {
+			e.status.State = StatePending
+		}
+		r.reg.publishLocked(r.reg.deregisteredLocked(e, reg.plugin, dereg, r.clock.Now()))
+	}
+	if free && r.reg.entries[path] == e {
 		r.reg.forgetLocked(path, e, r.clock.Now())
 	}
 	return result{}
 }
 
 // deregister takes reg back from its handler, and the connection kept for
-// it. It reports false if the handler call was abandoned at its deadline;
-// the path is queued again when it returns.
-func (r *registrar) deregister(ctx context.Context, path string, e *entry, reg *registration) bool {
+// it, with the registry's lock free; the caller records it
+// (registry.deregisteredLocked). err is the handler's failure; free is
+// false if the call was abandoned at its deadline: the path is queued again
+// when it returns.
+func (r *registrar) deregister(ctx context.Context, path string, reg *registration) (err error, free bool) {
 	reg.endpoint.end()
 	r.client.conns.Unwatch(path)
-	err := r.sandbox.call(ctx, path, "Deregister", func(ctx context.Context) error {
+	err = r.sandbox.call(ctx, path, "Deregister", func(ctx context.Context) error {
 		reg.handler.Deregister(ctx, reg.plugin)
 		return nil
 	})
-	p := reg.plugin
-	now := r.clock.Now()
-	r.reg.lock()
-	defer r.reg.unlock()
-	if e.status.State.registered() {
-		e.status.State = StatePending
-	}
-	e.due = time.Time{}
-	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
-	r.metrics.deregistrations.WithLabelValues(r.table.label(p.Type)).Inc()
-	ev := r.reg.eventLocked(EventDeregistered, e, now)
-	ev.Plugin = p
-	if err != nil {
-		ev.Error = printable(err.Error())
-		r.reg.warnLocked(e, now, "plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
-	} else {
-		r.reg.say(slog.LevelInfo, "plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
-	}
-	r.reg.publishLocked(ev)
-	return !r.sandbox.isBusy(path)
+	return err, !r.sandbox.isBusy(path)
 }

@@ -32,6 +32,7 @@ import (
 type registry struct {
 	events  *broker
 	metrics *metrics
+	labels  *handlerTable // the metrics' type labels (handlerTable.label)
 	log     *slog.Logger
 	max     int    // Options.MaxSockets
 	rescan  func() // asks for a walk of the directory: a place is free again
@@ -95,8 +96,8 @@ type registration struct {
 	endpoint *endpointWatch // what the handler says of the plugin's endpoint
 }
 
-func newRegistry(events *broker, metrics *metrics, log *slog.Logger, max int, rescan func()) *registry {
-	return &registry{events: events, metrics: metrics, log: log, max: max, rescan: rescan, entries: make(map[string]*entry)}
+func newRegistry(events *broker, metrics *metrics, labels *handlerTable, log *slog.Logger, max int, rescan func()) *registry {
+	return &registry{events: events, metrics: metrics, labels: labels, log: log, max: max, rescan: rescan, entries: make(map[string]*entry)}
 }
 
 // lock takes the registry's lock.
@@ -170,6 +171,24 @@ func (r *registry) forgetLocked(path string, e *entry, now time.Time) {
 	delete(r.entries, path)
 	r.publishLocked(r.eventLocked(EventRemoved, e, now))
 	r.say(slog.LevelDebug, "socket removed", "socket", path)
+}
+
+// deregisteredLocked records that the handler let p, e's plugin, go (err:
+// its Deregister failed), and returns the Deregistered event, of e's
+// status as the caller left it, for the caller to publish.
+func (r *registry) deregisteredLocked(e *entry, p Plugin, err error, now time.Time) Event {
+	e.due = time.Time{}
+	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
+	r.metrics.deregistrations.WithLabelValues(r.labels.label(p.Type)).Inc()
+	ev := r.eventLocked(EventDeregistered, e, now)
+	ev.Plugin = p
+	if err != nil {
+		ev.Error = printable(err.Error())
+		r.warnLocked(e, now, "plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
+	} else {
+		r.say(slog.LevelInfo, "plugin deregistered", "socket", p.Socket, "type", p.Type, "name", p.Name)
+	}
+	return ev
 }
 
 // eventLocked is an event of e's status as it is now.
