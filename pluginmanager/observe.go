@@ -44,80 +44,146 @@ func (o *onlooker) stop(context.Context) {
 	o.sandbox.wait(o.opts.HandlerTimeout)
 }
 
-// reconcile forgets what is gone, and looks at a socket when a look is due.
+// ostep is what a look at an observed socket does: the verdict of
+// observeStep.
+type ostep int
+
+const (
+	oDone        ostep = iota // nothing until something changes
+	oUnreachable              // its path is too long to connect to: said once
+	oWait                     // not due: look again at the entry's due time
+	oLook                     // ask it GetInfo, and its observer to look (look)
+	oDown                     // its observer says its endpoint went: recorded with no call
+	oRedial                   // its held connection was hung up: connect again, with no call
+	oLater                    // look again when its probe, redial or retry is due
+)
+
+// observation is what a look at an observed socket knows before it acts.
+type observation struct {
+	state         State
+	reason        Reason
+	tooLong       bool      // its path is too long to connect to
+	due           time.Time // the entry's: a quiet retry of a Pending one
+	endpointKnown bool      // its observer has reported its endpoint
+	endpointDown  bool      // its observer reports its endpoint down
+	held          bool      // a connection to it is held, or may not be (fds.go): its probes watch it
+	probeAt       time.Time
+	redialAt      time.Time
+	now           time.Time
+}
+
+// observeStep decides what a look at an observed socket does: a new one is
+// looked at at once; one that answers is looked at again when its probe is
+// due, recorded down at once when its observer says its endpoint went, and
+// connected to again (no call) when its connection is hung up; one that
+// does not answer is looked at again when its observer says its endpoint
+// is back, or its retry is due.
+func observeStep(o observation) ostep {
+	due := func(t time.Time) bool { return !t.IsZero() && !o.now.Before(t) }
+	switch {
+	case o.tooLong && o.state == StatePending:
+		return oUnreachable
+	case o.tooLong:
+		return oDone // said once; never looked at
+	case o.state == StatePending && o.now.Before(o.due):
+		return oWait
+	case o.state == StatePending:
+		return oLook
+	case o.state == StateAnswering && o.endpointDown:
+		return oDown
+	case o.state == StateAnswering && due(o.probeAt):
+		return oLook
+	case o.state == StateAnswering && !o.held && !o.now.Before(o.redialAt):
+		return oRedial
+	case o.state == StateAnswering:
+		return oLater
+	case o.reason == ReasonEndpoint && o.endpointKnown && !o.endpointDown:
+		return oLook // its observer says its endpoint serves again
+	case !o.now.Before(o.redialAt):
+		return oLook
+	}
+	return oLater
+}
+
+// reconcile brings what it knows of the socket at path in line with the
+// file there (sync), then does what observeStep decides.
 func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	if ctx.Err() != nil || o.sandbox.isBusy(path) {
 		return result{}
 	}
-	id, present := statSocket(path)
-	now := o.clock.Now()
-	o.reg.lock()
-	e := o.reg.entries[path]
-	if e == nil && !present {
-		o.reg.unlock()
+	e, fresh, now := o.sync(ctx, path)
+	if e == nil {
 		return result{}
 	}
+	lv := &e.live
+	heardHangup(o.client, o.reg, path, e, now)
+	known, down := e.seen.state()
+	ob := observation{state: e.status.State, reason: e.status.Reason, tooLong: tooLong(path) != nil, due: e.due,
+		endpointKnown: known, endpointDown: down != nil, held: o.client.watching(path) || lv.unheld,
+		probeAt: lv.probeAt, redialAt: lv.redialAt, now: now}
+	switch observeStep(ob) {
+	case oUnreachable:
+		return o.unreachable(path, e, tooLong(path), now)
+	case oWait:
+		return result{at: e.due}
+	case oLook:
+		return o.look(ctx, path, e, fresh && ob.state == StatePending, now)
+	case oDown:
+		// Its observer says its endpoint went: no call needed to know.
+		return o.record(path, e, e.status.Plugin, down, true, now)
+	case oRedial:
+		return o.redial(ctx, path, e, now)
+	case oLater:
+		return result{at: o.next(path, e)}
+	}
+	return result{}
+}
+
+// sync brings the entry of path in line with the file there: what was seen
+// of a socket gone or replaced is dropped (unsee), a socket gone is
+// forgotten, a new one discovered. It returns the entry of the socket
+// there now, or nil if there is none (or it is over Options.MaxSockets),
+// whether it appeared a moment ago and was not looked at yet, and the time.
+func (o *onlooker) sync(ctx context.Context, path string) (e *entry, fresh bool, now time.Time) {
+	id, present := statSocket(path)
+	now = o.clock.Now()
+	o.reg.lock()
+	defer o.reg.unlock()
+	e = o.reg.entries[path]
 	if e != nil && (!present || e.id != id) {
 		o.reg.unlock()
 		o.unsee(ctx, path, e)
 		o.reg.lock()
 		if !present {
 			o.reg.forgetLocked(path, e, o.clock.Now())
-			o.reg.unlock()
-			return result{}
+			return nil, false, now
 		}
+	}
+	if !present {
+		return nil, false, now
 	}
 	if e == nil || e.id != id {
 		if e = o.reg.discoverLocked(path, id, e, now); e == nil {
-			o.reg.unlock() // over Options.MaxSockets
+			return nil, false, now // over Options.MaxSockets
+		}
+	}
+	return e, e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second, now
+}
+
+// redial connects again, with no call, to a plugin whose held connection
+// was hung up: one that accepts is still there, as it was.
+func (o *onlooker) redial(ctx context.Context, path string, e *entry, now time.Time) result {
+	conn, err := o.client.dialIdle(ctx, e, path)
+	if errors.Is(err, confine.ErrChanged) {
+		return o.gone(ctx, path, e, err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
 			return result{}
 		}
+		return o.record(path, e, e.status.Plugin, dialFailure{err}, false, now)
 	}
-	st, reason := e.status.State, e.status.Reason
-	fresh := e.status.Attempts == 0 && now.Sub(e.status.Discovered) < time.Second
-	o.reg.unlock()
-
-	lv := &e.live
-	heardHangup(o.client, o.reg, path, e, now)
-	if err := tooLong(path); err != nil {
-		if st == StatePending {
-			return o.unreachable(path, e, err, now)
-		}
-		return result{} // said once; never looked at
-	}
-	epKnown, epDown := e.seen.state()
-	switch {
-	case st == StatePending:
-		if now.Before(e.due) {
-			return result{at: e.due}
-		}
-		return o.look(ctx, path, e, fresh, now)
-	case st == StateAnswering && epDown != nil:
-		// Its observer says its endpoint went: no call needed to know.
-		return o.record(path, e, e.status.Plugin, epDown, true, now)
-	case st == StateAnswering && !lv.probeAt.IsZero() && !now.Before(lv.probeAt):
-		return o.look(ctx, path, e, false, now)
-	case st == StateAnswering && !o.client.conns.Watching(path) && !lv.unheld && !now.Before(lv.redialAt):
-		// Hung up: connect again, with no call. One that accepts is
-		// still there, as it was.
-		conn, err := o.client.dialIdle(ctx, e, path)
-		if errors.Is(err, confine.ErrChanged) {
-			return o.gone(ctx, path, e, err)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return result{}
-			}
-			return o.record(path, e, e.status.Plugin, dialFailure{err}, false, now)
-		}
-		o.client.hold(ctx, path, e, conn, now)
-		return result{at: o.next(path, e)}
-	case st == StateAnswering:
-		return result{at: o.next(path, e)}
-	case reason == ReasonEndpoint && epKnown && epDown == nil, !now.Before(lv.redialAt):
-		// Its endpoint serves again, or a look is due after a failed one.
-		return o.look(ctx, path, e, false, now)
-	}
+	o.client.hold(ctx, path, e, conn, now)
 	return result{at: o.next(path, e)}
 }
 
@@ -247,8 +313,37 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 	return o.record(path, e, p, err, endpoint, started)
 }
 
-// record records what a look at a plugin saw: that it answers (err nil),
-// or what failed, and publishes an event for it.
+// lookVerdict is how a look at an observed plugin that was in state was,
+// for reason wasReason, is recorded: the state and reason it saw (err nil:
+// it answers; endpoint: its observer says its endpoint does not serve),
+// and the event. news says whether that is a change, to be logged (and, for
+// a failure, counted); a look that saw what the last one saw is Looked.
+func lookVerdict(was State, wasReason Reason, err error, endpoint bool) (state State, reason Reason, ev EventType, news bool) {
+	if err == nil {
+		if was == StateAnswering {
+			return StateAnswering, "", EventLooked, false
+		}
+		return StateAnswering, "", EventAnswering, true
+	}
+	state, reason = StateNotAnswering, ReasonGetInfo
+	switch {
+	case endpoint:
+		reason = ReasonEndpoint
+	case errors.Is(err, errInvalidInfo):
+		reason = ReasonInvalidInfo
+	case refused(err):
+		state, reason = StateStale, ReasonDial
+	case isDialError(err):
+		reason = ReasonDial
+	}
+	if was == state && wasReason == reason {
+		return state, reason, EventLooked, false
+	}
+	return state, reason, EventNotAnswering, true
+}
+
+// record records what a look at a plugin saw (lookVerdict): that it answers
+// (err nil), or what failed, and publishes an event for it.
 func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint bool, started time.Time) result {
 	lv := &e.live
 	if err != nil {
@@ -266,57 +361,42 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 			return result{at: at}
 		}
 	}
-	if isDialError(err) && o.client.outOfFDs(err) {
-		// plugd's own want of descriptors: looked at again with backoff,
-		// as it was.
-		o.reg.lock()
-		defer o.reg.unlock()
-		e.status.NextRetry = lv.redialAt
-		return result{at: o.next(path, e)}
-	}
+	outOfFDs := isDialError(err) && o.client.outOfFDs(err)
 	o.reg.lock()
 	defer o.reg.unlock()
-	e.status.Attempts++
-	if err == nil {
-		e.status.Plugin = p
-		e.status.State = StateAnswering
-		e.status.Reason, e.status.LastError = "", ""
-		e.status.UnhealthySince = time.Time{}
-		e.status.NextRetry = time.Time{}
-		level := o.reg.recoveredLocked(e, now)
-		at := o.next(path, e)
-		if was == StateAnswering {
-			return result{at: at, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
-		}
-		o.reg.say(level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
-		return result{at: at, events: []Event{o.reg.eventLocked(EventAnswering, e, now)}}
+	st := &e.status
+	if outOfFDs {
+		// plugd's own want of descriptors: looked at again with backoff,
+		// as it was.
+		st.NextRetry = lv.redialAt
+		return result{at: o.next(path, e)}
 	}
-	state, reason := StateNotAnswering, ReasonGetInfo
-	switch {
-	case endpoint:
-		e.status.Plugin = p
-		reason = ReasonEndpoint
-	case errors.Is(err, errInvalidInfo):
-		reason = ReasonInvalidInfo
-	case refused(err):
-		state, reason = StateStale, ReasonDial
-	case isDialError(err):
-		reason = ReasonDial
+	state, reason, ev, news := lookVerdict(was, st.Reason, err, endpoint)
+	st.Attempts++
+	if err == nil || endpoint {
+		st.Plugin = p
+	}
+	if err == nil {
+		st.State, st.Reason, st.LastError = state, "", ""
+		st.UnhealthySince, st.NextRetry = time.Time{}, time.Time{}
+		level := o.reg.recoveredLocked(e, now)
+		if news {
+			o.reg.say(level, "plugin answers", "socket", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint)
+		}
+		return result{at: o.next(path, e), events: []Event{o.reg.eventLocked(ev, e, now)}}
 	}
 	if was == StateAnswering || was == StatePending {
-		e.status.UnhealthySince = now
+		st.UnhealthySince = now
 	}
-	sameAsBefore := was == state && e.status.Reason == reason
-	e.status.State = state
-	e.status.Reason, e.status.LastError = reason, printable(err.Error())
+	st.State, st.Reason, st.LastError = state, reason, printable(err.Error())
 	at := o.next(path, e)
-	e.status.NextRetry = lv.redialAt // it is looked at again then
-	args := []any{"socket", path, "type", e.status.Type, "name", e.status.Name, "state", state, "reason", reason, "err", e.status.LastError}
-	if sameAsBefore {
+	st.NextRetry = lv.redialAt // it is looked at again then
+	args := []any{"socket", path, "type", st.Type, "name", st.Name, "state", state, "reason", reason, "err", st.LastError}
+	if !news {
 		o.reg.repeatedLocked(now, "plugin still does not answer", args...)
-		return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventLooked, e, now)}}
+	} else {
+		o.metrics.failures.WithLabelValues(o.table.label(st.Type), string(reason)).Inc()
+		o.reg.failedLocked(e, now, "plugin does not answer", args...)
 	}
-	o.metrics.failures.WithLabelValues(o.table.label(e.status.Type), string(reason)).Inc()
-	o.reg.failedLocked(e, now, "plugin does not answer", args...)
-	return result{at: at, err: err, events: []Event{o.reg.eventLocked(EventNotAnswering, e, now)}}
+	return result{at: at, err: err, events: []Event{o.reg.eventLocked(ev, e, now)}}
 }
