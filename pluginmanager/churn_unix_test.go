@@ -97,27 +97,7 @@ func TestBindBeforeListenChurn(t *testing.T) {
 		EventBuffer: 1 << 20,
 	}, map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{}})
 	h.Timeout = 2 * time.Minute
-	sub := h.m.Subscribe()
-	defer sub.Close()
-	var (
-		mu     sync.Mutex
-		failed []pluginmanager.Event
-		lost   int
-	)
-	seen := make(chan struct{})
-	go func() {
-		defer close(seen)
-		for ev := range sub.Events() {
-			mu.Lock()
-			switch {
-			case ev.Type == pluginmanager.EventLost:
-				lost += ev.Missed
-			case ev.Type == pluginmanager.EventFailed, ev.Type == pluginmanager.EventRejected, ev.State == pluginmanager.StateStale:
-				failed = append(failed, ev)
-			}
-			mu.Unlock()
-		}
-	}()
+	failures := watchFailures(h.m)
 
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, byAddress{})
@@ -154,7 +134,7 @@ func TestBindBeforeListenChurn(t *testing.T) {
 	}
 	h.Until(fmt.Sprintf("%d plugins registered", plugins), registered)
 	h.Stop()
-	<-seen
+	failed, lost := failures()
 	for i := range stops {
 		stops[i]()
 	}
@@ -162,8 +142,6 @@ func TestBindBeforeListenChurn(t *testing.T) {
 	if quiet.n.Load() == 0 {
 		t.Error("no connection fell between a bind and a listen: this tested nothing")
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if lost > 0 {
 		t.Errorf("%d events lost: the test cannot tell what it missed", lost)
 	}
@@ -177,6 +155,31 @@ func TestBindBeforeListenChurn(t *testing.T) {
 	}
 	if w := logs.String(); w != "" {
 		t.Errorf("warnings (%d lines); the first:\n%s", strings.Count(w, "\n"), firstLines(w, 10))
+	}
+}
+
+// watchFailures collects the Failed, Rejected and Stale events of m, and
+// counts the events lost; the function it returns waits for the stream
+// to end (m's Run to return) and returns them.
+func watchFailures(m *pluginmanager.Manager) func() (failed []pluginmanager.Event, lost int) {
+	sub := m.Subscribe()
+	var failed []pluginmanager.Event
+	var lost int
+	seen := make(chan struct{})
+	go func() {
+		defer close(seen)
+		for ev := range sub.Events() {
+			switch {
+			case ev.Type == pluginmanager.EventLost:
+				lost += ev.Missed
+			case ev.Type == pluginmanager.EventFailed, ev.Type == pluginmanager.EventRejected, ev.State == pluginmanager.StateStale:
+				failed = append(failed, ev)
+			}
+		}
+	}()
+	return func() ([]pluginmanager.Event, int) {
+		<-seen
+		return failed, lost
 	}
 }
 

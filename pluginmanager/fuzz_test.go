@@ -51,6 +51,23 @@ func safeField(v string, max int) bool {
 // within its bound and printable, or an errInvalidInfo error whose message is
 // itself safe to log and to send back to the plugin.
 func FuzzPluginInfo(f *testing.F) {
+	addPluginInfoSeeds(f)
+	checkKnownPluginInfo(f)
+	f.Fuzz(func(t *testing.T, typ, name, endpoint, versions string) {
+		vs := splitVersions(versions)
+		info := &registerapi.PluginInfo{Type: typ, Name: name, Endpoint: endpoint, SupportedVersions: slices.Clone(vs)}
+		p, err := pluginFromInfo(info, fuzzSocket)
+		if err != nil {
+			checkInfoError(t, err)
+			return
+		}
+		checkAcceptedInfo(t, p, typ, name, endpoint, vs)
+	})
+}
+
+// addPluginInfoSeeds adds FuzzPluginInfo's seeds: what real plugins send,
+// and what breaks each rule.
+func addPluginInfoSeeds(f *testing.F) {
 	// The built-in types, as real plugins send them.
 	f.Add("CSIPlugin", "csi.example.com", "/var/lib/kubelet/plugins/csi.example.com/csi.sock", "1.0.0")
 	f.Add("DRAPlugin", "dra.example.com", "/var/lib/kubelet/plugins/dra.example.com/dra.sock", "v1.DRAPlugin\x1ev1beta1.DRAPlugin")
@@ -81,7 +98,10 @@ func FuzzPluginInfo(f *testing.F) {
 	// the message quotes 64 of them.
 	f.Add("CSIPlugin", strings.Repeat("\U000e0001", maxNameLen/4), "", "")
 	f.Add("CSIPlugin", "n", "", strings.Repeat("1\x1e", maxVersions-1)+strings.Repeat("\U000e0001", maxVersionLen/4))
+}
 
+// checkKnownPluginInfo checks answers whose verdict is known.
+func checkKnownPluginInfo(f *testing.F) {
 	// What real plugins of the built-in types send is accepted.
 	for _, info := range []*registerapi.PluginInfo{
 		{Type: "CSIPlugin", Name: "csi.example.com", SupportedVersions: []string{"1.0.0"}},
@@ -101,66 +121,67 @@ func FuzzPluginInfo(f *testing.F) {
 	if _, err := pluginFromInfo(nil, fuzzSocket); !errors.Is(err, errInvalidInfo) {
 		f.Fatalf("pluginFromInfo(nil) = %v, want errInvalidInfo", err)
 	}
+}
 
-	f.Fuzz(func(t *testing.T, typ, name, endpoint, versions string) {
-		vs := splitVersions(versions)
-		info := &registerapi.PluginInfo{Type: typ, Name: name, Endpoint: endpoint, SupportedVersions: slices.Clone(vs)}
-		p, err := pluginFromInfo(info, fuzzSocket)
+// checkInfoError checks the error of an answer refused: errInvalidInfo,
+// with a message safe to log and to send back to the plugin.
+func checkInfoError(t *testing.T, err error) {
+	t.Helper()
+	if !errors.Is(err, errInvalidInfo) {
+		t.Fatalf("error %q is not errInvalidInfo", err)
+	}
+	msg := err.Error()
+	if !utf8.ValidString(msg) {
+		t.Errorf("error message is not valid UTF-8: %q", msg)
+	}
+	// The message goes back to the plugin, cut to maxErrorMessage
+	// bytes: it should never need the cut. (It is not bounded by
+	// 512: a quoted field of 64 non-printable runes is 642 bytes.)
+	if len(msg) > maxErrorMessage {
+		t.Errorf("error message is %d bytes, more than %d: %q", len(msg), maxErrorMessage, msg)
+	}
+	if printable(msg) != msg {
+		t.Errorf("error message is not printable as it is: %q", msg)
+	}
+}
 
-		if err != nil {
-			if !errors.Is(err, errInvalidInfo) {
-				t.Fatalf("error %q is not errInvalidInfo", err)
-			}
-			msg := err.Error()
-			if !utf8.ValidString(msg) {
-				t.Errorf("error message is not valid UTF-8: %q", msg)
-			}
-			// The message goes back to the plugin, cut to maxErrorMessage
-			// bytes: it should never need the cut. (It is not bounded by
-			// 512: a quoted field of 64 non-printable runes is 642 bytes.)
-			if len(msg) > maxErrorMessage {
-				t.Errorf("error message is %d bytes, more than %d: %q", len(msg), maxErrorMessage, msg)
-			}
-			if printable(msg) != msg {
-				t.Errorf("error message is not printable as it is: %q", msg)
-			}
-			return
+// checkAcceptedInfo checks p, made of an answer accepted: it holds what
+// was sent, every field within its bound and printable.
+func checkAcceptedInfo(t *testing.T, p Plugin, typ, name, endpoint string, vs []string) {
+	t.Helper()
+	if p.Type != typ || p.Name != name || !slices.Equal(p.Versions, vs) || p.Socket != fuzzSocket {
+		t.Errorf("plugin %+v does not hold what was sent (type %q, name %q, versions %q)", p, typ, name, vs)
+	}
+	if p.Type == "" || p.Name == "" {
+		t.Errorf("accepted an empty type or name: %+v", p)
+	}
+	if endpoint == "" {
+		if p.Endpoint != fuzzSocket {
+			t.Errorf("no endpoint sent, but Endpoint is %q, not the socket", p.Endpoint)
 		}
-
-		if p.Type != typ || p.Name != name || !slices.Equal(p.Versions, vs) || p.Socket != fuzzSocket {
-			t.Errorf("plugin %+v does not hold what was sent (type %q, name %q, versions %q)", p, typ, name, vs)
+	} else if want, err := EndpointPath(endpoint); err != nil || p.Endpoint != want {
+		t.Errorf("Endpoint is %q, want %q, what EndpointPath makes of %q (%v)", p.Endpoint, want, endpoint, err)
+	}
+	if !filepath.IsAbs(p.Endpoint) || filepath.Clean(p.Endpoint) != p.Endpoint || len(p.Endpoint) >= MaxEndpointPath {
+		t.Errorf("accepted endpoint %q, which is not a clean absolute path shorter than %d bytes", p.Endpoint, MaxEndpointPath)
+	}
+	if !safeField(p.Type, maxTypeLen) {
+		t.Errorf("accepted type %q", p.Type)
+	}
+	if !safeField(p.Name, maxNameLen) {
+		t.Errorf("accepted name %q", p.Name)
+	}
+	if endpoint != "" && !safeField(p.Endpoint, maxEndpointLen) {
+		t.Errorf("accepted endpoint %q", p.Endpoint)
+	}
+	if len(p.Versions) > maxVersions {
+		t.Errorf("accepted %d versions", len(p.Versions))
+	}
+	for i, v := range p.Versions {
+		if v == "" || !safeField(v, maxVersionLen) {
+			t.Errorf("accepted versions[%d] %q", i, v)
 		}
-		if p.Type == "" || p.Name == "" {
-			t.Errorf("accepted an empty type or name: %+v", p)
-		}
-		if endpoint == "" {
-			if p.Endpoint != fuzzSocket {
-				t.Errorf("no endpoint sent, but Endpoint is %q, not the socket", p.Endpoint)
-			}
-		} else if want, err := EndpointPath(endpoint); err != nil || p.Endpoint != want {
-			t.Errorf("Endpoint is %q, want %q, what EndpointPath makes of %q (%v)", p.Endpoint, want, endpoint, err)
-		}
-		if !filepath.IsAbs(p.Endpoint) || filepath.Clean(p.Endpoint) != p.Endpoint || len(p.Endpoint) >= MaxEndpointPath {
-			t.Errorf("accepted endpoint %q, which is not a clean absolute path shorter than %d bytes", p.Endpoint, MaxEndpointPath)
-		}
-		if !safeField(p.Type, maxTypeLen) {
-			t.Errorf("accepted type %q", p.Type)
-		}
-		if !safeField(p.Name, maxNameLen) {
-			t.Errorf("accepted name %q", p.Name)
-		}
-		if endpoint != "" && !safeField(p.Endpoint, maxEndpointLen) {
-			t.Errorf("accepted endpoint %q", p.Endpoint)
-		}
-		if len(p.Versions) > maxVersions {
-			t.Errorf("accepted %d versions", len(p.Versions))
-		}
-		for i, v := range p.Versions {
-			if v == "" || !safeField(v, maxVersionLen) {
-				t.Errorf("accepted versions[%d] %q", i, v)
-			}
-		}
-	})
+	}
 }
 
 // FuzzPrintable checks that printable makes any text safe for a terminal and a

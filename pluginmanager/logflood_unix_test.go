@@ -16,6 +16,7 @@ import (
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // Dead sockets by the thousand, for an hour of the manager's time: what it
@@ -55,55 +56,13 @@ func deadSocketsLog(t *testing.T, n int, observe bool) {
 		BackoffMax:     2 * time.Minute,
 		ResyncInterval: -1,
 	}, nil)
-	began := clk.Now()
-	// Time moves only once every socket has been looked at for what is due:
-	// each is Stale with its next retry after now.
-	settle := func() []pluginmanager.PluginStatus {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Minute) // a failure bound on a loaded machine, not a pace
-		poll := time.Millisecond
-		for {
-			ps := h.m.Plugins()
-			now := clk.Now()
-			settled := len(ps) == n
-			for _, s := range ps {
-				if s.State != pluginmanager.StateStale || !s.NextRetry.After(now) {
-					settled = false
-					break
-				}
-			}
-			if settled {
-				return ps
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d sockets not all Stale and waiting for a retry at %s of fake time; log so far: %s", n, now.Sub(began), logs.figures())
-			}
-			time.Sleep(poll) // a poll of the condition, with the deadline above
-			poll = min(2*poll, 20*time.Millisecond)
-		}
-	}
-	run := func(until time.Duration, step time.Duration) []pluginmanager.PluginStatus {
-		t.Helper()
-		ps := settle()
-		for clk.Now().Sub(began) < until {
-			clk.Step(min(step, until-clk.Now().Sub(began)))
-			ps = settle()
-		}
-		return ps
-	}
-	attempts := func(ps []pluginmanager.PluginStatus) int {
-		total := 0
-		for _, s := range ps {
-			total += s.Attempts
-		}
-		return total
-	}
+	f := &flood{t: t, h: h, clk: clk, logs: logs, n: n, began: clk.Now()}
 
 	first := "plugin registration failed"
 	if observe {
 		first = "plugin does not answer"
 	}
-	settle()
+	f.settle()
 	// The first failure of each socket, up to the minute's warnings.
 	if got := logs.warned(first); len(got) != 100 {
 		t.Errorf("%d sockets went Stale at once: %d warnings %q, want 100 (the budget of a minute)", n, len(got), first)
@@ -114,26 +73,97 @@ func deadSocketsLog(t *testing.T, n int, observe bool) {
 			}
 		}
 	}
+	more := f.firstMinutes()
+	f.anHour(more)
+}
 
-	ps := run(75*time.Second, 500*time.Millisecond)
-	at75 := logs.snapshot()
+// flood is the run of deadSocketsLog: n dead sockets on a fake clock.
+type flood struct {
+	t     *testing.T
+	h     *harness
+	clk   *testingclock.FakeClock
+	logs  *logCount
+	n     int
+	began time.Time
+}
+
+// settle waits until every socket has been looked at for what is due: each
+// is Stale with its next retry after now. Time moves only then.
+func (f *flood) settle() []pluginmanager.PluginStatus {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Minute) // a failure bound on a loaded machine, not a pace
+	poll := time.Millisecond
+	for {
+		ps := f.h.m.Plugins()
+		now := f.clk.Now()
+		settled := len(ps) == f.n
+		for _, s := range ps {
+			if s.State != pluginmanager.StateStale || !s.NextRetry.After(now) {
+				settled = false
+				break
+			}
+		}
+		if settled {
+			return ps
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%d sockets not all Stale and waiting for a retry at %s of fake time; log so far: %s", f.n, now.Sub(f.began), f.logs.figures())
+		}
+		time.Sleep(poll) // a poll of the condition, with the deadline above
+		poll = min(2*poll, 20*time.Millisecond)
+	}
+}
+
+// run moves the clock on by step until until has passed since the start,
+// settling after each step, and returns the statuses then.
+func (f *flood) run(until, step time.Duration) []pluginmanager.PluginStatus {
+	f.t.Helper()
+	ps := f.settle()
+	for f.clk.Now().Sub(f.began) < until {
+		f.clk.Step(min(step, until-f.clk.Now().Sub(f.began)))
+		ps = f.settle()
+	}
+	return ps
+}
+
+// attempts is the attempts of every socket in ps.
+func attempts(ps []pluginmanager.PluginStatus) int {
+	total := 0
+	for _, s := range ps {
+		total += s.Attempts
+	}
+	return total
+}
+
+// firstMinutes runs 75 s: one line says how many failures were beyond the
+// first minute's budget, and little is written. It returns that line.
+func (f *flood) firstMinutes() []map[string]string {
+	t, n := f.t, f.n
+	ps := f.run(75*time.Second, 500*time.Millisecond)
+	at75 := f.logs.snapshot()
 	t.Logf("%d dead sockets, 75 s, %d failed attempts: %s", n, attempts(ps), at75)
-	more := logs.find("more socket failures")
+	more := f.logs.find("more socket failures")
 	if len(more) != 1 || more[0]["count"] != strconv.Itoa(n-100) || more[0]["byState"] != fmt.Sprintf("Stale=%d", n-100) {
 		t.Errorf("the line for the failures beyond the budget: %v, want one with count=%d byState=Stale=%d", more, n-100, n-100)
 	}
 	if at75.warnBytes > 64<<10 || at75.bytes > 64<<10 {
 		t.Errorf("75 s of %d dead sockets wrote %d bytes (%d of warnings), want at most 64 KiB", n, at75.bytes, at75.warnBytes)
 	}
+	return more
+}
 
-	ps = run(time.Hour, 5*time.Second)
-	hour := logs.snapshot()
+// anHour runs to an hour: a summary every 5 minutes, true to the sockets,
+// and little else.
+func (f *flood) anHour(more []map[string]string) {
+	t, n := f.t, f.n
+	ps := f.run(time.Hour, 5*time.Second)
+	hour := f.logs.snapshot()
 	total := attempts(ps)
 	t.Logf("%d dead sockets, 1 h, %d failed attempts: %s", n, total, hour)
 	if hour.bytes > 100<<10 {
 		t.Errorf("an hour of %d dead sockets wrote %d bytes, want under 100 KiB", n, hour.bytes)
 	}
-	summaries := logs.find("sockets still failing")
+	summaries := f.logs.find("sockets still failing")
 	if len(more) > 0 && len(summaries) > 0 {
 		t.Logf("the line for the rest: %v\nthe first summary: %v", more[0], summaries[0])
 	}
@@ -142,19 +172,19 @@ func deadSocketsLog(t *testing.T, n int, observe bool) {
 	}
 	sum := 0
 	for _, s := range summaries {
-		f, _ := strconv.Atoi(s["failures"])
-		sum += f
+		failures, _ := strconv.Atoi(s["failures"])
+		sum += failures
 		// A socket being tried again as the summary is written is
 		// "retrying", not Stale: together they are every socket.
 		retrying, _ := strconv.Atoi(s["retrying"])
-		if s["failing"] != strconv.Itoa(n) || s["byState"] != fmt.Sprintf("Stale=%d", n-retrying) || s["byReason"] != fmt.Sprintf("dial=%d", n) || f < n {
+		if s["failing"] != strconv.Itoa(n) || s["byState"] != fmt.Sprintf("Stale=%d", n-retrying) || s["byReason"] != fmt.Sprintf("dial=%d", n) || failures < n {
 			t.Errorf("summary %v, want failing=%d byState=Stale=%d (and retrying=%d) byReason=dial=%d and at least a failure per socket", s, n, n-retrying, retrying, n)
 		}
 	}
 	if sum > total {
 		t.Errorf("the summaries count %d failures, more than the %d attempts made", sum, total)
 	}
-	if w := logs.warnLines(); w > 100+1+len(summaries) {
+	if w := f.logs.warnLines(); w > 100+1+len(summaries) {
 		t.Errorf("%d warnings in an hour: want the 100 first failures, the line for the rest, and the summaries", w)
 	}
 }

@@ -10,6 +10,11 @@ import (
 	"testing"
 )
 
+// maxFuncLines is the longest a function in pluginmanager may be, from its
+// func line to its closing brace: a function longer than a screen holds
+// more than one decision, and reads as a list of branches.
+const maxFuncLines = 80
+
 // parseTree parses every Go file of the package and the packages below it.
 func parseTree(t *testing.T) (*gotoken.FileSet, map[string]*ast.File) {
 	t.Helper()
@@ -36,6 +41,34 @@ func parseTree(t *testing.T) (*gotoken.FileSet, map[string]*ast.File) {
 		t.Fatal(err)
 	}
 	return fset, files
+}
+
+// No function in pluginmanager, tests included, is longer than
+// maxFuncLines.
+func TestFunctionsAreShort(t *testing.T) {
+	fset, files := parseTree(t)
+	for path, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			var name string
+			var body *ast.BlockStmt
+			switch fn := n.(type) {
+			case *ast.FuncDecl:
+				name, body = fn.Name.Name, fn.Body
+			case *ast.FuncLit:
+				name, body = "a function literal", fn.Body
+			default:
+				return true
+			}
+			if body == nil {
+				return true
+			}
+			from, to := fset.Position(n.Pos()).Line, fset.Position(body.Rbrace).Line
+			if lines := to - from + 1; lines > maxFuncLines {
+				t.Errorf("%s:%d: %s is %d lines long, more than %d: split it", path, from, name, lines, maxFuncLines)
+			}
+			return true
+		})
+	}
 }
 
 // The registry's lock is taken and let go only by registry.lock and
