@@ -428,9 +428,10 @@ func (r *registrar) letGo(ctx context.Context, path string, e *entry, reg *regis
 }
 
 // awaitPoll caps the delay between looks at the endpoint of a plugin
-// deregistered for its endpoint (entry.awaiting): a connect to a unix
-// socket, no call, costs next to nothing, and the plugin is registered
-// again within it of its endpoint's return, however long it was gone.
+// deregistered for its endpoint (entry.awaiting), or, observing, seen not
+// to answer for it: a connect to a unix socket, no call, costs next to
+// nothing, and the plugin is registered (looked at) again within it of its
+// endpoint's return, however long it was gone.
 const awaitPoll = 2 * time.Second
 
 // awaitEndpoint looks whether the endpoint that e waits for takes a

@@ -103,7 +103,7 @@ func New(opts Options) (*Manager, error) {
 	m.client = newClient(o, m.metrics, m.queue.Add)
 	if o.Observe {
 		m.rec = &onlooker{opts: &m.opts, log: m.log, clock: m.clock, reg: m.reg, table: m.table, sandbox: m.sandbox,
-			client: m.client, metrics: m.metrics, queue: m.queue.Add}
+			client: m.client, metrics: m.metrics, queue: m.queue.Add, roots: resolveRoots(o.EndpointRoots)}
 	} else {
 		m.rec = &registrar{opts: &m.opts, log: m.log, clock: m.clock, reg: m.reg, table: m.table, sandbox: m.sandbox,
 			client: m.client, metrics: m.metrics, queue: m.queue, policy: newPolicy(o), delays: m.client.delays,

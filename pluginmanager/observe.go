@@ -3,6 +3,7 @@ package pluginmanager
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"sync"
 	"time"
@@ -19,8 +20,10 @@ import (
 // connects again (no call), when the plugin's observer reports its endpoint
 // down or back it records that or looks again, and every ProbeInterval it
 // looks again. A plugin that does not answer is looked at again with
-// backoff. It never notifies a plugin, calls no handler (only observers),
-// and never changes a file.
+// backoff; one whose endpoint does not serve is looked at again within
+// awaitPoll (2 s) of the endpoint taking a connection, as a registrar
+// registers such a plugin again. It never notifies a plugin, calls no
+// handler (only observers), and never changes a file.
 type onlooker struct {
 	opts    *Options
 	log     *slog.Logger
@@ -31,6 +34,7 @@ type onlooker struct {
 	client  *client
 	metrics *metrics
 	queue   func(path string)
+	roots   []string // Options.EndpointRoots, resolved: where endpoints are dialled (awaitEndpoint)
 }
 
 func (o *onlooker) states() []State {
@@ -55,6 +59,7 @@ const (
 	oLook                     // ask it GetInfo, and its observer to look (look)
 	oDown                     // its observer says its endpoint went: recorded with no call
 	oRedial                   // its held connection was hung up: connect again, with no call
+	oAwait                    // its endpoint went: see whether it takes a connection, then look
 	oLater                    // look again when its probe, redial or retry is due
 )
 
@@ -67,6 +72,7 @@ type observation struct {
 	endpointKnown bool      // its observer has reported its endpoint
 	endpointDown  bool      // its observer reports its endpoint down
 	held          bool      // a connection to it is held, or may not be (fds.go): its probes watch it
+	awaiting      bool      // it waits for its endpoint to take a connection (entry.awaiting)
 	probeAt       time.Time
 	redialAt      time.Time
 	now           time.Time
@@ -77,7 +83,8 @@ type observation struct {
 // due, recorded down at once when its observer says its endpoint went, and
 // connected to again (no call) when its connection is hung up; one that
 // does not answer is looked at again when its observer says its endpoint
-// is back, or its retry is due.
+// is back, or its retry is due, and one whose endpoint went is looked at
+// again as soon as that endpoint takes a connection (awaitPoll).
 func observeStep(o observation) ostep {
 	due := func(t time.Time) bool { return !t.IsZero() && !o.now.Before(t) }
 	switch {
@@ -99,6 +106,8 @@ func observeStep(o observation) ostep {
 		return oLater
 	case o.reason == ReasonEndpoint && o.endpointKnown && !o.endpointDown:
 		return oLook // its observer says its endpoint serves again
+	case !o.now.Before(o.redialAt) && o.awaiting:
+		return oAwait
 	case !o.now.Before(o.redialAt):
 		return oLook
 	}
@@ -120,7 +129,7 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 	known, down := e.seen.state()
 	ob := observation{state: e.status.State, reason: e.status.Reason, tooLong: tooLong(path) != nil, due: e.due,
 		endpointKnown: known, endpointDown: down != nil, held: o.client.watching(path) || lv.unheld,
-		probeAt: lv.probeAt, redialAt: lv.redialAt, now: now}
+		awaiting: e.awaiting != "", probeAt: lv.probeAt, redialAt: lv.redialAt, now: now}
 	switch observeStep(ob) {
 	case oUnreachable:
 		return o.unreachable(path, e, tooLong(path), now)
@@ -130,9 +139,11 @@ func (o *onlooker) reconcile(ctx context.Context, path string) result {
 		return o.look(ctx, path, e, fresh && ob.state == StatePending, now)
 	case oDown:
 		// Its observer says its endpoint went: no call needed to know.
-		return o.record(path, e, e.status.Plugin, down, true, now)
+		return o.record(ctx, path, e, e.status.Plugin, down, true, now)
 	case oRedial:
 		return o.redial(ctx, path, e, now)
+	case oAwait:
+		return o.awaitEndpoint(ctx, path, e, now)
 	case oLater:
 		return result{at: o.next(path, e)}
 	}
@@ -181,9 +192,29 @@ func (o *onlooker) redial(ctx context.Context, path string, e *entry, now time.T
 		if ctx.Err() != nil {
 			return result{}
 		}
-		return o.record(path, e, e.status.Plugin, dialFailure{err}, false, now)
+		return o.record(ctx, path, e, e.status.Plugin, dialFailure{err}, false, now)
 	}
 	o.client.hold(ctx, path, e, conn, now)
+	return result{at: o.next(path, e)}
+}
+
+// awaitEndpoint sees whether the endpoint that e waits for takes a
+// connection (no call), as the registrar's awaitEndpoint does: if it does,
+// the plugin is looked at at once; if not, it is seen to again with backoff,
+// at most awaitPoll, quietly (its failure was said when it was recorded).
+func (o *onlooker) awaitEndpoint(ctx context.Context, path string, e *entry, now time.Time) result {
+	gone := endpointGone(ctx, e.awaiting, path, o.roots, o.opts.DialTimeout)
+	switch {
+	case ctx.Err() != nil:
+		return result{}
+	case !gone:
+		return o.look(ctx, path, e, false, now)
+	}
+	lv := &e.live
+	lv.redialAt = now.Add(min(o.client.redialDelay(lv), awaitPoll))
+	o.reg.lock()
+	defer o.reg.unlock()
+	e.status.NextRetry = lv.redialAt
 	return result{at: o.next(path, e)}
 }
 
@@ -310,7 +341,7 @@ func (o *onlooker) look(ctx context.Context, path string, e *entry, fresh bool, 
 			lv.backoff.Reset()
 		}
 	}
-	return o.record(path, e, p, err, endpoint, started)
+	return o.record(ctx, path, e, p, err, endpoint, started)
 }
 
 // lookVerdict is how a look at an observed plugin that was in state was,
@@ -343,12 +374,20 @@ func lookVerdict(was State, wasReason Reason, err error, endpoint bool) (state S
 }
 
 // record records what a look at a plugin saw (lookVerdict): that it answers
-// (err nil), or what failed, and publishes an event for it.
-func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint bool, started time.Time) result {
+// (err nil), or what failed, and publishes an event for it. One whose
+// endpoint does not take a connection waits for it (awaitEndpoint), seen to
+// every awaitPoll at most; one whose endpoint takes connections but whose
+// service fails is looked at again with backoff, as any failure is.
+func (o *onlooker) record(ctx context.Context, path string, e *entry, p Plugin, err error, endpoint bool, started time.Time) result {
 	lv := &e.live
+	awaiting := ""
 	if err != nil {
 		lv.probeAt = time.Time{}
-		lv.redialAt = started.Add(o.client.redialDelay(lv))
+		d := o.client.redialDelay(lv)
+		if endpoint && endpointGone(ctx, p.Endpoint, path, o.roots, o.opts.DialTimeout) {
+			awaiting, d = p.Endpoint, min(d, awaitPoll)
+		}
+		lv.redialAt = started.Add(d)
 	}
 	now := o.clock.Now()
 	was := e.status.State // written only by this worker
@@ -376,6 +415,7 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 	if err == nil || endpoint {
 		st.Plugin = p
 	}
+	e.awaiting = ""
 	if err == nil {
 		st.State, st.Reason, st.LastError = state, "", ""
 		st.UnhealthySince, st.NextRetry = time.Time{}, time.Time{}
@@ -385,6 +425,7 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		}
 		return result{at: o.next(path, e), events: []Event{o.reg.eventLocked(ev, e, now)}}
 	}
+	e.awaiting = awaiting
 	if was == StateAnswering || was == StatePending {
 		st.UnhealthySince = now
 	}
@@ -399,4 +440,13 @@ func (o *onlooker) record(path string, e *entry, p Plugin, err error, endpoint b
 		o.reg.failedLocked(e, now, "plugin does not answer", args...)
 	}
 	return result{at: at, err: err, events: []Event{o.reg.eventLocked(ev, e, now)}}
+}
+
+// endpointGone reports whether the plugin's endpoint is gone: nobody
+// listens on it, or its socket file is not there (endpointTakes). An
+// endpoint that takes a connection, or one the dial cannot tell of (outside
+// Options.EndpointRoots, say), is not.
+func endpointGone(ctx context.Context, endpoint, socket string, roots []string, timeout time.Duration) bool {
+	err := endpointTakes(ctx, endpoint, socket, roots, timeout)
+	return err != nil && (refused(err) || errors.Is(err, fs.ErrNotExist))
 }

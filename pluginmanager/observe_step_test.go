@@ -36,6 +36,8 @@ func TestObserveStep(t *testing.T) {
 		{"stale, retry due", with(failing, func(o *observation) { o.state, o.reason, o.redialAt = StateStale, ReasonDial, now }), oLook},
 		{"its endpoint down, reported back", with(failing, func(o *observation) { o.reason, o.endpointKnown = ReasonEndpoint, true }), oLook},
 		{"its endpoint down, still", with(failing, func(o *observation) { o.reason, o.endpointKnown, o.endpointDown = ReasonEndpoint, true, true }), oLater},
+		{"its endpoint down, awaited, due", with(failing, func(o *observation) { o.reason, o.awaiting, o.redialAt = ReasonEndpoint, true, earlier }), oAwait},
+		{"its endpoint down, awaited, not due", with(failing, func(o *observation) { o.reason, o.awaiting = ReasonEndpoint, true }), oLater},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -251,3 +251,85 @@ func TestObserverForgetSandboxed(t *testing.T) {
 	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi-after"})
 	obs.WaitSocket(p.Path(), pluginmanager.StateAnswering)
 }
+
+// dialer is an Observer that looks at a plugin's endpoint as a CSI driver's
+// observer does: it connects to it.
+type dialer struct{}
+
+func (dialer) Observe(ctx context.Context, p pluginmanager.Plugin) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", p.Endpoint)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func (dialer) Forget(pluginmanager.Plugin) {}
+
+// In observe mode a plugin whose endpoint went (a CSI driver restarted
+// beside its live node-driver-registrar) is seen again within 2 s of its
+// endpoint's return, however far its retries have backed off, as a managing
+// manager registers it again (issue 25, item 10): the endpoint is connected
+// to (no call) every 2 s at most meanwhile, and the plugin looked at as
+// soon as it takes the connection.
+func TestObservedEndpointBackWithinTwoSeconds(t *testing.T) {
+	dir := testenv.ShortDir(t, "ob")
+	ep := filepath.Join(testenv.ShortDir(t, "ep"), "csi.sock")
+	serve := func() net.Listener {
+		t.Helper()
+		l, err := net.Listen("unix", ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	driver := serve()
+	clk := fakeClock()
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, Clock: clk,
+		BackoffInitial: 10 * time.Second, BackoffMax: 2 * time.Minute}, nil)
+	obs.m.AddObserver("CSIPlugin", dialer{})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi", Endpoint: ep})
+	if ev := obs.WaitLook(p.Path()); ev.Type != pluginmanager.EventAnswering {
+		t.Fatalf("first look = %+v, want Answering", ev)
+	}
+
+	driver.Close() // the driver goes; its registrar stays
+	clk.Step(plugintest.MaxProbeDelay(lookEvery))
+	if ev := obs.WaitLook(p.Path()); ev.Type != pluginmanager.EventNotAnswering || ev.Reason != pluginmanager.ReasonEndpoint {
+		t.Fatalf("look after the driver went = %+v, want NotAnswering for the endpoint", ev)
+	}
+	driver = serve() // back, while the next look's backoff is 10 s away
+	defer driver.Close()
+	clk.Step(2 * time.Second)
+	if ev := obs.WaitLook(p.Path()); ev.Type != pluginmanager.EventAnswering {
+		t.Errorf("look 2 s after the driver came back = %+v, want Answering", ev)
+	}
+	if n := p.Notifications(); n != 0 {
+		t.Errorf("the observed plugin was told %d times", n)
+	}
+}
+
+// An observed plugin whose endpoint takes connections but whose service
+// fails (a CSI driver whose Probe says not ready) is looked at again with
+// backoff, as any failure is: only an endpoint nobody listens on is waited
+// for every 2 s, and the registration socket is not asked GetInfo that
+// often.
+func TestObservedServiceFailingBacksOff(t *testing.T) {
+	const backoff = 10 * time.Second
+	l := &looker{}
+	l.down.Store(true)
+	dir := testenv.ShortDir(t, "ob")
+	clk := fakeClock()
+	obs := start(t, pluginmanager.Options{Dir: dir, Observe: true, ProbeInterval: lookEvery, Clock: clk,
+		BackoffInitial: backoff, BackoffMax: 2 * time.Minute}, nil)
+	obs.m.AddObserver("CSIPlugin", l)
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "csi", Versions: []string{"1.0.0"}})
+	ev := obs.WaitLook(p.Path())
+	if ev.Type != pluginmanager.EventNotAnswering || ev.Reason != pluginmanager.ReasonEndpoint {
+		t.Fatalf("first look = %+v, want NotAnswering for the endpoint", ev)
+	}
+	if wait := ev.NextRetry.Sub(ev.Time); wait < backoff*8/10 {
+		t.Errorf("looked at again in %s, want its backoff (%s, jittered): its endpoint takes connections", wait, backoff)
+	}
+}

@@ -84,7 +84,9 @@ type entry struct {
 	accepted bool
 	// awaiting is the endpoint of a plugin deregistered because its
 	// endpoint stopped serving while its registration socket answered: it
-	// is registered again only once the endpoint takes a connection.
+	// is registered again only once the endpoint takes a connection. When
+	// observing, of a plugin seen not to answer for its endpoint: it is
+	// looked at again as soon as the endpoint takes a connection.
 	awaiting string
 }
 
