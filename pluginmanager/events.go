@@ -14,7 +14,7 @@ const (
 	EventRegistered   EventType = "Registered"   // the handler accepted the plugin and it was told so
 	EventFailed       EventType = "Failed"       // an attempt failed; it will be retried
 	EventRejected     EventType = "Rejected"     // refused until the socket changes
-	EventDeregistered EventType = "Deregistered" // the handler let the plugin go
+	EventDeregistered EventType = "Deregistered" // the handler let the plugin go (State: the socket's state then, none if its file is gone; Error: the handler's failure)
 	EventUnhealthy    EventType = "Unhealthy"    // a registered plugin stopped answering, or its endpoint went (State says whether it stays registered meanwhile)
 	EventHealthy      EventType = "Healthy"      // an Unhealthy plugin answers again, still registered
 	EventAnswering    EventType = "Answering"    // observe mode: the plugin answers (again)
@@ -28,10 +28,13 @@ const (
 type Event struct {
 	// Seq increases by one for every event the manager publishes, so a
 	// subscriber can tell the order and see gaps.
-	Seq       uint64    `json:"seq"`
-	Time      time.Time `json:"time"`
-	Type      EventType `json:"type"`
-	Plugin    Plugin    `json:"plugin"`
+	Seq    uint64    `json:"seq"`
+	Time   time.Time `json:"time"`
+	Type   EventType `json:"type"`
+	Plugin Plugin    `json:"plugin"`
+	// State is the socket's state once the change was made: a plugin
+	// deregistered at the end of its grace period is Failed; one whose
+	// socket file went has none (and Removed follows).
 	State     State     `json:"state,omitempty"`
 	Reason    Reason    `json:"reason,omitempty"`
 	Error     string    `json:"error,omitempty"`

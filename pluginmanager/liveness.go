@@ -398,7 +398,8 @@ func (r *registrar) healthLocked(path string, e *entry, p Plugin, j judgement, n
 // One let go for its endpoint, with its registrar answering, is tried
 // again only once the endpoint serves (awaitEndpoint): a registration now
 // would fail for want of it. The events of the judgement, the deregistration
-// and the failure are published once the retry is scheduled.
+// (carrying the state it leaves: Failed) and the failure are published
+// once the retry is scheduled.
 func (r *registrar) letGo(ctx context.Context, path string, e *entry, reg *registration, he *handlerEntry, j judgement, events []Event) result {
 	err, free := r.deregister(ctx, path, reg)
 	now := r.clock.Now()
@@ -417,12 +418,7 @@ func (r *registrar) letGo(ctx context.Context, path string, e *entry, reg *regis
 		st.LastError = printable(fmt.Sprintf("deregistered after %s Unhealthy: %v; waiting for its endpoint to serve to register it again", he.grace, j.why))
 	}
 	st.NextRetry = now.Add(r.delays.next(&e.backoff))
-	dereg := r.reg.deregisteredLocked(e, p, err, now)
-	if err == nil {
-		dereg.Error = j.lastError
-	}
-	dereg.State, dereg.NextRetry = StatePending, time.Time{}
-	events = append(events, dereg)
+	events = append(events, r.reg.deregisteredLocked(e, p, err, now))
 	e.due = st.NextRetry
 	return result{at: e.due, err: j.why, events: append(events, r.reg.eventLocked(EventFailed, e, now))}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -328,4 +329,34 @@ func TestDefaultsProbeAtMostOncePerFiveMinutes(t *testing.T) {
 	if n := len(p.calls); n != 0 {
 		t.Errorf("%d more GetInfo calls within %s of registration, want one", n, plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval))
 	}
+}
+
+// A Deregistered event carries the state that is true once the plugin is
+// let go (issue 25, item 10): Failed, with its reason and retry, at the end
+// of its grace period; none when its socket file is gone. Its Error is the
+// handler's failure only.
+func TestDeregisteredCarriesTheStateThatIsTrue(t *testing.T) {
+	const grace = 30 * time.Second
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{ProbeInterval: probeEvery, Clock: clk}, nil)
+	h.m.AddHandler("CSIPlugin", plugintest.NewRecorder(), pluginmanager.HandlerOptions{UnhealthyGrace: grace})
+
+	killed := filepath.Join(h.dir, "killed.sock")
+	kill := serveLeaving(t, killed, &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "killed", SupportedVersions: []string{"1.0.0"}}})
+	h.WaitSocket(killed, pluginmanager.StateRegistered)
+	kill()
+	h.WaitEvent(killed, pluginmanager.EventUnhealthy)
+	clk.Step(grace)
+	ev := h.WaitEvent(killed, pluginmanager.EventDeregistered)
+	if ev.State != pluginmanager.StateFailed || ev.Reason != pluginmanager.ReasonUnhealthy || ev.NextRetry.IsZero() || ev.Error != "" {
+		t.Errorf("deregistered at the end of its grace: %s %s, retry %s, error %q; want Failed, unhealthy, a retry, no error", ev.State, ev.Reason, ev.NextRetry, ev.Error)
+	}
+
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "removed", Versions: []string{"1.0.0"}})
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+	p.Close()
+	if ev := h.WaitEvent(p.Path(), pluginmanager.EventDeregistered); ev.State != "" || ev.Error != "" {
+		t.Errorf("deregistered as its socket went: %q, error %q; want no state", ev.State, ev.Error)
+	}
+	h.WaitEvent(p.Path(), pluginmanager.EventRemoved)
 }

@@ -259,18 +259,21 @@ func (r *registrar) reconcile(ctx context.Context, path string) result {
 // socket is gone or replaced (present, id), or a Register that timed out
 // left it with the handler. r.reg is locked, and locked again on return;
 // the handler is called with it free. The deregistration and what follows
-// from it are written together: its entry is forgotten (or made afresh)
-// under the same lock. It reports false if the handler call was abandoned.
+// from it are written together: the Deregistered event of a socket that is
+// gone carries no state, and its entry is forgotten (or made afresh) under
+// the same lock; one that a timed-out Register left carries the state of
+// the failure. It reports false if the handler call was abandoned.
 func (r *registrar) takeBack(ctx context.Context, path string, e *entry, id fileID, present bool) bool {
 	reg := e.reg
 	e.reg = nil
 	r.reg.unlock()
 	err, free := r.deregister(ctx, path, reg)
 	r.reg.lock()
-	if e.status.State.registered() {
-		e.status.State = StatePending
+	ev := r.reg.deregisteredLocked(e, reg.plugin, err, r.clock.Now())
+	if !present || reg.id != id {
+		ev.State = "" // its file is gone: it has no state
 	}
-	r.reg.publishLocked(r.reg.deregisteredLocked(e, reg.plugin, err, r.clock.Now()))
+	r.reg.publishLocked(ev)
 	return free
 }
 
@@ -317,10 +320,9 @@ func (r *registrar) gone(ctx context.Context, path string, e *entry, reg *regist
 	r.reg.lock()
 	defer r.reg.unlock()
 	if reg != nil {
-		if e.status.State.registered() {
-			e.status.State = StatePending
-		}
-		r.reg.publishLocked(r.reg.deregisteredLocked(e, reg.plugin, dereg, r.clock.Now()))
+		ev := r.reg.deregisteredLocked(e, reg.plugin, dereg, r.clock.Now())
+		ev.State = "" // its file is gone: it has no state
+		r.reg.publishLocked(ev)
 	}
 	if free && r.reg.entries[path] == e {
 		r.reg.forgetLocked(path, e, r.clock.Now())

@@ -176,14 +176,16 @@ func (r *registry) forgetLocked(path string, e *entry, now time.Time) {
 }
 
 // deregisteredLocked records that the handler let p, e's plugin, go (err:
-// its Deregister failed), and returns the Deregistered event, of e's
-// status as the caller left it, for the caller to publish.
+// its Deregister failed), and returns the Deregistered event, for the
+// caller to publish: of e's status as the caller left it (the state the
+// socket is in once let go), with the handler's error, if any, as its
+// Error.
 func (r *registry) deregisteredLocked(e *entry, p Plugin, err error, now time.Time) Event {
 	e.due = time.Time{}
 	e.status.RegisteredSince, e.status.UnhealthySince = time.Time{}, time.Time{}
 	r.metrics.deregistrations.WithLabelValues(r.labels.label(p.Type)).Inc()
 	ev := r.eventLocked(EventDeregistered, e, now)
-	ev.Plugin = p
+	ev.Plugin, ev.Error = p, ""
 	if err != nil {
 		ev.Error = printable(err.Error())
 		r.warnLocked(e, now, "plugin deregistration failed", "socket", p.Socket, "type", p.Type, "name", p.Name, "err", ev.Error)
