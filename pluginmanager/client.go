@@ -76,14 +76,20 @@ func newClient(o Options, m *metrics, queue func(path string)) *client {
 // are made once, not for every dial and call (a burst makes thousands).
 type lateCauses struct {
 	dial, getInfo, notify error
+	handshake             error // the dial's or GetInfo's, whichever the options make the earlier (handshakeFailure)
 }
 
 func lateCausesOf(o Options) lateCauses {
-	return lateCauses{
+	l := lateCauses{
 		dial:    fmt.Errorf("no connection within %s", o.DialTimeout),
 		getInfo: fmt.Errorf("no answer within %s", o.GetInfoTimeout),
 		notify:  fmt.Errorf("no answer within %s", o.NotifyTimeout),
 	}
+	l.handshake = l.dial
+	if o.GetInfoTimeout < o.DialTimeout {
+		l.handshake = l.getInfo
+	}
+	return l
 }
 
 // The registration service's methods, as gRPC names them on the wire.
@@ -278,12 +284,21 @@ func (c *client) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path,
 // HTTP/2 handshake, made with it, failed: the plugin's server never spoke
 // HTTP/2 (it said nothing, hung up, or is not HTTP/2), so it acted on
 // nothing, and it failed to connect, as a dial that waited for the
-// handshake would have: said so, with the dial's deadline as its cause if
-// that passed.
+// handshake would have.
+//
+// A server that took the connection and said nothing fails at a deadline:
+// the dial's (DialTimeout, from the dial) or the call's (GetInfoTimeout,
+// from a moment later), whichever passes first, which with equal timeouts
+// (the defaults) is a matter of microseconds. That is said one way, the
+// deadline the options make the earlier, so that the same failure reads the
+// same at every attempt: the log warns of a socket's failure only when it
+// changes (faillog.go), and 300 silent sockets, said alternately two ways,
+// kept it at its cap (issue 25, item 4).
 func (c *client) handshakeFailure(ctx context.Context, path string, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		err = fmt.Errorf("%w (%w)", c.late.dial, err)
-	} else if ctx.Err() != nil {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return dialFailure{fmt.Errorf("connect %s: %w: it took the connection and sent no HTTP/2 SETTINGS (%w)", path, c.late.handshake, unaryconn.ErrHandshake)}
+	case ctx.Err() != nil:
 		err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
 	}
 	return dialFailure{fmt.Errorf("connect %s: %w", path, err)}

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -293,4 +295,49 @@ func (l *logCount) find(s string) []map[string]string {
 		}
 	}
 	return out
+}
+
+// Sockets that take a connection and never say a word (issue 25, item 4)
+// are each warned of once, however often they fail the same way. Their
+// failure was said two ways, by whichever of two equal deadlines passed
+// first (the dial's, GetInfo's), and each socket was warned of again at
+// about every other attempt: 300 of them kept the log at its cap.
+func TestSilentSocketsWarnedOnce(t *testing.T) {
+	const n, rounds = 20, 6
+	logs := newLogCount()
+	clk := fakeClock()
+	dir := testenv.ShortDir(t, "pm")
+	for i := range n {
+		serveConns(t, filepath.Join(dir, fmt.Sprintf("silent-%02d.sock", i)), func(_ *net.UnixListener, _ int32, c net.Conn) {
+			io.Copy(io.Discard, c) // says nothing, until plugd hangs up
+		})
+	}
+	clk.Step(time.Minute) // the sockets are old: no grace for a socket that was just bound
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: slog.New(logs), Clock: clk, ResyncInterval: -1,
+		DialTimeout: 30 * time.Millisecond, GetInfoTimeout: 30 * time.Millisecond, // equal, as the defaults are
+		BackoffInitial: time.Second, BackoffMax: time.Second}, nil)
+	for round := 1; round <= rounds; round++ {
+		h.Until(fmt.Sprintf("every silent socket failed %d times", round), func(ps []pluginmanager.PluginStatus) bool {
+			now := clk.Now()
+			for _, s := range ps {
+				if s.Attempts < round || s.State != pluginmanager.StateFailed || !s.NextRetry.After(now) {
+					return false
+				}
+			}
+			return len(ps) == n
+		})
+		clk.Step(2 * time.Second)
+	}
+	warned := logs.warned("plugin registration failed")
+	for socket, c := range warned {
+		if c != 1 {
+			t.Errorf("%s warned of %d times in %d failed attempts, want once", socket, c, rounds)
+		}
+	}
+	if len(warned) != n {
+		t.Errorf("%d sockets warned of, want %d", len(warned), n)
+	}
+	if s := h.m.Plugins()[0]; !strings.Contains(s.LastError, "no connection within 30ms: it took the connection and sent no HTTP/2 SETTINGS") {
+		t.Errorf("a silent socket's error: %q", s.LastError)
+	}
 }
