@@ -48,6 +48,7 @@ type Manager struct {
 	started      atomic.Bool
 	synced       chan struct{} // closed after the first walk of the directory
 	rescan       chan struct{} // asks the watcher for a walk of the directory
+	mounts       chan struct{} // tells the watcher the mounts on the way to the directory or below it changed
 }
 
 // reconciler is one way of running the manager over the same parts:
@@ -97,6 +98,7 @@ func New(opts Options) (*Manager, error) {
 		events:  newBroker(o.EventBuffer, o.EventHistory),
 		synced:  make(chan struct{}),
 		rescan:  make(chan struct{}, 1),
+		mounts:  make(chan struct{}, 1),
 	}
 	m.reg = newRegistry(m.events, m.metrics, m.table, m.log, o.MaxSockets, m.askRescan)
 	m.sandbox = newSandbox(o.HandlerTimeout, m.log, m.queue.Add)
@@ -253,6 +255,18 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.log.Warn("cannot watch the registry directory's parent: if the directory is removed and made again, the periodic resync will find it",
 			"dir", dir, "err", err)
 	}
+
+	stopMounts, err := watchMounts(dir, func() {
+		select {
+		case m.mounts <- struct{}{}:
+		default:
+		}
+	}, m.log)
+	if err != nil {
+		m.log.Warn("cannot watch the mount table: a mount over a directory of sockets, or its umount, is seen at the next resync", "err", err)
+		stopMounts = func() {}
+	}
+	defer stopMounts()
 
 	var wg sync.WaitGroup
 	if err := m.rec.start(&wg); err != nil {

@@ -41,6 +41,10 @@ type Options struct {
 
 	// ResyncInterval is how often the directory is walked again to repair
 	// missed or overflowed watch events. Zero means 30s; negative disables it.
+	// A mount over a directory of sockets (mount --bind), or its umount,
+	// makes no watch event: on Linux the manager watches the mount table
+	// and walks the directory again within a moment of such a change;
+	// elsewhere the resync is what finds it.
 	ResyncInterval time.Duration
 
 	// BackoffInitial is the delay before the first retry of a failed

@@ -71,6 +71,7 @@ type watcher struct {
 	untrusted   *atomic.Bool    // set while the registry directory is not safe (trusted)
 	resyncEvery time.Duration   // Options.ResyncInterval
 	rescan      <-chan struct{} // asks for a walk of the directory
+	mounts      <-chan struct{} // the mounts on the way to the directory or below it changed (watchMounts)
 	synced      chan<- struct{} // closed after the first walk
 }
 
@@ -79,7 +80,7 @@ func (m *Manager) newWatcher(fs *fsnotify.Watcher) *watcher {
 		top: m.opts.Dir, trust: !m.opts.AllowWritableDir, observe: m.opts.Observe,
 		refused: make(map[string]string), log: m.log,
 		clock: m.clock, queue: m.queue, reg: m.reg, root: m.client.dir, untrusted: &m.dirUntrusted,
-		resyncEvery: m.opts.ResyncInterval, rescan: m.rescan, synced: m.synced}
+		resyncEvery: m.opts.ResyncInterval, rescan: m.rescan, mounts: m.mounts, synced: m.synced}
 }
 
 // run turns filesystem events, watch errors and the resync timer into
@@ -116,6 +117,8 @@ func (w *watcher) run(ctx context.Context) {
 			w.resync()
 		case <-w.rescan:
 			w.resync()
+		case <-w.mounts:
+			w.remounted()
 		}
 	}
 }
@@ -155,6 +158,19 @@ func (w *watcher) resync() {
 			w.queue.Add(path)
 		}
 	}
+}
+
+// remounted looks at the whole tree again once the mounts on the way to the
+// registry directory or below it changed (watchMounts), as a mount over a
+// directory makes no watch event: the watches are made again on the
+// directories at the paths now (the old ones may lie hidden under a
+// mount), connections walk from the registry directory at the path now,
+// and the walk finds what a mount hid or showed.
+func (w *watcher) remounted() {
+	w.log.Info("the mounts on the way to the registry directory or below it changed; looking at it again", "dir", w.top)
+	w.forget(w.top)
+	w.root.Reopen()
+	w.resync()
 }
 
 // queueUnder queues every known socket below dir, which was removed or
