@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
@@ -195,6 +199,57 @@ func TestKubeletCSISecondSocketRegistersOnceTheFirstGoes(t *testing.T) {
 	defer k.mu.Unlock()
 	if k.drivers["csi.example.com"] == "" {
 		t.Error("the node is left without the CSI driver")
+	}
+}
+
+// A kubelet CSI handler wrapped with KubeletHandler, whose registrar dies
+// while its driver serves (issue 25, item 10): as its doc says, it is
+// deregistered at the end of its grace period, which the kubelet would not
+// do; added with a negative grace, it stays registered (Unhealthy) until its
+// socket goes, as with the kubelet.
+func TestKubeletHandlerKeptWhileItsSocketStays(t *testing.T) {
+	const grace = 30 * time.Second
+	for _, tc := range []struct {
+		name  string
+		grace time.Duration
+		kept  bool
+	}{{"default grace", grace, false}, {"negative grace", -1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := &kubeletCSI{drivers: map[string]string{}}
+			clk := fakeClock()
+			var logs testenv.Buffer
+			h := start(t, pluginmanager.Options{Clock: clk, UnhealthyGrace: grace,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, nil)
+			h.m.AddHandler("CSIPlugin", pluginmanager.KubeletHandler(k), pluginmanager.HandlerOptions{UnhealthyGrace: tc.grace})
+			path := filepath.Join(h.dir, "csi.sock")
+			kill := serveLeaving(t, path, &moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "csi.example.com", SupportedVersions: []string{"1.0.0"}}})
+			h.WaitSocket(path, pluginmanager.StateRegistered)
+			kill() // node-driver-registrar dies; its socket stays
+			h.WaitEvent(path, pluginmanager.EventUnhealthy)
+			if !tc.kept {
+				clk.Step(grace)
+				h.WaitEvent(path, pluginmanager.EventDeregistered)
+			} else {
+				// Looked at again an hour on, it is still Unhealthy, and
+				// still registered.
+				still := strings.Count(logs.String(), "plugin still unhealthy")
+				clk.Step(time.Hour)
+				logs.WaitN(t, "plugin still unhealthy", still+1, wait)
+				if s, _ := plugintest.Find(h.m.Plugins(), path); s.State != pluginmanager.StateUnhealthy {
+					t.Errorf("an hour after its registrar died: %s, want Unhealthy, still registered", s.State)
+				}
+			}
+			k.mu.Lock()
+			has := k.drivers["csi.example.com"] != ""
+			k.mu.Unlock()
+			if has != tc.kept {
+				t.Errorf("the kubelet handler has the driver: %t, want %t", has, tc.kept)
+			}
+			if tc.kept {
+				os.Remove(path) // its socket goes: let go then
+				h.WaitEvent(path, pluginmanager.EventDeregistered)
+			}
+		})
 	}
 }
 

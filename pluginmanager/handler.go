@@ -70,7 +70,9 @@ type Observer interface {
 type HandlerOptions struct {
 	// UnhealthyGrace is how long an Unhealthy plugin of this type stays
 	// registered before it is deregistered. Zero means
-	// Options.UnhealthyGrace.
+	// Options.UnhealthyGrace; negative, for ever: an Unhealthy plugin stays
+	// registered until its socket goes, as the kubelet keeps every plugin
+	// (see KubeletHandler).
 	UnhealthyGrace time.Duration
 	// ProbeInterval is how often a registered plugin of this type is asked
 	// GetInfo as a routine probe (see Options.ProbeInterval). Zero means
@@ -150,6 +152,21 @@ type KubeletPluginHandler interface {
 //     good: the kubelet's CSI handler refuses a second socket of a
 //     registered driver and expects to be asked again, which then succeeds
 //     once the first socket has gone.
+//
+// One thing differs from the kubelet, which never looks at a registered
+// plugin again: the manager's liveness. A kubelet handler says nothing of
+// the plugin's endpoint (EndpointReporter), so the registration socket
+// alone tells whether the plugin lives, and a plugin whose registrar dies
+// while its driver still serves (node-driver-registrar killed beside a
+// healthy CSI driver, its socket left behind) is Unhealthy at once and
+// deregistered at the end of its grace period (Options.UnhealthyGrace,
+// 30 s): the kubelet's CSI handler then removes the driver, which the
+// kubelet would have kept. To keep it as the kubelet does, add the handler
+// with a negative grace, so that an Unhealthy plugin of its type stays
+// registered until its socket goes:
+//
+//	m.AddHandler("CSIPlugin", pluginmanager.KubeletHandler(csi),
+//		pluginmanager.HandlerOptions{UnhealthyGrace: -1})
 func KubeletHandler(h KubeletPluginHandler) Handler {
 	return kubeletHandler{h}
 }

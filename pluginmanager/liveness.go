@@ -245,16 +245,16 @@ func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, re
 // health is what the last looks found of a registered plugin, for
 // judgeHealth.
 type health struct {
-	state         State     // Registered or Unhealthy
-	reason        Reason    // the status's
-	lastError     string    // the status's
-	since         time.Time // UnhealthySince
-	socketErr     error     // why its registration socket does not answer; nil while it does
-	endpointKnown bool      // its handler has reported its endpoint
-	endpointErr   error     // its endpoint is down, as its handler reports
-	withRegistrar bool      // HandlerOptions.DeregisterWithRegistrar
-	noted         bool      // kept registered while its registrar is gone, and said so (liveness.kept)
-	grace         time.Duration
+	state         State         // Registered or Unhealthy
+	reason        Reason        // the status's
+	lastError     string        // the status's
+	since         time.Time     // UnhealthySince
+	socketErr     error         // why its registration socket does not answer; nil while it does
+	endpointKnown bool          // its handler has reported its endpoint
+	endpointErr   error         // its endpoint is down, as its handler reports
+	withRegistrar bool          // HandlerOptions.DeregisterWithRegistrar
+	noted         bool          // kept registered while its registrar is gone, and said so (liveness.kept)
+	grace         time.Duration // negative: for ever
 	now           time.Time
 }
 
@@ -285,7 +285,8 @@ type judgement struct {
 //     reports its endpoint serving and its type does not ask for it to be
 //     deregistered with its registrar (HandlerOptions.DeregisterWithRegistrar):
 //     then it stays Registered, with a note, and one Unhealthy event says so;
-//   - an Unhealthy plugin is deregistered at the end of its grace period.
+//   - an Unhealthy plugin is deregistered at the end of its grace period,
+//     unless that is negative (for ever).
 func judgeHealth(h health) judgement {
 	j := judgement{state: h.state, reason: h.reason, lastError: h.lastError, since: h.since, noted: h.noted}
 	var reason Reason
@@ -320,7 +321,7 @@ func judgeHealth(h health) judgement {
 	default:
 		j.lastError, j.repeated = printable(j.why.Error()), true
 	}
-	if j.state == StateUnhealthy {
+	if j.state == StateUnhealthy && h.grace >= 0 {
 		j.graceEnd = j.since.Add(h.grace)
 		j.letGo = !h.now.Before(j.graceEnd)
 	}

@@ -34,6 +34,8 @@ func TestJudgeHealth(t *testing.T) {
 		{"answers again", unhealthy, judgement{state: StateRegistered, recovered: true}},
 		{"grace over: let go", with(unhealthy, func(h *health) { h.socketErr, h.since = dead, now.Add(-grace) }),
 			judgement{state: StateUnhealthy, reason: ReasonUnhealthy, lastError: "connection refused", since: now.Add(-grace), why: dead, repeated: true, graceEnd: now, letGo: true}},
+		{"a grace for ever: kept", with(unhealthy, func(h *health) { h.socketErr, h.since, h.grace = dead, now.Add(-24*time.Hour), -1 }),
+			judgement{state: StateUnhealthy, reason: ReasonUnhealthy, lastError: "connection refused", since: now.Add(-24 * time.Hour), why: dead, repeated: true}},
 		{"its registrar went, its endpoint serves: kept, said once", with(registered, func(h *health) { h.socketErr, h.endpointKnown = dead, true }),
 			judgement{state: StateRegistered, reason: ReasonUnhealthy, lastError: keptNote(dead), kept: true, noted: true}},
 		{"kept, said already", with(registered, func(h *health) { h.socketErr, h.endpointKnown, h.noted = dead, true, true }),

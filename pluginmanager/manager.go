@@ -138,10 +138,7 @@ func (m *Manager) AddHandler(typ string, h Handler, opts ...HandlerOptions) {
 	he := &handlerEntry{h: h, grace: m.opts.UnhealthyGrace, probe: m.opts.ProbeInterval, peers: m.opts.AllowedPeers}
 	if len(opts) == 1 {
 		o := opts[0]
-		if o.UnhealthyGrace < 0 {
-			panic(fmt.Sprintf("pluginmanager: AddHandler for type %s: HandlerOptions.UnhealthyGrace is %s: it must be zero (Options.UnhealthyGrace) or positive", typ, o.UnhealthyGrace))
-		}
-		if o.UnhealthyGrace > 0 {
+		if o.UnhealthyGrace != 0 {
 			he.grace = o.UnhealthyGrace
 		}
 		if o.ProbeInterval != 0 {

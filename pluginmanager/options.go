@@ -106,8 +106,9 @@ type Options struct {
 
 	// UnhealthyGrace is how long an Unhealthy plugin stays registered
 	// before it is deregistered; it is registered again as soon as it
-	// answers. Zero means 30s. HandlerOptions.UnhealthyGrace overrides it
-	// for a plugin type.
+	// answers. Zero means 30s; negative, for ever: an Unhealthy plugin stays
+	// registered until its socket goes, as with the kubelet.
+	// HandlerOptions.UnhealthyGrace overrides it for a plugin type.
 	UnhealthyGrace time.Duration
 
 	// MaxSockets bounds how many sockets the manager tracks; more are left
@@ -250,9 +251,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Observe {
 		o.RemoveStaleAfter = 0 // an observer changes nothing
-	}
-	if o.UnhealthyGrace < 0 {
-		return o, fmt.Errorf("pluginmanager: Options.UnhealthyGrace is %s: it must be zero (default 30s) or positive", o.UnhealthyGrace)
 	}
 	if o.UnhealthyGrace == 0 {
 		o.UnhealthyGrace = 30 * time.Second

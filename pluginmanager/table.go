@@ -20,7 +20,7 @@ type handlerTable struct {
 // handlerEntry is one handler and its settings, defaults applied.
 type handlerEntry struct {
 	h     Handler
-	grace time.Duration // how long a plugin may be Unhealthy before it is deregistered
+	grace time.Duration // how long a plugin may be Unhealthy before it is deregistered; negative: for ever
 	probe time.Duration // routine probe interval; not positive: none
 	peers *Peers        // who may serve its plugins; nil: anyone
 	// deregisterWithRegistrar: a plugin whose registration socket stops
