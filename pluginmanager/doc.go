@@ -105,14 +105,19 @@
 // path due now or at one time). A worker reconciles the path: it reads the
 // socket file and the path's entry in the registry, does the one thing
 // needed (register, probe, take back, forget), and returns when to look
-// again, controller-runtime's reconcile result. Registering (the default)
-// and observing are two reconcilers over the same parts: the registry of
-// entries (one lock, taken twice per registration, events published in the
-// order of the changes), the table of handlers and observers (read without
-// a lock), the sandbox handler calls run in, and the set of kept
-// connections (pluginmanager/internal/connset). Options.Clock is the time
-// of all of it, so tests on a fake clock are exact; the deadlines of RPCs
-// and handler calls are real time.
+// again, controller-runtime's reconcile result. Registering (the default,
+// registrar.go) and observing (observe.go) are two reconcilers over the same
+// parts, each named for what it is: the registry of entries (registry.go:
+// one lock, taken twice per registration, events published in the order of
+// the changes, nothing under it that waits on the world), the client of the
+// plugins' registration service (client.go: confined dials, the calls, the
+// kept connections of pluginmanager/internal/connset), the table of
+// handlers and observers (read without a lock), and the sandbox handler
+// calls run in. What a look does is decided by pure functions of what it
+// knows (nextStep, stepVerdict, decideFailure, judgeHealth, observeStep,
+// lookVerdict), and done by the callers around them. Options.Clock is the
+// time of all of it, so tests on a fake clock are exact; the deadlines of
+// RPCs and handler calls are real time.
 //
 // The plugin side of the protocol is in package github.com/plugd/plugd/plugin;
 // package github.com/plugd/plugd/plugintest runs the manager in tests.
