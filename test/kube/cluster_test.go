@@ -44,7 +44,7 @@ func TestCluster(t *testing.T) {
 		}
 		if n.plugin {
 			startCSI(t, reg, dir, driver, n.name)
-			kubelet{t, n.name}.setCSIDriver(driver, n.name)
+			apiKubelet{t, n.name}.setCSIDriver(driver, n.name)
 		}
 		startPlugd(t, dir, fmt.Sprintf("mode: %s\nregistryDir: %s\nhandlers: [{type: CSIPlugin, handler: csi}]\nliveness: {probeInterval: 300ms}\n"+
 			"kubernetes: {kubeconfig: %s, nodeName: %s}\nexpect: [{type: CSIPlugin, name: %s}]\n", n.mode, reg, kubeconfig, n.name, driver))

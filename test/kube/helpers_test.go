@@ -146,8 +146,8 @@ func createNode(t *testing.T, name string, taints ...corev1.Taint) {
 	}
 }
 
-// kubelet plays the kubelet's API side for one node.
-type kubelet struct {
+// apiKubelet plays the kubelet's API side for one node, where no kubelet runs.
+type apiKubelet struct {
 	t    *testing.T
 	node string
 }
@@ -156,7 +156,7 @@ type kubelet struct {
 // the kubelet's CSI handler does on registration and deregistration. A
 // driver's entry is immutable: a new node id replaces it in two steps, as
 // the kubelet's re-registration does.
-func (k kubelet) setCSIDriver(name, nodeID string) {
+func (k apiKubelet) setCSIDriver(name, nodeID string) {
 	k.t.Helper()
 	ctx := context.Background()
 	c, err := admin.StorageV1().CSINodes().Get(ctx, k.node, metav1.GetOptions{})
@@ -188,7 +188,7 @@ func (k kubelet) setCSIDriver(name, nodeID string) {
 
 // setDevices sets a device plugin's capacity and allocatable in the Node's
 // status, as the device manager's node status update does.
-func (k kubelet) setDevices(resource string, capacity, allocatable int) {
+func (k apiKubelet) setDevices(resource string, capacity, allocatable int) {
 	k.t.Helper()
 	patch := fmt.Sprintf(`{"status":{"capacity":{%q:"%d"},"allocatable":{%q:"%d"}}}`, resource, capacity, resource, allocatable)
 	if _, err := admin.CoreV1().Nodes().Patch(context.Background(), k.node, "application/strategic-merge-patch+json", []byte(patch), metav1.PatchOptions{}, "status"); err != nil {

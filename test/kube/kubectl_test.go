@@ -96,7 +96,7 @@ func TestKubectlPlugd(t *testing.T) {
 		}
 		if n.plugin {
 			startCSI(t, reg, dir, driver, n.name)
-			kubelet{t, n.name}.setCSIDriver(driver, n.name)
+			apiKubelet{t, n.name}.setCSIDriver(driver, n.name)
 		}
 		startPlugd(t, dir, fmt.Sprintf("mode: observe\nregistryDir: %s\nhandlers: [{type: CSIPlugin, handler: csi}]\nliveness: {probeInterval: 300ms}\n"+
 			"kubernetes: {kubeconfig: %s, nodeName: %s}\nexpect: [{type: CSIPlugin, name: %s}]\n", reg, kubeconfig, n.name, driver))
@@ -203,9 +203,9 @@ func TestKubectlPlugd(t *testing.T) {
 		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+PluginReady`)
 		// The kubelet lets the driver go: plugd's condition turns False,
 		// and the watch prints the node again.
-		kubelet{t, "kp-1"}.setCSIDriver(driver, "")
+		apiKubelet{t, "kp-1"}.setCSIDriver(driver, "")
 		expectLine(`CSIPlugin\s+` + driver + `\s+False\s+KubeletNotRegistered`)
-		kubelet{t, "kp-1"}.setCSIDriver(driver, "kp-1")
+		apiKubelet{t, "kp-1"}.setCSIDriver(driver, "kp-1")
 		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+PluginReady`)
 		cmd.Process.Signal(os.Interrupt)
 		for range lines {

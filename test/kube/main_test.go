@@ -2,13 +2,16 @@
 
 // Package kube tests plugd against a real Kubernetes control plane: etcd
 // and kube-apiserver from k8s.io/kubernetes, built from source and started
-// on loopback by TestMain, with RBAC on. The test plays the kubelet's API
-// side (CSINode drivers, Node capacity and allocatable), real plugins serve
-// in registry directories, and plugd runs as a process with a
-// ServiceAccount token bound to the DaemonSet's ClusterRole.
+// on loopback by TestMain, with RBAC on; and, as root, against real
+// kubelets (package kubelet: in a mount namespace of their own, with
+// k8s.io/cri-client's fake runtime). Where no kubelet runs, the test plays
+// the kubelet's API side (CSINode drivers, Node capacity and allocatable).
+// Real plugins serve in registry directories, and plugd runs as a process
+// with a ServiceAccount token bound to the DaemonSet's ClusterRole.
 //
-// go test -short skips it all. The first run builds kube-apiserver, which
-// takes minutes; later runs take it from the Go build cache.
+// go test -short skips it all. The first run builds kube-apiserver and the
+// kubelet, which takes minutes; later runs take them from the Go build
+// cache.
 package kube
 
 import (

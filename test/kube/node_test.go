@@ -95,7 +95,7 @@ func TestNode(t *testing.T) {
 	token := plugdToken(t)
 	const node = "node-a"
 	createNode(t, node, corev1.Taint{Key: taintKey, Effect: corev1.TaintEffectNoSchedule}, corev1.Taint{Key: "example.com/other", Effect: corev1.TaintEffectNoSchedule})
-	k := kubelet{t, node}
+	k := apiKubelet{t, node}
 
 	dir := testenv.ShortDir(t, "kube")
 	reg := filepath.Join(dir, "plugins_registry")

@@ -17,10 +17,12 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -62,12 +64,13 @@ func Locate() (Dirs, error) {
 	return d, os.MkdirAll(d.Bin, 0o755)
 }
 
-// Build compiles etcd and kube-apiserver (from this module) and plugd,
-// plugctl and kubectl-plugd (from the repository) into d.Bin. The go command relinks only
-// what changed; the first build of kube-apiserver takes minutes.
+// Build compiles etcd, kube-apiserver, the kubelet and privatemounts (from
+// this module) and plugd, plugctl and kubectl-plugd (from the repository)
+// into d.Bin. The go command relinks only what changed; the first build of
+// kube-apiserver and the kubelet takes minutes.
 func Build(ctx context.Context, d Dirs, log io.Writer) error {
 	for _, b := range []struct{ dir, what string }{
-		{d.Module, "./cmd/etcd ./cmd/kube-apiserver"},
+		{d.Module, "./cmd/etcd ./cmd/kube-apiserver ./cmd/kubelet ./cmd/privatemounts"},
 		{d.Repo, "./cmd/plugd ./cmd/plugctl ./cmd/kubectl-plugd"},
 	} {
 		start := time.Now()
@@ -97,6 +100,8 @@ type ControlPlane struct {
 
 	dir, bin  string
 	etcd, api *process
+	clientCA  *x509.Certificate
+	clientKey *rsa.PrivateKey
 	apiArgs   []string
 	// StartupTime is how long the API server took to be ready.
 	StartupTime time.Duration
@@ -134,6 +139,9 @@ func Start(ctx context.Context, bin, dir string) (cp *ControlPlane, err error) {
 	if err := writeFiles(dir, cp.AdminToken); err != nil {
 		return nil, err
 	}
+	if cp.clientCA, cp.clientKey, err = writeClientCA(filepath.Join(dir, "client-ca.crt")); err != nil {
+		return nil, err
+	}
 	cp.URL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
 	cp.apiArgs = []string{
 		"--etcd-servers=" + etcdURL,
@@ -142,6 +150,9 @@ func Start(ctx context.Context, bin, dir string) (cp *ControlPlane, err error) {
 		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--authorization-mode=Node,RBAC",
 		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
+		// Kubelets authenticate with client certificates signed by this CA
+		// (WriteNodeKubeconfig), as system:node:NAME.
+		"--client-ca-file=" + filepath.Join(dir, "client-ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + filepath.Join(dir, "sa.pub"),
 		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
@@ -196,6 +207,59 @@ func (cp *ControlPlane) WriteKubeconfig(path, token string) error {
 	c.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "user"}
 	c.CurrentContext = "test"
 	return clientcmd.WriteToFile(*c, path)
+}
+
+// WriteNodeKubeconfig writes a kubeconfig for a kubelet of node name to
+// path: a client certificate of system:node:NAME in the group
+// system:nodes, as kubelets are authenticated, so that the Node
+// authorizer gives it what a kubelet may do and nothing more.
+func (cp *ControlPlane) WriteNodeKubeconfig(path, node string) error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+		NotBefore:    time.Now().Add(-time.Minute), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, cp.clientCA, &key.PublicKey, cp.clientKey)
+	if err != nil {
+		return err
+	}
+	c := clientcmdapi.NewConfig()
+	c.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.URL, CertificateAuthorityData: cp.CA}
+	c.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		ClientKeyData:         pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+	}
+	c.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "kubelet"}
+	c.CurrentContext = "test"
+	return clientcmd.WriteToFile(*c, path)
+}
+
+// writeClientCA writes a new CA for client certificates to path.
+func writeClientCA(path string) (*x509.Certificate, *rsa.PrivateKey, error) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-client-ca"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, key, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
 }
 
 // Get fetches path from the API server as the admin (for /metrics).
