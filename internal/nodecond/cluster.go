@@ -2,6 +2,7 @@ package nodecond
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 
@@ -40,6 +41,26 @@ type NodeCondition struct {
 	Since   time.Time `json:"since,omitzero"`
 }
 
+// MaxHeartbeatAge is how old a condition of plugd's may be, since it was
+// last written, and still be maintained: plugd rewrites its conditions at
+// least every 5 minutes (its heartbeat), so one older than twice that and
+// a minute is left from a plugd that no longer runs, and says nothing of
+// now.
+const MaxHeartbeatAge = 11 * time.Minute
+
+// ReasonNotMaintained is the reason a Census gives a condition older than
+// its MaxAge.
+const ReasonNotMaintained = "NotMaintained"
+
+// Maintained says plugd has written c within maxAge of now (zero:
+// MaxHeartbeatAge).
+func Maintained(c corev1.NodeCondition, now time.Time, maxAge time.Duration) bool {
+	if maxAge <= 0 {
+		maxAge = MaxHeartbeatAge
+	}
+	return now.Sub(c.LastHeartbeatTime.Time) <= maxAge
+}
+
 // Summarize tells, from the nodes' conditions, each expected plugin's
 // readiness across them, sorted by type and name. A condition is plugd's
 // when its message is in plugd's form ("plugd: TYPE NAME: ..."); a node
@@ -54,8 +75,15 @@ func Summarize(nodes []corev1.Node) []ClusterPlugin {
 
 // Census builds a ClusterView one node at a time, so that a reader can page
 // through a large cluster and keep only what the view needs of each page.
-// The zero value is an empty census.
+// The zero value is an empty census that takes every condition as it says.
 type Census struct {
+	// Now, if set, is the time a condition's heartbeat is held against: one
+	// plugd has not written within MaxAge (zero: MaxHeartbeatAge) is not
+	// maintained, and counts as not ready, Unknown/NotMaintained, whatever
+	// it says.
+	Now    time.Time
+	MaxAge time.Duration
+
 	nodes, withPlugd int
 	byKey            map[[3]string]*ClusterPlugin
 }
@@ -80,6 +108,12 @@ func (c *Census) Add(n *corev1.Node) {
 			c.byKey[k] = cp
 		}
 		cp.Expected++
+		if !c.Now.IsZero() && !Maintained(cond, c.Now, c.MaxAge) {
+			cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(corev1.ConditionUnknown), Reason: ReasonNotMaintained,
+				Message: fmt.Sprintf("plugd has not written it since %s (it says %s, %s): is plugd running on this node?", cond.LastHeartbeatTime.UTC().Format(time.RFC3339), cond.Status, cond.Reason),
+				Since:   cond.LastHeartbeatTime.Time})
+			continue
+		}
 		if cond.Status == corev1.ConditionTrue {
 			cp.Ready++
 			continue

@@ -3,6 +3,7 @@ package nodecond
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,5 +61,40 @@ func TestCensus(t *testing.T) {
 	}
 	if w := c.View(); w.Nodes != 3 || w.Plugins[0].Expected != 2 || w.Plugins[0].NotReady[0].Node != "a-too" {
 		t.Errorf("view after a third node: %+v", w)
+	}
+}
+
+// A condition plugd has not written for longer than the census allows is
+// left from a plugd that no longer runs: not ready, whatever it says.
+func TestCensusNotMaintained(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	cond := func(age time.Duration) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: "g", Status: corev1.ConditionTrue, Reason: "PluginReady",
+			Message: Message("DevicePlugin", "vendor.example/gpu", "ready"), LastHeartbeatTime: metav1.NewTime(now.Add(-age))}
+	}
+	fresh := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(time.Minute)}}}
+	old := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(MaxHeartbeatAge + time.Second)}}}
+	c := Census{Now: now}
+	c.Add(&fresh)
+	c.Add(&old)
+	v := c.View()
+	if len(v.Plugins) != 1 {
+		t.Fatalf("view: %+v", v)
+	}
+	if p := v.Plugins[0]; p.Ready != 1 || p.Expected != 2 || len(p.NotReady) != 1 || p.NotReady[0].Node != "b" ||
+		p.NotReady[0].Status != "Unknown" || p.NotReady[0].Reason != ReasonNotMaintained {
+		t.Errorf("plugin: %+v", p)
+	}
+	// A shorter bound, as plugctl cluster --stale-after sets it.
+	c = Census{Now: now, MaxAge: 30 * time.Second}
+	c.Add(&fresh)
+	if p := c.View().Plugins[0]; p.Ready != 0 {
+		t.Errorf("a condition a minute old is maintained under a 30s bound: %+v", p)
+	}
+	// The zero census takes conditions as they say.
+	var z Census
+	z.Add(&old)
+	if p := z.View().Plugins[0]; p.Ready != 1 {
+		t.Errorf("the zero census: %+v", p)
 	}
 }

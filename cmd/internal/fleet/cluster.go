@@ -34,8 +34,10 @@ const PageSize = 500
 // client of the core API group (CoreV1().RESTClient()); it should accept
 // protobuf, of which only each Node's name and conditions are decoded.
 // The next page is asked for as soon as a page's continue token is read,
-// so that the API server prepares it while this page is decoded.
-func Cluster(ctx context.Context, client rest.Interface, selector string) (nodecond.ClusterView, error) {
+// so that the API server prepares it while this page is decoded. A
+// condition plugd has not written within maxAge (zero:
+// nodecond.MaxHeartbeatAge) counts as not maintained.
+func Cluster(ctx context.Context, client rest.Interface, selector string, maxAge time.Duration) (nodecond.ClusterView, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // a page still being fetched when an error ends the read
 	fetch := func(cont string) <-chan page {
@@ -49,7 +51,7 @@ func Cluster(ctx context.Context, client rest.Interface, selector string) (nodec
 		}()
 		return ch
 	}
-	var c nodecond.Census
+	c := nodecond.Census{Now: time.Now(), MaxAge: maxAge}
 	next := fetch("")
 	for {
 		p := <-next

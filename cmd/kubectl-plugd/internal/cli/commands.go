@@ -54,7 +54,7 @@ nodes.`,
 			if err != nil {
 				return err
 			}
-			v, err := fleet.Cluster(cmd.Context(), client.RESTClient(), selector)
+			v, err := fleet.Cluster(cmd.Context(), client.RESTClient(), selector, 0)
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.Host, err)
 			}

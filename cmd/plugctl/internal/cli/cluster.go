@@ -12,12 +12,14 @@ import (
 	"github.com/plugd/plugd/cmd/internal/fleet"
 	"github.com/plugd/plugd/cmd/internal/printer"
 	"github.com/plugd/plugd/internal/kubeconfig"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 var clusterOutputs = []string{"table", "wide", "json", "yaml"}
 
 func (a *app) clusterCommand() *cobra.Command {
 	var kubeconfig, kubeContext, selector, output string
+	var staleAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "cluster",
 		Short: "Show, from the Kubernetes API, on how many nodes each expected plugin is ready",
@@ -31,8 +33,11 @@ The API server is found as kubectl finds it: --kubeconfig, else $KUBECONFIG,
 else ~/.kube/config, else the pod's in-cluster configuration; --context picks
 a context; -l counts only the nodes with the labels it selects. Reading
 needs permission to list nodes; they are read 500 at a time, so that a
-cluster of 15,000 nodes takes seconds and little memory. kubectl plugd
-cluster is the same command as a kubectl plugin.`,
+cluster of 15,000 nodes takes seconds and little memory. A condition plugd
+has not written for 11 minutes (--stale-after; plugd rewrites its
+conditions every 5 at least) is not ready, as Unknown/NotMaintained: its
+plugd no longer runs. kubectl plugd cluster is the same command as a
+kubectl plugin.`,
 		Example: `  plugctl cluster
   plugctl cluster -o wide --context prod
   plugctl cluster -o json | jq '.plugins[] | select(.ready < .expected)'`,
@@ -42,7 +47,7 @@ cluster is the same command as a kubectl plugin.`,
 			if output, err = oneOf("--output", output, clusterOutputs...); err != nil {
 				return err
 			}
-			return a.cluster(cmd.Context(), kubeconfig, kubeContext, selector, output)
+			return a.cluster(cmd.Context(), kubeconfig, kubeContext, selector, output, staleAfter)
 		}),
 	}
 	f := cmd.Flags()
@@ -50,11 +55,12 @@ cluster is the same command as a kubectl plugin.`,
 	f.StringVar(&kubeContext, "context", "", "the kubeconfig context to use (default its current context)")
 	f.StringVarP(&selector, "selector", "l", "", "only the nodes with these labels, e.g. -l node-role.kubernetes.io/worker")
 	f.StringVarP(&output, "output", "o", "table", "output format: "+strings.Join(clusterOutputs, ", "))
+	f.DurationVar(&staleAfter, "stale-after", nodecond.MaxHeartbeatAge, "a condition plugd has not written for this long is not maintained: not ready, whatever it says")
 	completeFlag(cmd, "output", fixedCompletions(clusterOutputs...))
 	return cmd
 }
 
-func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector, output string) error {
+func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector, output string, staleAfter time.Duration) error {
 	rc, err := kubeconfig.RESTConfig(kubeconfig.ClientConfig(kubeconfigPath, kubeContext))
 	if err != nil {
 		return fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
@@ -68,7 +74,7 @@ func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector
 	}
 	ctx, cancel := a.requestContext(ctx)
 	defer cancel()
-	v, err := fleet.Cluster(ctx, client.RESTClient(), selector)
+	v, err := fleet.Cluster(ctx, client.RESTClient(), selector, staleAfter)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("the API server at %s did not answer within %s; --timeout waits longer", rc.Host, a.timeout)
