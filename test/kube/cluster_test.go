@@ -47,10 +47,10 @@ func TestCluster(t *testing.T) {
 			apiKubelet{t, n.name}.setCSIDriver(driver, n.name)
 		}
 		startPlugd(t, dir, fmt.Sprintf("mode: %s\nregistryDir: %s\nhandlers: [{type: CSIPlugin, handler: csi}]\nliveness: {probeInterval: 300ms}\n"+
-			"kubernetes: {kubeconfig: %s, nodeName: %s}\nexpect: [{type: CSIPlugin, name: %s}]\n", n.mode, reg, kubeconfig, n.name, driver))
+			"kubernetes: {kubeconfig: %s, nodeName: %s, kubelet: {address: none}}\nexpect: [{type: CSIPlugin, name: %s}]\n", n.mode, reg, kubeconfig, n.name, driver))
 	}
-	waitCondition(t, "c-1", cond, corev1.ConditionTrue, "PluginReady")
-	waitCondition(t, "c-2", cond, corev1.ConditionTrue, "PluginReady")
+	waitCondition(t, "c-1", cond, corev1.ConditionTrue, "Inferred")
+	waitCondition(t, "c-2", cond, corev1.ConditionTrue, "Inferred")
 	waitCondition(t, "c-3", cond, corev1.ConditionFalse, "SocketMissing")
 
 	out, code := plugctl(t, "cluster", "--kubeconfig", admincfg)

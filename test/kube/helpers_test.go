@@ -239,7 +239,7 @@ func nodeEvents(t *testing.T, node string) []eventsv1.Event {
 }
 
 // waitEvent waits for an event about node with reason whose action names
-// the plugin, and returns it.
+// the plugin (and maybe the cause, after a colon), and returns it.
 func waitEvent(t *testing.T, node, reason, plugin string) eventsv1.Event {
 	t.Helper()
 	var ev eventsv1.Event
@@ -247,7 +247,7 @@ func waitEvent(t *testing.T, node, reason, plugin string) eventsv1.Event {
 		var seen []string
 		for _, e := range nodeEvents(t, node) {
 			seen = append(seen, e.Reason+"/"+e.Action)
-			if e.Reason == reason && e.Action == "Check "+plugin {
+			if e.Reason == reason && (e.Action == "Check "+plugin || strings.HasPrefix(e.Action, "Check "+plugin+": ")) {
 				ev = e
 				return true, ""
 			}

@@ -99,9 +99,10 @@ func TestKubectlPlugd(t *testing.T) {
 			apiKubelet{t, n.name}.setCSIDriver(driver, n.name)
 		}
 		startPlugd(t, dir, fmt.Sprintf("mode: observe\nregistryDir: %s\nhandlers: [{type: CSIPlugin, handler: csi}]\nliveness: {probeInterval: 300ms}\n"+
-			"kubernetes: {kubeconfig: %s, nodeName: %s}\nexpect: [{type: CSIPlugin, name: %s}]\n", reg, kubeconfig, n.name, driver))
+			"kubernetes: {kubeconfig: %s, nodeName: %s, kubelet: {address: none}}\nexpect: [{type: CSIPlugin, name: %s}]\n", reg, kubeconfig, n.name, driver))
 	}
-	waitCondition(t, "kp-1", cond, corev1.ConditionTrue, "PluginReady")
+	// No kubelet runs here (the test plays its API side): True is inferred.
+	waitCondition(t, "kp-1", cond, corev1.ConditionTrue, "Inferred")
 	waitCondition(t, "kp-2", cond, corev1.ConditionFalse, "SocketMissing")
 	createPlugdPod(t, "kp-1")
 
@@ -200,13 +201,13 @@ func TestKubectlPlugd(t *testing.T) {
 				}
 			}
 		}
-		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+PluginReady`)
+		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+Inferred`)
 		// The kubelet lets the driver go: plugd's condition turns False,
 		// and the watch prints the node again.
 		apiKubelet{t, "kp-1"}.setCSIDriver(driver, "")
 		expectLine(`CSIPlugin\s+` + driver + `\s+False\s+KubeletNotRegistered`)
 		apiKubelet{t, "kp-1"}.setCSIDriver(driver, "kp-1")
-		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+PluginReady`)
+		expectLine(`CSIPlugin\s+` + driver + `\s+True\s+Inferred`)
 		cmd.Process.Signal(os.Interrupt)
 		for range lines {
 		}

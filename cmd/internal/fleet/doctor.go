@@ -114,6 +114,8 @@ func remedy(reason, node string) string {
 		return "its socket is there but its process does not answer: look at the plugin pod's logs and restarts: " + pods
 	case "KubeletNotRegistered":
 		return "the plugin answers but the kubelet has not registered it: look at the kubelet's log for the plugin's name (journalctl -u kubelet), then restart the plugin's pod"
+	case "TopologyConflict":
+		return "the kubelet refuses the CSI driver: the topology it reports collides with the Node's label (the condition's message names both values); remove the stale label (kubectl label node " + node + " KEY-) if the driver's new value is right, or give the driver its old node id back, then restart the driver's pod"
 	case "NodeIDMismatch":
 		return "the CSINode entry is from another registration: restart the driver's pod so node-driver-registrar registers it again"
 	case "NoResourceSlices":

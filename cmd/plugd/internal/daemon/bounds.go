@@ -66,6 +66,24 @@ var durationSettings = []durationSetting[Config]{
 			}
 			return &c.Kubernetes.DisagreementGrace
 		}},
+	// One write per node per interval; readers (plugctl cluster) count a
+	// condition as unmaintained after twice the longest and a minute
+	// (nodecond.MaxHeartbeatAge).
+	{field: "kubernetes.heartbeatInterval", def: 5 * time.Minute, min: time.Minute, max: 5 * time.Minute,
+		at: func(c *Config) *Duration {
+			if c.Kubernetes == nil {
+				return nil
+			}
+			return &c.Kubernetes.HeartbeatInterval
+		}},
+	// Each read costs the kubelet the rendering of all its metrics.
+	{field: "kubernetes.kubelet.resync", def: 5 * time.Minute, min: 10 * time.Second, max: day,
+		at: func(c *Config) *Duration {
+			if c.Kubernetes == nil {
+				return nil
+			}
+			return &c.Kubernetes.Kubelet.Resync
+		}},
 }
 
 // handlerSettings are the durations of a handlers entry; their fields are

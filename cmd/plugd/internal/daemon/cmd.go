@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -218,6 +219,17 @@ func (o *options) load(flags *pflag.FlagSet) (Config, error) {
 		kc := *k
 		kc.NodeName = getenv("NODE_NAME")
 		cfg.Kubernetes = &kc
+	}
+	if k := cfg.Kubernetes; k != nil && k.Kubelet.Address == "" {
+		getenv := o.getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		if ip := getenv("NODE_IP"); ip != "" {
+			kc := *k
+			kc.Kubelet.Address = net.JoinHostPort(ip, defaultKubeletPort)
+			cfg.Kubernetes = &kc
+		}
 	}
 	if len(o.peers) > 0 {
 		cfg.Policy.AllowedPeers = nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -100,7 +101,57 @@ type KubernetesConfig struct {
 	// disagree (it answers and the kubelet lacks it, or the reverse) before
 	// a Warning event says so. Default 1m.
 	DisagreementGrace Duration `json:"disagreementGrace,omitempty"`
+	// HeartbeatInterval is how often plugd rewrites its Node conditions
+	// (their lastHeartbeatTime) when nothing changes: one write per node
+	// per interval. A condition whose heartbeat is older than twice this
+	// and a minute is one nobody maintains (plugd stopped); plugctl
+	// cluster shows it as such. Default 5m, from 1m to 5m.
+	HeartbeatInterval Duration `json:"heartbeatInterval,omitempty"`
+	// Kubelet is where plugd reads the running kubelet's own state.
+	Kubelet KubeletAccessConfig `json:"kubelet,omitempty"`
 }
+
+// KubeletAccessConfig says where plugd reads what the running kubelet
+// holds: its /metrics on its secure port (which sockets its plugin manager
+// has registered, and when it started; plugd's ServiceAccount needs "get
+// nodes/metrics") and its pod-resources socket (the devices it can
+// allocate). Where it cannot, plugd infers what the kubelet registered
+// from API objects, and says so (reason Inferred).
+type KubeletAccessConfig struct {
+	// Address is the kubelet's secure port, HOST:PORT. Default
+	// $NODE_IP:10250 (the DaemonSet sets NODE_IP from status.hostIP), else
+	// localhost:10250. "none": do not read the kubelet.
+	Address string `json:"address,omitempty"`
+	// ServerName is the name the kubelet's serving certificate must hold.
+	// Default: the node name (a self-signed kubelet certificate holds the
+	// hostname).
+	ServerName string `json:"serverName,omitempty"`
+	// CAFile verifies the kubelet's serving certificate: a self-signed one
+	// is its own kubelet.crt (/var/lib/kubelet/pki/kubelet.crt). Default:
+	// the API server's CA, which signs it when the kubelet's
+	// serverTLSBootstrap is on.
+	CAFile string `json:"caFile,omitempty"`
+	// InsecureSkipTLSVerify reads the kubelet without verifying its
+	// certificate. plugd warns at start. Default false.
+	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
+	// PodResourcesSocket is the kubelet's pod-resources socket. Default
+	// /var/lib/kubelet/pod-resources/kubelet.sock; "none": a device
+	// plugin's healthy devices are the Node's allocatable.
+	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
+	// RegistryDir is the registry directory's path as the kubelet names it,
+	// when plugd sees it elsewhere. Default: registryDir.
+	RegistryDir string `json:"registryDir,omitempty"`
+	// Resync is how often the kubelet is read when nothing says it
+	// changed. Default 5m.
+	Resync Duration `json:"resync,omitempty"`
+}
+
+// The kubelet's defaults.
+const (
+	defaultKubeletPort        = "10250"
+	defaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	kubeletOff                = "none"
+)
 
 // ExpectConfig is a plugin the node must have.
 type ExpectConfig struct {
@@ -462,6 +513,26 @@ func (c *Config) checkKubernetes() error {
 		if errs := validation.IsDNS1123Subdomain(kc.NodeName); len(errs) > 0 {
 			return fmt.Errorf("kubernetes.nodeName %q is not a Node's name: %s (--node-name and NODE_NAME set it too)", kc.NodeName, strings.Join(errs, "; "))
 		}
+		if kc.Kubelet.Address == "" {
+			kc.Kubelet.Address = net.JoinHostPort("localhost", defaultKubeletPort)
+		}
+		if kc.Kubelet.PodResourcesSocket == "" {
+			kc.Kubelet.PodResourcesSocket = defaultPodResourcesSocket
+		}
+		a := kc.Kubelet
+		if a.Address != kubeletOff {
+			if _, port, err := net.SplitHostPort(a.Address); err != nil || port == "" {
+				return fmt.Errorf("kubernetes.kubelet.address %q: write it as HOST:PORT, such as 10.0.0.5:10250, or none", a.Address)
+			}
+		}
+		for name, p := range map[string]string{"caFile": a.CAFile, "podResourcesSocket": a.PodResourcesSocket, "registryDir": a.RegistryDir} {
+			if p != "" && p != kubeletOff && !filepath.IsAbs(p) {
+				return fmt.Errorf("kubernetes.kubelet.%s %q is not an absolute path", name, p)
+			}
+		}
+		if a.CAFile != "" && a.InsecureSkipTLSVerify {
+			return errors.New("kubernetes.kubelet: caFile and insecureSkipTLSVerify are both set: verify with caFile, or not at all")
+		}
 		if kc.RemoveTaintWhenReady != "" {
 			if _, _, err := kubenode.ParseTaint(kc.RemoveTaintWhenReady); err != nil {
 				return fmt.Errorf("kubernetes.removeTaintWhenReady %w", err)
@@ -491,6 +562,22 @@ func (c *Config) checkKubernetes() error {
 		c.Expect = expect
 	}
 	return nil
+}
+
+// kubeletConfig is the node agent's share of k.Kubelet, with "none" as
+// off.
+func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
+	a := k.Kubelet
+	kc := kubenode.KubeletConfig{Address: a.Address, ServerName: a.ServerName, CAFile: a.CAFile,
+		InsecureSkipVerify: a.InsecureSkipTLSVerify, PodResources: a.PodResourcesSocket, RegistryDir: a.RegistryDir,
+		Resync: time.Duration(a.Resync)}
+	if kc.Address == kubeletOff {
+		kc.Address = ""
+	}
+	if kc.PodResources == kubeletOff {
+		kc.PodResources = ""
+	}
+	return kc
 }
 
 func (e ExpectConfig) expectation() kubenode.Expectation {

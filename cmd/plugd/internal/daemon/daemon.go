@@ -102,6 +102,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		d.kube, err = kubenode.New(kubenode.Config{
 			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + Version,
 			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
+			HeartbeatInterval: time.Duration(k.HeartbeatInterval), Kubelet: k.kubeletConfig(),
 			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
 		})
 		if err != nil {
@@ -192,7 +193,9 @@ func (d *Daemon) kubePlugins() []kubenode.Plugin {
 		s, _ = d.identify(s)
 		f := d.handlerFacts(s.Plugin)
 		out = append(out, kubenode.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
-			Answering: answering(s), NodeID: f.nodeID, DevicesKnown: f.devicesKnown, Devices: f.devices, HealthyDevices: f.healthy})
+			Answering: answering(s), Unsettled: s.State == pluginmanager.StatePending || s.State == pluginmanager.StateRegistering,
+			Created: s.Created, NodeID: f.nodeID, Topology: f.topology,
+			DevicesKnown: f.devicesKnown, Devices: f.devices, HealthyDevices: f.healthy, DevicesAt: f.devicesAt})
 	}
 	return out
 }

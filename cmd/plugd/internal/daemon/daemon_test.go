@@ -674,7 +674,7 @@ users: [{name: u, user: {token: t}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `, addr)), 0o600)
-	r := runDaemon(t, Config{Kubernetes: &KubernetesConfig{Kubeconfig: kubeconfig, NodeName: "node-a"},
+	r := runDaemon(t, Config{Kubernetes: &KubernetesConfig{Kubeconfig: kubeconfig, NodeName: "node-a", Kubelet: KubeletAccessConfig{Address: "none"}},
 		Expect: []ExpectConfig{{Type: "CSIPlugin", Name: "csi.example.com"}}, Doctor: DoctorConfig{ProcDir: "none"}})
 	testenv.StartPlugin(t, plugin.Config{Dir: r.dir, Socket: "csi.sock", Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}})
 	r.waitFor(t, "csi.sock", "Registered")

@@ -178,9 +178,9 @@ func rules(rs []rbacv1.PolicyRule) []string {
 
 // plugdRules is every permission plugd needs, and no more: reading its
 // node's Node, CSINode and ResourceSlices, patching its Node's conditions,
-// and recording events.
+// recording events, and reading the kubelet's /metrics.
 var plugdRules = []string{
-	" nodes get", " nodes list", " nodes watch", " nodes/status patch",
+	" nodes get", " nodes list", " nodes watch", " nodes/metrics get", " nodes/status patch",
 	"events.k8s.io events create", "events.k8s.io events patch",
 	"resource.k8s.io resourceslices get", "resource.k8s.io resourceslices list", "resource.k8s.io resourceslices watch",
 	"storage.k8s.io csinodes get", "storage.k8s.io csinodes list", "storage.k8s.io csinodes watch",
@@ -323,6 +323,11 @@ func TestDaemonSet(t *testing.T) {
 	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "fieldref.spec.nodename" || cfg.Kubernetes.Kubeconfig != "" {
 		t.Errorf("plugd's kubernetes settings are %+v; want in-cluster, with the node name from spec.nodeName", cfg.Kubernetes)
 	}
+	// The kubelet's own state: its secure port on the node's IP, and its
+	// pod-resources socket, on a read-only mount of the host's.
+	if k := cfg.Kubernetes; k == nil || k.Kubelet.Address != "fieldref.status.hostip:10250" {
+		t.Errorf("plugd reads the kubelet at %+v; want the node's IP (status.hostIP), port 10250", k)
+	}
 	for _, a := range []*bool{sa.AutomountServiceAccountToken, pod.AutomountServiceAccountToken} {
 		if a != nil && !*a {
 			t.Errorf("automountServiceAccountToken is false: plugd needs its ServiceAccount's token to read its Node")
@@ -365,6 +370,9 @@ func TestDaemonSet(t *testing.T) {
 	}
 	hostMount("--registry-dir", cfg.RegistryDir, true)
 	hostMount("--status-socket", cfg.Status.Socket, false)
+	if cfg.Kubernetes != nil {
+		hostMount("the kubelet's pod-resources socket", cfg.Kubernetes.Kubelet.PodResourcesSocket, true)
+	}
 
 	// The status API's TCP port: declared, probed, scraped.
 	if cfg.Status.TCP == "" {
@@ -576,7 +584,8 @@ func TestExampleConfig(t *testing.T) {
 		}
 	}
 	for _, field := range append([]string{"kubernetes"}, jsonFields(reflect.TypeFor[daemon.KubernetesConfig](), "")...) {
-		if !regexp.MustCompile(`(?m)^#\s+` + field + `:`).Match(b) {
+		// A nested field (kubelet.address) is shown under its section.
+		if !regexp.MustCompile(`(?m)^#\s+` + field[strings.LastIndex(field, ".")+1:] + `:`).Match(b) {
 			t.Errorf("%s does not show field kubernetes.%s in its commented kubernetes section", configPath, field)
 		}
 	}

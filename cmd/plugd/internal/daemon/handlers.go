@@ -28,8 +28,10 @@ type detailer interface {
 // handler details: a CSI driver's node id, a device plugin's devices.
 type handlerFacts struct {
 	nodeID           string
+	topology         map[string]string
 	devicesKnown     bool
 	devices, healthy int
+	devicesAt        time.Time // zero: a stream the handler keeps
 }
 
 // handlerFacts reads them from the details the built-in handlers return
@@ -44,11 +46,11 @@ func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
 	var devices map[string]int // counts by health
 	switch det := d.details(p).(type) {
 	case api.CSIDetails:
-		f.nodeID = det.NodeID
+		f.nodeID, f.topology = det.NodeID, det.Topology
 	case api.DevicePluginDetails:
 		devices = det.Devices
 	case api.DevicePluginObserved:
-		devices = det.Devices
+		devices, f.devicesAt = det.Devices, det.ObservedAt
 	}
 	if devices != nil {
 		f.devicesKnown = true

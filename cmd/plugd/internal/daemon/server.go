@@ -152,6 +152,7 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 			in.Kubernetes = append(in.Kubernetes, doctor.KubernetesProblem{Operation: p.Operation, Reason: p.Reason,
 				Message: p.Message, Permission: p.Permission, Since: p.Since})
 		}
+		in.Kubelet, in.Conditions, in.StaleCSINode = d.kubeletTruth()
 	}
 	list := api.FindingList{Findings: doctor.Check(ctx, in)}
 	if list.Findings == nil {
@@ -362,3 +363,30 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 type slogPrinter struct{ d *Daemon }
 
 func (p slogPrinter) Println(v ...any) { p.d.log.Warn("serving metrics", "err", fmt.Sprint(v...)) }
+
+// kubeletTruth is what the node agent knows of the running kubelet, the
+// Node's conditions and CSINode's stale entries, for the doctor.
+func (d *Daemon) kubeletTruth() (*doctor.KubeletAccess, []doctor.Condition, []doctor.StaleEntry) {
+	k := d.kube.Kubelet()
+	ka := &doctor.KubeletAccess{Address: k.Address, Live: k.Live, Started: k.Started, Restarted: k.Restarted}
+	if p := k.Problem; p != nil {
+		ka.Reason, ka.Message, ka.Permission, ka.Since = p.Reason, p.Message, p.Permission, p.Since
+	}
+	var conds []doctor.Condition
+	for _, c := range d.kube.Conditions() {
+		dc := doctor.Condition{Type: c.Expectation.Type, Name: c.Expectation.Name, Condition: c.Expectation.Condition, Pending: c.Pending}
+		if a := c.Actual; a != nil {
+			dc.Status, dc.Reason, dc.Message = string(a.Status), a.Reason, a.Message
+			dc.Heartbeat, dc.Transition = a.LastHeartbeatTime.Time, a.LastTransitionTime.Time
+		}
+		if w := c.Want; w != nil {
+			dc.WantStatus, dc.WantReason, dc.WantMessage = string(w.Status), w.Reason, w.Message
+		}
+		conds = append(conds, dc)
+	}
+	var stale []doctor.StaleEntry
+	for _, e := range d.kube.StaleCSINodeEntries() {
+		stale = append(stale, doctor.StaleEntry{Driver: e.Driver, NodeID: e.NodeID, Remedy: e.Remedy})
+	}
+	return ka, conds, stale
+}

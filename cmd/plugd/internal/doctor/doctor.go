@@ -57,6 +57,39 @@ type KubernetesProblem struct {
 	Since                                  time.Time
 }
 
+// KubeletAccess is how plugd reads the running kubelet's own state.
+type KubeletAccess struct {
+	// Address is its secure port.
+	Address string
+	// Live says plugd reads it; otherwise Reason, Message and Permission
+	// say why not (kubenode's reasons: KubeletNotRunning,
+	// KubeletForbidden, KubeletTLS...), since Since.
+	Live                        bool
+	Reason, Message, Permission string
+	Since                       time.Time
+	// Started is the kubelet's start; Restarted says plugd saw it restart.
+	Started   time.Time
+	Restarted bool
+}
+
+// Condition is an expected plugin's Node condition as the Node has it
+// (Status empty: it has none), and the write plugd has not made yet.
+type Condition struct {
+	Type, Name, Condition   string
+	Status, Reason, Message string
+	Heartbeat, Transition   time.Time
+	// Pending says plugd finds otherwise and has not written it yet:
+	// WantStatus, WantReason, WantMessage.
+	Pending                             bool
+	WantStatus, WantReason, WantMessage string
+}
+
+// StaleEntry is a driver CSINode lists while the running kubelet holds no
+// registration of it.
+type StaleEntry struct {
+	Driver, NodeID, Remedy string
+}
+
 // Input is everything Check looks at.
 type Input struct {
 	// RegistryDir is the directory plugd watches.
@@ -75,6 +108,12 @@ type Input struct {
 	// its --root-dir: "/proc" on Linux; empty skips the search.
 	ProcDir    string
 	Kubernetes []KubernetesProblem
+	// Kubelet is how plugd reads the kubelet; nil without Kubernetes.
+	Kubelet *KubeletAccess
+	// Conditions are the expected plugins' Node conditions.
+	Conditions []Condition
+	// StaleCSINode are CSINode entries the running kubelet does not hold.
+	StaleCSINode []StaleEntry
 	// Now is the time ages are counted to.
 	Now time.Time
 }
@@ -119,6 +158,9 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.otherRoots()
 	c.unsafeSubdirs()
 	c.kubernetes()
+	c.kubeletAccess()
+	c.staleEntries()
+	c.pendingConditions()
 	for i := range c.out {
 		c.out[i] = printable(c.out[i])
 	}
@@ -309,9 +351,7 @@ func (c *checker) expected() {
 			Summary:  fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir),
 			Evidence: []string{fmt.Sprintf("%d sockets in %s, none of it", len(c.in.Plugins), c.in.RegistryDir)},
 			Remedy:   "start the plugin on this node (is its DaemonSet scheduled here?), or remove it from expect"}
-		if e.Condition != "" {
-			f.Evidence = append(f.Evidence, "its Node condition "+e.Condition+" is False")
-		}
+		f.Evidence = append(f.Evidence, c.conditionEvidence(e.Type, e.Name)...)
 		if elsewhere := c.roots.socketsOutside(); len(elsewhere) > 0 {
 			f.Evidence = append(f.Evidence, "registration sockets under other kubelet roots: "+strings.Join(elsewhere, ", "))
 			f.Remedy = "the plugin may be writing under the wrong kubelet root directory (see the other-kubelet-root finding); " + f.Remedy
@@ -320,16 +360,28 @@ func (c *checker) expected() {
 	}
 }
 
-// kubelet reports plugins that answer while the kubelet has not
-// registered them, with the likely causes.
+// kubelet reports plugins the kubelet has not registered while their
+// socket answers, with the likely causes, and CSI drivers it refuses for a
+// topology conflict (whose registrar then exits: their socket need not
+// answer).
 func (c *checker) kubelet(p *Plugin) {
-	if p.Kubelet == nil || !p.Answering {
+	if p.Kubelet == nil {
 		return
 	}
 	v := p.Kubelet
+	if v.Reason == "TopologyConflict" {
+		c.add(about(api.Finding{Severity: api.SeverityError, Check: "topology-conflict",
+			Summary:  "the kubelet refuses the CSI driver: the topology it reports collides with the Node's labels",
+			Evidence: []string{v.Message},
+			Remedy:   "remove the stale label from the Node if the driver's new value is right (kubectl label node NODE KEY-), or give the driver its old node id back; then restart the driver's pod (node-driver-registrar exits on the refusal)"}, p))
+		return
+	}
+	if !p.Answering {
+		return
+	}
 	switch {
 	case v.State == api.KubeletNotRegistered:
-	case v.State == api.KubeletRegistered && v.Reason != "":
+	case v.State == api.KubeletRegistered && v.Reason != "" && v.Reason != "Inferred":
 		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "kubelet-not-registered",
 			Summary:  "the kubelet has the plugin, but not as it is now (" + v.Reason + ")",
 			Evidence: []string{v.Message},
@@ -352,15 +404,24 @@ func (c *checker) kubelet(p *Plugin) {
 	if k := c.roots.kubelet; k != nil && !sameDir(k.registry(), c.in.RegistryDir) {
 		causes = append(causes, fmt.Sprintf("the running kubelet (pid %d) watches %s, not %s", k.pid, k.registry(), c.in.RegistryDir))
 	}
+	switch v.Reason {
+	case "KubeletNotRunning":
+		causes = append(causes, "the kubelet is not running: it registers nothing until it starts again (systemctl status kubelet)")
+	case "KubeletRestarted":
+		causes = append(causes, "the kubelet restarted and has not registered it yet: it takes up every socket within a second or two of its start; if it does not, see its log (journalctl -u kubelet | grep "+p.Name+")")
+	case "SeenNotRegistered":
+		causes = append(causes, "the kubelet has seen the socket and refused it, or cannot dial the plugin's endpoint; it retries with backoff, and its log says why (journalctl -u kubelet | grep "+p.Name+")")
+	}
 	switch p.Type {
 	case "CSIPlugin":
 		causes = append(causes,
-			"the Node or its CSINode was re-created after the driver registered: restart the driver's pod so node-driver-registrar registers it again",
 			"node-driver-registrar's --kubelet-registration-path is not the driver socket's path on the host: the kubelet dials that path",
 			"the kubelet refused it (a same-named driver with a higher version is registered): its log says why (journalctl -u kubelet | grep "+p.Name+")")
+		if v.Reason == "NotInCSINode" || strings.HasPrefix(v.Message, "CSINode") {
+			causes = append(causes, "the Node or its CSINode was re-created after the driver registered: restart the driver's pod so node-driver-registrar registers it again")
+		}
 	case "DevicePlugin":
 		causes = append(causes,
-			"the kubelet has not reported the resource yet: node status updates come every 10s",
 			"the kubelet refused it or cannot dial its endpoint: its log says why (journalctl -u kubelet | grep "+p.Name+")")
 	default:
 		causes = append(causes, "the kubelet refused it: its log says why (journalctl -u kubelet | grep "+p.Name+")")
@@ -372,6 +433,107 @@ func (c *checker) kubelet(p *Plugin) {
 		Summary:  "the socket answers, but the kubelet has not registered it",
 		Evidence: ev,
 		Remedy:   "work through the likely causes, first one first"}, p))
+}
+
+// kubeletAccess reports a kubelet plugd cannot read: what plugd says the
+// kubelet registered is then inferred from API objects, which outlive the
+// kubelet's registrations; or a kubelet that is not running.
+func (c *checker) kubeletAccess() {
+	k := c.in.Kubelet
+	if k == nil || k.Live || k.Reason == "" {
+		return
+	}
+	ev := []string{k.Message}
+	if !k.Since.IsZero() {
+		ev = append(ev, fmt.Sprintf("since %s (%s ago)", k.Since.Format(time.RFC3339), c.in.Now.Sub(k.Since).Round(time.Second)))
+	}
+	f := api.Finding{Severity: api.SeverityWarning, Check: "kubelet-unreadable", Evidence: ev,
+		Summary: fmt.Sprintf("plugd cannot read the kubelet's own state (%s): it infers what the kubelet registered from API objects (CSINode, the Node, ResourceSlices), which outlive the kubelet's registrations, and says Inferred", k.Reason)}
+	switch k.Reason {
+	case "KubeletNotRunning":
+		f.Severity, f.Check = api.SeverityError, "kubelet-not-running"
+		f.Summary = fmt.Sprintf("nothing listens at %s: the kubelet is not running, so it has registered no plugin", k.Address)
+		f.Remedy = "start the kubelet (systemctl status kubelet); if it runs, kubernetes.kubelet.address is not its secure port (port in its KubeletConfiguration, default 10250; the DaemonSet uses the node's IP)"
+	case "KubeletForbidden":
+		f.Remedy = fmt.Sprintf("grant plugd's ServiceAccount %q: the ClusterRole plugd of deploy/kubernetes/daemonset.yaml has it (kubectl apply -f deploy/kubernetes/daemonset.yaml)", k.Permission)
+	case "KubeletUnauthorized":
+		f.Remedy = "turn on the kubelet's webhook authentication and authorization (authentication.webhook.enabled: true and authorization.mode: Webhook in its KubeletConfiguration), as metrics-server needs too"
+	case "KubeletTLS":
+		f.Remedy = "give plugd the kubelet's CA: a self-signed kubelet certificate is /var/lib/kubelet/pki/kubelet.crt; mount that file read-only and set kubernetes.kubelet.caFile to it; or turn on the kubelet's serverTLSBootstrap so that the cluster CA signs it; set kubernetes.kubelet.serverName if the certificate holds another name than the node's. insecureSkipTLSVerify is the last resort"
+	case "KubeletDisabled":
+		f.Remedy = "set kubernetes.kubelet.address to the kubelet's secure port (the DaemonSet sets it from the node's IP)"
+	default:
+		f.Remedy = "check that kubernetes.kubelet.address is the node's address and the kubelet's port, and that no firewall or NetworkPolicy keeps plugd from it"
+	}
+	c.add(f)
+}
+
+// staleEntries reports CSINode entries of drivers the running kubelet
+// holds no registration of.
+func (c *checker) staleEntries() {
+	for _, e := range c.in.StaleCSINode {
+		c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: "CSIPlugin", Name: e.Driver,
+			Summary:  fmt.Sprintf("CSINode lists the driver %s, but the running kubelet holds no registration of it", e.Driver),
+			Evidence: []string{fmt.Sprintf("CSINode entry: name %s, nodeID %q", e.Driver, e.NodeID), "the kubelet removes an entry once, when it deregisters the driver; an API outage at that moment leaves it for good, and the scheduler still counts the driver on this node"},
+			Remedy:   "remove the entry: " + e.Remedy + "; or start the driver so that the kubelet registers it again"})
+	}
+}
+
+// conditionEvidence is what the Node's condition of an expected plugin
+// says, and the write plugd has not made yet.
+func (c *checker) conditionEvidence(typ, name string) []string {
+	for _, cond := range c.in.Conditions {
+		if cond.Type != typ || cond.Name != name {
+			continue
+		}
+		var ev []string
+		switch {
+		case cond.Status == "":
+			ev = append(ev, fmt.Sprintf("the Node has no condition %s", cond.Condition))
+		default:
+			e := fmt.Sprintf("the Node's condition %s is %s (%s)", cond.Condition, cond.Status, cond.Reason)
+			if !cond.Transition.IsZero() {
+				e += fmt.Sprintf(" since %s", cond.Transition.Format(time.RFC3339))
+			}
+			if !cond.Heartbeat.IsZero() {
+				e += fmt.Sprintf(", last written %s ago", c.in.Now.Sub(cond.Heartbeat).Round(time.Second))
+			}
+			ev = append(ev, e)
+		}
+		if cond.Pending {
+			ev = append(ev, fmt.Sprintf("plugd's write of %s (%s) is pending", cond.WantStatus, cond.WantReason))
+		}
+		return ev
+	}
+	return nil
+}
+
+// pendingConditions reports expected plugins' conditions that plugd finds
+// otherwise than the Node says, and has not written yet.
+func (c *checker) pendingConditions() {
+	failing := slices.ContainsFunc(c.in.Kubernetes, func(k KubernetesProblem) bool { return strings.HasPrefix(k.Operation, "patch nodes/status") })
+	for _, cond := range c.in.Conditions {
+		if !cond.Pending {
+			continue
+		}
+		f := api.Finding{Severity: api.SeverityInfo, Check: "condition-pending", Type: cond.Type, Name: cond.Name,
+			Summary:  fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s): its write is under way", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason),
+			Evidence: append(c.conditionEvidence(cond.Type, cond.Name), "plugd finds: "+cond.WantMessage),
+			Remedy:   "none needed: a change of reason alone is written once it has held for 2s"}
+		if failing {
+			f.Severity = api.SeverityWarning
+			f.Summary = fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s) and cannot write it", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason)
+			f.Remedy = "see the kubernetes-api finding: until the write works, readiness rules read the Node's condition, not plugd's"
+		}
+		c.add(f)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "nothing (it has none)"
+	}
+	return s
 }
 
 // kubernetes reports trouble with the API server.

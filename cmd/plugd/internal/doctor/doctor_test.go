@@ -229,3 +229,56 @@ func TestKubernetesRemedy(t *testing.T) {
 		}
 	}
 }
+
+// The kubelet's own truth: a kubelet plugd cannot read, one that is not
+// running, a driver it refuses for its topology, a CSINode entry it does not
+// hold, and an expected plugin's condition as the Node has it, apart from
+// the write plugd has not made.
+func TestKubeletTruth(t *testing.T) {
+	dir := testenv.ShortDir(t, "doc")
+	reg := filepath.Join(dir, "reg")
+	if err := os.MkdirAll(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(reg, "csi.sock")
+	testenv.DeadSocket(t, stale)
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	in := Input{RegistryDir: reg, KubeletRoots: []string{}, Now: now,
+		Plugins: []Plugin{{Socket: stale, Type: "CSIPlugin", Name: "csi.example.com", State: "NotAnswering", Remembered: true,
+			Kubelet: &api.KubeletView{State: api.KubeletNotRegistered, Reason: "TopologyConflict", Message: "the driver reports topology.example.com/node=b but Node n has the label topology.example.com/node=a"}}},
+		Expect:       []Expected{{Type: "DevicePlugin", Name: "vendor.example/gpu", Condition: "vendor.example/gpu-DevicePluginReady"}},
+		Kubelet:      &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletForbidden", Permission: "get nodes/metrics", Message: "the kubelet refuses", Since: now.Add(-time.Minute)},
+		StaleCSINode: []StaleEntry{{Driver: "old.example.com", NodeID: "n", Remedy: "kubectl patch csinode n --type=json -p '[...]'"}},
+		Conditions: []Condition{{Type: "DevicePlugin", Name: "vendor.example/gpu", Condition: "vendor.example/gpu-DevicePluginReady",
+			Status: "True", Reason: "PluginReady", Transition: now.Add(-time.Hour), Heartbeat: now.Add(-time.Minute),
+			Pending: true, WantStatus: "False", WantReason: "SocketMissing"}},
+		Kubernetes: []KubernetesProblem{{Operation: "patch nodes/status of n", Reason: "APIUnavailable", Message: "refused", Since: now}},
+	}
+	fs := Check(context.Background(), in)
+	for _, tc := range []struct{ check, want string }{
+		{"topology-conflict", "remove the stale label"},
+		{"kubelet-unreadable", `grant plugd's ServiceAccount "get nodes/metrics"`},
+		{"stale-csinode-entry", "kubectl patch csinode n"},
+		{"condition-pending", "cannot write it"},
+	} {
+		got := findings(fs, tc.check, "")
+		if len(got) != 1 || !strings.Contains(got[0].Summary+got[0].Remedy, tc.want) {
+			t.Errorf("%s: %+v; want one that says %q", tc.check, got, tc.want)
+		}
+	}
+	missing := findings(fs, "expected-missing", "")
+	if len(missing) != 1 || !strings.Contains(strings.Join(missing[0].Evidence, "\n"),
+		"the Node's condition vendor.example/gpu-DevicePluginReady is True (PluginReady) since 2026-01-01T11:00:00Z, last written 1m0s ago\nplugd's write of False (SocketMissing) is pending") {
+		t.Errorf("expected-missing: %+v", missing)
+	}
+
+	in.Kubelet = &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletNotRunning", Message: "refused"}
+	if got := findings(Check(context.Background(), in), "kubelet-not-running", ""); len(got) != 1 || got[0].Severity != api.SeverityError {
+		t.Errorf("kubelet-not-running: %+v", got)
+	}
+	in.Kubelet = &KubeletAccess{Address: "10.0.0.1:10250", Live: true}
+	fs = Check(context.Background(), in)
+	if len(findings(fs, "kubelet-unreadable", ""))+len(findings(fs, "kubelet-not-running", "")) != 0 {
+		t.Errorf("findings about a kubelet plugd reads: %+v", fs)
+	}
+}

@@ -132,7 +132,7 @@ func (c *checker) otherRoots() {
 			f.Remedy = "the kubelet uses this root: point plugd at " + k.shownRegistry()
 		case k != nil:
 			f.Evidence = append(f.Evidence, fmt.Sprintf("the running kubelet (pid %d) uses root %s", k.pid, k.shownRoot()))
-			f.Remedy = fmt.Sprintf("the plugin writes under the wrong kubelet root: set its kubelet directory to %s (a Helm chart's kubeletDir, node-driver-registrar's --kubelet-registration-path, the DaemonSet's hostPath)", k.shownRoot())
+			f.Remedy = fmt.Sprintf("the plugin writes under the wrong kubelet root: set its kubelet directory to %s (a Helm chart's kubeletDir; the DaemonSet's hostPath mounted at node-driver-registrar's --plugin-registration-path, which picks the directory its registration socket is made in; and its --kubelet-registration-path, the driver socket's path on the host, under the same root)", k.shownRoot())
 		default:
 			f.Remedy = fmt.Sprintf("if this node's kubelet uses %s, point plugd at %s; otherwise the plugin writes under the wrong kubelet root: set its kubelet directory to %s", s.root, filepath.Join(s.root, "plugins_registry"), filepath.Dir(c.in.RegistryDir))
 		}

@@ -36,7 +36,8 @@ const (
 	ReasonKubeletNotRegistered = "KubeletNotRegistered"
 	ReasonNoHealthyDevices     = "NoHealthyDevices"
 	// A condition may also carry the reason of the kubelet view that made it
-	// false: NodeIDMismatch, NoResourceSlices, NodeMissing.
+	// what it is: Inferred (True, from API objects), TopologyConflict,
+	// NodeIDMismatch, NotInCSINode, NoResourceSlices, NodeMissing.
 )
 
 // DefaultCondition is the Node condition type of an expected plugin whose
@@ -129,14 +130,17 @@ type verdict struct {
 }
 
 // judge decides the condition of expected plugin e from its sockets and the
-// kubelet view. ok is false when the view cannot be read now (the API is
-// unreachable, or plugd may not read it): the condition is then left alone.
-// The message never holds anything that changes without the verdict
-// changing (times, errors' text), so that a plugin that stays as it is costs
-// no writes.
+// kubelet view. ok is false when nothing can be concluded now (the API or
+// the kubelet has not been read, or the plugin's sockets not looked at
+// yet): the condition is then left alone. The message never holds
+// anything that changes without the verdict changing (times, errors'
+// text), so that a plugin that stays as it is costs no writes.
 func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, bool) {
 	no := func(reason, text string) (verdict, bool) {
 		return verdict{corev1.ConditionFalse, reason, nodecond.Message(e.Type, e.Name, text)}, true
+	}
+	if v.Reason == ReasonTopologyConflict {
+		return no(ReasonTopologyConflict, v.Message)
 	}
 	if len(socks) == 0 {
 		return no(ReasonSocketMissing, fmt.Sprintf("no registration socket of it in %s", registryDir))
@@ -149,6 +153,9 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 		}
 	}
 	if answering == nil {
+		if slices.ContainsFunc(socks, func(p Plugin) bool { return p.Unsettled }) {
+			return verdict{}, false // just found: plugd looks at it first
+		}
 		var states []string
 		for _, p := range socks {
 			states = append(states, fmt.Sprintf("%s is %s", p.Socket, p.State))
@@ -160,14 +167,19 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 		return verdict{}, false
 	case v.State == api.KubeletNotRegistered:
 		return no(ReasonKubeletNotRegistered, "its socket answers, but the kubelet has not registered it: "+v.Message)
-	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch":
+	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch", v.Reason == "NotInCSINode":
 		return no(v.Reason, v.Message)
 	}
-	text := "registered with the kubelet, socket " + answering.Socket + " answers"
+	reason, text := ReasonReady, "registered with the kubelet, socket "+answering.Socket+" answers"
+	if v.Reason == ReasonInferred {
+		reason, text = ReasonInferred, text+" (inferred from API objects: plugd cannot read the kubelet's own state)"
+	}
 	if e.Type == TypeDevice {
-		// The fewer of the kubelet's count (allocatable) and the handler's.
-		healthy := v.allocatable
-		if h, _, known := deviceCounts(socks); known && h < healthy {
+		healthy := v.healthy
+		// The kubelet's own count (pod-resources) is the truth; the
+		// Node's allocatable lags it by a status update, so the handler's
+		// count, when it is a live stream, may be fresher.
+		if h, _, at, known := deviceCounts(socks); !v.healthyFresh && known && at.IsZero() && h < healthy {
 			healthy = h
 		}
 		if healthy < e.MinHealthyDevices {
@@ -175,7 +187,7 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 		}
 		text += fmt.Sprintf(", %d healthy devices", healthy)
 	}
-	return verdict{corev1.ConditionTrue, ReasonReady, nodecond.Message(e.Type, e.Name, text)}, true
+	return verdict{corev1.ConditionTrue, reason, nodecond.Message(e.Type, e.Name, text)}, true
 }
 
 // conditionsPatch is the strategic merge patch of the Node's status that

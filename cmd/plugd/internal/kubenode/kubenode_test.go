@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -19,9 +20,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
-	"k8s.io/client-go/tools/events"
+
+	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/nodecond"
@@ -44,19 +47,24 @@ func csiNode(drivers ...storagev1.CSINodeDriver) *storagev1.CSINode {
 	return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: storagev1.CSINodeSpec{Drivers: drivers}}
 }
 
-func TestKubeletView(t *testing.T) {
+// What the API objects show, as plugd says when it cannot read the
+// kubelet itself.
+func TestInferredView(t *testing.T) {
 	down := &Problem{Reason: ReasonAPIUnavailable, Message: "cannot list: connection refused"}
 	csi := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, NodeID: "node-a"}
 	gpu := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	older := gpu
+	older.DevicesAt = t0.Add(-time.Minute)
 	for _, tc := range []struct {
-		name        string
-		k           key
-		socks       []Plugin
-		s           snapshot
-		state       string
-		reason      string
-		inMessage   string
-		allocatable int
+		name      string
+		k         key
+		socks     []Plugin
+		s         snapshot
+		state     string
+		reason    string
+		inMessage string
+		healthy   int
 	}{
 		{"csi registered", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
 			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "node-a"})}, api.KubeletRegistered, "", `nodeID "node-a"`, 0},
@@ -69,7 +77,9 @@ func TestKubeletView(t *testing.T) {
 		{"device registered", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}, api.KubeletRegistered, "", "capacity 2", 2},
 		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
-			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 1},
+			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 0},
+		{"device allocatable differs, the plugin's look older than the Node's", key{TypeDevice, "vendor.example/gpu"}, []Plugin{older},
+			snapshot{node: reported(node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"}), t0)}, api.KubeletRegistered, "", "allocatable 1", 0},
 		{"device plugin gone, in the kubelet's grace", key{TypeDevice, "vendor.example/gpu"}, nil,
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "0"})}, api.KubeletRegistered, "", "grace period", 0},
 		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
@@ -80,16 +90,33 @@ func TestKubeletView(t *testing.T) {
 		{"dra slices", key{TypeDRA, "gpu.example.com"}, nil,
 			snapshot{slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}, {Spec: resourcev1.ResourceSliceSpec{Driver: "other"}}}}, api.KubeletRegistered, "", "1 ResourceSlices", 0},
 		{"dra no slices", key{TypeDRA, "gpu.example.com"}, nil, snapshot{}, api.KubeletUnknown, "NoResourceSlices", "not have published yet", 0},
-		{"custom type", key{"example.com/Greeter", "greeter"}, nil, snapshot{}, api.KubeletNotRegistered, "UnsupportedType", "refuses type example.com/Greeter", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.s.nodeName = "node-a"
-			v := kubeletView(tc.k, tc.socks, tc.s)
-			if v.State != tc.state || v.Reason != tc.reason || !strings.Contains(v.Message, tc.inMessage) || v.allocatable != tc.allocatable {
-				t.Errorf("view = %+v; want state %s, reason %q, a message with %q, allocatable %d", v, tc.state, tc.reason, tc.inMessage, tc.allocatable)
+			v := inferredView(tc.k, tc.socks, tc.s)
+			if v.State != tc.state || v.Reason != tc.reason || !strings.Contains(v.Message, tc.inMessage) {
+				t.Errorf("view = %+v; want state %s, reason %q, a message with %q", v, tc.state, tc.reason, tc.inMessage)
 			}
 		})
 	}
+	// Through kubeletView, an inferred registration says so, and a device
+	// plugin's healthy count is the Node's allocatable.
+	off := kubeletFacts{problem: &Problem{Reason: ReasonKubeletForbidden}}
+	s := snapshot{nodeName: "node-a", node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}
+	v := kubeletView(key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu}, s, off, remembered{})
+	if v.State != api.KubeletRegistered || v.Reason != ReasonInferred || !strings.Contains(v.Message, "inferred from API objects") || v.healthy != 2 || v.healthyFresh {
+		t.Errorf("inferred device view = %+v", v)
+	}
+	v = kubeletView(key{"example.com/Greeter", "greeter"}, nil, snapshot{}, off, remembered{})
+	if v.State != api.KubeletNotRegistered || v.Reason != "UnsupportedType" || !strings.Contains(v.Message, "refuses type example.com/Greeter") {
+		t.Errorf("custom type: %+v", v)
+	}
+}
+
+// reported is n with a Ready condition last reported at t.
+func reported(n *corev1.Node, t time.Time) *corev1.Node {
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.NewTime(t)})
+	return n
 }
 
 func TestJudge(t *testing.T) {
@@ -115,10 +142,17 @@ func TestJudge(t *testing.T) {
 		{"no slices", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices"}}, corev1.ConditionFalse, "NoResourceSlices", true},
 		{"api down: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}, "", "", false},
 		{"forbidden: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonForbidden}}, "", "", false},
-		{"enough devices", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 2}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 1}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"handler counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3}, corev1.ConditionTrue, ReasonReady, true},
+		{"inferred", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: ReasonInferred}}, corev1.ConditionTrue, ReasonInferred, true},
+		{"topology conflict, the registrar gone", csi, []Plugin{stale}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: "the driver reports"}}, corev1.ConditionFalse, ReasonTopologyConflict, true},
+		{"not in CSINode yet", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, corev1.ConditionFalse, "NotInCSINode", true},
+		{"just found: left alone", csi, []Plugin{{Socket: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
+		{"kubelet not read yet: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
+		{"enough devices", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"a streaming handler counts fewer than the Node", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"an old look counts fewer than the Node", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1, DevicesAt: time.Unix(1, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"the kubelet's live count is the truth", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v, ok := judge(tc.e, tc.socks, tc.v, "/r")
@@ -275,6 +309,13 @@ func TestParseTaint(t *testing.T) {
 	}
 }
 
+// recorder keeps the events it is given, with their action.
+type recorder struct{ got []string }
+
+func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, eventtype, reason, action, note string, args ...any) {
+	r.got = append(r.got, fmt.Sprintf("%s %s [%s] %s", eventtype, reason, action, fmt.Sprintf(note, args...)))
+}
+
 func TestDisagreements(t *testing.T) {
 	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
 	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}
@@ -287,36 +328,72 @@ func TestDisagreements(t *testing.T) {
 		v     view
 		want  string // the event, or "" for none
 	}{
-		{"answers, kubelet lacks it", csi, up, notRegistered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, its socket answers, but the kubelet has not registered it: not in CSINode"},
-		{"kubelet has it, no socket", csi, nil, registered, "Warning KubeletDisagrees CSIPlugin csi.example.com: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
-		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{registered.KubeletView, 0}, ""},
-		{"device plugin gone, devices still allocatable", gpu, nil, view{registered.KubeletView, 2}, "Warning KubeletDisagrees DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"answers, kubelet lacks it", csi, up, notRegistered, "Warning KubeletDisagrees [Check CSIPlugin csi.example.com: NotRegistered] CSIPlugin csi.example.com: for 1m0s, its socket answers, but the kubelet has not registered it: not in CSINode"},
+		{"kubelet has it, no socket", csi, nil, registered, "Warning KubeletDisagrees [Check CSIPlugin csi.example.com: SocketNotServed] CSIPlugin csi.example.com: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{registered.KubeletView, 0, false}, ""},
+		{"device plugin gone, devices still allocatable", gpu, nil, view{registered.KubeletView, 2, false}, "Warning KubeletDisagrees [Check DevicePlugin vendor.example/gpu: SocketNotServed] DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
 		{"agree", csi, up, registered, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := events.NewFakeRecorder(10)
+			rec := &recorder{}
 			n := &Node{grace: time.Minute}
 			n.m = newMetrics(n, nil)
-			l := &loop{n: n, rec: rec, disagree: map[key]*disagreement{}}
+			l := newLoop(n, rec)
 			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			socks, views := map[key][]Plugin{tc.k: tc.socks}, map[key]view{tc.k: tc.v}
 			nd := node(nil, nil)
-			next := l.disagreements(t0, socks, views, nd)
+			next := l.disagreements(t0, socks, views, nil, true, nd)
 			if tc.want != "" && !next.Equal(t0.Add(time.Minute)) {
 				t.Errorf("the next look is due at %s, want at the end of the grace", next)
 			}
-			l.disagreements(t0.Add(59*time.Second), socks, views, nd)
-			l.disagreements(t0.Add(time.Minute), socks, views, nd)
-			l.disagreements(t0.Add(2*time.Minute), socks, views, nd) // told once only
-			close(rec.Events)
-			var got []string
-			for e := range rec.Events {
-				got = append(got, e)
-			}
-			if want := []string{tc.want}; (tc.want == "" && len(got) != 0) || (tc.want != "" && !slices.Equal(got, want)) {
-				t.Errorf("events: %q; want %q", got, tc.want)
+			l.disagreements(t0.Add(59*time.Second), socks, views, nil, true, nd)
+			l.disagreements(t0.Add(time.Minute), socks, views, nil, true, nd)
+			l.disagreements(t0.Add(2*time.Minute), socks, views, nil, true, nd) // told once only
+			if (tc.want == "" && len(rec.got) != 0) || (tc.want != "" && !slices.Equal(rec.got, []string{tc.want})) {
+				t.Errorf("events: %q; want %q", rec.got, tc.want)
 			}
 		})
+	}
+}
+
+// One disagreement is one event, however many API outages interrupt it; a
+// disagreement of another cause is another event; a stale CSINode entry is
+// not forgotten while the kubelet cannot be read.
+func TestDisagreementOutlastsOutages(t *testing.T) {
+	csi := key{TypeCSI, "csi.example.com"}
+	up := map[key][]Plugin{csi: {{Socket: "/r/s.sock", Answering: true}}}
+	gone := map[key][]Plugin{csi: nil}
+	lacks := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Message: "not registered"}}}
+	outage := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}}
+	holds := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "held"}}}
+	stale := []staleEntry{{driver: "old.example.com", message: "stale"}}
+	rec := &recorder{}
+	n := &Node{grace: 10 * time.Second}
+	n.m = newMetrics(n, nil)
+	l := newLoop(n, rec)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	nd := node(nil, nil)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	l.disagreements(at(0), up, lacks, stale, true, nd)
+	l.disagreements(at(10), up, lacks, stale, true, nd) // both told
+	l.disagreements(at(11), up, outage, nil, false, nd) // the API and the kubelet unreadable
+	l.disagreements(at(40), up, outage, nil, false, nd)
+	l.disagreements(at(41), up, lacks, stale, true, nd) // back: the same disagreements
+	l.disagreements(at(60), up, lacks, stale, true, nd)
+	l.disagreements(at(61), gone, holds, stale, true, nd) // another cause
+	l.disagreements(at(71), gone, holds, stale, true, nd)
+	var reasons []string
+	for _, e := range rec.got {
+		reasons = append(reasons, e[:strings.Index(e, "]")+1])
+	}
+	want := []string{
+		"Warning KubeletDisagrees [Check CSIPlugin csi.example.com: NotRegistered]",
+		"Warning KubeletDisagrees [Check CSIPlugin old.example.com: StaleCSINodeEntry]",
+		"Warning KubeletDisagrees [Check CSIPlugin csi.example.com: SocketNotServed]",
+	}
+	slices.Sort(reasons[:2])
+	if !slices.Equal(reasons, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(reasons, "\n"), strings.Join(want, "\n"))
 	}
 }
 
@@ -333,7 +410,7 @@ func (f sinkFunc) Patch(context.Context, *eventsv1.Event, []byte) (*eventsv1.Eve
 // written; a series patch whose event is gone (the machinery creates it
 // anew) is none.
 func TestEventSinkKeepsRefusals(t *testing.T) {
-	n := &Node{problems: map[string]*Problem{}, log: slog.New(slog.DiscardHandler),
+	n := &Node{problems: map[string]*Problem{}, log: slog.New(slog.DiscardHandler), clock: clock.RealClock{},
 		eventWrite: writeOp{"record events about Node node-a", "create, patch events.events.k8s.io", "event"}}
 	n.m = newMetrics(n, nil)
 	var err error

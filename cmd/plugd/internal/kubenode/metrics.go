@@ -13,11 +13,24 @@ import (
 //	plugd_kubernetes_api_healthy                        1 while every read and write of the node's objects works
 //	plugd_kubernetes_api_errors_total{operation,reason} failed writes
 //	plugd_kubernetes_writes_total{operation}            writes: patch_node_status, remove_taint, event
+//	plugd_kubelet_live                                  1 while plugd reads the kubelet's own state, 0 while it infers
+//	plugd_kubelet_reads_total{what,result}              reads of the kubelet: metrics, pod_resources; ok, error
+//	plugd_kubelet_read_bytes_total                      bytes of its /metrics, as they came (gzip)
+//	plugd_kubelet_registration_seconds{type}            socket made -> the running kubelet registered it
+//	plugd_kubelet_registration_after_start_seconds{type} kubelet started -> it registered a socket that was there before
+//	plugd_expected_plugin_not_ready_seconds{type}       how long a condition was not True before it turned True
 //
-// The gauges are read from the Node at scrape time.
+// The gauges are read from the Node at scrape time. The registration
+// times are as plugd's reads of the kubelet show them: while a socket
+// waits for the kubelet, it is read every 250ms.
 type metrics struct {
-	writes    *prometheus.CounterVec
-	apiErrors *prometheus.CounterVec
+	writes       *prometheus.CounterVec
+	apiErrors    *prometheus.CounterVec
+	kubeletReads *prometheus.CounterVec
+	kubeletBytes prometheus.Counter
+	registration *prometheus.HistogramVec
+	afterStart   *prometheus.HistogramVec
+	notReady     *prometheus.HistogramVec
 }
 
 var (
@@ -27,7 +40,12 @@ var (
 		"Whether an expected plugin is ready: its Node condition is True.", []string{"type", "name", "condition"}, nil)
 	healthyDesc = prometheus.NewDesc("plugd_kubernetes_api_healthy",
 		"1 while every read and write plugd makes of its node's objects works, 0 while one fails.", nil, nil)
+	kubeletLiveDesc = prometheus.NewDesc("plugd_kubelet_live",
+		"1 while plugd reads the kubelet's own state, 0 while it cannot and infers what the kubelet registered from API objects.", nil, nil)
 )
+
+// registrationBuckets span the kubelet's one-second loop and its backoff.
+var registrationBuckets = []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300}
 
 func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -35,9 +53,22 @@ func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 			Help: "Writes plugd made to the Kubernetes API, by operation (patch_node_status, remove_taint, event)."}, []string{"operation"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_kubernetes_api_errors_total",
 			Help: "Writes to the Kubernetes API that failed, by operation and reason (APIUnavailable, Forbidden, Unauthorized)."}, []string{"operation", "reason"}),
+		kubeletReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_kubelet_reads_total",
+			Help: "Reads of the kubelet's own state, by what was read (metrics, pod_resources) and result (ok, error)."}, []string{"what", "result"}),
+		kubeletBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "plugd_kubelet_read_bytes_total",
+			Help: "Bytes of the kubelet's /metrics plugd read, as they came over the wire."}),
+		registration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "plugd_kubelet_registration_seconds",
+			Help:    "Time from a registration socket's creation to the running kubelet having registered it, by plugin type.",
+			Buckets: registrationBuckets}, []string{"type"}),
+		afterStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "plugd_kubelet_registration_after_start_seconds",
+			Help:    "Time from the kubelet's start to it having registered a socket that was there before it started, by plugin type.",
+			Buckets: registrationBuckets}, []string{"type"}),
+		notReady: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "plugd_expected_plugin_not_ready_seconds",
+			Help:    "Time an expected plugin's condition was not True before it turned True, by plugin type.",
+			Buckets: registrationBuckets}, []string{"type"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.apiErrors, collector{n})
+		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, collector{n})
 	}
 	return m
 }
@@ -49,6 +80,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- registeredDesc
 	ch <- readyDesc
 	ch <- healthyDesc
+	ch <- kubeletLiveDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -58,6 +90,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		healthy = 0
 	}
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy)
+	live := 0.0
+	if n.kubelet != nil && n.Kubelet().Live {
+		live = 1
+	}
+	ch <- prometheus.MustNewConstMetric(kubeletLiveDesc, prometheus.GaugeValue, live)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for k, v := range n.views {

@@ -83,8 +83,9 @@ type source struct {
 
 // newSource builds the informer of the objects list and watch return (what
 // names them, such as "CSINode node-a"), with the field selector sel applied
-// to every request.
-func newSource(what, perm, sel string, example runtime.Object, log *slog.Logger,
+// to every request. client is the clientset behind them, which may say it
+// cannot stream a watch's initial list (a fake one in tests).
+func newSource(what, perm, sel string, example runtime.Object, client any, log *slog.Logger,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *source {
 	s := &source{op: "list and watch " + what, perm: perm, log: log}
@@ -107,7 +108,7 @@ func newSource(what, perm, sel string, example runtime.Object, log *slog.Logger,
 			return w, err
 		},
 	}
-	s.inf = cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ObjectDescription: what})
+	s.inf = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example, cache.SharedIndexInformerOptions{ObjectDescription: what})
 	// The reflector retries with backoff; its own handler would log every
 	// failure, where plugd logs each change of state once.
 	_ = s.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {

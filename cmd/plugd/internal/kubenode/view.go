@@ -2,8 +2,10 @@ package kubenode
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -19,8 +21,8 @@ const (
 	TypeDevice = "DevicePlugin"
 )
 
-// Plugin is one registration socket as plugd sees it, with what its handler
-// knows that can be held against the kubelet's side.
+// Plugin is one registration socket as plugd sees it, with the facts its
+// handler knows that can be held against the kubelet's side.
 type Plugin struct {
 	Socket string
 	Type   string
@@ -30,13 +32,22 @@ type Plugin struct {
 	// Answering says the socket is served and its plugin answers: Registered
 	// when managing, Answering when observing.
 	Answering bool
-	// NodeID is what a CSI driver's NodeGetInfo answered; empty if the
-	// handler does not ask.
-	NodeID string
+	// Unsettled says plugd has not looked at the socket yet (it was just
+	// found): nothing is concluded from it until it has.
+	Unsettled bool
+	// Created is when the socket file was made: a re-created socket is a
+	// new registration for the kubelet.
+	Created time.Time
+	// NodeID and Topology are what a CSI driver's NodeGetInfo answered;
+	// empty if the handler does not ask.
+	NodeID   string
+	Topology map[string]string
 	// DevicesKnown says a device plugin's handler knows its devices:
-	// Devices of them, HealthyDevices healthy.
+	// Devices of them, HealthyDevices healthy, as seen at DevicesAt (zero:
+	// a stream the handler keeps, current).
 	DevicesKnown            bool
 	Devices, HealthyDevices int
+	DevicesAt               time.Time
 }
 
 // key names a plugin across its sockets, as the kubelet knows it.
@@ -59,27 +70,198 @@ type snapshot struct {
 // what it shows: a condition is left as it is while one holds.
 var apiReasons = []string{ReasonAPIUnavailable, ReasonForbidden, ReasonUnauthorized, ReasonNotServed, ReasonNotSynced}
 
+// The reasons of a KubeletView, besides those of a Problem.
+const (
+	// ReasonInferred: the kubelet's own state cannot be read; what it
+	// registered is inferred from API objects, which outlive its
+	// registrations (a CSINode entry survives a kubelet restart).
+	ReasonInferred = "Inferred"
+	// ReasonKubeletRestarted: the kubelet restarted and has not registered
+	// the plugin since.
+	ReasonKubeletRestarted = "KubeletRestarted"
+	// ReasonSeenNotRegistered: the kubelet has seen the socket and not
+	// registered it (it refused it, or cannot reach it).
+	ReasonSeenNotRegistered = "SeenNotRegistered"
+	// ReasonNotRegistered: the running kubelet holds no socket of it.
+	ReasonNotRegistered = "NotRegistered"
+	// ReasonTopologyConflict: the kubelet refuses the CSI driver because
+	// the topology it reports collides with the Node's labels.
+	ReasonTopologyConflict = "TopologyConflict"
+)
+
 // view is a KubeletView and, for a device plugin, the kubelet's count of
-// its healthy devices (the Node's allocatable).
+// its healthy devices.
 type view struct {
 	api.KubeletView
-	allocatable int
+	healthy int
+	// healthyFresh says healthy is the kubelet's live count
+	// (pod-resources), not the Node's allocatable.
+	healthyFresh bool
 }
 
-// kubeletView says what the API shows the kubelet made of plugin k, given
-// plugd's sockets of it. Since is left for the caller.
-func kubeletView(k key, socks []Plugin, s snapshot) view {
-	v := kubeletViewOf(k, socks, s)
-	if k.typ == TypeDevice && s.node != nil && v.State == api.KubeletRegistered {
+// kubeletFacts is what plugd knows of the running kubelet at one moment.
+type kubeletFacts struct {
+	// live says the kubelet's own state was read: registered holds the
+	// sockets it registered (credited: a re-created socket counts once the
+	// kubelet has registered it anew). down says nothing listens at its
+	// address: it registers nothing.
+	live, down bool
+	registered map[string]bool
+	seen       map[string]bool
+	// restarted says plugd saw the kubelet restart.
+	restarted bool
+	// devices are its allocatable devices by resource (pod-resources);
+	// nil when unknown.
+	devices map[string]int
+	// problem is why the kubelet cannot be read (nil while it can, or
+	// before the first read).
+	problem *Problem
+	// address is where it is read, for messages.
+	address string
+}
+
+// remembered is what plugd last knew of a CSI driver's NodeGetInfo, from
+// any of its sockets: a registrar that the kubelet refused exits, and its
+// socket says nothing more.
+type remembered struct {
+	nodeID   string
+	topology map[string]string
+}
+
+// kubeletView says what the kubelet made of plugin k, given plugd's sockets
+// of it. Since is left for the caller.
+func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+	v := kubeletViewOf(k, socks, s, kf, mem)
+	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
+		return v
+	}
+	if n, ok := kf.devices[k.name]; ok && kf.live {
+		v.healthy, v.healthyFresh = n, true
+	} else if s.node != nil {
 		alloc := s.node.Status.Allocatable[corev1.ResourceName(k.name)]
-		return view{v, int(alloc.Value())}
+		v.healthy = int(alloc.Value())
+	}
+	return v
+}
+
+func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+	if k.typ != TypeCSI && k.typ != TypeDRA && k.typ != TypeDevice {
+		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "UnsupportedType",
+			Message: fmt.Sprintf("the kubelet registers only %s, %s and %s plugins; it refuses type %s", TypeCSI, TypeDRA, TypeDevice, k.typ)}}
+	}
+	switch {
+	case kf.down:
+		return notRegistered(k, socks, s, mem, ReasonKubeletNotRunning,
+			fmt.Sprintf("the kubelet is not running: nothing listens at %s, so it has registered nothing", kf.address))
+	case kf.live:
+		return liveView(k, socks, s, kf, mem)
+	case kf.problem == nil:
+		return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced,
+			Message: "plugd has not read the kubelet yet"}}
+	}
+	v := inferredView(k, socks, s)
+	if v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason) {
+		return v
+	}
+	why := fmt.Sprintf(" (inferred from API objects, which outlive the kubelet's registrations: plugd cannot read the kubelet's own state, %s)", kf.problem.Reason)
+	if v.State == api.KubeletRegistered && v.Reason == "" {
+		v.Reason = ReasonInferred
+	}
+	v.Message += why
+	if v.State != api.KubeletRegistered {
+		if c := topologyConflict(k, s, mem); c != "" {
+			v.Reason, v.Message = ReasonTopologyConflict, c
+		}
+	}
+	return v
+}
+
+// liveView is the view from the kubelet's own state.
+func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+	var held, seen []string
+	for _, p := range socks {
+		switch {
+		case kf.registered[p.Socket]:
+			held = append(held, p.Socket)
+		case kf.seen[p.Socket]:
+			seen = append(seen, p.Socket)
+		}
+	}
+	if len(held) == 0 {
+		switch {
+		case len(seen) > 0:
+			return notRegistered(k, socks, s, mem, ReasonSeenNotRegistered,
+				fmt.Sprintf("the kubelet has seen %s and not registered it: it refused it or cannot reach it, and retries with backoff", strings.Join(seen, ", ")))
+		case kf.restarted:
+			return notRegistered(k, socks, s, mem, ReasonKubeletRestarted, "the kubelet restarted and has not registered it since")
+		}
+		return notRegistered(k, socks, s, mem, ReasonNotRegistered, "the running kubelet's plugin manager holds no socket of it")
+	}
+	holds := "the kubelet's plugin manager holds " + strings.Join(held, ", ")
+	v := api.KubeletView{State: api.KubeletRegistered, Message: holds}
+	switch k.typ {
+	case TypeCSI:
+		if s.csiProblem != nil {
+			break // registered all the same; CSINode adds only details
+		}
+		d := csiDriver(s.csiNode, k.name)
+		switch said := nodeIDs(socks); {
+		case d == nil:
+			v.Reason = "NotInCSINode"
+			v.Message = holds + fmt.Sprintf(", but CSINode %s does not list the driver (yet)", s.nodeName)
+		case len(said) > 0 && !slices.Contains(said, d.NodeID):
+			v.Reason = "NodeIDMismatch"
+			v.Message = fmt.Sprintf("%s, but CSINode %s lists the driver with nodeID %q while its NodeGetInfo answers %q", holds, s.nodeName, d.NodeID, strings.Join(said, `", "`))
+		default:
+			v.Message = fmt.Sprintf("%s; CSINode %s lists it with nodeID %q", holds, s.nodeName, d.NodeID)
+		}
+	case TypeDevice:
+		if n, ok := kf.devices[k.name]; ok {
+			v.Message = fmt.Sprintf("%s; it can allocate %d %s devices (pod-resources)", holds, n, k.name)
+		}
+	case TypeDRA:
+		if n := driverSlices(s.slices, k.name); n > 0 && s.sliceProblem == nil {
+			v.Message = fmt.Sprintf("%s; the driver published %d ResourceSlices for node %s", holds, n, s.nodeName)
+		}
 	}
 	return view{KubeletView: v}
 }
 
-func kubeletViewOf(k key, socks []Plugin, s snapshot) api.KubeletView {
-	unknown := func(p *Problem) api.KubeletView {
-		return api.KubeletView{State: api.KubeletUnknown, Reason: p.Reason, Message: p.Message}
+// notRegistered is a view of a plugin the kubelet has not registered:
+// reason and text, unless the CSI driver's topology collides with the
+// Node's labels, which is why.
+func notRegistered(k key, socks []Plugin, s snapshot, mem remembered, reason, text string) view {
+	if c := topologyConflict(k, s, mem); c != "" && reason != ReasonKubeletNotRunning {
+		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: c}}
+	}
+	return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: reason, Message: text}}
+}
+
+// topologyConflict says, for a CSI driver, which topology key it reports
+// with another value than the Node's label of that key holds: the kubelet
+// then refuses to register it ("detected topology value collision"). Empty
+// if none.
+func topologyConflict(k key, s snapshot, mem remembered) string {
+	if k.typ != TypeCSI || s.node == nil || len(mem.topology) == 0 {
+		return ""
+	}
+	var out []string
+	for _, tk := range slices.Sorted(maps.Keys(mem.topology)) {
+		if cur, ok := s.node.Labels[tk]; ok && cur != mem.topology[tk] {
+			out = append(out, fmt.Sprintf("the driver reports %s=%s but Node %s has the label %s=%s", tk, mem.topology[tk], s.nodeName, tk, cur))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return strings.Join(out, "; ") + fmt.Sprintf(": the kubelet refuses its registration (a topology value collision) and node-driver-registrar exits. Remove the stale label (kubectl label node %s %s-) if the driver's new value is right, or give the driver its old node id back", s.nodeName, slices.Sorted(maps.Keys(mem.topology))[0])
+}
+
+// inferredView says what the API objects show the kubelet made of plugin
+// k: what plugd says when it cannot read the kubelet itself.
+func inferredView(k key, socks []Plugin, s snapshot) view {
+	unknown := func(p *Problem) view {
+		return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: p.Reason, Message: p.Message}}
 	}
 	switch k.typ {
 	case TypeCSI:
@@ -87,93 +269,129 @@ func kubeletViewOf(k key, socks []Plugin, s snapshot) api.KubeletView {
 			return unknown(s.csiProblem)
 		}
 		if s.csiNode == nil {
-			return api.KubeletView{State: api.KubeletNotRegistered, Reason: "NoCSINode",
-				Message: fmt.Sprintf("there is no CSINode %s: the kubelet creates it when it starts, so it has registered no CSI driver", s.nodeName)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "NoCSINode",
+				Message: fmt.Sprintf("there is no CSINode %s: the kubelet creates it when it starts, so it has registered no CSI driver", s.nodeName)}}
 		}
-		var names []string
-		for _, d := range s.csiNode.Spec.Drivers {
-			if d.Name != k.name {
+		d := csiDriver(s.csiNode, k.name)
+		if d == nil {
+			var names []string
+			for _, d := range s.csiNode.Spec.Drivers {
 				names = append(names, d.Name)
-				continue
 			}
-			var said []string
-			for _, p := range socks {
-				if p.NodeID != "" && !slices.Contains(said, p.NodeID) {
-					said = append(said, p.NodeID)
-				}
+			listed := "none"
+			if len(names) > 0 {
+				listed = strings.Join(names, ", ")
 			}
-			if len(said) > 0 && !slices.Contains(said, d.NodeID) {
-				return api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch",
-					Message: fmt.Sprintf("CSINode %s lists the driver with nodeID %q, but its NodeGetInfo answers %q: the kubelet registered an older instance, or the Node was re-created", s.nodeName, d.NodeID, strings.Join(said, `", "`))}
-			}
-			return api.KubeletView{State: api.KubeletRegistered,
-				Message: fmt.Sprintf("in CSINode %s spec.drivers with nodeID %q", s.nodeName, d.NodeID)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCSINode",
+				Message: fmt.Sprintf("CSINode %s spec.drivers does not list it (it lists: %s)", s.nodeName, listed)}}
 		}
-		listed := "none"
-		if len(names) > 0 {
-			listed = strings.Join(names, ", ")
+		if said := nodeIDs(socks); len(said) > 0 && !slices.Contains(said, d.NodeID) {
+			return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch",
+				Message: fmt.Sprintf("CSINode %s lists the driver with nodeID %q, but its NodeGetInfo answers %q: the kubelet registered an older instance, or the Node was re-created", s.nodeName, d.NodeID, strings.Join(said, `", "`))}}
 		}
-		return api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCSINode",
-			Message: fmt.Sprintf("CSINode %s spec.drivers does not list it (it lists: %s)", s.nodeName, listed)}
+		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered,
+			Message: fmt.Sprintf("in CSINode %s spec.drivers with nodeID %q", s.nodeName, d.NodeID)}}
 
 	case TypeDevice:
 		if s.nodeProblem != nil {
 			return unknown(s.nodeProblem)
 		}
 		if s.node == nil {
-			return api.KubeletView{State: api.KubeletUnknown, Reason: "NodeMissing",
-				Message: fmt.Sprintf("there is no Node %s", s.nodeName)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NodeMissing",
+				Message: fmt.Sprintf("there is no Node %s", s.nodeName)}}
 		}
 		res := corev1.ResourceName(k.name)
 		capacity, ok := s.node.Status.Capacity[res]
 		if !ok {
-			return api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCapacity",
-				Message: fmt.Sprintf("Node %s status.capacity has no %s", s.nodeName, k.name)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCapacity",
+				Message: fmt.Sprintf("Node %s status.capacity has no %s", s.nodeName, k.name)}}
 		}
 		if capacity.IsZero() {
-			return api.KubeletView{State: api.KubeletNotRegistered, Reason: "CapacityZero",
-				Message: fmt.Sprintf("Node %s has capacity 0 of %s: the kubelet dropped the resource after its plugin went", s.nodeName, k.name)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "CapacityZero",
+				Message: fmt.Sprintf("Node %s has capacity 0 of %s: the kubelet dropped the resource after its plugin went", s.nodeName, k.name)}}
 		}
 		alloc := s.node.Status.Allocatable[res]
-		if healthy, devices, known := deviceCounts(socks); known && alloc.Value() != int64(healthy) {
-			return api.KubeletView{State: api.KubeletRegistered, Reason: "AllocatableMismatch",
-				Message: fmt.Sprintf("Node %s has %s allocatable of %s, but the plugin reports %d healthy of %d devices", s.nodeName, alloc.String(), k.name, healthy, devices)}
+		// The handler's count is held against the Node's only when it was
+		// taken after the Node's last status report: an older look says
+		// nothing of now.
+		if healthy, devices, at, known := deviceCounts(socks); known && alloc.Value() != int64(healthy) && newerThanNode(at, s.node) {
+			return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "AllocatableMismatch",
+				Message: fmt.Sprintf("Node %s has %s allocatable of %s, but the plugin reported %d healthy of %d devices since", s.nodeName, alloc.String(), k.name, healthy, devices)}}
 		}
 		msg := fmt.Sprintf("Node %s has capacity %s, allocatable %s of %s", s.nodeName, capacity.String(), alloc.String(), k.name)
 		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Plugin) bool { return p.Answering }) {
 			msg += ": its plugin went, and the kubelet keeps the capacity for a grace period (5 minutes) before it drops to 0"
 		}
-		return api.KubeletView{State: api.KubeletRegistered, Message: msg}
+		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: msg}}
 
-	case TypeDRA:
+	default: // TypeDRA
 		if s.sliceProblem != nil {
 			return unknown(s.sliceProblem)
 		}
-		n := 0
-		for _, sl := range s.slices {
-			if sl.Spec.Driver == k.name {
-				n++
-			}
-		}
+		n := driverSlices(s.slices, k.name)
 		if n == 0 {
-			return api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices",
-				Message: fmt.Sprintf("the driver has published no ResourceSlices for node %s: it may be registered and not have published yet (the kubelet deletes them when it deregisters the driver)", s.nodeName)}
+			return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices",
+				Message: fmt.Sprintf("the driver has published no ResourceSlices for node %s: it may be registered and not have published yet (the kubelet deletes them when it deregisters the driver)", s.nodeName)}}
 		}
-		return api.KubeletView{State: api.KubeletRegistered,
-			Message: fmt.Sprintf("%d ResourceSlices of the driver on node %s", n, s.nodeName)}
+		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered,
+			Message: fmt.Sprintf("%d ResourceSlices of the driver on node %s (the driver publishes them itself)", n, s.nodeName)}}
 	}
-	return api.KubeletView{State: api.KubeletNotRegistered, Reason: "UnsupportedType",
-		Message: fmt.Sprintf("the kubelet registers only %s, %s and %s plugins; it refuses type %s", TypeCSI, TypeDRA, TypeDevice, k.typ)}
+}
+
+// newerThanNode says a look taken at was after the Node's last status
+// report (its Ready condition's heartbeat); a zero at is a live stream.
+func newerThanNode(at time.Time, n *corev1.Node) bool {
+	if at.IsZero() {
+		return true
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return at.After(c.LastHeartbeatTime.Time)
+		}
+	}
+	return false
+}
+
+func csiDriver(c *storagev1.CSINode, name string) *storagev1.CSINodeDriver {
+	if c == nil {
+		return nil
+	}
+	for i := range c.Spec.Drivers {
+		if c.Spec.Drivers[i].Name == name {
+			return &c.Spec.Drivers[i]
+		}
+	}
+	return nil
+}
+
+func nodeIDs(socks []Plugin) []string {
+	var said []string
+	for _, p := range socks {
+		if p.NodeID != "" && !slices.Contains(said, p.NodeID) {
+			said = append(said, p.NodeID)
+		}
+	}
+	return said
+}
+
+func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
+	n := 0
+	for _, sl := range slices {
+		if sl.Spec.Driver == driver {
+			n++
+		}
+	}
+	return n
 }
 
 // deviceCounts is a device plugin's devices as its handler sees them, from
 // the socket that reports the most healthy ones (the serving instance,
 // during a rolling update).
-func deviceCounts(socks []Plugin) (healthy, devices int, known bool) {
+func deviceCounts(socks []Plugin) (healthy, devices int, at time.Time, known bool) {
 	for _, p := range socks {
 		if p.Answering && p.DevicesKnown && (!known || p.HealthyDevices > healthy) {
-			healthy, devices, known = p.HealthyDevices, p.Devices, true
+			healthy, devices, at, known = p.HealthyDevices, p.Devices, p.DevicesAt, true
 		}
 	}
-	return healthy, devices, known
+	return healthy, devices, at, known
 }

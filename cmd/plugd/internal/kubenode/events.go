@@ -1,0 +1,174 @@
+package kubenode
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+
+	"github.com/plugd/plugd/api"
+)
+
+// event is one Kubernetes event about the Node: of plugin, for cause (the
+// condition's reason, or the kind of disagreement).
+type event struct {
+	typ, reason string
+	plugin      key
+	cause       string
+	note        string
+}
+
+// record sends e, about node.
+//
+// client-go folds events into a series by (type, reason, action,
+// reporting controller and instance, regarding object), not by note: a
+// second event with the same key within 6 minutes of the last is written
+// as a series of count 2 that keeps the first one's note, and later ones
+// only count up in memory until the series ends (6 minutes after the last)
+// or every 30 minutes. So the action names the plugin and the cause: two
+// plugins, or two causes of one plugin, never fold into one event, and a
+// series only ever counts repeats of the occurrence its note describes.
+func (l *loop) record(node *corev1.Node, e event) {
+	if node == nil {
+		return
+	}
+	action := "Check " + e.plugin.String()
+	if e.cause != "" {
+		action += ": " + e.cause
+	}
+	if len(action) > 128 {
+		action = action[:128]
+	}
+	note := e.note
+	if len(note) > 1000 {
+		note = note[:1000]
+	}
+	// A reference without the Node's resourceVersion, which changes with
+	// every status update: with it no two events would be alike, and none
+	// would fold into a series.
+	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
+	l.rec.Eventf(ref, nil, e.typ, e.reason, action, "%s", note)
+}
+
+// eventSink is where client-go's event machinery writes plugd's events:
+// each write has a deadline, and its outcome is kept as that of plugd's
+// other writes, so that a refused event names the permission.
+type eventSink struct {
+	n    *Node
+	sink events.EventSink
+}
+
+func (s eventSink) Create(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Create(ctx, e) })
+}
+
+func (s eventSink) Update(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return s.write(ctx, false, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Update(ctx, e) })
+}
+
+// Patch updates a series; when its event is gone the machinery creates it
+// anew, so that a patch that finds none is no trouble.
+func (s eventSink) Patch(ctx context.Context, old *eventsv1.Event, data []byte) (*eventsv1.Event, error) {
+	return s.write(ctx, true, func(ctx context.Context) (*eventsv1.Event, error) { return s.sink.Patch(ctx, old, data) })
+}
+
+// write makes one write; it returns the error as it came, which the
+// machinery tells retries by.
+func (s eventSink) write(ctx context.Context, patch bool, do func(context.Context) (*eventsv1.Event, error)) (*eventsv1.Event, error) {
+	wctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
+	defer cancel()
+	e, err := do(wctx)
+	switch {
+	case ctx.Err() != nil: // plugd is stopping
+	case patch && apierrors.IsNotFound(err):
+		s.n.m.writes.WithLabelValues(s.n.eventWrite.metric).Inc()
+	case err != nil && wctx.Err() != nil:
+		s.n.noteWrite(s.n.eventWrite, fmt.Errorf("%w (%w)", err, context.Cause(wctx)), s.n.clock.Now())
+	default:
+		s.n.noteWrite(s.n.eventWrite, err, s.n.clock.Now())
+	}
+	return e, err
+}
+
+// The kinds of disagreement between the kubelet and the sockets, the
+// causes of KubeletDisagrees events.
+const (
+	causeNotTakenUp = "NotRegistered"     // a socket answers; the kubelet has not registered it
+	causeDeadHeld   = "SocketNotServed"   // the kubelet has it; no socket of it answers
+	causeStaleEntry = "StaleCSINodeEntry" // CSINode lists a driver the running kubelet does not hold
+)
+
+// disagreement is a plugin whose socket and kubelet view disagree, for one
+// cause.
+type disagreement struct {
+	since    time.Time
+	reported bool
+}
+
+type disagreementKey struct {
+	plugin key
+	cause  string
+}
+
+// disagreements records an event for each plugin whose socket and kubelet
+// view have disagreed for the grace period, once per disagreement, and
+// returns when the next one is due. A view that cannot be read (the API or
+// the kubelet unreachable) neither starts nor ends a disagreement: one that
+// outlasts an outage is still the one it was, and is not told again. stale
+// are the CSINode entries the running kubelet does not hold (none unless
+// kubeletLive).
+func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[key]view, stale []staleEntry, kubeletLive bool, node *corev1.Node) time.Time {
+	var next time.Time
+	current := map[disagreementKey]string{}
+	unknown := map[key]bool{}
+	for k, v := range views {
+		if k.typ != TypeCSI && k.typ != TypeDevice && k.typ != TypeDRA {
+			continue
+		}
+		if v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason) {
+			unknown[k] = true
+			continue
+		}
+		answering := slices.ContainsFunc(socks[k], func(p Plugin) bool { return p.Answering })
+		switch {
+		case answering && v.State == api.KubeletNotRegistered:
+			current[disagreementKey{k, causeNotTakenUp}] = "its socket answers, but the kubelet has not registered it: " + v.Message
+		case !answering && v.State == api.KubeletRegistered && !(k.typ == TypeDevice && !v.healthyFresh && v.healthy == 0):
+			// A device plugin that went keeps its capacity for the
+			// kubelet's grace period, with nothing allocatable: the
+			// kubelet has let it go, and agrees.
+			current[disagreementKey{k, causeDeadHeld}] = "the kubelet has it (" + v.Message + "), but no socket of it answers"
+		}
+	}
+	for _, e := range stale {
+		current[disagreementKey{key{TypeCSI, e.driver}, causeStaleEntry}] = e.message
+	}
+	for dk, text := range current {
+		d := l.disagree[dk]
+		if d == nil {
+			d = &disagreement{since: now}
+			l.disagree[dk] = d
+		}
+		switch due := d.since.Add(l.n.grace); {
+		case d.reported:
+		case !now.Before(due):
+			d.reported = true
+			l.record(node, event{corev1.EventTypeWarning, "KubeletDisagrees", dk.plugin, dk.cause,
+				fmt.Sprintf("%s: for %s, %s", dk.plugin, now.Sub(d.since).Round(time.Second), text)})
+		default:
+			next = earliest(next, due)
+		}
+	}
+	for dk := range l.disagree {
+		// Stale entries are known only while the kubelet can be read.
+		if _, ok := current[dk]; !ok && !unknown[dk.plugin] && (kubeletLive || dk.cause != causeStaleEntry) {
+			delete(l.disagree, dk)
+		}
+	}
+	return next
+}

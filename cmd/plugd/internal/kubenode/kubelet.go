@@ -1,0 +1,438 @@
+package kubenode
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/rest"
+	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// KubeletConfig says where plugd reads what the running kubelet holds: its
+// /metrics on its secure port (the sockets its plugin manager has seen and
+// registered, and when it started) and its pod-resources socket (the
+// devices it can allocate).
+type KubeletConfig struct {
+	// Address is the kubelet's secure port, HOST:PORT. Empty: plugd does
+	// not read the kubelet, and infers what it registered from the API's
+	// objects (reason Inferred).
+	Address string
+	// ServerName is the name the kubelet's serving certificate must hold.
+	// Empty means NodeName (a self-signed kubelet certificate holds the
+	// node's hostname).
+	ServerName string
+	// CAFile verifies the kubelet's serving certificate: for a self-signed
+	// one, the kubelet's own kubelet.crt (in its --cert-dir). Empty means
+	// the API server's CA, which signs the kubelet's certificate when
+	// serverTLSBootstrap is on.
+	CAFile string
+	// InsecureSkipVerify reads the kubelet without verifying who answers.
+	// plugd warns when it is set.
+	InsecureSkipVerify bool
+	// PodResources is the kubelet's pod-resources socket. Empty: a device
+	// plugin's healthy devices are the Node's allocatable, which the
+	// kubelet reports every nodeStatusUpdateFrequency.
+	PodResources string
+	// RegistryDir is the registry directory as the kubelet names it (the
+	// paths in its metrics), when plugd sees it under another path. Empty
+	// means Config.RegistryDir.
+	RegistryDir string
+	// Resync is how often the kubelet is read when nothing says it
+	// changed. Zero means 5 minutes.
+	Resync time.Duration
+}
+
+// Bounds of the reads of the kubelet.
+const (
+	kubeletTimeout = 10 * time.Second
+	// maxMetricsBytes bounds the kubelet's /metrics as plugd reads it; a
+	// kubelet with many pods serves a few MB.
+	maxMetricsBytes = 64 << 20
+	// maxMetricsLine bounds one line of it; longer ones are skipped.
+	maxMetricsLine = 64 << 10
+	// maxKubeletSockets bounds the sockets taken from its metrics.
+	maxKubeletSockets = 20000
+)
+
+// The metric names plugd reads. The kubelet's plugin manager's gauge is
+// registered without a subsystem; both spellings are taken.
+var kubeletMetrics = map[string]bool{
+	"plugin_manager_total_plugins":         true,
+	"kubelet_plugin_manager_total_plugins": true,
+	"process_start_time_seconds":           true,
+}
+
+// kubeletState is what one read of the kubelet found.
+type kubeletState struct {
+	at time.Time
+	// started is the kubelet's process_start_time_seconds.
+	started time.Time
+	// registered and seen are the sockets in its plugin manager's actual
+	// and desired states, by plugd's path of them.
+	registered, seen map[string]bool
+	// bytes is the size of its /metrics answer, as it came (compressed).
+	bytes int64
+	// devices are its allocatable devices by resource, when pod-resources
+	// is configured and answered; devicesErr when it did not.
+	devices    map[string]int
+	devicesErr error
+}
+
+// kubeletClient reads the kubelet. Its zero value is not usable: see
+// newKubeletClient.
+type kubeletClient struct {
+	cfg      KubeletConfig
+	url      string
+	hc       *http.Client
+	tls      *tls.Config // for the held connection
+	pr       *grpc.ClientConn
+	toPlugd  func(string) (string, bool)
+	insecure bool
+}
+
+// newKubeletClient builds the client from the API's client configuration
+// (its credentials: the ServiceAccount's token) and cfg. Nothing is
+// dialled until a read.
+func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir string) (*kubeletClient, error) {
+	if _, _, err := net.SplitHostPort(cfg.Address); err != nil {
+		return nil, fmt.Errorf("kubernetes.kubelet.address %q: %w: write it as HOST:PORT, such as 10.0.0.5:10250", cfg.Address, err)
+	}
+	rc := rest.CopyConfig(api)
+	rc.Host = "https://" + cfg.Address
+	rc.APIPath = ""
+	rc.TLSClientConfig = rest.TLSClientConfig{ServerName: cfg.ServerName, Insecure: cfg.InsecureSkipVerify,
+		// The client's own certificate, if the kubeconfig has one: the
+		// kubelet accepts it when its client CA signed it.
+		CertFile: api.CertFile, KeyFile: api.KeyFile, CertData: api.CertData, KeyData: api.KeyData}
+	if rc.TLSClientConfig.ServerName == "" {
+		rc.TLSClientConfig.ServerName = nodeName
+	}
+	switch {
+	case cfg.InsecureSkipVerify:
+	case cfg.CAFile != "":
+		rc.TLSClientConfig.CAFile = cfg.CAFile
+	default:
+		rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = api.CAFile, api.CAData
+	}
+	rt, err := rest.TransportFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.kubelet: %w", err)
+	}
+	tc, err := rest.TLSConfigFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.kubelet: %w", err)
+	}
+	if tc == nil {
+		tc = &tls.Config{}
+	}
+	tc = tc.Clone()
+	// HTTP/1.1 only on the held connection: an HTTP/2 server closes a
+	// connection that sends no preface within seconds.
+	tc.NextProtos = []string{"http/1.1"}
+	c := &kubeletClient{cfg: cfg, url: rc.Host, tls: tc, insecure: cfg.InsecureSkipVerify,
+		hc: &http.Client{Transport: rt, Timeout: kubeletTimeout}}
+	from := cmpOr(cfg.RegistryDir, registryDir)
+	c.toPlugd = func(p string) (string, bool) {
+		rel, err := filepath.Rel(from, p)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			return "", false
+		}
+		return filepath.Join(registryDir, rel), true
+	}
+	if cfg.PodResources != "" {
+		if c.pr, err = grpc.NewClient("unix://"+cfg.PodResources, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return nil, fmt.Errorf("kubernetes.kubelet.podResources: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func (c *kubeletClient) close() {
+	c.hc.CloseIdleConnections()
+	if c.pr != nil {
+		c.pr.Close()
+	}
+}
+
+// read reads the kubelet's metrics and, if configured, its devices.
+func (c *kubeletClient) read(ctx context.Context, now time.Time, devices bool) (kubeletState, error) {
+	s, err := c.readMetrics(ctx)
+	s.at = now
+	if err != nil {
+		return s, err
+	}
+	if devices && c.pr != nil {
+		s.devices, s.devicesErr = c.readDevices(ctx)
+	}
+	return s, nil
+}
+
+// readMetrics GETs /metrics and keeps the samples plugd needs.
+func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
+	s := kubeletState{registered: map[string]bool{}, seen: map[string]bool{}}
+	ctx, cancel := context.WithTimeoutCause(ctx, kubeletTimeout, fmt.Errorf("the kubelet did not answer within %s", kubeletTimeout))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/metrics", nil)
+	if err != nil {
+		return s, err
+	}
+	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	req.Header.Set("Accept-Encoding", "gzip") // set by hand, so that the wire size can be counted
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		}
+		return s, err
+	}
+	defer resp.Body.Close()
+	counted := &countingReader{r: io.LimitReader(resp.Body, maxMetricsBytes)}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(counted, 512))
+		return s, &kubeletHTTPError{code: resp.StatusCode, body: strings.TrimSpace(string(b))}
+	}
+	var body io.Reader = counted
+	if resp.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(counted)
+		if err != nil {
+			return s, fmt.Errorf("the kubelet's /metrics: %w", err)
+		}
+		body = io.LimitReader(zr, maxMetricsBytes)
+	}
+	text, err := keepMetrics(body)
+	s.bytes = counted.n
+	if err != nil {
+		return s, fmt.Errorf("reading the kubelet's /metrics: %w", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		return s, fmt.Errorf("the kubelet's /metrics: %w", err)
+	}
+	if f := families["process_start_time_seconds"]; f != nil && len(f.Metric) > 0 {
+		v := f.Metric[0].GetGauge().GetValue()
+		if v > 0 && v < math.MaxInt32 {
+			sec, frac := math.Modf(v)
+			s.started = time.Unix(int64(sec), int64(frac*1e9))
+		}
+	}
+	if s.started.IsZero() {
+		return s, errors.New("the kubelet's /metrics has no process_start_time_seconds")
+	}
+	for name, f := range families {
+		if !strings.HasSuffix(name, "plugin_manager_total_plugins") {
+			continue
+		}
+		for _, m := range f.Metric {
+			var path, state string
+			for _, l := range m.Label {
+				switch l.GetName() {
+				case "socket_path":
+					path = l.GetValue()
+				case "state":
+					state = l.GetValue()
+				}
+			}
+			p, ok := c.toPlugd(path)
+			if !ok || m.GetGauge().GetValue() < 1 || len(s.registered)+len(s.seen) >= maxKubeletSockets {
+				continue
+			}
+			switch state {
+			case "actual_state_of_world":
+				s.registered[p] = true
+			case "desired_state_of_world":
+				s.seen[p] = true
+			}
+		}
+	}
+	return s, nil
+}
+
+// keepMetrics is the text of the metrics plugd reads, out of r: their
+// samples and their # TYPE lines. Lines longer than maxMetricsLine are
+// skipped.
+func keepMetrics(r io.Reader) ([]byte, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var out bytes.Buffer
+	skipping := false
+	for {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			skipping = true
+			continue
+		case skipping:
+			skipping = false
+			if err == nil {
+				continue
+			}
+		case len(line) > 0 && len(line) <= maxMetricsLine && wanted(line):
+			out.Write(line)
+			if line[len(line)-1] != '\n' {
+				out.WriteByte('\n')
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return out.Bytes(), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// wanted says a line of exposition text is about a metric plugd reads.
+func wanted(line []byte) bool {
+	if rest, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
+		name, _, _ := bytes.Cut(rest, []byte(" "))
+		return kubeletMetrics[string(name)]
+	}
+	if len(line) == 0 || line[0] == '#' {
+		return false
+	}
+	end := bytes.IndexAny(line, "{ ")
+	return end > 0 && kubeletMetrics[string(line[:end])]
+}
+
+// readDevices asks pod-resources for the devices the kubelet can
+// allocate (its healthy devices), by resource.
+func (c *kubeletClient) readDevices(ctx context.Context) (map[string]int, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, kubeletTimeout, fmt.Errorf("pod-resources did not answer within %s", kubeletTimeout))
+	defer cancel()
+	r, err := podresv1.NewPodResourcesListerClient(c.pr).GetAllocatableResources(ctx, &podresv1.AllocatableResourcesRequest{},
+		grpc.MaxCallRecvMsgSize(16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("pod-resources %s: GetAllocatableResources: %w", c.cfg.PodResources, err)
+	}
+	out := map[string]int{}
+	for _, d := range r.GetDevices() {
+		out[d.GetResourceName()] += len(d.GetDeviceIds())
+	}
+	return out, nil
+}
+
+// hold connects to the kubelet's secure port and holds the connection,
+// idle, until it ends: the kubelet's process going away closes it at once.
+// It returns when the connection ends or ctx is done, with why; connected
+// says the connection was made (and verified).
+func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: kubeletTimeout, KeepAlive: 30 * time.Second}, Config: c.tls}
+	dctx, cancel := context.WithTimeout(ctx, kubeletTimeout)
+	conn, err := d.DialContext(dctx, "tcp", c.cfg.Address)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	connected()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	// The kubelet never writes to a connection that sent no request: a
+	// read returns when it is closed. Its server waits 4 hours for a
+	// request before it closes one itself.
+	_, err = conn.Read(make([]byte, 1))
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err == nil {
+		err = errors.New("the kubelet wrote on an idle connection")
+	}
+	return err
+}
+
+// kubeletHTTPError is an answer of the kubelet other than 200.
+type kubeletHTTPError struct {
+	code int
+	body string
+}
+
+func (e *kubeletHTTPError) Error() string {
+	return fmt.Sprintf("the kubelet answered %d %s: %s", e.code, http.StatusText(e.code), e.body)
+}
+
+// The reasons a kubelet cannot be read, also the reasons of a Problem.
+const (
+	ReasonKubeletNotRunning    = "KubeletNotRunning"   // nothing listens at its address
+	ReasonKubeletUnreachable   = "KubeletUnreachable"  // no answer: a timeout, no route
+	ReasonKubeletTLS           = "KubeletTLS"          // its serving certificate is not trusted
+	ReasonKubeletForbidden     = "KubeletForbidden"    // plugd lacks nodes/metrics
+	ReasonKubeletUnauthorized  = "KubeletUnauthorized" // it does not accept plugd's credentials
+	ReasonKubeletDisabled      = "KubeletDisabled"     // kubernetes.kubelet.address is not set
+	ReasonKubeletBadAnswer     = "KubeletBadAnswer"    // it answered something else
+	ReasonPodResources         = "PodResourcesUnreadable"
+	kubeletPermission          = "get nodes/metrics"
+	kubeletMetricsDocumentedAt = "the kubelet's /metrics"
+)
+
+// classifyKubelet names why the kubelet at addr could not be read, and
+// what fixes it.
+func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
+	op := "read the kubelet's /metrics at " + cfg.Address
+	p := &Problem{Operation: op, Since: since}
+	msg := err.Error()
+	var he *kubeletHTTPError
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	var ci x509.CertificateInvalidError
+	var tlsErr *tls.CertificateVerificationError
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		p.Reason = ReasonKubeletNotRunning
+		p.Message = fmt.Sprintf("nothing listens at %s: the kubelet is not running (or kubernetes.kubelet.address is not its secure port): %s", cfg.Address, msg)
+	case errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci) || errors.As(err, &tlsErr):
+		p.Reason = ReasonKubeletTLS
+		p.Message = fmt.Sprintf("cannot verify the kubelet at %s: %s. A self-signed kubelet certificate is its kubelet.crt (in its --cert-dir, /var/lib/kubelet/pki): mount it read-only and set kubernetes.kubelet.caFile to it; "+
+			"or turn on the kubelet's serverTLSBootstrap, so that the cluster CA signs it; kubernetes.kubelet.serverName is the name it must hold (default the node name)", cfg.Address, msg)
+	case errors.As(err, &he) && he.code == http.StatusForbidden:
+		p.Reason, p.Permission = ReasonKubeletForbidden, kubeletPermission
+		p.Message = fmt.Sprintf("the kubelet refuses plugd its /metrics: plugd lacks the permission %q (the ClusterRole plugd in deploy/kubernetes grants it): %s", kubeletPermission, msg)
+	case errors.As(err, &he) && he.code == http.StatusUnauthorized:
+		p.Reason = ReasonKubeletUnauthorized
+		p.Message = fmt.Sprintf("the kubelet does not accept plugd's token: turn on its webhook authentication (authentication.webhook.enabled in its KubeletConfiguration, --authentication-token-webhook) and authorization mode Webhook: %s", msg)
+	case errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded):
+		p.Reason = ReasonKubeletUnreachable
+		p.Message = fmt.Sprintf("the kubelet at %s does not answer: %s (is kubernetes.kubelet.address the node's address and the kubelet's port, and does a firewall or NetworkPolicy let plugd reach it?)", cfg.Address, msg)
+	default:
+		p.Reason = ReasonKubeletBadAnswer
+		p.Message = fmt.Sprintf("cannot read %s at %s: %s", kubeletMetricsDocumentedAt, cfg.Address, msg)
+	}
+	return p
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

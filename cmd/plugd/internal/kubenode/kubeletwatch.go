@@ -1,0 +1,363 @@
+package kubenode
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Pacing of the reads of the kubelet. Reads follow change: the loop asks
+// for them while the kubelet and the sockets disagree (a socket the
+// kubelet has not taken up yet, a kubelet that restarted), and every
+// change of the node's API objects asks for one. Otherwise the kubelet is
+// read every KubeletConfig.Resync, and its held connection says at once
+// when its process goes.
+const (
+	defaultKubeletResync = 5 * time.Minute
+	// While unsettled, the kubelet is read every unsettledFast for the
+	// first fastFor (its plugin manager's loop runs every second), then
+	// every unsettledSlow until slowFor, then only on change and resync.
+	unsettledFast = 250 * time.Millisecond
+	fastFor       = 5 * time.Second
+	unsettledSlow = time.Second
+	slowFor       = time.Minute
+	// devicesPoll is how often pod-resources is asked while an expected
+	// device plugin waits for healthy devices: cheap, and local.
+	devicesPoll = time.Second
+	// minReadGap spaces out the reads a burst of changes asks for.
+	minReadGap = 100 * time.Millisecond
+	// kubeletSettle is how long after a socket is re-created the kubelet's
+	// registration at its path may still be the old socket's: its
+	// reconciler runs every second, and registers a new socket within one
+	// pass. A registration seen to start after the socket was made counts
+	// at once.
+	kubeletSettle = 2 * time.Second
+	// Redials of the held connection: after a refused one (the kubelet is
+	// restarting) from holdRetryMin up to holdRetryDown; after any other
+	// failure (TLS, no route) up to holdRetryMax.
+	holdRetryMin  = 250 * time.Millisecond
+	holdRetryDown = 2 * time.Second
+	holdRetryMax  = time.Minute
+)
+
+// kubeletWatch reads the kubelet when asked, when its held connection is
+// made or ends, and every resync; it keeps what the last reads found. Its
+// methods are safe for concurrent use.
+type kubeletWatch struct {
+	c        *kubeletClient // nil: reading the kubelet is off
+	cfg      KubeletConfig
+	clock    clock.WithTicker
+	log      *slog.Logger
+	m        *metrics
+	onChange func() // called after every read, outside mu
+	resync   time.Duration
+
+	kick chan struct{} // read now
+	wake chan struct{} // the loop's wishes changed: look at the timer again
+
+	mu sync.Mutex
+	// Guarded by mu:
+	state   *kubeletState // the last good read; nil while none, or the kubelet is down
+	problem *Problem      // why the last read failed; nil after a good one
+	// started is the kubelet's start time at the last good read, kept
+	// across its downtime, to tell a restart; restarted says plugd saw one.
+	started   time.Time
+	restarted bool
+	// presentSince is, by socket path, the first read of the current run
+	// of reads in which the kubelet's actual state held it.
+	presentSince map[string]time.Time
+	// The loop's wishes: the next reads no later than these (zero: none).
+	wantMetrics, wantDevices time.Time
+	lastMetrics, lastDevices time.Time
+}
+
+func newKubeletWatch(c *kubeletClient, cfg KubeletConfig, clk clock.WithTicker, log *slog.Logger, m *metrics, onChange func()) *kubeletWatch {
+	w := &kubeletWatch{c: c, cfg: cfg, clock: clk, log: log, m: m, onChange: onChange,
+		resync: cfg.Resync, kick: make(chan struct{}, 1), wake: make(chan struct{}, 1), presentSince: map[string]time.Time{}}
+	if w.resync <= 0 {
+		w.resync = defaultKubeletResync
+	}
+	if c == nil {
+		w.problem = &Problem{Operation: "read the kubelet", Reason: ReasonKubeletDisabled,
+			Message: "kubernetes.kubelet.address is not set: plugd infers what the kubelet registered from API objects, which outlive its registrations; set it to the kubelet's secure port (the DaemonSet sets it from the node's IP)"}
+	}
+	return w
+}
+
+// request asks for a read of everything now.
+func (w *kubeletWatch) request() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// want asks for the next read of the kubelet's metrics no later than
+// metrics, and of its devices no later than devices (zero: no wish).
+func (w *kubeletWatch) want(metrics, devices time.Time) {
+	w.mu.Lock()
+	changed := !metrics.Equal(w.wantMetrics) || !devices.Equal(w.wantDevices)
+	w.wantMetrics, w.wantDevices = metrics, devices
+	w.mu.Unlock()
+	if changed {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run reads until ctx is done, and holds the connection meanwhile. It
+// returns once both have stopped.
+func (w *kubeletWatch) run(ctx context.Context) {
+	if w.c == nil {
+		return
+	}
+	defer w.c.close()
+	if w.cfg.InsecureSkipVerify {
+		w.log.Warn("kubernetes.kubelet.insecureSkipTLSVerify is set: plugd reads the kubelet without verifying who answers; set kubernetes.kubelet.caFile instead", "address", w.cfg.Address)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { w.holdLoop(ctx) })
+	timer := w.clock.NewTimer(0)
+	defer timer.Stop()
+	forced := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.kick:
+			forced = true
+		case <-w.wake:
+		case <-timer.C():
+		}
+		now := w.clock.Now()
+		metrics, devices, next := w.due(now, forced)
+		if !metrics && !devices {
+			timer.Reset(next.Sub(now))
+			forced = false
+			continue
+		}
+		if gap := now.Sub(w.lastRead()); gap < minReadGap {
+			timer.Reset(minReadGap - gap)
+			continue // forced stays set: read once the gap has passed
+		}
+		forced = false
+		w.read(ctx, now, metrics, devices)
+		if ctx.Err() != nil {
+			return
+		}
+		w.onChange()
+		now = w.clock.Now()
+		_, _, next = w.due(now, false)
+		timer.Reset(next.Sub(now))
+	}
+}
+
+func (w *kubeletWatch) lastRead() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return latest(w.lastMetrics, w.lastDevices)
+}
+
+// due says which reads are due at now (forced: both), and when the next
+// one will be.
+func (w *kubeletWatch) due(now time.Time, forced bool) (metrics, devices bool, next time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	nextMetrics := w.lastMetrics.Add(w.resync)
+	if !w.wantMetrics.IsZero() && w.wantMetrics.Before(nextMetrics) {
+		nextMetrics = w.wantMetrics
+	}
+	nextDevices := nextMetrics
+	if !w.wantDevices.IsZero() && w.wantDevices.Before(nextDevices) {
+		nextDevices = w.wantDevices
+	}
+	if w.c.pr == nil {
+		nextDevices = time.Time{}
+	}
+	metrics = forced || !now.Before(nextMetrics)
+	devices = w.c.pr != nil && (metrics || !now.Before(nextDevices))
+	return metrics, devices, earliest(nextMetrics, nextDevices)
+}
+
+// read reads what is due and records it.
+func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices bool) {
+	var s kubeletState
+	var err error
+	if metrics {
+		s, err = w.c.readMetrics(ctx)
+		s.at = now
+		w.m.kubeletReads.WithLabelValues("metrics", result(err)).Inc()
+		w.m.kubeletBytes.Add(float64(s.bytes))
+	}
+	var devs map[string]int
+	var devErr error
+	if devices && err == nil {
+		devs, devErr = w.c.readDevices(ctx)
+		w.m.kubeletReads.WithLabelValues("pod_resources", result(devErr)).Inc()
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if devices {
+		w.lastDevices = now
+	}
+	if !metrics {
+		if w.state != nil && devErr == nil {
+			w.state.devices, w.state.devicesErr = devs, nil
+		} else if w.state != nil {
+			w.state.devicesErr = devErr
+		}
+		return
+	}
+	w.lastMetrics = now
+	if err != nil {
+		was := w.problem
+		p := classifyKubelet(w.cfg, err, now)
+		if was != nil && was.Reason == p.Reason {
+			p.Since = was.Since
+		}
+		w.problem = p
+		if p.Reason == ReasonKubeletNotRunning {
+			// A kubelet that is not running has registered nothing; the
+			// next one starts afresh.
+			w.state = nil
+			clear(w.presentSince)
+		}
+		if was == nil || was.Reason != p.Reason {
+			w.log.Warn("cannot read the kubelet", "address", w.cfg.Address, "reason", p.Reason, "err", p.Message)
+		}
+		return
+	}
+	if w.problem != nil {
+		w.log.Info("reading the kubelet again", "address", w.cfg.Address, "troubleSince", w.problem.Since)
+	}
+	w.problem = nil
+	if !w.started.IsZero() && !s.started.Equal(w.started) {
+		w.restarted = true
+		clear(w.presentSince)
+		w.log.Info("the kubelet restarted", "started", s.started, "before", w.started)
+	}
+	w.started = s.started
+	for p := range s.registered {
+		if _, ok := w.presentSince[p]; !ok {
+			w.presentSince[p] = now
+		}
+	}
+	for p := range w.presentSince {
+		if !s.registered[p] {
+			delete(w.presentSince, p)
+		}
+	}
+	if devices {
+		s.devices, s.devicesErr = devs, devErr
+	} else if w.state != nil {
+		s.devices, s.devicesErr = w.state.devices, w.state.devicesErr
+	}
+	w.state = &s
+}
+
+// holdLoop holds a connection to the kubelet, and asks for a read whenever
+// one is made or ends: its end says the kubelet's process went (or
+// restarted), or the connection was cut.
+func (w *kubeletWatch) holdLoop(ctx context.Context) {
+	wait := holdRetryMin
+	for ctx.Err() == nil {
+		up := false
+		err := w.c.hold(ctx, func() {
+			up, wait = true, holdRetryMin
+			w.request()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		w.request()
+		if up {
+			continue // redial at once: a restarting kubelet refuses, and the reads say so
+		}
+		limit := holdRetryMax
+		if p := classifyKubelet(w.cfg, err, time.Time{}); p.Reason == ReasonKubeletNotRunning {
+			limit = holdRetryDown
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.clock.After(wait):
+		}
+		wait = min(2*wait, limit)
+	}
+}
+
+// kubeletNow is what the watch holds for one evaluation.
+type kubeletNow struct {
+	state        *kubeletState
+	problem      *Problem
+	restarted    bool
+	presentSince map[string]time.Time
+}
+
+func (w *kubeletWatch) now() kubeletNow {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince)}
+	if k.problem != nil {
+		p := *k.problem
+		k.problem = &p
+	}
+	return k
+}
+
+// facts is what the views are made of, for the sockets socks: a socket
+// counts as registered once the kubelet registered it, not an older
+// socket at its path.
+func (k kubeletNow) facts(address string, socks map[key][]Plugin) kubeletFacts {
+	kf := kubeletFacts{problem: k.problem, restarted: k.restarted, address: address}
+	switch {
+	case k.problem != nil && k.problem.Reason == ReasonKubeletNotRunning:
+		kf.down = true
+		return kf
+	case k.problem != nil || k.state == nil:
+		return kf
+	}
+	kf.live, kf.seen, kf.devices = true, k.state.seen, k.state.devices
+	kf.registered = map[string]bool{}
+	for _, ps := range socks {
+		for _, p := range ps {
+			if k.state.registered[p.Socket] && credited(p.Created, k.presentSince[p.Socket], k.state.at) {
+				kf.registered[p.Socket] = true
+			}
+		}
+	}
+	return kf
+}
+
+// credited says a registration at a socket's path, held since
+// presentSince, is of the socket made at created, as a read at readAt
+// shows it: it began after it, or the kubelet has had time to replace an
+// older one.
+func credited(created, presentSince, readAt time.Time) bool {
+	return presentSince.After(created) || !readAt.Before(created.Add(kubeletSettle))
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+// latest is the later of two times.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

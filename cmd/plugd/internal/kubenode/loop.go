@@ -1,0 +1,510 @@
+package kubenode
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+
+	"github.com/plugd/plugd/api"
+)
+
+// Run reads the API server and the kubelet, and keeps the conditions,
+// until ctx is done. It returns nil then, once everything it started has
+// stopped. It never fails for the API server's or the kubelet's sake:
+// trouble is logged, counted, shown as the plugins' kubelet view and by
+// Problems, and retried.
+func (n *Node) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+		wg.Go(func() { s.inf.RunWithContext(ctx) })
+	}
+	wg.Go(func() { n.kubelet.run(ctx) })
+	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
+	defer bc.Shutdown()
+	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
+		n.log.Warn("Kubernetes events will not be recorded", "err", err)
+	}
+	l := newLoop(n, bc.NewRecorder(n.scheme, "plugd"))
+	n.log.Info("Kubernetes: watching this node's objects", "node", n.cfg.NodeName, "expected", len(n.cfg.Expect), "kubelet", n.cfg.Kubelet.Address)
+
+	timer := n.clock.NewTimer(0)
+	defer timer.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			cancel()
+			wg.Wait()
+			return nil
+		case <-n.kick:
+			if gap := n.clock.Since(last); gap < minEvalGap {
+				timer.Reset(minEvalGap - gap)
+				continue
+			}
+		case <-timer.C():
+		}
+		now := n.clock.Now()
+		last = now
+		next := l.evaluate(ctx, now)
+		wait := localResync
+		if !next.IsZero() {
+			wait = min(wait, max(next.Sub(now), minEvalGap))
+		}
+		timer.Reset(wait)
+	}
+}
+
+// loop is Run's state between evaluations; only Run's goroutine uses it.
+type loop struct {
+	n        *Node
+	rec      events.EventRecorder
+	written  map[string]written // conditions written, not yet seen back, by type
+	disagree map[disagreementKey]*disagreement
+	// held are verdicts that keep their condition's status, waiting out
+	// coalesce before they are written, by condition type.
+	held map[string]*heldVerdict
+	// mem is what each CSI driver last said of itself.
+	mem map[key]remembered
+	// registered are the sockets the kubelet has registered, with the
+	// socket's creation time, for the latency metrics.
+	registered map[string]time.Time
+	// unsettledSince is when the kubelet and the sockets began to
+	// disagree (zero: they agree); localChanges the Changed calls seen.
+	unsettledSince time.Time
+	localChanges   uint64
+	// lastBeat is when the conditions were last written for a heartbeat.
+	lastBeat time.Time
+
+	failures  int       // writes failed in a row
+	nextWrite time.Time // no write before this, after a failure
+}
+
+func newLoop(n *Node, rec events.EventRecorder) *loop {
+	return &loop{n: n, rec: rec, written: map[string]written{}, disagree: map[disagreementKey]*disagreement{},
+		held: map[string]*heldVerdict{}, mem: map[key]remembered{}, registered: map[string]time.Time{}}
+}
+
+// written is a condition plugd wrote, and how many Node updates had arrived
+// then: until another arrives, the cache does not show it yet.
+type written struct {
+	v   verdict
+	seq uint64
+}
+
+// heldVerdict is a verdict waiting to be written: first is when the
+// condition first differed, since when it became v.
+type heldVerdict struct {
+	v            verdict
+	first, since time.Time
+}
+
+// evaluate compares the plugins with the kubelet's and the API's view,
+// publishes the kubelet views, and writes what changed. It returns when it
+// wants to run again (zero: no need before the next change).
+func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
+	n := l.n
+	socks := map[key][]Plugin{}
+	for _, p := range n.cfg.Plugins() {
+		if p.Type != "" && p.Name != "" {
+			k := key{p.Type, p.Name}
+			socks[k] = append(socks[k], p)
+		}
+	}
+	for _, e := range n.cfg.Expect {
+		if k := (key{e.Type, e.Name}); socks[k] == nil {
+			socks[k] = nil
+		}
+	}
+	l.remember(socks)
+	snap := n.snapshot()
+	kn := n.kubelet.now()
+	kf := kn.facts(n.cfg.Kubelet.Address, socks)
+	if kn.state != nil {
+		kf.restarted = kn.restarted && socketsBefore(socks, kn.state.started)
+	}
+	views := make(map[key]view, len(socks))
+	for k, ps := range socks {
+		views[k] = kubeletView(k, ps, snap, kf, l.mem[k])
+	}
+	n.publish(views, now)
+	l.observeRegistrations(socks, kf, kn)
+	stale := staleEntries(snap, socks, kf, kn)
+	n.setStale(stale)
+
+	next := l.disagreements(now, socks, views, stale, kf.live, snap.node)
+	next = earliest(next, l.paceKubelet(now, socks, views, kf, kn))
+	if snap.nodeProblem != nil || snap.node == nil {
+		return next
+	}
+	var drop []string
+	for _, typ := range unexpected(snap.node, n.cfg.Expect) {
+		if w, ok := l.written[typ]; !ok || w.seq != n.nodeEvents.Load() {
+			drop = append(drop, typ) // not already deleted and not yet seen so
+		}
+	}
+	allReady := true
+	var set []corev1.NodeCondition
+	var notes []event
+	var states []ConditionState
+	beatDue := l.beatDue(snap.node)
+	beat := !beatDue.IsZero() && !now.Before(beatDue)
+	for _, e := range n.cfg.Expect {
+		k := key{e.Type, e.Name}
+		cur := findCondition(snap.node, e.Condition)
+		st := ConditionState{Expectation: e}
+		if cur != nil {
+			c := *cur
+			st.Actual = &c
+		}
+		v, ok := judge(e, socks[k], views[k], n.cfg.RegistryDir)
+		if !ok {
+			allReady = false
+			delete(l.held, e.Condition)
+			states = append(states, st)
+			continue
+		}
+		st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
+		n.setReady(e, v.status == corev1.ConditionTrue)
+		allReady = allReady && v.status == corev1.ConditionTrue
+		if sameVerdict(cur, v) {
+			delete(l.written, e.Condition)
+			delete(l.held, e.Condition)
+			if beat {
+				set = append(set, nodeCondition(e.Condition, v, cur, now))
+			}
+			states = append(states, st)
+			continue
+		}
+		st.Pending = true
+		states = append(states, st)
+		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == n.nodeEvents.Load() {
+			continue // written; the informer has not brought it back yet
+		}
+		if cur != nil && cur.Status == v.status {
+			if due := l.hold(e.Condition, v, now); now.Before(due) {
+				next = earliest(next, due)
+				continue
+			}
+		}
+		delete(l.held, e.Condition)
+		set = append(set, nodeCondition(e.Condition, v, cur, now))
+		switch {
+		case v.status == corev1.ConditionTrue && (cur == nil || cur.Status != corev1.ConditionTrue):
+			cause := ""
+			if v.reason != ReasonReady {
+				cause = v.reason
+			}
+			notes = append(notes, event{corev1.EventTypeNormal, "PluginReady", k, cause, v.message})
+			if cur != nil {
+				n.m.notReady.WithLabelValues(e.Type).Observe(now.Sub(cur.LastTransitionTime.Time).Seconds())
+			}
+		case v.status != corev1.ConditionTrue && cur != nil && cur.Status == corev1.ConditionTrue:
+			notes = append(notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.reason, v.message + " (" + v.reason + ")"})
+		}
+	}
+	n.setConditions(states)
+	if beat && len(set) == 0 {
+		l.lastBeat = now // nothing plugd can vouch for now; the next look is a heartbeat away
+	}
+	if !beatDue.IsZero() {
+		next = earliest(next, beatDue)
+	}
+	allReady = allReady && len(n.cfg.Expect) > 0
+	var taint []byte // the patch that removes the startup taint, when it is due
+	if allReady && n.taintKey != "" {
+		if p, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect); has && err == nil {
+			taint = p
+		}
+	}
+	// A write that failed and is no longer needed (the plugin went back to
+	// what the Node shows, the taint is gone) is no trouble any more.
+	if len(set) == 0 && len(drop) == 0 {
+		n.setWriteProblem(n.statusWrite.op, nil, "the failed write is no longer needed")
+	}
+	if taint == nil {
+		n.setWriteProblem(n.taintWrite.op, nil, "the failed write is no longer needed")
+	}
+	if len(set) == 0 && len(drop) == 0 && taint == nil {
+		return next
+	}
+	if now.Before(l.nextWrite) {
+		return earliest(next, l.nextWrite)
+	}
+	if len(set) > 0 || len(drop) > 0 {
+		if !l.writeConditions(ctx, now, snap.node, set, drop, notes) {
+			return earliest(next, l.nextWrite)
+		}
+		if beat {
+			l.lastBeat = now
+			next = earliest(next, now.Add(n.heartbeat))
+		}
+	}
+	if taint != nil {
+		if !l.write(ctx, now, n.taintWrite, func(ctx context.Context) error {
+			_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, taint, metav1.PatchOptions{FieldManager: fieldManager})
+			return err
+		}) {
+			return earliest(next, l.nextWrite)
+		}
+		n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
+	}
+	return next
+}
+
+// hold keeps v, which changes only the reason or message of condition
+// typ, and returns when it is due to be written.
+func (l *loop) hold(typ string, v verdict, now time.Time) time.Time {
+	h := l.held[typ]
+	switch {
+	case h == nil:
+		h = &heldVerdict{v: v, first: now, since: now}
+		l.held[typ] = h
+	case h.v != v:
+		h.v, h.since = v, now
+	}
+	return earliest(h.since.Add(coalesce), h.first.Add(maxCoalesce))
+}
+
+// beatDue is when plugd's conditions are due a heartbeat: heartbeat after
+// the oldest of them was last written (zero: never).
+func (l *loop) beatDue(node *corev1.Node) time.Time {
+	if l.n.heartbeat <= 0 {
+		return time.Time{}
+	}
+	var oldest time.Time
+	for _, e := range l.n.cfg.Expect {
+		if c := findCondition(node, e.Condition); c != nil && (oldest.IsZero() || c.LastHeartbeatTime.Time.Before(oldest)) {
+			oldest = c.LastHeartbeatTime.Time
+		}
+	}
+	if oldest.IsZero() {
+		return time.Time{}
+	}
+	// The informer may not have brought the last write back yet.
+	return latest(oldest, l.lastBeat).Add(l.n.heartbeat)
+}
+
+// remember keeps what each CSI driver last said of itself.
+func (l *loop) remember(socks map[key][]Plugin) {
+	for k, ps := range socks {
+		if k.typ != TypeCSI {
+			continue
+		}
+		for _, p := range ps {
+			if p.NodeID != "" || len(p.Topology) > 0 {
+				l.mem[k] = remembered{nodeID: p.NodeID, topology: p.Topology}
+			}
+		}
+	}
+}
+
+// socketsBefore says some socket in socks was made before t.
+func socketsBefore(socks map[key][]Plugin, t time.Time) bool {
+	for _, ps := range socks {
+		for _, p := range ps {
+			if p.Created.Before(t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// observeRegistrations counts, once per socket, the time from its
+// appearance (and from the kubelet's start, when it was there before) to
+// the running kubelet having registered it, as the reads show it.
+func (l *loop) observeRegistrations(socks map[key][]Plugin, kf kubeletFacts, kn kubeletNow) {
+	if !kf.live || kn.state == nil {
+		return
+	}
+	present := map[string]bool{}
+	for k, ps := range socks {
+		for _, p := range ps {
+			present[p.Socket] = true
+			if !kf.registered[p.Socket] || p.Created.IsZero() {
+				continue
+			}
+			if c, ok := l.registered[p.Socket]; ok && c.Equal(p.Created) {
+				continue
+			}
+			l.registered[p.Socket] = p.Created
+			since := kn.presentSince[p.Socket]
+			if since.IsZero() {
+				since = kn.state.at
+			}
+			if d := since.Sub(p.Created); d >= 0 && d < time.Hour {
+				l.n.m.registration.WithLabelValues(k.typ).Observe(d.Seconds())
+			}
+			if p.Created.Before(kn.state.started) {
+				if d := since.Sub(kn.state.started); d >= 0 && d < time.Hour {
+					l.n.m.afterStart.WithLabelValues(k.typ).Observe(d.Seconds())
+				}
+			}
+		}
+	}
+	for s := range l.registered {
+		if !present[s] {
+			delete(l.registered, s)
+		}
+	}
+}
+
+// paceKubelet asks the kubelet watch for the reads the sockets need: while
+// the kubelet and the sockets disagree, often for a while after the
+// disagreement began (or the plugins last changed); while an expected
+// device plugin waits for healthy devices, pod-resources every second.
+func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]view, kf kubeletFacts, kn kubeletNow) time.Time {
+	unsettled := false
+	if kf.live {
+		for k, v := range views {
+			answering := slices.ContainsFunc(socks[k], func(p Plugin) bool { return p.Answering })
+			if answering != (v.State == api.KubeletRegistered) && k.typ != "" && v.Reason != "UnsupportedType" {
+				unsettled = true
+				break
+			}
+		}
+	}
+	changes := l.n.localChanges.Load()
+	switch {
+	case !unsettled:
+		l.unsettledSince = time.Time{}
+	case l.unsettledSince.IsZero() || changes != l.localChanges:
+		l.unsettledSince = now
+	}
+	l.localChanges = changes
+	var metrics, devices time.Time
+	if !l.unsettledSince.IsZero() && kn.state != nil {
+		switch d := now.Sub(l.unsettledSince); {
+		case d < fastFor:
+			metrics = kn.state.at.Add(unsettledFast)
+		case d < slowFor:
+			metrics = kn.state.at.Add(unsettledSlow)
+		}
+	}
+	if kf.live && kn.state != nil {
+		for _, e := range l.n.cfg.Expect {
+			v := views[key{e.Type, e.Name}]
+			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
+				devices = kn.state.at.Add(devicesPoll)
+			}
+		}
+	}
+	l.n.kubelet.want(metrics, devices)
+	if !l.unsettledSince.IsZero() {
+		// Look again when fast reads end, to slow them down.
+		switch d := now.Sub(l.unsettledSince); {
+		case d < fastFor:
+			return l.unsettledSince.Add(fastFor)
+		case d < slowFor:
+			return l.unsettledSince.Add(slowFor)
+		}
+	}
+	return time.Time{}
+}
+
+// writeConditions patches the Node's status: the conditions in set, and
+// those of the types in drop deleted. Once that is written, it sends the
+// events of the changes, about node.
+func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.Node, set []corev1.NodeCondition, drop []string, notes []event) bool {
+	n := l.n
+	seq := n.nodeEvents.Load()
+	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
+		patch, err := conditionsPatch(set, drop)
+		if err == nil {
+			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+		}
+		return err
+	}) {
+		return false
+	}
+	for _, c := range set {
+		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
+		if cur := findCondition(node, string(c.Type)); cur == nil || !sameVerdict(cur, verdict{c.Status, c.Reason, c.Message}) {
+			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+		}
+	}
+	for _, typ := range drop {
+		l.written[typ] = written{seq: seq}
+		n.log.Info("Node condition removed: plugd no longer expects its plugin", "node", n.cfg.NodeName, "condition", typ)
+	}
+	for _, e := range notes {
+		l.record(node, e)
+	}
+	return true
+}
+
+// writeOp is one kind of write plugd makes: what its Problem calls it, the
+// permission it needs (as RBAC writes it), and its metrics' label.
+type writeOp struct{ op, perm, metric string }
+
+// fieldManager is who plugd's writes are from, in the objects' managedFields.
+const fieldManager = "plugd"
+
+// write runs one write with a deadline, and keeps its outcome (noteWrite);
+// a failure puts off every write by a backoff.
+func (l *loop) write(ctx context.Context, now time.Time, w writeOp, do func(context.Context) error) bool {
+	ctx, cancel := context.WithTimeoutCause(ctx, writeTimeout, fmt.Errorf("the API server did not answer within %s", writeTimeout))
+	err := do(ctx)
+	if ctx.Err() != nil && err != nil {
+		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+	}
+	cancel()
+	l.n.noteWrite(w, err, now)
+	if err == nil {
+		l.failures, l.nextWrite = 0, time.Time{}
+		return true
+	}
+	d := min(writeBackoffMin<<min(l.failures, 10), writeBackoffMax)
+	d = d/2 + rand.N(d/2+1) // jitter: a cluster's nodes do not retry in step
+	l.failures++
+	l.nextWrite = now.Add(d)
+	return false
+}
+
+// noteWrite counts a write, and keeps its failure as the Problem of its
+// operation until one succeeds (or is no longer needed).
+func (n *Node) noteWrite(w writeOp, err error, now time.Time) {
+	n.m.writes.WithLabelValues(w.metric).Inc()
+	var p *Problem
+	if err != nil {
+		p = classify(w.op, w.perm, err, now)
+		n.m.apiErrors.WithLabelValues(w.metric, p.Reason).Inc()
+	}
+	n.setWriteProblem(w.op, p, "writing again")
+}
+
+// setWriteProblem makes p the trouble of the write op (nil: none, for the
+// reason ended), and logs each change of it once.
+func (n *Node) setWriteProblem(op string, p *Problem, ended string) {
+	n.mu.Lock()
+	was := n.problems[op]
+	switch {
+	case p == nil && was == nil:
+		n.mu.Unlock()
+		return
+	case p == nil:
+		delete(n.problems, op)
+	default:
+		if was != nil && was.Reason == p.Reason {
+			p.Since = was.Since
+		}
+		n.problems[op] = p
+	}
+	n.mu.Unlock()
+	switch {
+	case p == nil:
+		n.log.Info("Kubernetes API: "+ended, "operation", op, "troubleSince", was.Since)
+	case was == nil || was.Reason != p.Reason:
+		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
+	}
+}

@@ -1,0 +1,320 @@
+package kubenode
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	testclock "k8s.io/utils/clock/testing"
+)
+
+// bench is a Node on a fake API server and a fake clock, whose loop the
+// test steps by hand: the plugins and the kubelet's state are what the
+// test sets.
+type bench struct {
+	t     *testing.T
+	n     *Node
+	l     *loop
+	cs    *fake.Clientset
+	rec   *recorder
+	clock *testclock.FakeClock
+
+	mu      sync.Mutex
+	plugins []Plugin
+}
+
+const csiCond = "csi.example.com/CSIPluginReady"
+
+func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
+	t.Helper()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Conditions: conds}}
+	cn := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-a"}}}}
+	b := &bench{t: t, cs: fake.NewClientset(nd, cn), rec: &recorder{}, clock: testclock.NewFakeClock(t0)}
+	n, err := newNode(Config{NodeName: "node-a", RegistryDir: "/r", Clock: b.clock, HeartbeatInterval: 5 * time.Minute,
+		Expect: []Expectation{{Type: TypeCSI, Name: "csi.example.com"}},
+		Plugins: func() []Plugin {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return append([]Plugin(nil), b.plugins...)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.core, n.storage, n.resource, n.events, n.fakeAPI = b.cs.CoreV1(), b.cs.StorageV1(), b.cs.ResourceV1(), b.cs.EventsV1(), b.cs
+	n.build(nil)
+	b.n, b.l = n, newLoop(n, b.rec)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+		wg.Go(func() { s.inf.RunWithContext(ctx) })
+	}
+	b.waitFor("the informers synced", func() bool {
+		return n.node.inf.HasSynced() && n.csiNode.inf.HasSynced() && n.slices.inf.HasSynced()
+	})
+	return b
+}
+
+// waitFor waits, with a deadline, for the informers to show what ok
+// checks: they deliver in the background.
+func (b *bench) waitFor(what string, ok func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s: not within 30s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the fake informers' caches
+	}
+}
+
+func (b *bench) setPlugins(ps ...Plugin) {
+	b.mu.Lock()
+	b.plugins = ps
+	b.mu.Unlock()
+}
+
+// setKubelet makes a read of the kubelet at the fake clock's now that
+// holds sockets registered, by the kubelet started at started.
+func (b *bench) setKubelet(started time.Time, registered ...string) {
+	w := b.n.kubelet
+	now := b.clock.Now()
+	s := &kubeletState{at: now, started: started, registered: map[string]bool{}, seen: map[string]bool{}}
+	for _, p := range registered {
+		s.registered[p], s.seen[p] = true, true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.started.IsZero() && !started.Equal(w.started) {
+		w.restarted = true
+		clear(w.presentSince)
+	}
+	w.started, w.state, w.problem = started, s, nil
+	for p := range s.registered {
+		if _, ok := w.presentSince[p]; !ok {
+			w.presentSince[p] = now
+		}
+	}
+	for p := range w.presentSince {
+		if !s.registered[p] {
+			delete(w.presentSince, p)
+		}
+	}
+}
+
+// kubeletDown makes a read that finds nothing listening.
+func (b *bench) kubeletDown() {
+	w := b.n.kubelet
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.state, w.problem = nil, &Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}
+	clear(w.presentSince)
+}
+
+// step advances the clock by d and evaluates, then waits until the
+// informer shows every condition plugd wrote.
+func (b *bench) step(d time.Duration) {
+	b.t.Helper()
+	b.clock.Step(d)
+	b.l.evaluate(context.Background(), b.clock.Now())
+	b.waitFor("the informer showing plugd's writes", func() bool {
+		n := b.n.snapshot().node
+		for typ, w := range b.l.written {
+			if c := findCondition(n, typ); c == nil || !sameVerdict(c, w.v) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// writes are the conditions plugd patched, in order, as STATUS/REASON.
+func (b *bench) writes() []string {
+	var out []string
+	for _, a := range b.cs.Actions() {
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok || a.GetResource().Resource != "nodes" || a.GetSubresource() != "status" {
+			continue
+		}
+		s := string(p.GetPatch())
+		for _, st := range []string{"True", "False", "Unknown"} {
+			if strings.Contains(s, `"status":"`+st+`"`) {
+				i := strings.Index(s, `"reason":"`) + len(`"reason":"`)
+				out = append(out, st+"/"+s[i:i+strings.Index(s[i:], `"`)])
+			}
+		}
+	}
+	return out
+}
+
+func (b *bench) condition() *corev1.NodeCondition {
+	return findCondition(b.n.snapshot().node, csiCond)
+}
+
+func csiSocket(created time.Time, answering bool) Plugin {
+	p := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, NodeID: "node-a", State: "Answering"}
+	if !answering {
+		p.State = "NotAnswering"
+	}
+	return p
+}
+
+// A registrar killed (its socket left) and started again writes the
+// condition twice: False when it dies, True once the kubelet has
+// registered the new socket; not True on the kubelet's registration of the
+// old socket, and not once per reason in between.
+func TestRegistrarRestartWritesTwice(t *testing.T) {
+	b := newBench(t)
+	started := b.clock.Now().Add(-time.Hour)
+	old := csiSocket(started, true)
+	b.setPlugins(old)
+	b.setKubelet(started, old.Socket)
+	b.step(0)
+	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
+		t.Fatalf("condition at start: %+v", c)
+	}
+	before, eventsBefore := len(b.writes()), len(b.rec.got)
+
+	b.setPlugins(csiSocket(old.Created, false)) // SIGKILL: the socket is left, dead
+	b.step(100 * time.Millisecond)
+	b.setPlugins() // the new registrar unlinks the stale socket...
+	b.step(200 * time.Millisecond)
+	restarted := csiSocket(b.clock.Now(), true) // ...and makes its own
+	b.setPlugins(restarted)
+	b.step(10 * time.Millisecond)
+	b.setKubelet(started, old.Socket) // the kubelet's registration is still the old socket's
+	b.step(250 * time.Millisecond)
+	b.setKubelet(started) // its loop deregisters it...
+	b.step(250 * time.Millisecond)
+	if c := b.condition(); c.Status != corev1.ConditionFalse {
+		t.Fatalf("True before the kubelet registered the new socket: %+v", c)
+	}
+	b.setKubelet(started, old.Socket) // ...and registers the new one
+	b.step(250 * time.Millisecond)
+	b.step(10 * time.Second)
+	got := b.writes()[before:]
+	if want := []string{"False/NotAnswering", "True/PluginReady"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("writes: %v; want %v", got, want)
+	}
+	var evs []string
+	for _, e := range b.rec.got[eventsBefore:] {
+		evs = append(evs, e[:strings.Index(e, "]")+1])
+	}
+	if want := "[Warning PluginNotReady [Check CSIPlugin csi.example.com: NotAnswering] Normal PluginReady [Check CSIPlugin csi.example.com]]"; fmt.Sprint(evs) != want {
+		t.Errorf("events: %v; want %s", evs, want)
+	}
+
+	// Without the kubelet's gap, a loop's time after the socket was made
+	// the registration at its path is the new socket's.
+	b.setPlugins(csiSocket(old.Created, false))
+	b.step(time.Second)
+	again := csiSocket(b.clock.Now(), true)
+	b.setPlugins(again)
+	b.step(500 * time.Millisecond)
+	if c := b.condition(); c.Status != corev1.ConditionFalse {
+		t.Fatalf("True half a second after the socket was made, on a registration from before: %+v", c)
+	}
+	b.step(kubeletSettle)
+	b.setKubelet(started, old.Socket)
+	b.step(0)
+	if c := b.condition(); c.Status != corev1.ConditionTrue {
+		t.Fatalf("not True a loop after the socket was made: %+v", c)
+	}
+}
+
+// A kubelet restart: False at once when it goes (nothing listens), True
+// only once the new kubelet has registered the socket; two writes.
+func TestKubeletRestart(t *testing.T) {
+	b := newBench(t)
+	started := b.clock.Now().Add(-time.Hour)
+	sock := csiSocket(started, true)
+	b.setPlugins(sock)
+	b.setKubelet(started, sock.Socket)
+	b.step(0)
+	before := len(b.writes())
+	b.kubeletDown()
+	b.step(100 * time.Millisecond)
+	if c := b.condition(); c.Status != corev1.ConditionFalse || c.Reason != ReasonKubeletNotRegistered || !strings.Contains(c.Message, "not running") {
+		t.Fatalf("with the kubelet stopped: %+v", c)
+	}
+	b.step(5 * time.Second)
+	restart := b.clock.Now()
+	b.setKubelet(restart) // up again, nothing registered
+	b.step(100 * time.Millisecond)
+	v, _ := b.n.KubeletView(TypeCSI, "csi.example.com")
+	if v.Reason != ReasonKubeletRestarted {
+		t.Errorf("view after the restart: %+v", v)
+	}
+	b.step(800 * time.Millisecond)
+	b.setKubelet(restart, sock.Socket)
+	b.step(0)
+	b.step(10 * time.Second)
+	if got, want := b.writes()[before:], []string{"False/KubeletNotRegistered", "True/PluginReady"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("writes: %v; want %v", got, want)
+	}
+}
+
+// A condition that holds is written again every heartbeat interval, and
+// only then; nothing is written between.
+func TestHeartbeat(t *testing.T) {
+	b := newBench(t)
+	started := b.clock.Now().Add(-time.Hour)
+	sock := csiSocket(started, true)
+	b.setPlugins(sock)
+	b.setKubelet(started, sock.Socket)
+	b.step(0)
+	first := b.condition()
+	n := len(b.writes())
+	b.step(4 * time.Minute)
+	if len(b.writes()) != n {
+		t.Fatalf("written before the heartbeat was due: %v", b.writes()[n:])
+	}
+	next := b.l.evaluate(context.Background(), b.clock.Now())
+	if want := first.LastHeartbeatTime.Add(5 * time.Minute); !next.Equal(want) {
+		t.Errorf("the next evaluation is due at %s; want the heartbeat's, %s", next, want)
+	}
+	b.step(time.Minute)
+	b.waitFor("the heartbeat in the informer's cache", func() bool { return b.condition().LastHeartbeatTime.Time.Equal(b.clock.Now()) })
+	c := b.condition()
+	if len(b.writes()) != n+1 || !c.LastHeartbeatTime.Time.Equal(b.clock.Now()) || !c.LastTransitionTime.Equal(&first.LastTransitionTime) {
+		t.Errorf("after 5m: writes %v, condition %+v", b.writes()[n:], c)
+	}
+	b.step(time.Minute)
+	if len(b.writes()) != n+1 {
+		t.Errorf("a second heartbeat a minute after the first: %v", b.writes()[n:])
+	}
+	if len(b.rec.got) != 1 { // PluginReady at the start only
+		t.Errorf("events: %q", b.rec.got)
+	}
+}
+
+// At plugd's start, a socket not looked at yet and a kubelet not read yet
+// leave a True condition alone: a rolling restart of plugd does not flap.
+func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	b := newBench(t, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionTrue, Reason: ReasonReady,
+		Message: "plugd: CSIPlugin csi.example.com: registered with the kubelet, socket /r/csi.sock answers", LastHeartbeatTime: now, LastTransitionTime: now})
+	b.n.kubelet.problem = nil // not read yet
+	started := b.clock.Now().Add(-time.Hour)
+	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Pending", Created: started})
+	b.step(0)
+	b.setPlugins(csiSocket(started, true))
+	b.step(100 * time.Millisecond)
+	b.setKubelet(started, "/r/csi.sock")
+	b.step(100 * time.Millisecond)
+	if w := b.writes(); len(w) != 0 {
+		t.Errorf("plugd wrote %v on its start", w)
+	}
+}
