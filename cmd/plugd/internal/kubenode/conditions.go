@@ -165,9 +165,15 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 	switch {
 	case v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason):
 		return verdict{}, false
+	case v.State == api.KubeletRegistered && v.Reason == "NotInCSINode":
+		// The kubelet holds it and is writing CSINode: it adds the entry as
+		// it registers the driver (and drops it for a moment when it
+		// registers one again). A registration whose CSINode update fails
+		// leaves its actual state: then it is not registered.
+		return verdict{}, false
 	case v.State == api.KubeletNotRegistered:
 		return no(ReasonKubeletNotRegistered, "its socket answers, but the kubelet has not registered it: "+v.Message)
-	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch", v.Reason == "NotInCSINode":
+	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch":
 		return no(v.Reason, v.Message)
 	}
 	reason, text := ReasonReady, "registered with the kubelet, socket "+answering.Socket+" answers"

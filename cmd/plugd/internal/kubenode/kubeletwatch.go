@@ -2,9 +2,12 @@ package kubenode
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"maps"
 	"sync"
+	"syscall"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -73,7 +76,20 @@ type kubeletWatch struct {
 	// The loop's wishes: the next reads no later than these (zero: none).
 	wantMetrics, wantDevices time.Time
 	lastMetrics, lastDevices time.Time
+	// cut counts reads in a row cut off mid-way (a kubelet stopping
+	// resets its connections before it stops listening); retryAt is when
+	// the next is due.
+	cut     int
+	retryAt time.Time
 }
+
+// A read cut off mid-way is tried again after cutRetry, up to maxCuts
+// times, before it counts: a kubelet going away resets its connections a
+// moment before its port refuses.
+const (
+	cutRetry = 100 * time.Millisecond
+	maxCuts  = 5
+)
 
 func newKubeletWatch(c *kubeletClient, cfg KubeletConfig, clk clock.WithTicker, log *slog.Logger, m *metrics, onChange func()) *kubeletWatch {
 	w := &kubeletWatch{c: c, cfg: cfg, clock: clk, log: log, m: m, onChange: onChange,
@@ -174,6 +190,9 @@ func (w *kubeletWatch) due(now time.Time, forced bool) (metrics, devices bool, n
 	if !w.wantMetrics.IsZero() && w.wantMetrics.Before(nextMetrics) {
 		nextMetrics = w.wantMetrics
 	}
+	if !w.retryAt.IsZero() && w.retryAt.Before(nextMetrics) {
+		nextMetrics = w.retryAt
+	}
 	nextDevices := nextMetrics
 	if !w.wantDevices.IsZero() && w.wantDevices.Before(nextDevices) {
 		nextDevices = w.wantDevices
@@ -219,6 +238,13 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 		return
 	}
 	w.lastMetrics = now
+	w.retryAt = time.Time{}
+	if err != nil && cutOff(err) && w.cut < maxCuts {
+		w.cut++
+		w.retryAt = now.Add(cutRetry)
+		return
+	}
+	w.cut = 0
 	if err != nil {
 		was := w.problem
 		p := classifyKubelet(w.cfg, err, now)
@@ -345,6 +371,12 @@ func (k kubeletNow) facts(address string, socks map[key][]Plugin) kubeletFacts {
 // older one.
 func credited(created, presentSince, readAt time.Time) bool {
 	return presentSince.After(created) || !readAt.Before(created.Add(kubeletSettle))
+}
+
+// cutOff says a read was cut off mid-way: the connection was reset or
+// ended early.
+func cutOff(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
 func result(err error) string {

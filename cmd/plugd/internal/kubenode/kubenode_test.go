@@ -144,7 +144,7 @@ func TestJudge(t *testing.T) {
 		{"forbidden: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonForbidden}}, "", "", false},
 		{"inferred", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: ReasonInferred}}, corev1.ConditionTrue, ReasonInferred, true},
 		{"topology conflict, the registrar gone", csi, []Plugin{stale}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: "the driver reports"}}, corev1.ConditionFalse, ReasonTopologyConflict, true},
-		{"not in CSINode yet", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, corev1.ConditionFalse, "NotInCSINode", true},
+		{"held, CSINode being written: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, "", "", false},
 		{"just found: left alone", csi, []Plugin{{Socket: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
 		{"kubelet not read yet: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
 		{"enough devices", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},

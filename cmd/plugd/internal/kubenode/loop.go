@@ -130,7 +130,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	kn := n.kubelet.now()
 	kf := kn.facts(n.cfg.Kubelet.Address, socks)
 	if kn.state != nil {
-		kf.restarted = kn.restarted && socketsBefore(socks, kn.state.started)
+		kf.started = kn.state.started
 	}
 	views := make(map[key]view, len(socks))
 	for k, ps := range socks {
@@ -143,13 +143,15 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 
 	next := l.disagreements(now, socks, views, stale, kf.live, snap.node)
 	next = earliest(next, l.paceKubelet(now, socks, views, kf, kn))
-	if snap.nodeProblem != nil || snap.node == nil {
-		return next
-	}
+	// While the Node cannot be read, the verdicts are still held against
+	// the last Node read (for the doctor), and nothing is written.
+	readable := snap.nodeProblem == nil && snap.node != nil
 	var drop []string
-	for _, typ := range unexpected(snap.node, n.cfg.Expect) {
-		if w, ok := l.written[typ]; !ok || w.seq != n.nodeEvents.Load() {
-			drop = append(drop, typ) // not already deleted and not yet seen so
+	if readable {
+		for _, typ := range unexpected(snap.node, n.cfg.Expect) {
+			if w, ok := l.written[typ]; !ok || w.seq != n.nodeEvents.Load() {
+				drop = append(drop, typ) // not already deleted and not yet seen so
+			}
 		}
 	}
 	allReady := true
@@ -187,6 +189,9 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 		st.Pending = true
 		states = append(states, st)
+		if !readable {
+			continue
+		}
 		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == n.nodeEvents.Load() {
 			continue // written; the informer has not brought it back yet
 		}
@@ -213,6 +218,9 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	n.setConditions(states)
+	if !readable {
+		return next
+	}
 	if beat && len(set) == 0 {
 		l.lastBeat = now // nothing plugd can vouch for now; the next look is a heartbeat away
 	}
@@ -306,18 +314,6 @@ func (l *loop) remember(socks map[key][]Plugin) {
 			}
 		}
 	}
-}
-
-// socketsBefore says some socket in socks was made before t.
-func socketsBefore(socks map[key][]Plugin, t time.Time) bool {
-	for _, ps := range socks {
-		for _, p := range ps {
-			if p.Created.Before(t) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // observeRegistrations counts, once per socket, the time from its

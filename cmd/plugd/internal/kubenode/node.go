@@ -133,8 +133,10 @@ const (
 	// is written once it has held for coalesce (at most maxCoalesce after
 	// the first such change): a registrar restart goes through several
 	// reasons for False within a second, and writes False once and True
-	// once. A change of status is written at once.
-	coalesce    = 2 * time.Second
+	// once. A change of status is written at once. coalesce outlasts
+	// kubeletSettle, the longest a re-created socket waits to count as
+	// registered.
+	coalesce    = 3 * time.Second
 	maxCoalesce = 10 * time.Second
 	// defaultHeartbeat is HeartbeatInterval's default: the kubelet's own
 	// nodeStatusReportFrequency.

@@ -108,8 +108,9 @@ type kubeletFacts struct {
 	live, down bool
 	registered map[string]bool
 	seen       map[string]bool
-	// restarted says plugd saw the kubelet restart.
+	// restarted says plugd saw the kubelet restart, at started.
 	restarted bool
+	started   time.Time
 	// devices are its allocatable devices by resource (pod-resources);
 	// nil when unknown.
 	devices map[string]int
@@ -192,7 +193,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 		case len(seen) > 0:
 			return notRegistered(k, socks, s, mem, ReasonSeenNotRegistered,
 				fmt.Sprintf("the kubelet has seen %s and not registered it: it refused it or cannot reach it, and retries with backoff", strings.Join(seen, ", ")))
-		case kf.restarted:
+		case kf.restarted && slices.ContainsFunc(socks, func(p Plugin) bool { return p.Created.Before(kf.started) }):
 			return notRegistered(k, socks, s, mem, ReasonKubeletRestarted, "the kubelet restarted and has not registered it since")
 		}
 		return notRegistered(k, socks, s, mem, ReasonNotRegistered, "the running kubelet's plugin manager holds no socket of it")
