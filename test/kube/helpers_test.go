@@ -510,6 +510,12 @@ func getUnix(ctx context.Context, socket, path string) (string, error) {
 // auditCount counts the requests user made that the API server received
 // between from and to, by verb, from its audit log.
 func auditCount(user string, from, to time.Time) (map[string]int, error) {
+	return auditCountOf(user, "", from, to)
+}
+
+// auditCountOf is auditCount of the requests about resource alone (all
+// of them if empty).
+func auditCountOf(user, resource string, from, to time.Time) (map[string]int, error) {
 	f, err := os.Open(cp.AuditLog)
 	if err != nil {
 		return nil, err
@@ -525,8 +531,10 @@ func auditCount(user string, from, to time.Time) (map[string]int, error) {
 			Verb     string                    `json:"verb"`
 			User     struct{ Username string } `json:"user"`
 			Received time.Time                 `json:"requestReceivedTimestamp"`
+			Object   struct{ Resource string } `json:"objectRef"`
 		}
-		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != user || seen[ev.AuditID] || ev.Received.Before(from) || ev.Received.After(to) {
+		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != user || seen[ev.AuditID] || ev.Received.Before(from) || ev.Received.After(to) ||
+			resource != "" && ev.Object.Resource != resource {
 			continue
 		}
 		seen[ev.AuditID] = true

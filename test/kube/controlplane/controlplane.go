@@ -64,13 +64,13 @@ func Locate() (Dirs, error) {
 	return d, os.MkdirAll(d.Bin, 0o755)
 }
 
-// Build compiles etcd, kube-apiserver, the kubelet and privatemounts (from
-// this module) and plugd, plugctl and kubectl-plugd (from the repository)
-// into d.Bin. The go command relinks only what changed; the first build of
-// kube-apiserver and the kubelet takes minutes.
+// Build compiles etcd, kube-apiserver, the kubelet, privatemounts and
+// testplugin (from this module) and plugd, plugctl and kubectl-plugd (from
+// the repository) into d.Bin. The go command relinks only what changed; the
+// first build of kube-apiserver and the kubelet takes minutes.
 func Build(ctx context.Context, d Dirs, log io.Writer) error {
 	for _, b := range []struct{ dir, what string }{
-		{d.Module, "./cmd/etcd ./cmd/kube-apiserver ./cmd/kubelet ./cmd/privatemounts"},
+		{d.Module, "./cmd/etcd ./cmd/kube-apiserver ./cmd/kubelet ./cmd/privatemounts ./cmd/testplugin"},
 		{d.Repo, "./cmd/plugd ./cmd/plugctl ./cmd/kubectl-plugd"},
 	} {
 		start := time.Now()

@@ -1,0 +1,603 @@
+//go:build linux
+
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/nodecond"
+	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/test/kube/kubelet"
+)
+
+const topologyKey = "topology.example.com/node"
+
+// truthNode is a node with a real kubelet, plugd observing it with the
+// shipped RBAC, and the field's plugins.
+type truthNode struct {
+	name       string
+	k          *kubelet.Kubelet
+	dir        string
+	config     string
+	pd         *plugd
+	csi        *csiPeer
+	gpu        *healthPlugin
+	conds      *conditionLog
+	kubeconfig string
+}
+
+func newTruthNode(t *testing.T, name string) *truthNode {
+	t.Helper()
+	k := startKubelet(t, name, taintKey+":NoSchedule")
+	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
+	applyManifest(t, "deploy/kubernetes/remove-taint-rbac.yaml")
+	n := &truthNode{name: name, k: k, dir: testenv.ShortDir(t, "kt")}
+	n.kubeconfig = filepath.Join(n.dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(n.kubeconfig, plugdToken(t)); err != nil {
+		t.Fatal(err)
+	}
+	n.conds = watchConditions(t, name)
+	n.config = fmt.Sprintf(`mode: observe
+registryDir: %s
+handlers: [{type: CSIPlugin, handler: csi}, {type: DRAPlugin, handler: dra}, {type: DevicePlugin, handler: deviceplugin}]
+kubernetes:
+  kubeconfig: %s
+  nodeName: %s
+  removeTaintWhenReady: "%s:NoSchedule"
+  disagreementGrace: 2s
+  kubelet: {address: %q, caFile: %s, podResourcesSocket: %s}
+expect:
+  - {type: CSIPlugin, name: %s}
+  - {type: DevicePlugin, name: %s, minHealthyDevices: 2}
+  - {type: DRAPlugin, name: %s}
+doctor: {kubeletRoots: [%s], procDir: none}
+`, k.RegistryDir, n.kubeconfig, name, taintKey, k.Addr, k.CertFile, k.PodResources, csiName, gpuName, draName, filepath.Join(n.dir, "none"))
+	n.csi = newCSIPeer(t, n.dir, k.RegistryDir)
+	if err := os.MkdirAll(filepath.Join(n.dir, "dra"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// ready brings the node back to where every subtest starts: plugd, the
+// kubelet and every plugin running, every condition True. A subtest that
+// failed half-way leaves the next one a node it can work with.
+func (n *truthNode) ready(t *testing.T, top *testing.T) {
+	t.Helper()
+	select {
+	case <-n.pd.done:
+		n.pd = startPlugd(top, n.dir, n.config)
+	default:
+	}
+	if !n.k.Running() {
+		if err := n.k.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-n.csi.registrar.done:
+		n.csi.startRegistrar(top)
+	default:
+	}
+	for _, c := range []string{csiCond, gpuCond, draCond} {
+		waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+	}
+}
+
+// kubeletLogCount counts the lines of the kubelet's log that hold s.
+func (n *truthNode) kubeletLogCount(s string) int {
+	b, _ := os.ReadFile(n.k.LogFile())
+	return strings.Count(string(b), s)
+}
+
+// kubeletHolds says the kubelet's plugin manager holds socket now, from
+// its own /metrics.
+func (n *truthNode) kubeletHolds(t *testing.T, socket string) bool {
+	t.Helper()
+	body, code, err := n.k.Get(context.Background(), "/metrics", cp.AdminToken)
+	if err != nil || code != 200 {
+		return false
+	}
+	return strings.Contains(body, fmt.Sprintf("plugin_manager_total_plugins{socket_path=%q,state=\"actual_state_of_world\"} 1", socket))
+}
+
+// seq is the condition's changes since from, as STATUS/REASON.
+func (n *truthNode) seq(cond string, from time.Time) []string {
+	var out []string
+	for _, tr := range n.conds.since(cond, from) {
+		out = append(out, tr.String())
+	}
+	return out
+}
+
+// plugdPatches counts plugd's patches of the Node (its conditions, its
+// taint) between from and now.
+func plugdPatches(t *testing.T, from time.Time) int {
+	t.Helper()
+	by, err := auditCountOf(plugdUser, "nodes", from, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return by["patch"]
+}
+
+// Every scenario of the issue against a real kubelet: plugd's conditions
+// follow what the running kubelet holds, not the API objects that outlive
+// its registrations; each subtest asserts the sequence of condition values
+// a watch of the Node saw.
+func TestKubeletTruth(t *testing.T) {
+	top := t
+	n := newTruthNode(t, "k-truth")
+	k := n.k
+	n.pd = startPlugd(t, n.dir, n.config)
+	all := []string{csiCond, gpuCond, draCond}
+
+	t.Run("True only once the kubelet holds each plugin", func(t *testing.T) {
+		from := time.Now()
+		n.csi.startDriver(top, "id-a")
+		n.csi.startRegistrar(top)
+		n.gpu = startHealthPlugin(top, k.RegistryDir, gpuName, 2)
+		startDRA(top, k.RegistryDir, filepath.Join(n.dir, "dra"), n.name)
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+		}
+		for _, s := range []string{n.csi.socket(), filepath.Join(k.RegistryDir, "gpu.sock")} {
+			if !n.kubeletHolds(t, s) {
+				t.Errorf("True while the kubelet does not hold %s", s)
+			}
+		}
+		if seq := n.seq(csiCond, from); len(seq) == 0 || seq[len(seq)-1] != "True/PluginReady" || slices.Index(seq, "True/PluginReady") != len(seq)-1 {
+			t.Errorf("the CSI driver's condition went %v", seq)
+		}
+		v := n.pd.waitKubelet(t, csiName, api.KubeletRegistered, "")
+		if !strings.Contains(v.Message, "the kubelet's plugin manager holds "+n.csi.socket()) {
+			t.Errorf("view: %+v", v)
+		}
+		eventually(t, "the startup taint removed", func() (bool, string) {
+			has := slices.ContainsFunc(getNode(t, n.name).Spec.Taints, func(tt corev1.Taint) bool { return tt.Key == taintKey })
+			return !has, fmt.Sprint(getNode(t, n.name).Spec.Taints)
+		})
+		m, _ := plugctlMetrics(t, n.pd)
+		if v, _ := metric(m, "plugd_kubelet_live"); v != "1" {
+			t.Errorf("plugd_kubelet_live = %q", v)
+		}
+		for _, typ := range []string{"CSIPlugin", "DevicePlugin", "DRAPlugin"} {
+			if v, ok := metric(m, "plugd_kubelet_registration_seconds_count", `type="`+typ+`"`); !ok || v == "0" {
+				t.Errorf("no registration time of a %s: %q", typ, v)
+			}
+		}
+	})
+
+	t.Run("a registrar stopped and started: False once, True once", func(t *testing.T) {
+		n.ready(t, top)
+		from := time.Now()
+		n.csi.registrar.signal(syscall.SIGTERM)
+		// It closes its connections, then removes its socket: False at
+		// once, and its reason refined once it has held.
+		waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "SocketMissing")
+		n.csi.startRegistrar(top)
+		waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		seq := n.seq(csiCond, from)
+		var statuses []string
+		for _, s := range seq {
+			if st, _, _ := strings.Cut(s, "/"); len(statuses) == 0 || statuses[len(statuses)-1] != st {
+				statuses = append(statuses, st)
+			}
+		}
+		if !slices.Equal(statuses, []string{"False", "True"}) || seq[len(seq)-2] != "False/SocketMissing" {
+			t.Errorf("the condition went %v", seq)
+		}
+	})
+
+	t.Run("a registrar killed, its socket left, and started again: written twice", func(t *testing.T) {
+		n.ready(t, top)
+		from := time.Now()
+		n.csi.registrar.signal(syscall.SIGKILL)
+		if _, err := os.Stat(n.csi.socket()); err != nil {
+			t.Fatalf("the killed registrar's socket is gone: %v", err)
+		}
+		waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "NotAnswering")
+		restarted := time.Now()
+		n.csi.startRegistrar(top)
+		c := waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		if !n.kubeletHolds(t, n.csi.socket()) {
+			t.Error("True while the kubelet does not hold the new socket")
+		}
+		seq := n.seq(csiCond, from)
+		if !slices.Equal(seq, []string{"False/NotAnswering", "True/PluginReady"}) {
+			t.Errorf("the condition went %v", seq)
+		}
+		if p := plugdPatches(t, from); p > 2 {
+			t.Errorf("plugd patched the Node %d times; want at most 2", p)
+		}
+		t.Logf("registrar started again to True: %s", c.LastTransitionTime.Sub(restarted).Round(time.Millisecond))
+	})
+
+	t.Run("the kubelet restarts: False within 10s, True only once it holds them again", func(t *testing.T) {
+		n.ready(t, top)
+		from := time.Now()
+		k.Stop()
+		stopped := time.Now()
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionFalse, "KubeletNotRegistered")
+		}
+		if d := time.Since(stopped); d > 10*time.Second {
+			t.Errorf("False %s after the kubelet stopped; want within 10s", d)
+		}
+		t.Logf("kubelet stopped to every condition False: %s", time.Since(stopped).Round(time.Millisecond))
+		// The API objects still say registered: CSINode lists the driver,
+		// the DRA driver's slices are there.
+		cn, err := admin.StorageV1().CSINodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err != nil || len(cn.Spec.Drivers) == 0 {
+			t.Errorf("CSINode while the kubelet is down: %+v, %v", cn, err)
+		}
+		v := n.pd.waitKubelet(t, csiName, api.KubeletNotRegistered, "KubeletNotRunning")
+		if !strings.Contains(v.Message, "nothing listens at "+k.Addr) {
+			t.Errorf("view while the kubelet is down: %+v", v)
+		}
+		out, _ := plugctl(t, "--socket", n.pd.socket, "doctor")
+		if !strings.Contains(out, "kubelet-not-running") {
+			t.Errorf("plugctl doctor with the kubelet down:\n%s", out)
+		}
+		if err := k.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		started := time.Now()
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+		}
+		for _, c := range all {
+			seq := n.conds.since(c, from)
+			var got []string
+			for _, tr := range seq {
+				got = append(got, tr.String())
+				if tr.status == "True" && tr.at.Before(started.Add(-k.StartupTime)) {
+					t.Errorf("%s True at %s, before the kubelet started again", c, tr.at)
+				}
+			}
+			if len(got) < 2 || got[0] != "False/KubeletNotRegistered" || got[len(got)-1] != "True/PluginReady" || slices.Index(got, "True/PluginReady") != len(got)-1 {
+				t.Errorf("%s went %v", c, got)
+			}
+		}
+		t.Logf("kubelet started to every condition True: %s", time.Since(started).Round(time.Millisecond))
+	})
+
+	t.Run("a device plugin loses and regains health: True within 2s of the kubelet's count", func(t *testing.T) {
+		n.ready(t, top)
+		n.gpu.setHealthy(1)
+		waitCondition(t, n.name, gpuCond, corev1.ConditionFalse, "NoHealthyDevices")
+		n.gpu.setHealthy(2)
+		var recovered time.Time
+		eventually(t, "the kubelet's count back to 2", func() (bool, string) {
+			c, err := allocatable(t, k.PodResources, gpuName)
+			recovered = time.Now()
+			return c == 2, fmt.Sprint(c, err)
+		})
+		c := waitCondition(t, n.name, gpuCond, corev1.ConditionTrue, "PluginReady")
+		tr := n.conds.since(gpuCond, recovered.Add(-2*time.Second))
+		if len(tr) == 0 {
+			t.Fatalf("no transition seen; condition %+v", c)
+		}
+		d := tr[len(tr)-1].at.Sub(recovered)
+		if d > 2*time.Second {
+			t.Errorf("True %s after the kubelet's count recovered; want within 2s", d)
+		}
+		t.Logf("kubelet's count recovered to condition True: %s", d.Round(time.Millisecond))
+	})
+
+	t.Run("a driver back with another node id: TopologyConflict, named, with its remedy", func(t *testing.T) {
+		n.ready(t, top)
+		if got := getNode(t, n.name).Labels[topologyKey]; got != "id-a" {
+			t.Fatalf("the kubelet labelled the Node %s=%q", topologyKey, got)
+		}
+		n.csi.registrar.signal(syscall.SIGTERM)
+		n.csi.driver.signal(syscall.SIGTERM)
+		n.csi.startDriver(top, "id-b")
+		reg := n.csi.startRegistrar(top)
+		if code := reg.exited(t); code != 1 {
+			t.Errorf("the registrar exited %d; want 1, as node-driver-registrar does when refused", code)
+		}
+		c := waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "TopologyConflict")
+		for _, want := range []string{topologyKey + "=id-b", topologyKey + "=id-a", "kubectl label node " + n.name + " " + topologyKey + "-"} {
+			if !strings.Contains(c.Message, want) {
+				t.Errorf("the condition's message does not say %q: %s", want, c.Message)
+			}
+		}
+		out, _ := plugctl(t, "--socket", n.pd.socket, "doctor")
+		if !strings.Contains(out, "topology-conflict") || !strings.Contains(out, "remove the stale label") {
+			t.Errorf("plugctl doctor:\n%s", out)
+		}
+		// The remedy: the old label goes; the registrar starts again.
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, topologyKey)
+		if _, err := admin.CoreV1().Nodes().Patch(context.Background(), n.name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		n.csi.startRegistrar(top)
+		waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+	})
+
+	t.Run("the API server away while a registrar goes: the doctor names the stale CSINode entry", func(t *testing.T) {
+		n.ready(t, top)
+		// A clean start of the registrar first: a registration the kubelet
+		// failed before (the topology conflict) leaves it retrying the old
+		// socket's, and it registers the new one twice.
+		n.csi.registrar.signal(syscall.SIGTERM)
+		waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "SocketMissing")
+		n.csi.startRegistrar(top)
+		waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		from := time.Now()
+		deregistered := n.kubeletLogCount("DeRegisterPlugin failed")
+		cp.StopAPIServer()
+		restarted := false
+		defer func() {
+			if !restarted {
+				cp.StartAPIServer(context.Background())
+			}
+		}()
+		n.csi.registrar.signal(syscall.SIGTERM)
+		if out := n.csi.registrar.out.String(); !strings.Contains(out, "removed ") {
+			t.Fatalf("the registrar did not end by SIGTERM (the kubelet registered it again while the API server was away, and it failed?):\n%s", out)
+		}
+		// The kubelet lets it go; the Node still says True, and the write
+		// of False waits for the API server.
+		eventually(t, "the doctor showing the Node's condition and the pending write apart", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", n.pd.socket, "doctor")
+			return strings.Contains(out, "condition-pending") && strings.Contains(out, "says True, but plugd finds False (SocketMissing)"), out
+		})
+		// The kubelet deregisters the driver while the API server is away:
+		// it tries to remove its CSINode entry a few times within a second,
+		// and gives up.
+		eventually(t, "the kubelet failing to deregister the driver from CSINode", func() (bool, string) {
+			return n.kubeletLogCount("DeRegisterPlugin failed") > deregistered, n.k.Tail(5)
+		})
+		if err := cp.StartAPIServer(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		restarted = true
+		waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "SocketMissing")
+		cn, err := admin.StorageV1().CSINodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(cn.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == csiName }) {
+			t.Fatalf("the kubelet removed the driver from CSINode after the outage: %+v", cn.Spec.Drivers)
+		}
+		var remedy string
+		eventually(t, "the doctor's stale-csinode-entry finding", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", n.pd.socket, "doctor", "-o", "json")
+			var l api.FindingList
+			decode(t, out, &l)
+			for _, f := range l.Findings {
+				if f.Check == "stale-csinode-entry" && f.Name == csiName {
+					remedy = f.Remedy
+					return true, ""
+				}
+			}
+			return false, out
+		})
+		ev := waitEvent(t, n.name, "KubeletDisagrees", "CSIPlugin "+csiName+": StaleCSINodeEntry")
+		if !strings.Contains(ev.Note, "holds no registration of it") {
+			t.Errorf("event: %q", ev.Note)
+		}
+		_, args, ok := strings.Cut(remedy, "kubectl patch csinode "+n.name+" --type=json -p '")
+		if !ok {
+			t.Fatalf("remedy %q", remedy)
+		}
+		args = args[:strings.Index(args, "'")]
+		var ops []map[string]any
+		if err := json.Unmarshal([]byte(args), &ops); err != nil {
+			t.Fatalf("the remedy's patch %q: %v", args, err)
+		}
+		if _, err := admin.StorageV1().CSINodes().Patch(context.Background(), n.name, types.JSONPatchType, []byte(args), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("the remedy's patch: %v", err)
+		}
+		eventually(t, "the finding gone", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", n.pd.socket, "doctor")
+			return !strings.Contains(out, "stale-csinode-entry"), out
+		})
+		n.csi.startRegistrar(top)
+		waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		disagrees := 0
+		for _, e := range nodeEvents(t, n.name) {
+			if e.Reason == "KubeletDisagrees" && strings.HasSuffix(e.Action, "StaleCSINodeEntry") && e.EventTime.After(from) {
+				disagrees++
+			}
+		}
+		if disagrees != 1 {
+			t.Errorf("%d KubeletDisagrees events of the stale entry; want 1", disagrees)
+		}
+	})
+
+	t.Run("plugctl cluster and doctor on the node", func(t *testing.T) {
+		n.ready(t, top)
+		admincfg := filepath.Join(n.dir, "admin.kubeconfig")
+		if err := cp.WriteKubeconfig(admincfg, cp.AdminToken); err != nil {
+			t.Fatal(err)
+		}
+		// Other tests' nodes share the cluster: this node is ready for each.
+		out, code := plugctl(t, "cluster", "--kubeconfig", admincfg, "-o", "json")
+		var v nodecond.ClusterView
+		decode(t, out, &v)
+		for _, name := range []string{csiName, gpuName, draName} {
+			i := slices.IndexFunc(v.Plugins, func(p nodecond.ClusterPlugin) bool { return p.Name == name })
+			if code != 0 || i < 0 || slices.ContainsFunc(v.Plugins[i].NotReady, func(c nodecond.NodeCondition) bool { return c.Node == n.name }) {
+				t.Errorf("plugctl cluster (%d) on %s:\n%s", code, name, out)
+			}
+		}
+		out, _ = plugctl(t, "cluster", "--kubeconfig", admincfg)
+		t.Logf("plugctl cluster:\n%s", out)
+		// plugd's reads of the API server come back with backoff after
+		// an outage: the doctor is clean once they have.
+		eventually(t, "plugctl doctor with nothing to say but info", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", n.pd.socket, "doctor", "-o", "json")
+			var l api.FindingList
+			decode(t, out, &l)
+			for _, f := range l.Findings {
+				if f.Severity != api.SeverityInfo {
+					return false, fmt.Sprintf("%+v", f)
+				}
+			}
+			return true, ""
+		})
+	})
+
+	t.Run("a rolling restart of plugd does not flap", func(t *testing.T) {
+		n.ready(t, top)
+		from := time.Now()
+		n.pd.stop(t)
+		n.pd = startPlugd(top, n.dir, n.config)
+		for _, name := range []string{csiName, gpuName, draName} {
+			n.pd.waitKubelet(t, name, api.KubeletRegistered, "")
+		}
+		eventually(t, "plugd compared every condition", func() (bool, string) {
+			out, _ := plugctl(t, "--socket", n.pd.socket, "doctor")
+			return !strings.Contains(out, "condition-pending"), out
+		})
+		for _, c := range all {
+			if seq := n.seq(c, from); len(seq) != 0 {
+				t.Errorf("%s went %v over plugd's restart", c, seq)
+			}
+		}
+		if p := plugdPatches(t, from); p != 0 {
+			t.Errorf("plugd patched the Node %d times over its restart", p)
+		}
+	})
+
+	t.Run("an idle minute: no writes, the cost of the kubelet's reads", func(t *testing.T) {
+		n.ready(t, top)
+		idleMinute(t, n)
+	})
+
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run("plugd stopped by "+sig.String()+" and a plugin gone meanwhile", func(t *testing.T) {
+			n.ready(t, top)
+			n.pd.cmd.Process.Signal(sig)
+			<-n.pd.done
+			n.csi.registrar.signal(syscall.SIGTERM)
+			stopped := time.Now()
+			if c := condition(getNode(t, n.name), csiCond); c.Status != corev1.ConditionTrue {
+				t.Fatalf("the condition changed with plugd stopped: %+v", c)
+			}
+			// Nobody maintains it: plugctl cluster says so once it is older
+			// than it allows (here 2s, for the test; 11m by default).
+			admincfg := filepath.Join(n.dir, "admin.kubeconfig")
+			eventually(t, "plugctl cluster calling the condition unmaintained", func() (bool, string) {
+				out, _ := plugctl(t, "cluster", "--kubeconfig", admincfg, "-o", "wide", "--stale-after", "2s")
+				return regexpMatch(n.name+`\s+Unknown\s+NotMaintained`, out), out
+			})
+			// In a DaemonSet its pod comes back: False at once.
+			n.pd = startPlugd(top, n.dir, n.config)
+			waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "SocketMissing")
+			t.Logf("plugd started %s after the plugin went; False %s after its start", time.Since(stopped).Round(time.Millisecond), time.Since(n.pd.started).Round(time.Millisecond))
+			n.csi.startRegistrar(top)
+			waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		})
+	}
+
+	t.Run("the Node and CSINode deleted and re-created", func(t *testing.T) {
+		n.ready(t, top)
+		ctx := context.Background()
+		if err := admin.CoreV1().Nodes().Delete(ctx, n.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.StorageV1().CSINodes().Delete(ctx, n.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// A kubelet registers its Node when it starts.
+		k.Stop()
+		if err := k.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitNodeReady(t, n.name)
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+		}
+		eventually(t, "the startup taint removed again", func() (bool, string) {
+			has := slices.ContainsFunc(getNode(t, n.name).Spec.Taints, func(tt corev1.Taint) bool { return tt.Key == taintKey })
+			return !has, fmt.Sprint(getNode(t, n.name).Spec.Taints)
+		})
+		if _, err := admin.StorageV1().CSINodes().Get(ctx, n.name, metav1.GetOptions{}); err != nil {
+			t.Errorf("CSINode: %v", err)
+		}
+	})
+}
+
+// idleMinute measures a quiet minute beside the real kubelet: plugd's
+// requests to the API server (no write but a heartbeat due in it), its
+// reads of the kubelet, and the CPU plugd and the kubelet use; then the
+// kubelet's CPU and the bytes one read of its /metrics cost.
+func idleMinute(t *testing.T, n *truthNode) {
+	ctx := context.Background()
+	var oldest time.Time
+	for _, c := range getNode(t, n.name).Status.Conditions {
+		if nodecond.Owned(c) && (oldest.IsZero() || c.LastHeartbeatTime.Time.Before(oldest)) {
+			oldest = c.LastHeartbeatTime.Time
+		}
+	}
+	m0, _ := plugctlMetrics(t, n.pd)
+	plugdCPU, kubeletCPU := cpuTime(t, n.pd.cmd.Process.Pid), cpuTime(t, n.k.Pid())
+	from := time.Now()
+	time.Sleep(time.Minute) // the window measured, not a wait for something
+	to := time.Now()
+	plugdCPU, kubeletCPU = cpuTime(t, n.pd.cmd.Process.Pid)-plugdCPU, cpuTime(t, n.k.Pid())-kubeletCPU
+	m1, _ := plugctlMetrics(t, n.pd)
+	by, err := auditCount(plugdUser, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beats := 0
+	if due := oldest.Add(5 * time.Minute); !oldest.IsZero() && !due.Before(from.Add(-time.Second)) && due.Before(to) {
+		beats = 1
+	}
+	writes := by["create"] + by["update"] + by["patch"] + by["delete"]
+	if writes > beats {
+		t.Errorf("plugd wrote %d times in an idle minute (%v); want %d (a heartbeat due in it)", writes, by, beats)
+	}
+	readsOf := func(m, what string) float64 {
+		v, _ := metric(m, "plugd_kubelet_reads_total", `what="`+what+`"`, `result="ok"`)
+		var f float64
+		fmt.Sscan(v, &f)
+		return f
+	}
+	reads := func(m string) float64 { return readsOf(m, "metrics") + readsOf(m, "pod_resources") }
+	bytesRead := func(m string) float64 {
+		v, _ := metric(m, "plugd_kubelet_read_bytes_total")
+		var f float64
+		fmt.Sscan(v, &f)
+		return f
+	}
+	t.Logf("idle minute: plugd CPU %s, kubelet CPU %s; plugd's API requests %v (writes %d, heartbeats due %d); reads of the kubelet %.0f, %.0f bytes",
+		plugdCPU, kubeletCPU, by, writes, beats, reads(m1)-reads(m0), bytesRead(m1)-bytesRead(m0))
+
+	// One read of the kubelet's /metrics: its CPU, and its size.
+	const n20 = 20
+	before := cpuTime(t, n.k.Pid())
+	size := 0
+	for range n20 {
+		body, code, err := n.k.Get(ctx, "/metrics", cp.AdminToken)
+		if err != nil || code != 200 {
+			t.Fatalf("GET /metrics: %d %v", code, err)
+		}
+		size = len(body)
+	}
+	perRead := (cpuTime(t, n.k.Pid()) - before) / n20
+	mr, _ := plugctlMetrics(t, n.pd)
+	wire := bytesRead(mr) / max(1, readsOf(mr, "metrics"))
+	t.Logf("one read of the kubelet's /metrics: about %s of its CPU (%d reads), %d bytes, %.0f bytes gzipped as plugd reads it",
+		perRead, n20, size, wire)
+}
