@@ -550,10 +550,25 @@ func idleMinute(t *testing.T, n *truthNode) {
 		}
 	}
 	m0, _ := plugctlMetrics(t, n.pd)
+	wctx, stop := context.WithCancel(ctx)
+	w, err := admin.CoreV1().Nodes().Watch(wctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := make(chan int)
+	go func() {
+		c := 0
+		for range w.ResultChan() {
+			c++
+		}
+		updates <- c
+	}()
 	plugdCPU, kubeletCPU := cpuTime(t, n.pd.cmd.Process.Pid), cpuTime(t, n.k.Pid())
 	from := time.Now()
 	time.Sleep(time.Minute) // the window measured, not a wait for something
 	to := time.Now()
+	stop()
+	nodeUpdates := <-updates - 1 // the watch's first event is the Node as it is
 	plugdCPU, kubeletCPU = cpuTime(t, n.pd.cmd.Process.Pid)-plugdCPU, cpuTime(t, n.k.Pid())-kubeletCPU
 	m1, _ := plugctlMetrics(t, n.pd)
 	by, err := auditCount(plugdUser, from, to)
@@ -574,15 +589,18 @@ func idleMinute(t *testing.T, n *truthNode) {
 		fmt.Sscan(v, &f)
 		return f
 	}
-	reads := func(m string) float64 { return readsOf(m, "metrics") + readsOf(m, "pod_resources") }
 	bytesRead := func(m string) float64 {
 		v, _ := metric(m, "plugd_kubelet_read_bytes_total")
 		var f float64
 		fmt.Sscan(v, &f)
 		return f
 	}
-	t.Logf("idle minute: plugd CPU %s, kubelet CPU %s; plugd's API requests %v (writes %d, heartbeats due %d); reads of the kubelet %.0f, %.0f bytes",
-		plugdCPU, kubeletCPU, by, writes, beats, reads(m1)-reads(m0), bytesRead(m1)-bytesRead(m0))
+	t.Logf("idle minute: plugd CPU %s, kubelet CPU %s; plugd's API requests %v (writes %d, heartbeats due %d); reads of the kubelet's metrics %.0f (%.0f bytes), of pod-resources %.0f; the kubelet updated the Node %d times",
+		plugdCPU, kubeletCPU, by, writes, beats, readsOf(m1, "metrics")-readsOf(m0, "metrics"), bytesRead(m1)-bytesRead(m0),
+		readsOf(m1, "pod_resources")-readsOf(m0, "pod_resources"), nodeUpdates)
+	if r := readsOf(m1, "metrics") - readsOf(m0, "metrics"); r > 2 {
+		t.Errorf("plugd read the kubelet's metrics %.0f times in an idle minute; want at most the resync's", r)
+	}
 
 	// One read of the kubelet's /metrics: its CPU, and its size.
 	const n20 = 20

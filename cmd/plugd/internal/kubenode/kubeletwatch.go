@@ -59,8 +59,9 @@ type kubeletWatch struct {
 	onChange func() // called after every read, outside mu
 	resync   time.Duration
 
-	kick chan struct{} // read now
-	wake chan struct{} // the loop's wishes changed: look at the timer again
+	kick    chan struct{} // read now
+	devices chan struct{} // read pod-resources now
+	wake    chan struct{} // the loop's wishes changed: look at the timer again
 
 	mu sync.Mutex
 	// Guarded by mu:
@@ -93,7 +94,7 @@ const (
 
 func newKubeletWatch(c *kubeletClient, cfg KubeletConfig, clk clock.WithTicker, log *slog.Logger, m *metrics, onChange func()) *kubeletWatch {
 	w := &kubeletWatch{c: c, cfg: cfg, clock: clk, log: log, m: m, onChange: onChange,
-		resync: cfg.Resync, kick: make(chan struct{}, 1), wake: make(chan struct{}, 1), presentSince: map[string]time.Time{}}
+		resync: cfg.Resync, kick: make(chan struct{}, 1), devices: make(chan struct{}, 1), wake: make(chan struct{}, 1), presentSince: map[string]time.Time{}}
 	if w.resync <= 0 {
 		w.resync = defaultKubeletResync
 	}
@@ -108,6 +109,15 @@ func newKubeletWatch(c *kubeletClient, cfg KubeletConfig, clk clock.WithTicker, 
 func (w *kubeletWatch) request() {
 	select {
 	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// requestDevices asks for a read of the kubelet's devices now: cheap, and
+// local.
+func (w *kubeletWatch) requestDevices() {
+	select {
+	case w.devices <- struct{}{}:
 	default:
 	}
 }
@@ -142,28 +152,31 @@ func (w *kubeletWatch) run(ctx context.Context) {
 	wg.Go(func() { w.holdLoop(ctx) })
 	timer := w.clock.NewTimer(0)
 	defer timer.Stop()
-	forced := true
+	forced, forcedDevices := true, false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
 			forced = true
+		case <-w.devices:
+			forcedDevices = true
 		case <-w.wake:
 		case <-timer.C():
 		}
 		now := w.clock.Now()
 		metrics, devices, next := w.due(now, forced)
+		devices = devices || forcedDevices && w.c.pr != nil
 		if !metrics && !devices {
 			timer.Reset(next.Sub(now))
-			forced = false
+			forced, forcedDevices = false, false
 			continue
 		}
 		if gap := now.Sub(w.lastRead()); gap < minReadGap {
 			timer.Reset(minReadGap - gap)
 			continue // forced stays set: read once the gap has passed
 		}
-		forced = false
+		forced, forcedDevices = false, false
 		w.read(ctx, now, metrics, devices)
 		if ctx.Err() != nil {
 			return

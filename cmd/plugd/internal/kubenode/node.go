@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -266,22 +267,34 @@ func (n *Node) buildSources() {
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		s.onChange = n.changed
-		count := s == n.node
-		onEvent := func() {
-			if count {
-				n.nodeEvents.Add(1)
-			}
-			// What the kubelet writes moves with what it holds (a
-			// restarted kubelet reports its Node at once): look at it too.
-			n.kubelet.request()
-			n.changed()
-		}
-		_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { onEvent() },
-			UpdateFunc: func(any, any) { onEvent() },
-			DeleteFunc: func(any) { onEvent() },
-		})
 	}
+	// The kubelet reports its devices in the Node: a change of capacity or
+	// allocatable asks pod-resources (cheap, local) for them. It updates
+	// the Node for much else too; that asks for no read of the kubelet.
+	_, _ = n.node.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { n.nodeEvents.Add(1); n.kubelet.requestDevices(); n.changed() },
+		UpdateFunc: func(old, cur any) {
+			n.nodeEvents.Add(1)
+			o, ok1 := old.(*corev1.Node)
+			c, ok2 := cur.(*corev1.Node)
+			if !ok1 || !ok2 || !equality.Semantic.DeepEqual(o.Status.Allocatable, c.Status.Allocatable) || !equality.Semantic.DeepEqual(o.Status.Capacity, c.Status.Capacity) {
+				n.kubelet.requestDevices()
+			}
+			n.changed()
+		},
+		DeleteFunc: func(any) { n.nodeEvents.Add(1); n.changed() },
+	})
+	// The kubelet writes CSINode as it registers a driver: read it.
+	_, _ = n.csiNode.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { n.kubelet.request(); n.changed() },
+		UpdateFunc: func(any, any) { n.kubelet.request(); n.changed() },
+		DeleteFunc: func(any) { n.kubelet.request(); n.changed() },
+	})
+	_, _ = n.slices.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { n.changed() },
+		UpdateFunc: func(any, any) { n.changed() },
+		DeleteFunc: func(any) { n.changed() },
+	})
 }
 
 // Changed tells the Node that the plugins may have changed: they are
