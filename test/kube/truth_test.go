@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -231,8 +232,8 @@ func TestKubeletTruth(t *testing.T) {
 	t.Run("the kubelet restarts: False within 10s, True only once it holds them again", func(t *testing.T) {
 		n.ready(t, top)
 		from := time.Now()
+		stopped := from // SIGTERM: the kubelet closes its port, then finishes
 		k.Stop()
-		stopped := time.Now()
 		for _, c := range all {
 			waitCondition(t, n.name, c, corev1.ConditionFalse, "KubeletNotRegistered")
 		}
@@ -618,4 +619,107 @@ func idleMinute(t *testing.T, n *truthNode) {
 	wire := bytesRead(mr) / max(1, readsOf(mr, "metrics"))
 	t.Logf("one read of the kubelet's /metrics: about %s of its CPU (%d reads), %d bytes, %.0f bytes gzipped as plugd reads it",
 		perRead, n20, size, wire)
+}
+
+// The figures of docs/kubernetes.md, medians of several runs beside the
+// real kubelet: a registration socket's appearance to its condition True,
+// and a kubelet's stop to every condition False (and its start to every
+// condition True). PLUGD_KUBE_FIGURES=N runs it N times (it is skipped
+// otherwise: a few minutes).
+func TestKubeletFigures(t *testing.T) {
+	runs, _ := strconv.Atoi(os.Getenv("PLUGD_KUBE_FIGURES"))
+	if runs <= 0 {
+		t.Skip("set PLUGD_KUBE_FIGURES=N to measure, N runs each")
+	}
+	top := t
+	n := newTruthNode(t, "k-figures")
+	k := n.k
+	n.pd = startPlugd(t, n.dir, n.config)
+	n.csi.startDriver(top, "id-a")
+	n.csi.startRegistrar(top)
+	n.gpu = startHealthPlugin(top, k.RegistryDir, gpuName, 2)
+	startDRA(top, k.RegistryDir, filepath.Join(n.dir, "dra"), n.name)
+	all := []string{csiCond, gpuCond, draCond}
+	for _, c := range all {
+		waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+	}
+	median := func(ds []time.Duration) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	var toTrue, toNotified, toFalse, toTrueAgain []time.Duration
+	for range runs {
+		n.csi.registrar.signal(syscall.SIGTERM)
+		waitCondition(t, n.name, csiCond, corev1.ConditionFalse, "SocketMissing")
+		from := time.Now()
+		n.csi.startRegistrar(top)
+		fi, err := os.Stat(n.csi.socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		made := time.Unix(fi.Sys().(*syscall.Stat_t).Ctim.Unix())
+		waitCondition(t, n.name, csiCond, corev1.ConditionTrue, "PluginReady")
+		tr := n.conds.since(csiCond, from)
+		toTrue = append(toTrue, tr[len(tr)-1].at.Sub(made))
+		// When the kubelet told the registrar it registered it.
+		for l := range strings.Lines(n.csi.registrar.out.String()) {
+			if ts, ok := strings.CutSuffix(strings.TrimSpace(l), " registered"); ok {
+				at, err := time.ParseInLocation("15:04:05.000000", ts, time.Local)
+				if err == nil {
+					y, m, d := made.Date()
+					at = time.Date(y, m, d, at.Hour(), at.Minute(), at.Second(), at.Nanosecond(), time.Local)
+					toNotified = append(toNotified, at.Sub(made))
+				}
+				break
+			}
+		}
+	}
+	for range runs {
+		from := time.Now()
+		stopped := from // SIGTERM: the kubelet closes its port, then finishes
+		k.Stop()
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionFalse, "KubeletNotRegistered")
+		}
+		var last time.Time
+		for _, c := range all {
+			tr := n.conds.since(c, from)
+			last = latest(last, tr[len(tr)-1].at)
+		}
+		toFalse = append(toFalse, last.Sub(stopped))
+		if err := k.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		started := time.Now().Add(-k.StartupTime)
+		for _, c := range all {
+			waitCondition(t, n.name, c, corev1.ConditionTrue, "PluginReady")
+		}
+		last = time.Time{}
+		for _, c := range all {
+			tr := n.conds.since(c, stopped)
+			last = latest(last, tr[len(tr)-1].at)
+		}
+		toTrueAgain = append(toTrueAgain, last.Sub(started))
+	}
+	t.Logf("%d runs each (medians; all runs):", runs)
+	t.Logf("  registration socket made -> its condition True: %s; %v", median(toTrue).Round(time.Millisecond), toTrue)
+	if len(toNotified) > 0 {
+		t.Logf("  registration socket made -> the kubelet told the registrar it registered it: %s; %v", median(toNotified).Round(time.Millisecond), toNotified)
+	}
+	t.Logf("  kubelet sent SIGTERM -> every condition False: %s; %v", median(toFalse).Round(time.Millisecond), toFalse)
+	t.Logf("  kubelet started -> every condition True:       %s; %v", median(toTrueAgain).Round(time.Millisecond), toTrueAgain)
+	m, _ := plugctlMetrics(t, n.pd)
+	for line := range strings.Lines(m) {
+		if strings.HasPrefix(line, "plugd_kubelet_registration") && (strings.Contains(line, "_sum") || strings.Contains(line, "_count")) {
+			t.Logf("  %s", strings.TrimSpace(line))
+		}
+	}
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
