@@ -1,25 +1,33 @@
-// Package kubenode is plugd on a Kubernetes node: what the Kubernetes API
-// says the kubelet made of each plugin, a Node condition per expected
-// plugin, the removal of a startup taint once they are all ready, and
-// events when one becomes ready, falls out, or when the kubelet and the
-// socket disagree.
+// Package kubenode is plugd on a Kubernetes node: what the running kubelet
+// made of each plugin, a Node condition per expected plugin, the removal
+// of a startup taint once they are all ready, and events when one becomes
+// ready, falls out, or when the kubelet and the sockets disagree.
 //
-// It reads only this node's objects, with informers scoped by field
-// selectors: its Node (metadata.name), its CSINode (metadata.name) and its
-// ResourceSlices (spec.nodeName). What the kubelet writes there is the
-// evidence:
+// The evidence is the kubelet's own state, which API objects outlive:
 //
-//	CSIPlugin     the driver is in CSINode spec.drivers, with the nodeID the driver's NodeGetInfo gives
-//	DevicePlugin  the resource is in the Node's status.capacity; allocatable counts its healthy devices
-//	DRAPlugin     the driver's ResourceSlices on this node exist (none: Unknown, not published)
+//	its /metrics (secure port)   plugin_manager_total_plugins: the sockets it has registered
+//	                             (actual state) and seen (desired state); its start time
+//	its pod-resources socket     the devices it can allocate now
 //
-// It writes only on change: a condition is patched (strategic merge on
-// nodes/status, so that every condition of others stays) when its status,
-// reason or message changes, never periodically. An API server that is
-// down, slow or forbids plugd never holds up anything local: the views say
-// Unknown with the reason, Problems lists the trouble, and reads and writes
-// are retried with backoff until they work again.
+// and, for the details, this node's objects, read with informers scoped by
+// field selectors: its Node (metadata.name), its CSINode (metadata.name)
+// and its ResourceSlices (spec.nodeName). Where the kubelet cannot be read
+// (permission, TLS, no answer), what it registered is inferred from those
+// objects, and every view and condition says Inferred.
 //
-// Summarize reads the conditions back across a cluster, for plugctl
-// cluster.
+// Files by job: kubelet.go reads the kubelet, kubeletwatch.go says when
+// (a held connection, reads that follow change, a slow resync), view.go
+// says what the kubelet made of a plugin, conditions.go what its condition
+// says, loop.go evaluates and writes, events.go records events and
+// disagreements, source.go reads the API's objects, status.go is what the
+// daemon and the doctor read back.
+//
+// It writes only on change, and for a heartbeat: a condition is patched
+// (strategic merge on nodes/status, so that every condition of others
+// stays) when its status changes, when its reason or message changes and
+// has held for a moment, and every heartbeat interval. An API server or a
+// kubelet that is down, slow or forbids plugd never holds up anything
+// local: the views say why, Problems lists the API's trouble, and reads
+// and writes are retried with backoff until they work again. Its pacing,
+// heartbeats and backoff run on an injected clock.
 package kubenode
