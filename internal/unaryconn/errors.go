@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -133,4 +135,76 @@ func unusable(why error) *callError {
 		e.kinds = []error{ErrHangup}
 	}
 	return e
+}
+
+// frameError classifies an error of Framer.ReadFrame: the peer breaking
+// HTTP/2, or the connection failing under it.
+func frameError(doing string, err error) *callError {
+	var se http2.StreamError
+	var ce http2.ConnectionError
+	switch {
+	case errors.As(err, &se), errors.As(err, &ce):
+		return protocolError("%s: malformed: %v", doing, err)
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return protocolError("%s: the peer sent a frame larger than %d bytes", doing, maxFrameSize)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return hangupError("%s: the peer closed the connection", doing)
+	}
+	return hangupError("%s: %v", doing, err)
+}
+
+// firstFrameError is the error of reading the peer's first frame, but for
+// the deadline, which each caller says in its own way.
+func firstFrameError(err error) *callError {
+	if errors.Is(err, io.EOF) {
+		return hangupError("the peer closed the connection without a word")
+	}
+	return frameError("the peer is not an HTTP/2 server", err)
+}
+
+// handshakeError is the failure of a connection before the peer's SETTINGS
+// came: nothing was processed.
+func handshakeError(err error) error {
+	var ce *callError
+	if !errors.As(err, &ce) {
+		return fmt.Errorf("HTTP/2 handshake: %w (%w)", err, ErrHandshake)
+	}
+	return &callError{
+		st:          status.New(ce.st.Code(), "HTTP/2 handshake: "+ce.st.Message()),
+		kinds:       append(slices.DeleteFunc(slices.Clone(ce.kinds), func(k error) bool { return k == ErrMaybeDelivered }), ErrHandshake),
+		unprocessed: true,
+	}
+}
+
+// resetError is the failure of a call whose stream the peer reset.
+func resetError(e http2.ErrCode) *callError {
+	err := newError(resetCode(e), nil, "the peer reset the stream: %v", e)
+	switch {
+	case e == http2.ErrCodeRefusedStream:
+		// RFC 9113 §8.7: the stream was not processed; a retry is safe.
+		err.unprocessed = true
+	case blamesUs(e):
+		err.kinds = []error{ErrProtocol}
+	}
+	return err
+}
+
+// goAwayError is the peer's GOAWAY, with its code and debug data.
+func goAwayError(f *http2.GoAwayFrame) *callError {
+	err := hangupError("the peer sent GOAWAY (%v, last stream %d): %q", f.ErrCode, f.LastStreamID, f.DebugData())
+	if blamesUs(f.ErrCode) {
+		err.kinds = append(err.kinds, ErrProtocol)
+	}
+	return err
+}
+
+// blamesUs reports whether an RST_STREAM or GOAWAY error code says that our
+// side broke HTTP/2 (or that the peer failed to understand it).
+func blamesUs(e http2.ErrCode) bool {
+	switch e {
+	case http2.ErrCodeProtocol, http2.ErrCodeInternal, http2.ErrCodeFlowControl,
+		http2.ErrCodeStreamClosed, http2.ErrCodeFrameSize, http2.ErrCodeCompression:
+		return true
+	}
+	return false
 }

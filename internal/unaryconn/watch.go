@@ -1,10 +1,13 @@
 package unaryconn
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 )
 
@@ -294,4 +297,64 @@ func (c *Conn) hangupLocked(w *watch, err error) {
 	}
 	c.mu.Unlock()
 	onHangup(err)
+}
+
+// idleFrames handles the complete frames in c.rest, keeping the rest of an
+// incomplete one for later. c.mu must be held. What they call for (SETTINGS
+// and PING ACKs) is written at once when the watch read them (ackNow): no
+// call is likely to come within ackDelay to take it, and a peer may be
+// waiting for it; what came with the end of a call's answer may wait for the
+// next call (acks.go).
+func (c *Conn) idleFrames(ackNow bool) bool {
+	r := bytes.NewReader(c.rest)
+	k := call{c: c, callIO: &callIO{fr: http2.NewFramer(io.Discard, r)}} // what it calls for is owed (acks.go), not written
+	k.fr.SetMaxReadFrameSize(maxFrameSize)
+	owed := c.owedCount()
+	for r.Len() >= 9 {
+		b := c.rest[len(c.rest)-r.Len():]
+		if size := int(b[0])<<16 | int(b[1])<<8 | int(b[2]); size > maxFrameSize {
+			c.broken = protocolError("the peer sent a frame of %d bytes", size)
+			return false
+		} else if r.Len() < 9+size {
+			break
+		}
+		f, err := k.fr.ReadFrame()
+		if err != nil {
+			c.broken = frameError("reading what the peer sent an idle connection", err)
+			return false
+		}
+		if !c.settled {
+			if err := c.firstFrame(f); err != nil {
+				c.broken = handshakeError(err)
+				return false
+			}
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame, *http2.PingFrame, *http2.WindowUpdateFrame, *http2.GoAwayFrame:
+			k.handle(f)
+		case *http2.PriorityFrame, *http2.UnknownFrame:
+		case *http2.RSTStreamFrame:
+			// A server may reset a stream it has answered in full (RFC
+			// 9113 §8.1): harmless for a stream of ours that has ended.
+			if f.StreamID >= c.next {
+				c.broken = protocolError("the peer reset stream %d, which was never opened", f.StreamID)
+				return false
+			}
+		default:
+			c.broken = protocolError("the peer sent %v on an idle connection", f.Header().Type)
+			return false
+		}
+	}
+	// What is left is less than a frame (its size was checked above),
+	// kept where it is if no frame came before it.
+	if r.Len() == 0 {
+		c.rest = nil
+	} else if r.Len() < len(c.rest) {
+		c.rest = append([]byte(nil), c.rest[len(c.rest)-r.Len():]...)
+	}
+	if c.broken == nil && (ackNow && c.owedCount() > owed || c.tooManyOwed()) {
+		return c.writeAcksLocked() == nil
+	}
+	c.ackLaterLocked()
+	return c.broken == nil
 }
