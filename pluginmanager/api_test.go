@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -368,6 +369,67 @@ func TestRestartDoesNotDeregisterUnlessAsked(t *testing.T) {
 		}
 		if got := rec.Count("deregister", "x"); got != map[bool]int{false: 0, true: 1}[deregister] {
 			t.Errorf("DeregisterOnShutdown=%v: %d deregistrations", deregister, got)
+		}
+	}
+}
+
+// TestRunLeavesNoTransportGoroutine: when Run returns, nothing of the
+// connections it held to plugins runs any more, at once rather than a
+// moment later: the watches, their Poller's epoll set and its goroutine,
+// the acknowledgement timers, all stopped and waited for.
+func TestRunLeavesNoTransportGoroutine(t *testing.T) {
+	const n = 5
+	dir := testenv.ShortDir(t, "pm")
+	for i := range n {
+		testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: fmt.Sprint("p", i)})
+	}
+	reg := prometheus.NewPedanticRegistry()
+	m, err := pluginmanager.New(pluginmanager.Options{Dir: dir, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.AddHandler("CSIPlugin", plugintest.NewRecorder())
+	sub := m.Subscribe()
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	// A registration holds its connection before it is published.
+	for registered := 0; registered < n; {
+		select {
+		case ev := <-sub.Events():
+			if ev.Type == pluginmanager.EventRegistered {
+				registered++
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d plugins registered", registered, n)
+		}
+	}
+	held := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "plugd_held_connections" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return 0
+	}
+	if got := held(); got != n {
+		t.Fatalf("%v connections held, want %d", got, n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	for g := range strings.SplitSeq(stacks, "\n\n") {
+		if strings.Contains(g, "plugd/internal/unaryconn.") || strings.Contains(g, "pluginmanager/internal/connset.") {
+			t.Errorf("a goroutine of the transport still runs after Run returned:\n%s", g)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/unaryconn"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -51,7 +52,8 @@ type Options struct {
 type Handler struct {
 	log         *slog.Logger
 	callTimeout time.Duration
-	roots       []string // Options.EndpointRoots
+	roots       []string          // Options.EndpointRoots
+	poller      *unaryconn.Poller // watches the connections held to the drivers' endpoints; Close closes it
 	metrics     *metrics
 
 	mu      sync.Mutex
@@ -89,6 +91,7 @@ func New(opts Options) *Handler {
 		log:         opts.Logger,
 		callTimeout: opts.CallTimeout,
 		roots:       opts.EndpointRoots,
+		poller:      unaryconn.NewPoller(unaryconn.PollerOptions{}),
 		metrics:     newMetrics(),
 		drivers:     make(map[string][]*record),
 	}
@@ -233,6 +236,7 @@ func (h *Handler) watch(ctx context.Context, p pluginmanager.Plugin, endpoint st
 		Report:  pluginmanager.EndpointReporter(ctx),
 		Timeout: h.callTimeout,
 		Dial:    confine.For(endpoint, p.Socket, h.roots).Dial,
+		Poller:  h.poller,
 		Check: func(ctx context.Context) error {
 			info, err := h.query(ctx, p, endpoint)
 			if err != nil {
@@ -383,6 +387,7 @@ func (h *Handler) Close() {
 	for _, w := range stop {
 		w.Stop()
 	}
+	h.poller.Close()
 }
 
 // activeOf returns the most recently registered of rs, which is not empty.

@@ -135,7 +135,9 @@ func (c *Conn) paidLocked(b []byte) []byte {
 // stopAckTimerLocked stops the timer, which is kept for the next time.
 func (c *Conn) stopAckTimerLocked() {
 	if c.acks != nil && c.acks.armed {
-		c.acks.timer.Stop()
+		if c.acks.timer.Stop() {
+			c.timers.Done() // it will not run
+		}
 		c.acks.armed = false
 	}
 }
@@ -157,6 +159,7 @@ func (c *Conn) ackLaterLocked() {
 	}
 	d := time.Until(c.oweDue())
 	c.acks.armed = true
+	c.timers.Add(1) // done by its run, or by a Stop that prevents it
 	if c.acks.timer == nil {
 		c.acks.timer = time.AfterFunc(d, c.ackTimer)
 	} else {
@@ -166,8 +169,12 @@ func (c *Conn) ackLaterLocked() {
 
 // ackTimer writes what is owed, unless a call paid it (which stops the
 // timer). A firing that waited for c.mu while a call stopped the timer and
-// armed it again writes what is owed then a little early: harmless.
+// armed it again writes what is owed then a little early: harmless. A
+// failed write leaves the connection broken; a watch hears of it from its
+// read, which the timer cuts short, and reports the hang-up from its own
+// goroutine: the timer's never calls onHangup, so Close may wait for it.
 func (c *Conn) ackTimer() {
+	defer c.timers.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.acks == nil || !c.acks.armed || c.broken != nil || c.closed {
@@ -176,21 +183,16 @@ func (c *Conn) ackTimer() {
 	c.acks.armed = false
 	err := c.writeAcksLocked()
 	c.acks = nil // paid, or the connection is broken: no call is in flight to need it
-	if err != nil && c.closing.Load() {
-		return // Close cut the write short: no hang-up (see Watch)
+	if err == nil || c.closing.Load() || c.w == nil {
+		return // Close cut the write short, or the next call finds c.broken
 	}
-	if err != nil {
-		if w := c.w; w != nil && w.p != nil {
-			c.hangupLocked(w, err) // unlocks c.mu
-			c.mu.Lock()            // for the deferred unlock
-			return
-		}
-		// A watch's goroutine hears of it from its read, which the
-		// close cuts short; a connection not watched from its next call.
-		if c.w != nil {
-			c.closeSocket()
-		}
+	if c.w.set != nil {
+		// In the epoll set: a socket closed would leave it unseen, one
+		// shut for reading is readable, at its end.
+		c.nc.CloseRead()
+		return
 	}
+	c.closeSocket() // a goroutine's read fails
 }
 
 // writeAcksLocked writes what is owed, now, while no call is in flight: a

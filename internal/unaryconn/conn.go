@@ -8,10 +8,11 @@
 // goroutines and about 45 KiB for as long as it is open, the standard
 // library's HTTP/2 ClientConn one goroutine and about 20 KiB; a Conn, while
 // no call is in flight, is a socket, a header decoder and a few counters;
-// once watched (Watch), its socket waits with the others in one epoll set
-// on Linux (a goroutine blocked in a small read elsewhere): about 2.3 KiB of
-// resident memory in all at 5,000 connections on Linux, 5.3 KiB with a
-// goroutine each. bench/README.md has the figures, measured side by side.
+// once watched (Watch), its socket waits with the others in the epoll set
+// of a Poller, which its holder owns, on Linux (a goroutine blocked in a
+// small read elsewhere): about 2.3 KiB of resident memory in all at 5,000
+// connections on Linux, 5.3 KiB with a goroutine each. bench/README.md has
+// the figures, measured side by side.
 //
 // HTTP/2 framing and header compression are golang.org/x/net/http2's; this
 // package adds what a unary call needs on top of them: the gRPC message
@@ -37,8 +38,9 @@
 // handshake and SETTINGS, Close); call.go a call (Invoke) and the frames it
 // reads; grpcwire.go what gRPC puts in HTTP/2 headers and trailers; acks.go
 // the acknowledgements owed to the peer; deadline.go how a context's end
-// cuts a read short; watch.go and poll_*.go the watch of an idle
-// connection; errors.go what went wrong, and the sentinels that say so.
+// cuts a read short; watch.go the watch of an idle connection, poller.go
+// and poll_*.go the Poller that runs the watches; errors.go what went
+// wrong, and the sentinels that say so.
 package unaryconn
 
 import (
@@ -104,8 +106,11 @@ type Conn struct {
 	closing     atomic.Bool    // Close was called: set before it closes the socket, which the watch may see first
 
 	onHangup func(error) // Watch's callback, while the connection is watched
+	poller   *Poller     // Watch's, which watches it while it is idle
 	w        *watch      // the watch of the idle connection, if one runs
 	flood    bucket      // what the peer may still send a watched connection
+
+	timers sync.WaitGroup // the acknowledgement timer's runs, armed or under way (acks.go)
 
 	now func() time.Time // the clock; tests set their own
 }
@@ -304,19 +309,21 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.nc.SyscallConn(
 
 // Close closes the connection. A call in flight fails; a watch ends without
 // calling its onHangup (unless it was already doing so: Close and a hang-up
-// may cross). Close returns once the watch has let go of the connection,
-// and may be called more than once, and from onHangup.
+// may cross). Close returns once the watch has let go of the connection and
+// no timer of the connection's runs, and may be called more than once, and
+// from onHangup.
 func (c *Conn) Close() error {
 	c.closing.Store(true)
 	err := c.closeSocket() // first, without c.mu: a call in flight fails at once
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.closed = true
 	if c.broken == nil {
 		c.broken = hangupError("closed by this side")
 	}
 	c.stopAckTimerLocked()
 	c.stopWatchLocked()
+	c.mu.Unlock()
+	c.timers.Wait() // a run under way waits for c.mu, then finds c closed
 	return err
 }
 

@@ -320,7 +320,7 @@ func TestOpenGRPCGo(t *testing.T) {
 // hung up on as not HTTP/2.
 func TestOpenWatchedFirst(t *testing.T) { eachWatch(t, testOpenWatchedFirst) }
 
-func testOpenWatchedFirst(t *testing.T) {
+func testOpenWatchedFirst(t *testing.T, pl *Poller) {
 	acked := make(chan bool, 1)
 	c := open(t, rawPeer(t, func(p *peer) {
 		p.readPreface()
@@ -330,7 +330,7 @@ func testOpenWatchedFirst(t *testing.T) {
 		p.answer(p.readRequest(getInfo, true), peerInfo)
 		p.drain()
 	}), wait)
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	recv(t, acked)
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
@@ -342,7 +342,7 @@ func testOpenWatchedFirst(t *testing.T) {
 		p.check(p.fr.WritePing(false, [8]byte{}))
 		p.drain()
 	}), wait)
-	err := recv(t, watched(t, c))
+	err := recv(t, watched(t, pl, c))
 	if !errors.Is(err, ErrProtocol) || !errors.Is(err, ErrHandshake) {
 		t.Errorf("hang-up %v, want ErrProtocol and ErrHandshake", err)
 	}

@@ -4,38 +4,18 @@ import (
 	"errors"
 	"io"
 	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// On Linux the watched connections' sockets wait together, in one epoll set
-// for the process, on one goroutine: a goroutine blocked in a read of each
-// would cost its 2 KiB stack and 0.5 KiB of runtime state, 12 MiB at 5,000
-// plugins, a quarter of plugd's memory there. When a socket is readable, a
-// goroutine that lasts as long as reading what came takes a turn
-// (pollStep), and arms the socket again: EPOLLONESHOT, so one turn at a
-// time. The epoll set is itself waited on by Go's netpoller, like any
-// socket, and exists while connections are watched: it is made for the
-// first and closed with the last, so that nothing outlives them.
-
-// procPoller is the process's epoll set, if connections are watched.
-var procPoller struct {
-	mu sync.Mutex
-	p  *poller // nil while none is
-}
-
-// poller is an epoll set of watched sockets and the goroutine waiting on it.
-type poller struct {
-	fd int      // the epoll set
-	f  *os.File // fd, in Go's netpoller; closed with the last watch
-
-	// What follows is guarded by procPoller.mu.
-	watches map[int32]*watch // by the id in their sockets' epoll data
-	next    int32
+// epollSet is a Poller's epoll set of watched sockets (see Poller), waited
+// on by a goroutine of the Poller's (run).
+type epollSet struct {
+	fd     int      // the epoll set
+	f      *os.File // fd, in Go's netpoller; closed with the last socket
+	polled int      // the sockets in it
 }
 
 // pollEvents is what a watched socket is waited for: anything to read, the
@@ -45,66 +25,58 @@ const pollEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
 // errWouldBlock is readNow's error when nothing has come.
 var errWouldBlock = errors.New("nothing to read yet")
 
-// pollLocked puts w's socket into the epoll set. On error the caller
-// watches with a goroutine instead.
-func (c *Conn) pollLocked(w *watch) error {
-	procPoller.mu.Lock()
-	defer procPoller.mu.Unlock()
-	p := procPoller.p
-	if p == nil {
-		var err error
-		if p, err = newPoller(); err != nil {
+// pollLocked puts w's socket into the epoll set, made if there is none. On
+// error the caller watches with a goroutine instead. p.mu must be held.
+func (p *Poller) pollLocked(w *watch) error {
+	if p.set == nil {
+		s, raw, err := newEpollSet()
+		if err != nil {
 			return err
 		}
-		procPoller.p = p
+		p.set = s
+		p.goLocked(func() { p.run(raw) })
 	}
-	for p.next++; p.next == 0 || p.watches[p.next] != nil; p.next++ {
-	}
-	w.p, w.id = p, p.next
-	p.watches[w.id] = w
-	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
-		if f := p.removeLocked(w); f != nil {
-			// A set that never held a socket: run has no event in
-			// hand, so it is not waiting for procPoller.mu.
-			f.Close()
+	if err := w.ctl(p.set, unix.EPOLL_CTL_ADD); err != nil {
+		if p.set.polled == 0 {
+			// A set that never held a socket: run has no event in hand,
+			// so it is not waiting for p.mu.
+			p.set.f.Close()
+			p.set = nil
 		}
-		w.p = nil
 		return err
 	}
-	if len(c.rest) > 0 {
-		// What the last call read past its answer will not make the
-		// socket readable.
-		go c.pollStep(w)
-	}
+	p.set.polled++
+	w.set = p.set
 	return nil
 }
 
-// unpollLocked takes w's socket out of the epoll set, and closes the set if
-// it was the last.
-func (c *Conn) unpollLocked(w *watch) {
+// unpoll takes w's socket out of the epoll set, and closes the set if it was
+// the last.
+func (p *Poller) unpoll(w *watch) {
+	s := w.set
 	// Control refuses a socket that is closed (or closing): its
 	// registration goes with it, once nothing else holds the socket open.
-	w.ctl(unix.EPOLL_CTL_DEL)
-	procPoller.mu.Lock()
-	f := w.p.removeLocked(w)
-	procPoller.mu.Unlock()
-	if f != nil {
-		// Not under procPoller.mu: Close waits for run to let go of the
-		// set, and run may have an event in hand for which start waits
-		// for the lock. run never takes c.mu.
-		if hook := testHookPoll.Load(); hook != nil {
-			(*hook)("close")
+	w.ctl(s, unix.EPOLL_CTL_DEL)
+	p.mu.Lock()
+	s.polled--
+	last := s.polled == 0
+	if last && p.set == s {
+		p.set = nil
+	}
+	p.mu.Unlock()
+	if last {
+		// Not under p.mu: Close waits for run to let go of the set, and
+		// run may have an event in hand for which start waits for the
+		// lock. run never takes a Conn's mu.
+		if hook := p.hookPoll; hook != nil {
+			hook("close")
 		}
-		f.Close()
+		s.f.Close()
 	}
 }
 
-// testHookPoll, if set, is called where run has events in hand ("start")
-// and before the set is closed ("close").
-var testHookPoll atomic.Pointer[func(where string)]
-
-// ctl adds, arms again or deletes w's socket in the epoll set.
-func (w *watch) ctl(op int) error {
+// ctl adds, arms again or deletes w's socket in the epoll set s.
+func (w *watch) ctl(s *epollSet, op int) error {
 	raw, err := w.c.nc.SyscallConn()
 	if err != nil {
 		return err
@@ -112,7 +84,7 @@ func (w *watch) ctl(op int) error {
 	var cerr error
 	err = raw.Control(func(fd uintptr) { // the socket stays open meanwhile
 		ev := unix.EpollEvent{Events: pollEvents, Fd: w.id}
-		cerr = unix.EpollCtl(w.p.fd, op, int(fd), &ev)
+		cerr = unix.EpollCtl(s.fd, op, int(fd), &ev)
 	})
 	if err != nil {
 		return err
@@ -136,8 +108,7 @@ func (c *Conn) pollStep(w *watch) {
 	}
 	for {
 		if c.closed || c.closing.Load() {
-			c.unpollLocked(w)
-			c.w = nil
+			c.endWatchLocked(w)
 			c.mu.Unlock()
 			return
 		}
@@ -149,13 +120,13 @@ func (c *Conn) pollStep(w *watch) {
 			return
 		}
 		n0, buf := c.nextReadLocked(w)
-		got, err := c.readNow(buf)
+		got, err := c.readNow(w, buf)
 		c.readDoneLocked(n0, got)
 		if c.closed || c.closing.Load() {
 			continue
 		}
 		if err == errWouldBlock {
-			if err = w.ctl(unix.EPOLL_CTL_MOD); err == nil {
+			if err = w.rearm(); err == nil {
 				c.mu.Unlock()
 				return
 			}
@@ -171,9 +142,12 @@ func (c *Conn) pollStep(w *watch) {
 	}
 }
 
+// rearm arms w's socket in the epoll set again, for its next turn.
+func (w *watch) rearm() error { return w.ctl(w.set, unix.EPOLL_CTL_MOD) }
+
 // readNow reads what has come into buf, without waiting: errWouldBlock if
 // nothing has.
-func (c *Conn) readNow(buf []byte) (int, error) {
+func (c *Conn) readNow(w *watch, buf []byte) (int, error) {
 	raw, err := c.nc.SyscallConn()
 	if err != nil {
 		return 0, frameError("watching the idle connection", err)
@@ -204,7 +178,7 @@ func (c *Conn) readNow(buf []byte) (int, error) {
 		}
 		n = max(n, 0)
 		got += n
-		if ferr := c.tookRead(n); ferr != nil {
+		if ferr := c.tookRead(w, n); ferr != nil {
 			return got, ferr
 		}
 		if err != nil {
@@ -214,15 +188,15 @@ func (c *Conn) readNow(buf []byte) (int, error) {
 	return got, nil
 }
 
-// newPoller makes an epoll set and starts its goroutine.
-func newPoller() (*poller, error) {
+// newEpollSet makes an epoll set, in Go's netpoller.
+func newEpollSet() (*epollSet, syscall.RawConn, error) {
 	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, os.NewSyscallError("epoll_create1", err)
+		return nil, nil, os.NewSyscallError("epoll_create1", err)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
-		return nil, err
+		return nil, nil, err
 	}
 	f := os.NewFile(uintptr(fd), "epoll")
 	// An *os.File is waited on by the netpoller only if it accepted it;
@@ -233,16 +207,14 @@ func newPoller() (*poller, error) {
 	}
 	if err != nil {
 		f.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	p := &poller{fd: fd, f: f, watches: make(map[int32]*watch)}
-	go p.run(raw)
-	return p, nil
+	return &epollSet{fd: fd, f: f}, raw, nil
 }
 
-// run waits for watched sockets to be readable and starts their turns,
-// until the set is closed.
-func (p *poller) run(raw syscall.RawConn) {
+// run waits for the watched sockets of the set raw is to be readable and
+// starts their turns, until the set is closed.
+func (p *Poller) run(raw syscall.RawConn) {
 	var events [64]unix.EpollEvent
 	for {
 		err := raw.Read(func(fd uintptr) bool {
@@ -254,8 +226,8 @@ func (p *poller) run(raw syscall.RawConn) {
 				if n <= 0 {
 					return false // wait until the set is readable again
 				}
-				if hook := testHookPoll.Load(); hook != nil {
-					(*hook)("start")
+				if hook := p.hookPoll; hook != nil {
+					hook("start")
 				}
 				p.start(events[:n])
 			}
@@ -267,28 +239,14 @@ func (p *poller) run(raw syscall.RawConn) {
 }
 
 // start starts the turns of the watches of events.
-func (p *poller) start(events []unix.EpollEvent) {
-	procPoller.mu.Lock()
-	defer procPoller.mu.Unlock()
+func (p *Poller) start(events []unix.EpollEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, ev := range events {
 		// A watch that ended since has no turn; one that took its id
 		// since has one for nothing, which only finds nothing to read.
-		if w := p.watches[ev.Fd]; w != nil {
-			go w.c.pollStep(w)
+		if w := p.watches[ev.Fd]; w != nil && w.set != nil {
+			p.goLocked(func() { w.c.pollStep(w) })
 		}
 	}
-}
-
-// removeLocked takes w out of p. With its last watch gone, p is the
-// process's set no longer, and removeLocked returns its file for the caller
-// to close once it has let go of procPoller.mu. procPoller.mu must be held.
-func (p *poller) removeLocked(w *watch) *os.File {
-	if p.watches[w.id] == w {
-		delete(p.watches, w.id)
-	}
-	if len(p.watches) == 0 && procPoller.p == p {
-		procPoller.p = nil
-		return p.f
-	}
-	return nil
 }

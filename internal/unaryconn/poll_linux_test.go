@@ -8,11 +8,12 @@ import (
 	"testing"
 )
 
-// TestWatchInOneEpollSet: on Linux, watched connections wait together in
-// the process's epoll set, not on a goroutine each; each one's hang-up is
+// TestWatchInOneEpollSet: on Linux, a Poller's watched connections wait
+// together in its epoll set, not on a goroutine each; each one's hang-up is
 // still told; the set goes with the last watch.
 func TestWatchInOneEpollSet(t *testing.T) {
 	const n = 100
+	pl := newPoller(t, false)
 	srv, path := newServer(t, registration{})
 	t.Cleanup(srv.Stop)
 	hung := make(chan error, n)
@@ -21,16 +22,16 @@ func TestWatchInOneEpollSet(t *testing.T) {
 		if _, err := info(c, wait, 1<<16); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Watch(func(err error) { hung <- err }); err != nil {
+		if err := c.Watch(pl, func(err error) { hung <- err }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	procPoller.mu.Lock()
+	pl.mu.Lock()
 	in := 0
-	if procPoller.p != nil {
-		in = len(procPoller.p.watches)
+	if pl.set != nil {
+		in = pl.set.polled
 	}
-	procPoller.mu.Unlock()
+	pl.mu.Unlock()
 	if in != n {
 		t.Errorf("%d connections in the epoll set, want all %d", in, n)
 	}
@@ -46,22 +47,23 @@ func TestWatchInOneEpollSet(t *testing.T) {
 			t.Errorf("hang-up %v, want ErrHangup", err)
 		}
 	}
-	procPoller.mu.Lock()
-	left := procPoller.p
-	procPoller.mu.Unlock()
-	if left != nil {
-		t.Errorf("the epoll set outlived its watches (%d left)", len(left.watches))
+	pl.mu.Lock()
+	left, watches := pl.set, len(pl.watches)
+	pl.mu.Unlock()
+	if left != nil || watches != 0 {
+		t.Errorf("the epoll set outlived its watches (%d left)", watches)
 	}
 }
 
 // TestWatchLastEndsWhileEventsInHand: the last watch may end while the
 // set's goroutine has events in hand, for which it is about to take the
-// set's lock: the set is then closed without that lock held, or neither
+// Poller's lock: the set is then closed without that lock held, or neither
 // would go on (review of the change: TestWatchCalls hung in 3 runs of 6).
 func TestWatchLastEndsWhileEventsInHand(t *testing.T) {
 	inHand, release, closing := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var handOnce, closeOnce sync.Once
-	hook := func(where string) {
+	pl := newPoller(t, false)
+	pl.hookPoll = func(where string) {
 		switch where {
 		case "start":
 			handOnce.Do(func() { close(inHand); <-release })
@@ -69,8 +71,6 @@ func TestWatchLastEndsWhileEventsInHand(t *testing.T) {
 			closeOnce.Do(func() { close(closing) })
 		}
 	}
-	testHookPoll.Store(&hook)
-	t.Cleanup(func() { testHookPoll.Store(nil) })
 
 	ping := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
@@ -84,7 +84,7 @@ func TestWatchLastEndsWhileEventsInHand(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	watched(t, c)
+	watched(t, pl, c)
 	close(ping)
 	recv(t, inHand) // the PING's event
 	closed := make(chan error, 1)

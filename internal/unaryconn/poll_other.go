@@ -4,10 +4,12 @@ package unaryconn
 
 import "errors"
 
-// poller is Linux's epoll set (poll_linux.go); elsewhere each watch is a
+// epollSet is Linux's epoll set (poll_linux.go); elsewhere each watch is a
 // goroutine.
-type poller struct{}
+type epollSet struct{}
 
-func (c *Conn) pollLocked(*watch) error { return errors.ErrUnsupported }
+func (p *Poller) pollLocked(*watch) error { return errors.ErrUnsupported }
 
-func (c *Conn) unpollLocked(*watch) {}
+func (p *Poller) unpoll(*watch) {}
+
+func (c *Conn) pollStep(*watch) {}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -24,38 +23,35 @@ import (
 //     (an answer, when no call is in flight).
 //
 // The connection is closed by then (a gracefully stopping gRPC server waits
-// for that). onHangup runs on a goroutine of the watch's and may call any
-// method of c, Close included; it may run while, or just after, a racing
-// Close returns, but is never called for what Close did.
+// for that). onHangup runs on a goroutine of p's and may call any method of
+// c, Close included (but not p.Close); it may run while, or just after, a
+// racing Close returns, but is never called for what Close did.
 //
-// A call made on a watched connection takes the socket from the watch and
-// gives it back when it ends: what the watch had read of a frame is the
-// call's to finish, and what the call read past its answer is the watch's.
-// A call that leaves the connection unusable (its error says why, or
-// Usable reports false after it) ends the watch with it, and onHangup is not
-// called: the caller has heard already.
+// p does the watching (see Poller): in its epoll set on Linux, with a
+// goroutine elsewhere. A call made on a watched connection takes the socket
+// from the watch and gives it back when it ends: what the watch had read of
+// a frame is the call's to finish, and what the call read past its answer
+// is the watch's. A call that leaves the connection unusable (its error says
+// why, or Usable reports false after it) ends the watch with it, and
+// onHangup is not called: the caller has heard already. So does the end of
+// p (Poller.Close), which leaves the connection open, and not watched.
 //
 // Watch returns an error, and never calls onHangup, if c is unusable or
-// already watched. It does not block (beyond waiting for a call in flight).
-// A connection from Open with no call made yet sends its preface now; the
-// peer's first frame must then be SETTINGS (else ErrProtocol and
-// ErrHandshake).
+// already watched, or p is closed (ErrPollerClosed). It does not block
+// (beyond waiting for a call in flight). A connection from Open with no call
+// made yet sends its preface now; the peer's first frame must then be
+// SETTINGS (else ErrProtocol and ErrHandshake).
 //
 // What the peer sends an idle, watched connection is acknowledged at once;
 // what came with the end of a call's answer may wait a few milliseconds for
 // the next call, to go with it (acks.go).
 //
 // pluginmanager holds every registered plugin's connection so (its
-// internal/connset), on every platform.
-//
-// What watching costs a connection: on Linux, one epoll set waits for all
-// the watched sockets of the process at once, and a goroutine runs only
-// while what a peer sent is read (poll_linux.go): about 0.1 KiB a
-// connection. Elsewhere a goroutine waits in a read of each: its smallest
-// stack (2 KiB) and about 1 KiB of heap, 3 KiB of resident memory each at
-// 5,000 connections (bench/cmd/heldconns measures both; bench/README.md has
-// the figures).
-func (c *Conn) Watch(onHangup func(err error)) error {
+// internal/connset, which owns the Poller), on every platform.
+func (c *Conn) Watch(p *Poller, onHangup func(err error)) error {
+	if p == nil {
+		return errors.New("unaryconn: Watch needs a Poller")
+	}
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
 	c.mu.Lock()
@@ -75,36 +71,28 @@ func (c *Conn) Watch(onHangup func(err error)) error {
 	if onHangup == nil {
 		onHangup = func(error) {}
 	}
-	c.onHangup = onHangup
+	c.onHangup, c.poller = onHangup, p
 	c.flood = bucket{tokens: floodBurst, last: c.now()}
-	c.resumeWatchLocked()
+	if err := c.resumeWatchLocked(); err != nil {
+		c.onHangup, c.poller = nil, nil
+		return err
+	}
 	return nil
 }
 
 // watch is one run of the watch: from Watch, or the end of a call, to a
-// hang-up, Close, or the next call. It is either a goroutine's, blocked in
-// a read (done is set), or in the process's epoll set (p is set).
+// hang-up, Close, or the next call. It is either in p's epoll set (set)
+// or a goroutine's, blocked in a read (done is set).
 type watch struct {
-	stop bool          // a call or Close wants the socket back; c.mu guards it
-	done chan struct{} // the goroutine's: closed when it no longer touches the socket
+	c   *Conn
+	p   *Poller
+	id  int32     // its key in p (and in the epoll set)
+	set *epollSet // the epoll set its socket is in (poll_linux.go); nil for a goroutine's
+
+	stop bool          // a goroutine's: a call or Close wants the socket back; c.mu guards it
+	done chan struct{} // a goroutine's: closed when it no longer touches the socket
 	hdr  [9]byte       // what it reads into while nothing of a frame has come
-
-	c  *Conn
-	p  *poller // the epoll set it is in (poll_linux.go); nil for a goroutine
-	id int32   // its key in p
 }
-
-// pollWatches is whether watches go into the epoll set where there is one
-// (Linux).
-var pollWatches atomic.Bool
-
-func init() { pollWatches.Store(true) }
-
-// WatchWithGoroutines has the watches started from now on each take a
-// goroutine, as on platforms without epoll, even on Linux (on: true), or go
-// into the epoll set again (false). It is for comparing the two: the tests
-// run both, bench/cmd/heldconns measures both.
-func WatchWithGoroutines(on bool) { pollWatches.Store(!on) }
 
 // What a watched connection's peer may send: one token a read that returns
 // something (a frame takes one or two), floodBurst at once, refilled at
@@ -116,9 +104,6 @@ const (
 	floodBurst = 200
 	floodRate  = 20
 )
-
-// testHookWatchRead, if set, is called after each read of the watch.
-var testHookWatchRead atomic.Pointer[func(n int)]
 
 // bucket is a token bucket.
 type bucket struct {
@@ -138,25 +123,24 @@ func (b *bucket) take(now time.Time) bool {
 }
 
 // resumeWatchLocked starts the watch of a watched connection that is still
-// usable (into the epoll set, or a goroutine); a watched connection that is
-// not is no longer watched.
-func (c *Conn) resumeWatchLocked() {
+// usable, in its poller; a watched connection that is not, or whose poller
+// is closed, is no longer watched (and the error says why, for Watch).
+func (c *Conn) resumeWatchLocked() error {
 	if c.onHangup == nil || c.w != nil {
-		return
+		return nil
 	}
 	if c.broken != nil || c.closed {
 		c.onHangup = nil
-		return
+		return unusable(c.broken)
 	}
 	c.idleAcksLocked()
-	w := &watch{c: c}
-	c.w = w
-	if pollWatches.Load() && c.pollLocked(w) == nil {
-		return
+	w := &watch{c: c, p: c.poller}
+	if err := w.p.add(w); err != nil {
+		c.onHangup = nil
+		return err
 	}
-	// No epoll set (not Linux, or none could be made): a goroutine.
-	w.done = make(chan struct{})
-	go c.watch(w)
+	c.w = w
+	return nil
 }
 
 // stopWatchLocked takes the socket back from the watch, if one runs. A
@@ -169,10 +153,9 @@ func (c *Conn) stopWatchLocked() {
 	if w == nil {
 		return
 	}
-	if w.p != nil {
+	if w.set != nil {
 		// A turn at reading holds c.mu: none is under way.
-		c.unpollLocked(w)
-		c.w = nil
+		c.endWatchLocked(w)
 		return
 	}
 	w.stop = true
@@ -182,16 +165,28 @@ func (c *Conn) stopWatchLocked() {
 	c.mu.Lock()
 }
 
+// endWatchLocked ends w, the watch under way: it is taken out of its poller
+// (and its socket out of the epoll set, before the socket may be closed and
+// its number reused), and a goroutine's watch says it has let go. The
+// connection stays watched (onHangup) for the next watch, after a call.
+func (c *Conn) endWatchLocked(w *watch) {
+	w.p.remove(w)
+	c.w = nil
+	if w.done != nil {
+		close(w.done)
+	}
+}
+
 // watch reads the idle connection until a call takes it back, Close, or a
-// hang-up. It reads exactly what completes the frame at hand, no further, so
-// that nothing of what follows is read on its behalf while it waits: the
-// peer's next frame stays in the socket for whoever reads next.
+// hang-up: a goroutine's watch. It reads exactly what completes the frame
+// at hand, no further, so that nothing of what follows is read on its
+// behalf while it waits: the peer's next frame stays in the socket for
+// whoever reads next.
 func (c *Conn) watch(w *watch) {
 	c.mu.Lock()
 	for {
 		if w.stop || c.closed || c.closing.Load() {
-			c.w = nil
-			close(w.done)
+			c.endWatchLocked(w)
 			c.mu.Unlock()
 			return
 		}
@@ -207,7 +202,7 @@ func (c *Conn) watch(w *watch) {
 		n0, buf := c.nextReadLocked(w)
 		c.mu.Unlock()
 
-		got, err := c.readWatched(buf)
+		got, err := c.readWatched(w, buf)
 
 		c.mu.Lock()
 		c.readDoneLocked(n0, got)
@@ -246,14 +241,14 @@ func (c *Conn) readDoneLocked(n0, got int) {
 	}
 }
 
-// readWatched fills buf from the socket. It fails with ErrFlood as soon as
-// the peer has sent more than the bucket allows.
-func (c *Conn) readWatched(buf []byte) (int, error) {
+// readWatched fills buf from the socket, for a goroutine's watch. It fails
+// with ErrFlood as soon as the peer has sent more than the bucket allows.
+func (c *Conn) readWatched(w *watch, buf []byte) (int, error) {
 	got := 0
 	for got < len(buf) {
 		n, err := c.nc.Read(buf[got:])
 		got += n
-		if err := c.tookRead(n); err != nil {
+		if err := c.tookRead(w, n); err != nil {
 			return got, err
 		}
 		if err != nil {
@@ -266,9 +261,9 @@ func (c *Conn) readWatched(buf []byte) (int, error) {
 // tookRead counts a read of n bytes against what the peer may send: it
 // fails with ErrFlood as soon as the peer has sent more than the bucket
 // allows.
-func (c *Conn) tookRead(n int) error {
-	if hook := testHookWatchRead.Load(); hook != nil {
-		(*hook)(n)
+func (c *Conn) tookRead(w *watch, n int) error {
+	if hook := w.p.hookRead; hook != nil {
+		hook(n)
 	}
 	if n > 0 && !c.flood.take(c.now()) {
 		return newError(codes.Unavailable, ErrFlood,
@@ -285,16 +280,10 @@ func (c *Conn) hangupLocked(w *watch, err error) {
 		c.broken = err
 	}
 	err = c.broken
-	if w.p != nil {
-		c.unpollLocked(w) // before the socket's number may be reused
-	}
+	c.endWatchLocked(w) // before the socket's number may be reused
 	c.closeSocket()
 	onHangup := c.onHangup
 	c.onHangup = nil
-	c.w = nil
-	if w.done != nil {
-		close(w.done)
-	}
 	c.mu.Unlock()
 	onHangup(err)
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,34 +13,51 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 )
 
-// watched starts watching c and returns where its hang-up will be reported.
-func watched(t *testing.T, c *Conn) <-chan error {
+// watched starts watching c with p and returns where its hang-up will be
+// reported.
+func watched(t *testing.T, p *Poller, c *Conn) <-chan error {
 	t.Helper()
 	hung := make(chan error, 1)
-	if err := c.Watch(func(err error) { hung <- err }); err != nil {
+	if err := c.Watch(p, func(err error) { hung <- err }); err != nil {
 		t.Fatal(err)
 	}
 	return hung
 }
 
-// eachWatch runs test with each way a connection may be watched: in the
-// epoll set (Linux) and by a goroutine of its own (everywhere else; on
-// Linux only when told to).
-func eachWatch(t *testing.T, test func(*testing.T)) {
-	for _, poll := range []bool{true, false} {
-		name := "goroutine"
-		if poll {
-			name = "poll"
+// eachWatch runs test with each way a connection may be watched, with a
+// Poller of its own: in the epoll set (Linux) and by a goroutine of its own
+// (everywhere else; on Linux only when told to).
+func eachWatch(t *testing.T, test func(*testing.T, *Poller)) {
+	for _, goroutines := range []bool{false, true} {
+		name := "poll"
+		if goroutines {
+			name = "goroutine"
 		}
-		t.Run(name, func(t *testing.T) {
-			WatchWithGoroutines(!poll)
-			t.Cleanup(func() { WatchWithGoroutines(false) })
-			test(t)
-		})
+		t.Run(name, func(t *testing.T) { test(t, newPoller(t, goroutines)) })
 	}
+}
+
+// newPoller returns a Poller that watches with goroutines, or not, and is
+// closed when the test ends, after the connections the test made after it.
+// It checks then that Close left none of its goroutines running.
+func newPoller(t *testing.T, goroutines bool) *Poller {
+	t.Helper()
+	p := NewPoller(PollerOptions{Goroutines: goroutines})
+	t.Cleanup(func() {
+		p.Close()
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		for _, f := range []string{"unaryconn.(*Conn).watch(", "unaryconn.(*Conn).pollStep(", "unaryconn.(*Poller).run("} {
+			if strings.Contains(stacks, f) {
+				t.Errorf("a goroutine in %s after the Poller's Close (or another test's, running in parallel)", f)
+			}
+		}
+	})
+	return p
 }
 
 // noHangup fails the test if the watch has reported a hang-up.
@@ -55,7 +74,7 @@ func noHangup(t *testing.T, hung <-chan error) {
 // in pieces, and takes a GOAWAY for a hang-up, closing the connection.
 func TestWatchPing(t *testing.T) { eachWatch(t, testWatchPing) }
 
-func testWatchPing(t *testing.T) {
+func testWatchPing(t *testing.T, pl *Poller) {
 	step := make(chan string)
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
@@ -83,7 +102,7 @@ func testWatchPing(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	next <- struct{}{}
 	if got := recv(t, step); got != "ack true whole" {
 		t.Errorf("the peer got %q, want a PING ACK with its data", got)
@@ -113,7 +132,7 @@ func testWatchPing(t *testing.T) {
 // TestWatchServerStop: a server's end is seen at once, with no call.
 func TestWatchServerStop(t *testing.T) { eachWatch(t, testWatchServerStop) }
 
-func testWatchServerStop(t *testing.T) {
+func testWatchServerStop(t *testing.T, pl *Poller) {
 	for _, graceful := range []bool{false, true} {
 		srv, path := newServer(t, registration{})
 		t.Cleanup(srv.Stop)
@@ -121,7 +140,7 @@ func testWatchServerStop(t *testing.T) {
 		if _, err := info(c, wait, 1<<16); err != nil {
 			t.Fatal(err)
 		}
-		hung := watched(t, c)
+		hung := watched(t, pl, c)
 		stopped := make(chan struct{})
 		go func() {
 			if graceful {
@@ -143,9 +162,9 @@ func testWatchServerStop(t *testing.T) {
 // (grpc-go's server sends them as it answers).
 func TestWatchCalls(t *testing.T) { eachWatch(t, testWatchCalls) }
 
-func testWatchCalls(t *testing.T) {
+func testWatchCalls(t *testing.T, pl *Poller) {
 	c := dial(t, serve(t, registration{}))
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
@@ -175,9 +194,9 @@ func testWatchCalls(t *testing.T) {
 // frame finishes reading the frame itself, and answers it.
 func TestWatchHandover(t *testing.T) { eachWatch(t, testWatchHandover) }
 
-func testWatchHandover(t *testing.T) {
+func testWatchHandover(t *testing.T, pl *Poller) {
 	reads := make(chan int, 16)
-	setReadHook(t, reads)
+	setReadHook(pl, reads)
 	acked := make(chan string, 1)
 	wrote, next := make(chan struct{}), make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
@@ -200,7 +219,7 @@ func testWatchHandover(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	next <- struct{}{}
 	<-wrote
 	if n := recv(t, reads); n != 5 {
@@ -215,24 +234,22 @@ func testWatchHandover(t *testing.T) {
 	noHangup(t, hung)
 }
 
-// setReadHook has the watch tell reads how much each read returned, until
-// the test ends; a report nobody waits for is dropped.
-func setReadHook(t *testing.T, reads chan<- int) {
-	hook := func(n int) {
+// setReadHook has pl's watches tell reads how much each read returned; a
+// report nobody waits for is dropped. It is set before pl's first watch.
+func setReadHook(pl *Poller, reads chan<- int) {
+	pl.hookRead = func(n int) {
 		select {
 		case reads <- n:
 		default:
 		}
 	}
-	testHookWatchRead.Store(&hook)
-	t.Cleanup(func() { testHookWatchRead.Store(nil) })
 }
 
 // TestWatchAnswerWhenIdle: what may only come in answer to a call breaks a
 // watched idle connection.
 func TestWatchAnswerWhenIdle(t *testing.T) { eachWatch(t, testWatchAnswerWhenIdle) }
 
-func testWatchAnswerWhenIdle(t *testing.T) {
+func testWatchAnswerWhenIdle(t *testing.T, pl *Poller) {
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -246,7 +263,7 @@ func testWatchAnswerWhenIdle(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	next <- struct{}{}
 	if err := recv(t, hung); !errors.Is(err, ErrProtocol) {
 		t.Errorf("hang-up %v, not ErrProtocol", err)
@@ -258,7 +275,7 @@ func testWatchAnswerWhenIdle(t *testing.T) {
 // caller can tell.
 func TestWatchEndedByACall(t *testing.T) { eachWatch(t, testWatchEndedByACall) }
 
-func testWatchEndedByACall(t *testing.T) {
+func testWatchEndedByACall(t *testing.T, pl *Poller) {
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
 		s := p.readRequest(getInfo, true)
@@ -267,7 +284,7 @@ func testWatchEndedByACall(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
@@ -281,17 +298,17 @@ func testWatchEndedByACall(t *testing.T) {
 		t.Error("still watched")
 	}
 	noHangup(t, hung)
-	if err := c.Watch(func(error) {}); err == nil {
+	if err := c.Watch(pl, func(error) {}); err == nil {
 		t.Error("Watch of an unusable connection succeeded")
 	}
 }
 
 func TestWatchTwice(t *testing.T) { eachWatch(t, testWatchTwice) }
 
-func testWatchTwice(t *testing.T) {
+func testWatchTwice(t *testing.T, pl *Poller) {
 	c := dial(t, serve(t, registration{}))
-	watched(t, c)
-	if err := c.Watch(func(error) {}); err == nil {
+	watched(t, pl, c)
+	if err := c.Watch(pl, func(error) {}); err == nil {
 		t.Error("a second Watch succeeded")
 	}
 }
@@ -301,7 +318,7 @@ func testWatchTwice(t *testing.T) {
 // nothing refills it); one that sends as much, slowly enough, keeps it.
 func TestWatchFlood(t *testing.T) { eachWatch(t, testWatchFlood) }
 
-func testWatchFlood(t *testing.T) {
+func testWatchFlood(t *testing.T, pl *Poller) {
 	frame := func(write func(fr *http2.Framer)) []byte {
 		var b bytes.Buffer
 		write(http2.NewFramer(&b, nil))
@@ -340,8 +357,8 @@ func testWatchFlood(t *testing.T) {
 					}
 				}
 			}
-			testHookWatchRead.Store(&hook)
-			t.Cleanup(func() { testHookWatchRead.Store(nil) })
+			pl := newPoller(t, pl.goroutines)
+			pl.hookRead = hook
 			flooded, start := make(chan struct{}), make(chan struct{})
 			sent := make(chan int, 1)
 			path := rawPeer(t, func(p *peer) {
@@ -374,7 +391,7 @@ func testWatchFlood(t *testing.T) {
 			}
 			frozen := time.Now()
 			c.now = func() time.Time { return frozen }
-			hung := watched(t, c)
+			hung := watched(t, pl, c)
 			close(start)
 			err := recv(t, hung)
 			close(flooded)
@@ -402,7 +419,7 @@ func testWatchFlood(t *testing.T) {
 // connection, and are all answered.
 func TestWatchBusyButBounded(t *testing.T) { eachWatch(t, testWatchBusyButBounded) }
 
-func testWatchBusyButBounded(t *testing.T) {
+func testWatchBusyButBounded(t *testing.T, pl *Poller) {
 	const pings = 2000
 	acks := make(chan int, 1)
 	path := rawPeer(t, func(p *peer) {
@@ -430,7 +447,7 @@ func testWatchBusyButBounded(t *testing.T) {
 		clock = clock.Add(time.Second / floodRate)
 		return clock
 	}
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	if n := recv(t, acks); n != pings {
 		t.Errorf("%d PINGs acknowledged, want %d", n, pings)
 	}
@@ -442,7 +459,7 @@ func testWatchBusyButBounded(t *testing.T) {
 // of a stream never opened is.
 func TestWatchRSTAfterAnswer(t *testing.T) { eachWatch(t, testWatchRSTAfterAnswer) }
 
-func testWatchRSTAfterAnswer(t *testing.T) {
+func testWatchRSTAfterAnswer(t *testing.T, pl *Poller) {
 	next := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -459,7 +476,7 @@ func testWatchRSTAfterAnswer(t *testing.T) {
 	if _, err := info(c, wait, 1<<16); err != nil {
 		t.Fatal(err)
 	}
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	next <- struct{}{}
 	err := recv(t, hung)
 	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "stream 3") {
@@ -472,7 +489,7 @@ func testWatchRSTAfterAnswer(t *testing.T) {
 // a connection that leaves them unacknowledged.
 func TestWatchAcknowledgesSettings(t *testing.T) { eachWatch(t, testWatchAcknowledgesSettings) }
 
-func testWatchAcknowledgesSettings(t *testing.T) {
+func testWatchAcknowledgesSettings(t *testing.T, pl *Poller) {
 	acked := make(chan bool)
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -482,9 +499,84 @@ func testWatchAcknowledgesSettings(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	hung := watched(t, c)
+	hung := watched(t, pl, c)
 	if !recv(t, acked) {
 		t.Error("no SETTINGS ACK")
 	}
 	noHangup(t, hung)
+}
+
+// TestPollerClose: closing a Poller ends the watches under way without a
+// hang-up: their connections stay open and usable, unwatched, and are not
+// watched again after a call; a later Watch fails. (newPoller checks that
+// no goroutine of the Poller's is left.)
+func TestPollerClose(t *testing.T) { eachWatch(t, testPollerClose) }
+
+func testPollerClose(t *testing.T, pl *Poller) {
+	path := serve(t, registration{})
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, pl, c)
+	pl.Close()
+	pl.Close() // again: nothing more
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatalf("a call after the Poller's Close: %v", err)
+	}
+	c.mu.Lock()
+	w, onHangup := c.w, c.onHangup
+	c.mu.Unlock()
+	if w != nil || onHangup != nil {
+		t.Error("the connection is watched again after a call, with its Poller closed")
+	}
+	if err := c.Watch(pl, func(error) {}); !errors.Is(err, ErrPollerClosed) {
+		t.Errorf("Watch with a closed Poller: %v, want ErrPollerClosed", err)
+	}
+	c.Close()
+	noHangup(t, hung)
+}
+
+// TestWatchAckFails: acknowledgements owed when a call ended go by
+// themselves ackDelay later, from a timer; if that write fails (the peer
+// has stopped reading), the watch reports the hang-up, with why, from its
+// own goroutine: the timer never calls onHangup, so that Close may wait
+// for it.
+func TestWatchAckFails(t *testing.T) { eachWatch(t, testWatchAckFails) }
+
+func testWatchAckFails(t *testing.T, pl *Poller) {
+	was := ackDelay
+	ackDelay = 300 * time.Millisecond // after the watch has started
+	t.Cleanup(func() { ackDelay = was })
+	end := make(chan struct{})
+	path := rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		// Writing to a socket whose peer stopped reading fails (EPIPE).
+		p.check(p.nc.(*net.UnixConn).CloseRead())
+		p.headers(s, false, okHeaders...)
+		p.message(s, peerInfo)
+		p.buf.Reset()
+		p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
+		var b bytes.Buffer
+		fr := http2.NewFramer(&b, nil)
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: p.buf.Bytes(), EndHeaders: true, EndStream: true})
+		fr.WritePing(false, [8]byte{'o', 'w', 'e', 'd'})
+		_, err := p.nc.Write(b.Bytes()) // the PING comes with the answer: its ACK is owed
+		p.check(err)
+		<-end
+	})
+	t.Cleanup(func() { close(end) })
+	c := dial(t, path)
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	hung := watched(t, pl, c)
+	err := recv(t, hung)
+	if !errors.Is(err, ErrHangup) || !strings.Contains(err.Error(), "acknowledging") {
+		t.Errorf("hang-up %v, want ErrHangup from acknowledging the PING", err)
+	}
+	if c.Usable() {
+		t.Error("usable after the hang-up")
+	}
 }

@@ -82,11 +82,14 @@ func wantInfo(t *testing.T, got *registerapi.PluginInfo, opts interop.Options) {
 	}
 }
 
-// watch watches c and returns where its hang-up is reported.
+// watch watches c, with a Poller of its own closed when the test ends, and
+// returns where its hang-up is reported.
 func watch(t *testing.T, c *unaryconn.Conn) <-chan error {
 	t.Helper()
+	p := unaryconn.NewPoller(unaryconn.PollerOptions{})
+	t.Cleanup(p.Close)
 	hung := make(chan error, 1)
-	if err := c.Watch(func(err error) { hung <- err }); err != nil {
+	if err := c.Watch(p, func(err error) { hung <- err }); err != nil {
 		t.Fatal(err)
 	}
 	return hung

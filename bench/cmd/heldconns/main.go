@@ -296,10 +296,11 @@ func hold(ctx context.Context, transport, sock string, n int) ([]any, error) {
 	}}
 	tr.Protocols = new(http.Protocols)
 	tr.Protocols.SetUnencryptedHTTP2(true)
+	// Held as long as the process lives: never closed.
+	poller := unaryconn.NewPoller(unaryconn.PollerOptions{Goroutines: transport == unaryWatchG})
 	for range n {
 		switch transport {
 		case unaryHeld, unaryWatch, unaryWatchG:
-			unaryconn.WatchWithGoroutines(transport == unaryWatchG)
 			c, err := unaryconn.Dial(ctx, sock)
 			if err != nil {
 				return nil, err
@@ -308,7 +309,7 @@ func hold(ctx context.Context, transport, sock string, n int) ([]any, error) {
 				return nil, err
 			}
 			if transport != unaryHeld {
-				if err := c.Watch(func(err error) { fmt.Fprintln(os.Stderr, "hang-up:", err) }); err != nil {
+				if err := c.Watch(poller, func(err error) { fmt.Fprintln(os.Stderr, "hang-up:", err) }); err != nil {
 					return nil, err
 				}
 			}

@@ -5,7 +5,8 @@
 //
 // It is the manager's way with registration sockets, applied to endpoints:
 // an HTTP/2 connection kept open with no call on it (internal/unaryconn's
-// Watch: in one epoll set on Linux, a goroutine each elsewhere), whose
+// Watch, by the handler's Poller: in one epoll set on Linux, a goroutine
+// each elsewhere), whose
 // hang-up is the word that the endpoint's process went. It then connects
 // again with backoff, and a connection that is accepted (and passes the
 // handler's check, if it gives one) means the endpoint serves again.
@@ -48,6 +49,11 @@ type Options struct {
 	// after the endpoint went, and its cap, which it doubles to after each
 	// failed attempt. Zero means 250ms and 10s.
 	Backoff, BackoffMax time.Duration
+	// Poller watches the connection held: the handler's, which it closes
+	// once it has stopped its watches, so that one epoll set serves all
+	// its endpoints. Nil means one of the watch's own, closed by Stop.
+	// Once Poller is closed, the watch ends as Stop ends it, with no report.
+	Poller *unaryconn.Poller
 }
 
 // Watch is the watch of one endpoint. Make one with Start; end it with
@@ -55,7 +61,8 @@ type Options struct {
 type Watch struct {
 	path string
 	opts Options
-	life context.Context // Start's values, cancelled by Stop
+	own  *unaryconn.Poller // opts.Poller if the watch made it, closed by Stop
+	life context.Context   // Start's values, cancelled by Stop
 	end  context.CancelFunc
 
 	mu      sync.Mutex
@@ -86,6 +93,10 @@ func Start(ctx context.Context, path string, opts Options) (*Watch, error) {
 	conn, err := w.dial(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if w.opts.Poller == nil {
+		w.own = unaryconn.NewPoller(unaryconn.PollerOptions{})
+		w.opts.Poller = w.own
 	}
 	// Reconnections outlive the call that started the watch.
 	w.life, w.end = context.WithCancel(context.WithoutCancel(ctx))
@@ -139,7 +150,16 @@ func (w *Watch) hold(conn *unaryconn.Conn) {
 	// Before the watch starts: its hang-up, reported from the watch's
 	// goroutine, comes after.
 	w.opts.Report(nil)
-	if err := conn.Watch(w.hungUp); err != nil {
+	err := conn.Watch(w.opts.Poller, w.hungUp)
+	if errors.Is(err, unaryconn.ErrPollerClosed) {
+		// The handler is closing: nothing more to watch, or to report.
+		w.mu.Lock()
+		w.stopped, w.conn = true, nil
+		w.mu.Unlock()
+		conn.Close()
+		return
+	}
+	if err != nil {
 		w.lost(fmt.Errorf("endpoint %s: %w", w.path, err))
 	}
 }
@@ -237,4 +257,7 @@ func (w *Watch) Stop() {
 		conn.Close()
 	}
 	w.running.Wait()
+	if w.own != nil {
+		w.own.Close()
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/internal/unaryconn"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -147,5 +148,45 @@ func TestReconnectionsDialConfined(t *testing.T) {
 	}
 	if n := evil.Count(); n != 0 {
 		t.Errorf("the watch connected %d times to the socket outside the roots", n)
+	}
+}
+
+// Watches share the Poller they are given (a handler's); once it is closed,
+// as the handler's Close does after stopping its watches, a watch that
+// starts or connects again ends quietly: no report, no reconnection.
+func TestSharedPollerClosed(t *testing.T) {
+	dir := testenv.ShortDir(t, "ew")
+	pl := unaryconn.NewPoller(unaryconn.PollerOptions{})
+	reports := make(chan error, 100)
+	opts := Options{Report: func(err error) { reports <- err }, Poller: pl, Backoff: 10 * time.Millisecond}
+	var watches []*Watch
+	for _, name := range []string{"a.sock", "b.sock"} {
+		path := filepath.Join(dir, name)
+		serve(t, path)
+		w, err := Start(context.Background(), path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		watches = append(watches, w)
+		if err := next(t, reports); err != nil {
+			t.Fatalf("first report %v, want serving", err)
+		}
+	}
+	pl.Close()
+	path := filepath.Join(dir, "c.sock")
+	serve(t, path)
+	w, err := Start(context.Background(), path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watches = append(watches, w)
+	next(t, reports) // serving, said before the watch would start
+	for _, w := range watches {
+		w.Stop()
+	}
+	select {
+	case err := <-reports:
+		t.Errorf("a report after the Poller's Close: %v", err)
+	default:
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/internal/confine"
+	"github.com/plugd/plugd/internal/unaryconn"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -34,6 +35,7 @@ type Table[R any] struct {
 	changed func()
 	timeout time.Duration
 	roots   []string
+	poller  *unaryconn.Poller // watches the connections the watches hold; Close closes it
 
 	closed   bool
 	looks    uint64 // looks begun so far; the last one's number
@@ -54,7 +56,8 @@ type entry[R any] struct {
 // within timeout, and, if roots is not empty, only inside them (the
 // manager's Options.EndpointRoots), at every connection.
 func New[R any](mu *sync.Mutex, changed func(), timeout time.Duration, roots []string) *Table[R] {
-	return &Table[R]{mu: mu, changed: changed, timeout: timeout, roots: roots, bySocket: make(map[string]*entry[R])}
+	return &Table[R]{mu: mu, changed: changed, timeout: timeout, roots: roots,
+		poller: unaryconn.NewPoller(unaryconn.PollerOptions{}), bySocket: make(map[string]*entry[R])}
 }
 
 // Look begins a look, and returns its number, for its Watch and Put. It
@@ -81,6 +84,7 @@ func (t *Table[R]) Watch(ctx context.Context, p pluginmanager.Plugin, look uint6
 	return endpointwatch.Start(ctx, p.Endpoint, endpointwatch.Options{
 		Timeout: t.timeout,
 		Dial:    confine.For(p.Endpoint, p.Socket, t.roots).Dial,
+		Poller:  t.poller,
 		Report: func(err error) {
 			report(err)
 			t.mu.Lock()
@@ -148,8 +152,9 @@ func (t *Table[R]) Forget(p pluginmanager.Plugin) {
 	}
 }
 
-// Close drops every record and stops every watch; Look and Put fail from
-// then on. It may be called more than once.
+// Close drops every record, stops every watch and the Poller they share,
+// and returns once its goroutines have; Look and Put fail from then on. It
+// may be called more than once.
 func (t *Table[R]) Close() {
 	t.mu.Lock()
 	t.closed = true
@@ -162,4 +167,5 @@ func (t *Table[R]) Close() {
 	for _, e := range dropped {
 		e.watch.Stop()
 	}
+	t.poller.Close()
 }

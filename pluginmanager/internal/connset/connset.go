@@ -5,11 +5,12 @@
 // would only notice up to an interval later.
 //
 // Each connection is watched by unaryconn's Watch, which answers the peer's
-// PINGs and SETTINGS and bounds what the peer may send: on Linux every
-// socket waits in one epoll set (about 0.1 KiB a connection), elsewhere a
-// goroutine each waits in a small read (about 3 KiB; bench/README.md). A
-// call may be made on a connection in the set (Get): the watch hands the
-// socket over for the call and takes it back after.
+// PINGs and SETTINGS and bounds what the peer may send, with the set's own
+// unaryconn.Poller: on Linux every socket waits in its one epoll set (about
+// 0.1 KiB a connection), elsewhere a goroutine each waits in a small read
+// (about 3 KiB; bench/README.md). Close stops the Poller and waits for its
+// goroutines. A call may be made on a connection in the set (Get): the
+// watch hands the socket over for the call and takes it back after.
 package connset
 
 import (
@@ -23,24 +24,25 @@ import (
 // with Close. Its methods are safe for concurrent use.
 type Set struct {
 	onHangup func(path string, err error)
+	poller   *unaryconn.Poller // watches every connection in the set; its goroutines call onHangup
 
-	mu      sync.Mutex
-	byPath  map[string]*unaryconn.Conn
-	closed  bool
-	hangups sync.WaitGroup // onHangup calls under way
+	mu     sync.Mutex
+	byPath map[string]*unaryconn.Conn
+	closed bool
 }
 
 // ErrClosed is Watch's error once Close has been called.
 var ErrClosed = errors.New("connset: closed")
 
-// New returns an empty set. onHangup is called, from a goroutine of the
-// hung-up connection's watch and with no lock held, with the path of each
+// New returns an empty set; nothing runs until a connection is watched.
+// onHangup is called, from a goroutine of the set's Poller and with no lock
+// held, with the path of each
 // connection the peer hung up and why (an error matching unaryconn.ErrHangup,
 // ErrFlood or ErrProtocol); the connection is out of the set and closed by
 // then. It is never called for a connection the set closed itself
 // (replaced, Unwatch, Close), nor once Close has returned.
 func New(onHangup func(path string, err error)) *Set {
-	return &Set{onHangup: onHangup, byPath: make(map[string]*unaryconn.Conn)}
+	return &Set{onHangup: onHangup, poller: unaryconn.NewPoller(unaryconn.PollerOptions{}), byPath: make(map[string]*unaryconn.Conn)}
 }
 
 // Watch takes conn into the set for path, in place of any connection held
@@ -64,7 +66,7 @@ func (s *Set) Watch(path string, conn *unaryconn.Conn) error {
 	if old != nil {
 		old.Close()
 	}
-	if err := conn.Watch(func(err error) { s.hungUp(path, conn, err) }); err != nil {
+	if err := conn.Watch(s.poller, func(err error) { s.hungUp(path, conn, err) }); err != nil {
 		s.mu.Lock()
 		if s.byPath[path] == conn {
 			delete(s.byPath, path)
@@ -84,10 +86,8 @@ func (s *Set) hungUp(path string, conn *unaryconn.Conn, err error) {
 		return
 	}
 	delete(s.byPath, path)
-	s.hangups.Add(1) // under s.mu, before Close can wait
 	s.mu.Unlock()
-	defer s.hangups.Done()
-	s.onHangup(path, err)
+	s.onHangup(path, err) // on the Poller's goroutine, which Close waits for
 }
 
 // Watching reports whether the set holds a usable connection for path:
@@ -127,8 +127,9 @@ func (s *Set) Unwatch(path string) {
 	}
 }
 
-// Close closes every connection in the set, and returns once no onHangup
-// call is under way. Watch fails from then on. It may be called more than
+// Close closes every connection in the set and stops its Poller, and
+// returns once every goroutine the Poller started has returned, onHangup
+// calls included. Watch fails from then on. It may be called more than
 // once.
 func (s *Set) Close() {
 	s.mu.Lock()
@@ -142,5 +143,5 @@ func (s *Set) Close() {
 	for _, c := range conns {
 		c.Close()
 	}
-	s.hangups.Wait()
+	s.poller.Close()
 }
