@@ -201,6 +201,7 @@ func (k *call) run(method, timeout string, msg []byte) ([]byte, error) {
 		c.credit = 0
 	}
 	for {
+		k.stream = 0 // none open until the peer allows one
 		if err := k.waitForStream(); err != nil {
 			return nil, err
 		}
@@ -448,10 +449,19 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 	case *http2.GoAwayFrame:
 		c.goAway = goAwayError(f)
 		c.broken = c.goAway
-		if k.stream > f.LastStreamID {
-			e := goAwayError(f)
-			e.unprocessed = true
-			return true, e
+		switch {
+		case k.stream == 0:
+			// No stream of the call's is open (waitForStream, or an idle
+			// connection's frames): none will be.
+		case k.stream > f.LastStreamID:
+			// RFC 9113 §6.8: the peer did not, and will not, process it.
+			return true, goAwayCallError(f, k.stream)
+		case f.ErrCode != http2.ErrCodeNo:
+			// An error ends the connection (RFC 9113 §5.4.1: its sender
+			// closes it next): the answer will not come, whether the peer
+			// closes the socket or, as some do, keeps it open. A graceful
+			// GOAWAY (NO_ERROR) that covers the stream lets it finish.
+			return true, goAwayCallError(f, k.stream)
 		}
 	case *http2.RSTStreamFrame:
 		if f.StreamID == k.stream {

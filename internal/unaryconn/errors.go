@@ -191,11 +191,35 @@ func resetError(e http2.ErrCode) *callError {
 
 // goAwayError is the peer's GOAWAY, with its code and debug data.
 func goAwayError(f *http2.GoAwayFrame) *callError {
-	err := hangupError("the peer sent GOAWAY (%v, last stream %d): %q", f.ErrCode, f.LastStreamID, f.DebugData())
+	debug := f.DebugData()
+	if len(debug) > maxDebugData {
+		debug = debug[:maxDebugData]
+	}
+	err := hangupError("the peer sent GOAWAY (%v, last stream %d): %q", f.ErrCode, f.LastStreamID, debug)
 	if blamesUs(f.ErrCode) {
 		err.kinds = append(err.kinds, ErrProtocol)
 	}
 	return err
+}
+
+// maxDebugData bounds what a GOAWAY's debug data adds to an error.
+const maxDebugData = 256
+
+// goAwayCallError is the failure of the call on stream, which the peer's
+// GOAWAY ended: one whose last stream is below it says that the peer did
+// not process the call, which may be made again (on a new connection);
+// one that covers it, with an error code, ends the connection with the
+// call unanswered: whether the peer acted on it cannot be told
+// (ErrMaybeDelivered, once the request was sent).
+func goAwayCallError(f *http2.GoAwayFrame, stream uint32) *callError {
+	e := goAwayError(f)
+	if stream > f.LastStreamID {
+		e.st = status.Newf(e.st.Code(), "%s; it did not process the call (stream %d), which is safe to make again", e.st.Message(), stream)
+		e.unprocessed = true
+		return e
+	}
+	e.st = status.Newf(e.st.Code(), "%s; it ends the connection with the call (stream %d) unanswered", e.st.Message(), stream)
+	return e
 }
 
 // blamesUs reports whether an RST_STREAM or GOAWAY error code says that our

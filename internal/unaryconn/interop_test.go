@@ -317,6 +317,10 @@ func TestGoAway(t *testing.T) {
 		}
 	}
 
+	if !strings.Contains(err.Error(), "not process") || !strings.Contains(err.Error(), "safe to make again") {
+		t.Errorf("%v does not say that the call was not processed", err)
+	}
+
 	c = dial(t, rawPeer(t, func(p *peer) {
 		p.hello()
 		s := p.readRequest(notify, true)
@@ -327,6 +331,43 @@ func TestGoAway(t *testing.T) {
 	wantKinds(t, err, "ErrHangup", "ErrMaybeDelivered", "ErrProtocol")
 	if !strings.Contains(err.Error(), "shutting down") {
 		t.Errorf("%v does not say what the GOAWAY said", err)
+	}
+}
+
+// TestGoAwayErrorKeepsSocketOpen (issue 25, item 5): a GOAWAY with an error
+// code that covers the call ends it at once (a call that waited would fail
+// with the deadline), saying the code and the debug data, even though the
+// peer keeps the socket open: an error GOAWAY ends the connection, and no
+// answer follows. The peer may have acted on the request. A graceful
+// GOAWAY (NO_ERROR) that covers the call lets its answer come.
+func TestGoAwayErrorKeepsSocketOpen(t *testing.T) {
+	c := dial(t, rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.check(p.fr.WriteGoAway(s, http2.ErrCodeEnhanceYourCalm, []byte("calm down")))
+		p.drain() // the socket stays open until the client closes it
+	}))
+	_, err := info(c, wait, 1<<16)
+	wantCode(t, err, codes.Unavailable)
+	wantKinds(t, err, "ErrHangup", "ErrMaybeDelivered")
+	for _, want := range []string{"ENHANCE_YOUR_CALM", "last stream 1", `"calm down"`, "unanswered"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v does not say %s", err, want)
+		}
+	}
+	if c.Usable() {
+		t.Error("usable after an error GOAWAY")
+	}
+
+	c = dial(t, rawPeer(t, func(p *peer) {
+		p.hello()
+		s := p.readRequest(getInfo, true)
+		p.check(p.fr.WriteGoAway(s, http2.ErrCodeNo, []byte("draining")))
+		p.answer(s, peerInfo)
+		p.drain()
+	}))
+	if _, err := info(c, wait, 1<<16); err != nil {
+		t.Errorf("a call covered by a graceful GOAWAY: %v, want its answer", err)
 	}
 }
 
