@@ -715,6 +715,22 @@ func (p *peer) answer(stream uint32, m proto.Message) {
 	p.headers(stream, true, "grpc-status", "0")
 }
 
+// answerWithPing sends a successful answer of m whose trailers and a PING
+// of data go in one write: the client reads the PING with the answer, and
+// no later read of its own may come to see it (no call follows).
+func (p *peer) answerWithPing(stream uint32, m proto.Message, data [8]byte) {
+	p.headers(stream, false, okHeaders...)
+	p.message(stream, m)
+	p.buf.Reset()
+	p.check(p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"}))
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, nil)
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: p.buf.Bytes(), EndHeaders: true, EndStream: true})
+	fr.WritePing(false, data)
+	_, err := p.nc.Write(b.Bytes())
+	p.check(err)
+}
+
 var peerInfo = &registerapi.PluginInfo{Type: "CSIPlugin", Name: "scripted", SupportedVersions: []string{"1.0.0"}}
 
 // hugeFrame is a frame header claiming the largest length HTTP/2 can
@@ -1024,17 +1040,7 @@ func TestPingAfterAnswer(t *testing.T) {
 	acked := make(chan bool)
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
-		s := p.readRequest(getInfo, true)
-		p.headers(s, false, okHeaders...)
-		p.message(s, peerInfo)
-		p.buf.Reset()
-		p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
-		var b bytes.Buffer
-		fr := http2.NewFramer(&b, nil)
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: p.buf.Bytes(), EndHeaders: true, EndStream: true})
-		fr.WritePing(false, [8]byte{'a', 'f', 't', 'e', 'r'})
-		_, err := p.nc.Write(b.Bytes()) // trailers and PING in one write
-		p.check(err)
+		p.answerWithPing(p.readRequest(getInfo, true), peerInfo, [8]byte{'a', 'f', 't', 'e', 'r'})
 		acked <- p.readPing() == "ack true after"
 		p.drain()
 	})

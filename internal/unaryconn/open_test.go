@@ -105,8 +105,7 @@ func TestOpenAcksAlone(t *testing.T) {
 		if p.acks == 0 {
 			p.fatalf("the PING ACK came before the SETTINGS ACK")
 		}
-		p.answer(s, peerInfo)
-		p.check(p.fr.WritePing(false, [8]byte{'a', 'f', 't', 'e', 'r'}))
+		p.answerWithPing(s, peerInfo, [8]byte{'a', 'f', 't', 'e', 'r'})
 		acked <- p.readPing()
 		p.drain()
 	})

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 )
 
@@ -554,16 +553,7 @@ func testWatchAckFails(t *testing.T, pl *Poller) {
 		s := p.readRequest(getInfo, true)
 		// Writing to a socket whose peer stopped reading fails (EPIPE).
 		p.check(p.nc.(*net.UnixConn).CloseRead())
-		p.headers(s, false, okHeaders...)
-		p.message(s, peerInfo)
-		p.buf.Reset()
-		p.enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
-		var b bytes.Buffer
-		fr := http2.NewFramer(&b, nil)
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s, BlockFragment: p.buf.Bytes(), EndHeaders: true, EndStream: true})
-		fr.WritePing(false, [8]byte{'o', 'w', 'e', 'd'})
-		_, err := p.nc.Write(b.Bytes()) // the PING comes with the answer: its ACK is owed
-		p.check(err)
+		p.answerWithPing(s, peerInfo, [8]byte{'o', 'w', 'e', 'd'}) // its ACK is owed
 		<-end
 	})
 	t.Cleanup(func() { close(end) })
