@@ -100,7 +100,7 @@ type Conn struct {
 	settled     bool           // the peer's first SETTINGS have come
 	handshakeBy time.Time      // Open: when they must have come by, if before a call's deadline
 	goAway      *callError     // the peer's GOAWAY, if one came
-	tableUpdate bool           // the peer's SETTINGS_HEADER_TABLE_SIZE came: our next header block says our table's size
+	tableUpdate bool           // our next header block begins with our table's size: the connection's first, and the first after the peer's SETTINGS_HEADER_TABLE_SIZE
 	broken      error          // why no further call can be made; set once
 	closed      bool           // Close was called
 	closing     atomic.Bool    // Close was called: set before it closes the socket, which the watch may see first
@@ -186,7 +186,13 @@ func newConn(nc *net.UnixConn) *Conn {
 		sendInit:   defaultWindow,
 		frameSize:  maxFrameSize,
 		maxStreams: math.MaxUint32, // unlimited until the peer says
-		now:        time.Now,
+		// The connection's first header block says that our table is
+		// empty (0): a peer that lowered its table's size may insist on
+		// it there, even in a block sent before its SETTINGS could be
+		// read (RFC 7541 asks it only after they are acknowledged). It is
+		// always allowed, and costs a byte.
+		tableUpdate: true,
+		now:         time.Now,
 	}
 	c.dec.SetMaxStringLength(maxHeaderListSize)
 	return c

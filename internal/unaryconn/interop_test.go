@@ -76,6 +76,51 @@ func TestHeaderTableSizeZero(t *testing.T) {
 	}
 }
 
+// TestHeaderTableSizeFirstBlock (issue 25, item 6): a peer that lowered
+// its table's size may insist on the size update at the start of the
+// connection's first header block, even one sent with the preface before
+// its SETTINGS could be read (stricter than RFC 7541): every connection's
+// first block begins with one, to 0, which is always allowed.
+func TestHeaderTableSizeFirstBlock(t *testing.T) {
+	for _, pipelined := range []bool{false, true} {
+		path := rawPeer(t, func(p *peer) {
+			p.hello(http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0})
+			dec := p.fr.ReadMetaHeaders
+			p.fr.ReadMetaHeaders = nil // to see the block as it was encoded
+			for i := range 2 {
+				var h *http2.HeadersFrame
+				if !p.started {
+					p.readPreface()
+				}
+				p.readUntil(func(f http2.Frame) bool { h, _ = f.(*http2.HeadersFrame); return h != nil })
+				block := h.HeaderBlockFragment()
+				if i == 0 && (len(block) == 0 || block[0] != 0x20) { // 001xxxxx: a size update, to 0
+					p.t.Errorf("pipelined %v: the connection's first header block begins with %#x, not a table size update to 0", pipelined, block[:min(len(block), 1)])
+					p.check(p.fr.WriteGoAway(0, http2.ErrCodeCompression, []byte("expected a dynamic table size update")))
+					return
+				}
+				if _, err := dec.DecodeFull(block); err != nil {
+					p.fatalf("decoding the request's headers: %v", err)
+				}
+				p.readData(h.StreamID)
+				p.answer(h.StreamID, peerInfo)
+			}
+			p.drain()
+		})
+		var c *Conn
+		if pipelined {
+			c = open(t, path, wait)
+		} else {
+			c = dial(t, path)
+		}
+		for i := range 2 {
+			if _, err := info(c, wait, 1<<16); err != nil {
+				t.Fatalf("pipelined %v, call %d: %v", pipelined, i, err)
+			}
+		}
+	}
+}
+
 // TestLargeTrailers: trailers of 20 KiB come in a HEADERS frame and a
 // CONTINUATION (our frames are at most 16 KiB), and are taken.
 func TestLargeTrailers(t *testing.T) {
