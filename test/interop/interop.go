@@ -66,11 +66,13 @@ var Stacks = []Stack{GRPCGo, GRPCGo127, Python, Node}
 // server that grpc-go's client copes with. "" is a plain, correct server.
 const (
 	TableSizeZero   = "table-size-0"      // SETTINGS_HEADER_TABLE_SIZE 0, and nghttp2's insistence on the HPACK size update after it
+	TableSizeStrict = "table-size-strict" // the same, insisting on the update in a connection's first header block, even one sent with the preface
 	BigTrailers     = "trailers-20k"      // 20 KiB of trailers, in HEADERS and CONTINUATION
 	ForcedGzip      = "gzip"              // every answer gzip-compressed, whatever the client offers
 	MaxStreamsZero  = "max-streams-0"     // SETTINGS_MAX_CONCURRENT_STREAMS 0, raised after a PING round trip; a stream opened before is refused
 	Interim103      = "interim-103"       // a 103 Early Hints before every answer
 	GoAwayError     = "goaway-error"      // the first connection's first call: GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings") not covering it
+	GoAwayCalm      = "goaway-calm"       // every connection's first call: GOAWAY(ENHANCE_YOUR_CALM, "calm down") covering it, the socket kept open
 	DropAfterNotify = "drop-after-notify" // NotifyRegistrationStatus is read whole, recorded, and the connection closed unanswered
 	Ping            = "ping"              // PINGs on every idle connection, every 50 ms; each ACK is an event
 	FloodWindow     = "flood-window"      // 100 ms after the first answer, WINDOW_UPDATE frames as fast as the socket takes them
@@ -81,7 +83,7 @@ const (
 )
 
 // Scenarios are the Raw server's scenarios.
-var Scenarios = []string{TableSizeZero, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings, ResetFirstConn}
+var Scenarios = []string{TableSizeZero, TableSizeStrict, BigTrailers, ForcedGzip, MaxStreamsZero, Interim103, GoAwayError, GoAwayCalm, DropAfterNotify, Ping, FloodWindow, FloodReset, FloodUnknown, FloodSettings, ResetFirstConn}
 
 // Options say what a server answers.
 type Options struct {
@@ -109,8 +111,9 @@ type Options struct {
 // Event is one line of a server's report.
 type Event struct {
 	// Event is what happened: "listening", "GetInfo",
-	// "NotifyRegistrationStatus", "stopped", and for Raw scenarios
-	// "ping-ack", "refused", "compression-error", "goaway", "flood-end", "reset".
+	// "NotifyRegistrationStatus", "stopped", and for the Raw server
+	// "accepted" (a connection) and, in scenarios, "ping-ack", "refused",
+	// "compression-error", "goaway", "flood-end", "reset".
 	Event string `json:"event"`
 
 	Registered bool   `json:"registered,omitempty"` // NotifyRegistrationStatus's plugin_registered

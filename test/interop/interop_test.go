@@ -250,6 +250,16 @@ func TestRawScenarios(t *testing.T) {
 			}
 		},
 	}, {
+		// Issue 25, item 6: the table size update even in the block sent
+		// with the preface, before the server's SETTINGS were read.
+		scenario: interop.TableSizeStrict,
+		check: func(t *testing.T, srv *interop.Server, c *unaryconn.Conn) {
+			registers(t, srv, c)
+			if n := len(srv.Of("compression-error")); n != 0 {
+				t.Errorf("the server saw %d header blocks without the table size update", n)
+			}
+		},
+	}, {
 		scenario: interop.BigTrailers,
 		check:    registers,
 	}, {
@@ -285,6 +295,22 @@ func TestRawScenarios(t *testing.T) {
 				}
 			}
 			registers(t, srv, dial(t, srv)) // the retry, on a new connection
+		},
+	}, {
+		// Issue 25, item 5: a GOAWAY with an error covering the call, the
+		// socket kept open: the call ends at once (not at its deadline),
+		// saying the code and the debug data, maybe delivered.
+		scenario: interop.GoAwayCalm,
+		check: func(t *testing.T, srv *interop.Server, c *unaryconn.Conn) {
+			_, err := info(c)
+			if status.Code(err) != codes.Unavailable || !errors.Is(err, unaryconn.ErrHangup) || !errors.Is(err, unaryconn.ErrMaybeDelivered) {
+				t.Fatalf("GetInfo: %v, want an Unavailable hang-up, maybe delivered (not DeadlineExceeded: at once)", err)
+			}
+			for _, want := range []string{"ENHANCE_YOUR_CALM", "calm down"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("%v does not say %s", err, want)
+				}
+			}
 		},
 	}, {
 		scenario: interop.DropAfterNotify,

@@ -30,10 +30,17 @@ type managed struct {
 
 func manage(t *testing.T, stack interop.Stack, opts interop.Options) *managed {
 	t.Helper()
+	return manageWith(t, stack, opts, pluginmanager.Options{})
+}
+
+// manageWith is manage with the manager's options o (its logger and clock
+// are the test's).
+func manageWith(t *testing.T, stack interop.Stack, opts interop.Options, o pluginmanager.Options) *managed {
+	t.Helper()
 	log, warnings := testenv.WarnLogger()
 	clk := testingclock.NewFakeClock(time.Now())
-	m := plugintest.NewManagerWith(t, pluginmanager.Options{Logger: log, Clock: clk},
-		map[string]pluginmanager.Handler{opts.Type: plugintest.NewRecorder()})
+	o.Logger, o.Clock = log, clk
+	m := plugintest.NewManagerWith(t, o, map[string]pluginmanager.Handler{opts.Type: plugintest.NewRecorder()})
 	m.Timeout = wait
 	opts.Socket = filepath.Join(m.Dir, "plugin.sock")
 	srv := interop.Start(t, stack, opts)
@@ -189,6 +196,58 @@ func TestManagerRawScenarios(t *testing.T) {
 				t.Errorf("warnings:\n%s", w)
 			}
 		})
+	}
+}
+
+// Issue 25, item 6: a server that insists on the HPACK table size update
+// in a connection's first header block, even the one sent with the
+// preface, is registered, probed and held over one connection, as every
+// other plugin is: no call is made with another client on a connection of
+// its own (before, grpc-go's, a new one for every call), and its death is
+// heard at once, without a probe.
+func TestManagerTableSizeStrict(t *testing.T) {
+	opts := plugin
+	opts.Scenario = interop.TableSizeStrict
+	m := manage(t, interop.Raw, opts)
+	m.registered(t)
+	for i := range 3 {
+		m.clk.Step(plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval))
+		m.srv.WaitFor(t, "GetInfo", 2+i)
+		m.WaitSocket(m.srv.Socket, pluginmanager.StateRegistered)
+	}
+	if n := len(m.srv.Of("compression-error")); n != 0 {
+		t.Errorf("%d header blocks without the table size update", n)
+	}
+	if n := len(m.srv.Of("accepted")); n != 1 {
+		t.Errorf("%d connections for a registration and 3 probes, want 1, held", n)
+	}
+	if w := m.warnings.String(); w != "" {
+		t.Errorf("warnings:\n%s", w)
+	}
+	m.srv.Kill(t)
+	m.gone(t) // the clock stands still: heard on the held connection
+	m.toldOnce(t)
+}
+
+// Issue 25, item 5: a server that answers GetInfo with GOAWAY(its stream,
+// ENHANCE_YOUR_CALM, "calm down") and keeps the socket open fails the
+// attempt at once, not at GetInfo's deadline (here longer than the test
+// waits), and the failure says the code and the debug data.
+func TestManagerGoAwayCalm(t *testing.T) {
+	opts := plugin
+	opts.Scenario = interop.GoAwayCalm
+	m := manageWith(t, interop.Raw, opts, pluginmanager.Options{GetInfoTimeout: 10 * time.Minute})
+	s := m.WaitSocket(m.srv.Socket, pluginmanager.StateFailed)
+	if s.Reason != pluginmanager.ReasonGetInfo {
+		t.Errorf("reason %s, want %s", s.Reason, pluginmanager.ReasonGetInfo)
+	}
+	for _, want := range []string{"ENHANCE_YOUR_CALM", "calm down"} {
+		if !strings.Contains(s.LastError, want) {
+			t.Errorf("last error %q does not say %s", s.LastError, want)
+		}
+	}
+	if told := m.srv.Told(); len(told) != 0 {
+		t.Errorf("told %+v: nothing was accepted", told)
 	}
 }
 

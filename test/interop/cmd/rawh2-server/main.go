@@ -73,6 +73,7 @@ func main() {
 		if err != nil {
 			select {} // stopping: the signal handler exits
 		}
+		server.Emit("accepted", nil)
 		c := newConn(nc, i)
 		mu.Lock()
 		conns[c] = true
@@ -104,6 +105,7 @@ type conn struct {
 	dec      *hpack.Decoder
 	last     atomic.Uint32 // the last stream the client opened
 	answered bool          // an answer has been sent on this connection
+	calmed   bool          // goaway-calm: the connection's first call was answered with GOAWAY
 	raised   bool          // max-streams-0: the limit has been raised
 	refused  uint32        // max-streams-0: the stream last refused
 	acked    bool          // the client has acknowledged our SETTINGS
@@ -166,7 +168,7 @@ func (c *conn) serve() error {
 	}
 	var settings []http2.Setting
 	switch *scenario {
-	case "table-size-0":
+	case "table-size-0", "table-size-strict":
 		settings = append(settings, http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0})
 	case "max-streams-0":
 		settings = append(settings, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 0})
@@ -278,7 +280,17 @@ func (c *conn) readHeaders(f *http2.HeadersFrame) (*request, error) {
 		})
 		return nil, errors.New("no dynamic table size update")
 	}
-	c.checked = c.checked || c.acked
+	if *scenario == "table-size-strict" && !c.checked && (len(block) == 0 || block[0] != 0x20) {
+		// Stricter than RFC 7541 asks: the connection's first header
+		// block, even one a client sent before it could read our
+		// SETTINGS, must begin with the table size update to 0.
+		server.Emit("compression-error", nil)
+		c.write(func(fr *http2.Framer) error {
+			return fr.WriteGoAway(0, http2.ErrCodeCompression, []byte("expected a dynamic table size update in the first header block"))
+		})
+		return nil, errors.New("no dynamic table size update in the first header block")
+	}
+	c.checked = c.checked || c.acked || *scenario == "table-size-strict"
 	fields, err := c.dec.DecodeFull(block)
 	if err != nil {
 		return nil, err
@@ -316,6 +328,15 @@ func (c *conn) handle(r *request) error {
 	switch r.path {
 	case "/pluginregistration.Registration/GetInfo":
 		server.Emit("GetInfo", map[string]any{"accept_encoding": r.accepts})
+		if *scenario == "goaway-calm" && !c.calmed {
+			// Covering the call, with an error, and the socket kept open:
+			// what follows is read, and nothing answered.
+			server.Emit("goaway", nil)
+			c.calmed = true
+			return c.write(func(fr *http2.Framer) error {
+				return fr.WriteGoAway(r.stream, http2.ErrCodeEnhanceYourCalm, []byte("calm down"))
+			})
+		}
 		if *scenario == "goaway-error" && c.index == 0 && !c.answered {
 			server.Emit("goaway", nil)
 			c.answered = true // the next call on this connection is answered
