@@ -220,8 +220,7 @@ type peer struct {
 
 // peerOf asks the kernel who listens on the socket e found at path: on
 // conn, the connection its GetInfo was answered on, while that is open, and
-// otherwise on a connection of its own (conn is closed once the plugin's
-// server is asked with grpc-go instead, see call), made as every other is.
+// otherwise on a connection of its own, made as every other is.
 // It is asked only when a rule needs the answer (AllowedPeers, see
 // policy.check): nothing else shows it.
 func (c *client) peerOf(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) peer {
@@ -244,7 +243,7 @@ func (c *client) peerOf(ctx context.Context, e *entry, conn *unaryconn.Conn, pat
 // getInfo asks the plugin at path who it is, on conn.
 func (c *client) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, path string) (*registerapi.PluginInfo, error) {
 	info := new(registerapi.PluginInfo)
-	if err := c.call(ctx, e, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info, true); err != nil {
+	if err := c.call(ctx, conn, path, methodGetInfo, &registerapi.InfoRequest{}, info); err != nil {
 		if isDialError(err) {
 			return nil, err // failed to connect, as it says
 		}
@@ -253,31 +252,15 @@ func (c *client) getInfo(ctx context.Context, e *entry, conn *unaryconn.Conn, pa
 	return info, nil
 }
 
-// call makes one call of the registration service on conn. When the
-// plugin's server answers in a way unaryconn does not speak (ErrProtocol),
-// the call is made again with grpc-go, on a connection of its own, before
-// the plugin is blamed, and so is every later call to this socket file
-// (e.grpcOnly): plugd's own client would only fail again, and a
-// NotifyRegistrationStatus that may have been delivered cannot be made
-// again. A call that may have been acted on (ErrMaybeDelivered) is made
-// again only if it is idempotent: NotifyRegistrationStatus is not.
-func (c *client) call(ctx context.Context, e *entry, conn *unaryconn.Conn, path, method string, req, resp proto.Message, idempotent bool) error {
-	if e.grpcOnly {
-		return c.callGRPC(ctx, e, path, method, req, resp)
-	}
+// call makes one call of the registration service on conn. unaryconn is the
+// one transport of calls to plugins, and speaks what every server of the
+// interop suite sends (docs/architecture.md says why no other).
+func (c *client) call(ctx context.Context, conn *unaryconn.Conn, path, method string, req, resp proto.Message) error {
 	err := conn.Invoke(ctx, method, req, resp, maxInfoBytes)
 	if errors.Is(err, unaryconn.ErrHandshake) {
 		return c.handshakeFailure(ctx, path, err)
 	}
-	if err == nil || !errors.Is(err, unaryconn.ErrProtocol) || ctx.Err() != nil ||
-		!idempotent && errors.Is(err, unaryconn.ErrMaybeDelivered) {
-		return err
-	}
-	c.log.Debug("the plugin's server speaks beyond what plugd's own client does; asking it with grpc-go from now on",
-		"socket", path, "method", method, "err", printable(err.Error()))
-	e.grpcOnly = true
-	conn.Close()
-	return c.callGRPC(ctx, e, path, method, req, resp)
+	return err
 }
 
 // handshakeFailure is the error of a call on a connection from dial whose
@@ -303,21 +286,6 @@ func (c *client) handshakeFailure(ctx context.Context, path string, err error) e
 	}
 	return dialFailure{fmt.Errorf("connect %s: %w", path, err)}
 }
-
-// callGRPC makes a call with grpc-go, on a connection of its own.
-func (c *client) callGRPC(ctx context.Context, e *entry, path, method string, req, resp proto.Message) error {
-	dial := func(ctx context.Context) (net.Conn, error) { return c.socket(ctx, e, path) }
-	if err := unaryconn.InvokeGRPCWith(ctx, dial, method, req, resp, maxInfoBytes); err != nil {
-		return fallbackError{err}
-	}
-	return nil
-}
-
-// fallbackError is the error of a call made again with grpc-go: what that
-// said. Whether the plugin received it cannot be told from it.
-type fallbackError struct{ error }
-
-func (f fallbackError) Unwrap() error { return f.error }
 
 // dialFailure marks an error of a connection step: the plugin was not
 // reached, as opposed to a call that it failed.
@@ -349,15 +317,14 @@ func (c *client) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, pat
 	reason = strings.ToValidUTF8(reason, "")
 	req := &registerapi.RegistrationStatus{PluginRegistered: registered, Error: reason}
 	send := func(conn *unaryconn.Conn) (told, again bool, err error) {
-		err = c.call(ctx, e, conn, path, methodNotify, req, &registerapi.RegistrationStatusResponse{}, false)
+		err = c.call(ctx, conn, path, methodNotify, req, &registerapi.RegistrationStatusResponse{})
 		switch {
 		case err == nil:
 			return true, false, nil
 		case errors.Is(err, unaryconn.ErrMaybeDelivered), answered(err):
 			return true, false, wrapRPC(ctx, "NotifyRegistrationStatus", err)
 		}
-		var f fallbackError
-		again = !errors.As(err, &f) && status.Code(err) == codes.Unavailable && ctx.Err() == nil
+		again = status.Code(err) == codes.Unavailable && ctx.Err() == nil
 		return false, again, wrapRPC(ctx, "NotifyRegistrationStatus", err)
 	}
 	if conn.Usable() {
@@ -393,15 +360,6 @@ func (c *client) notify(ctx context.Context, e *entry, conn *unaryconn.Conn, pat
 func answered(err error) bool {
 	if isDialError(err) {
 		return false
-	}
-	var f fallbackError
-	if errors.As(err, &f) {
-		// grpc-go's error: a code the transport does not give is the plugin's.
-		switch status.Code(err) {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Internal, codes.ResourceExhausted:
-			return false
-		}
-		return true
 	}
 	for _, kind := range []error{unaryconn.ErrProtocol, unaryconn.ErrHangup, unaryconn.ErrMaybeDelivered, unaryconn.ErrFlood, context.DeadlineExceeded, context.Canceled} {
 		if errors.Is(err, kind) {

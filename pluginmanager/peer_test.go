@@ -13,8 +13,7 @@ import (
 )
 
 // The peer is read on the connection GetInfo was answered on, and, once
-// that is closed (as it is when the plugin is asked with grpc-go instead),
-// on a connection of its own to the same socket file.
+// that is closed, on a connection of its own to the same socket file.
 func TestPeerOf(t *testing.T) {
 	dir := testenv.ShortDir(t, "peer")
 	path, srv := serveInfo(t, dir)

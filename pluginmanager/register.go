@@ -162,14 +162,16 @@ func (r *registrar) handshake(ctx context.Context, t *try) (*unaryconn.Conn, Plu
 
 // askInfo is GetInfo on conn, with its deadline. If the server closed the
 // connection, or sent GOAWAY, before it took the call (a server that limits
-// its connections' age does), it is asked again at once on a new one, as
-// grpc-go retries such a call. It returns the connection the answer came
-// on, or nil if none is open.
+// its connections' age does), or said that the connection broke the
+// protocol (an RST_STREAM or GOAWAY with PROTOCOL_ERROR, say), which a new
+// one may not, it is asked again at once on a new one, as grpc-go retries
+// such a call: GetInfo changes nothing, so asking twice is harmless. It
+// returns the connection the answer came on, or nil if none is open.
 func (r *registrar) askInfo(ctx context.Context, t *try, conn *unaryconn.Conn) (*unaryconn.Conn, *registerapi.PluginInfo, error) {
 	infoCtx, cancel := context.WithTimeoutCause(ctx, r.opts.GetInfoTimeout, r.client.late.getInfo)
 	defer cancel()
 	info, err := r.client.getInfo(infoCtx, t.e, conn, t.path)
-	if !isDialError(err) && errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) && infoCtx.Err() == nil {
+	if !isDialError(err) && infoCtx.Err() == nil && (errors.Is(err, unaryconn.ErrHangup) && !errors.Is(err, unaryconn.ErrMaybeDelivered) || errors.Is(err, unaryconn.ErrProtocol)) {
 		conn.Close()
 		if conn, err = r.client.dial(infoCtx, t.e, t.path); err == nil {
 			info, err = r.client.getInfo(infoCtx, t.e, conn, t.path)

@@ -63,10 +63,6 @@ type entry struct {
 	// live is what the manager knows of the plugin's liveness (see
 	// liveness.go); only the worker holding the path touches it.
 	live liveness
-	// grpcOnly: the plugin's server answered in a way unaryconn does not
-	// speak; every call to this file is made with grpc-go. Only the worker
-	// holding the path touches it.
-	grpcOnly bool
 	// seen is what the observer of the last look says of the plugin's
 	// endpoint, when observing; only the worker holding the path touches it.
 	seen *endpointWatch
@@ -153,7 +149,6 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	e.backoff = nil
 	e.due = time.Time{}
 	e.live = liveness{}
-	e.grpcOnly = false
 	e.said = failureSaid{}
 	e.accepted, e.awaiting = false, ""
 	e.answer.Store(nil)

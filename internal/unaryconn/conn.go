@@ -20,9 +20,11 @@
 // status read from trailers, flow-control credit, and answers to the peer's
 // SETTINGS and PING. Failures are gRPC status errors with the codes grpc-go
 // would give, and match sentinels that say what to do next (ErrProtocol,
-// ErrHangup, ErrMaybeDelivered, ErrHandshake, ErrFlood). Whatever it does not
-// speak is ErrProtocol: a caller then makes the call with grpc-go
-// (InvokeGRPC).
+// ErrHangup, ErrMaybeDelivered, ErrHandshake, ErrFlood). It is plugd's one
+// transport of calls to plugins: it speaks what the servers of the interop
+// suite send (test/interop: grpc-go old and new, Python grpcio, Node
+// grpc-js, and a scripted server that does what those do not); whatever it
+// does not speak is ErrProtocol, and a failure of the call.
 //
 // Every write and read saved counts twice, here and in the plugin's server,
 // when thousands of plugins register at once on a small machine. So a

@@ -24,11 +24,10 @@ import (
 var (
 	// ErrProtocol: the peer sent something unaryconn does not speak, or
 	// said (RST_STREAM or GOAWAY with PROTOCOL_ERROR, COMPRESSION_ERROR,
-	// INTERNAL_ERROR and the like) that unaryconn broke the protocol.
-	// unaryconn speaks only what a unary call needs; grpc-go speaks all
-	// of gRPC, so a caller that gets ErrProtocol retries the call with
-	// grpc-go (on a new connection) before it blames the plugin. Check
-	// ErrMaybeDelivered first for a call that must not be repeated.
+	// INTERNAL_ERROR and the like) that unaryconn broke the protocol. The
+	// connection is unusable; a call that may be repeated may be made
+	// again on a new one (check ErrMaybeDelivered first), which is what a
+	// server that took a connection for broken expects.
 	ErrProtocol = errors.New("beyond what unaryconn speaks")
 
 	// ErrHangup: the peer closed or reset the connection, or sent GOAWAY.

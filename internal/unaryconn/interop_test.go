@@ -415,29 +415,3 @@ func TestGoAwayErrorKeepsSocketOpen(t *testing.T) {
 		t.Errorf("a call covered by a graceful GOAWAY: %v, want its answer", err)
 	}
 }
-
-// TestInvokeGRPC: the fallback makes the same call, with grpc-go.
-func TestInvokeGRPC(t *testing.T) {
-	got := make(chan *registerapi.RegistrationStatus, 1)
-	path := serve(t, registration{notify: func(_ context.Context, st *registerapi.RegistrationStatus) error {
-		got <- st
-		return nil
-	}})
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	var resp registerapi.PluginInfo
-	if err := InvokeGRPC(ctx, path, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	if resp.Name != "p" {
-		t.Errorf("got %v", &resp)
-	}
-	if err := InvokeGRPC(ctx, path, notify, &registerapi.RegistrationStatus{PluginRegistered: true}, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
-		t.Fatal(err)
-	}
-	if st := recv(t, got); !st.PluginRegistered {
-		t.Errorf("told %v", st)
-	}
-	err := InvokeGRPC(ctx, path, "/pluginregistration.Registration/Nope", &registerapi.InfoRequest{}, &resp, 1<<16)
-	wantCode(t, err, codes.Unimplemented)
-}

@@ -347,13 +347,7 @@ func TestRawScenarios(t *testing.T) {
 			if !errors.Is(err, unaryconn.ErrProtocol) {
 				t.Fatalf("GetInfo: %v, want ErrProtocol: the server says we broke the protocol", err)
 			}
-			got := new(registerapi.PluginInfo)
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
-			defer cancel()
-			if err := unaryconn.InvokeGRPC(ctx, srv.Socket, getInfo, &registerapi.InfoRequest{}, got, 1<<16); err != nil {
-				t.Fatalf("GetInfo with grpc-go, the fallback: %v", err)
-			}
-			wantInfo(t, got, plugin)
+			registers(t, srv, dial(t, srv)) // asked again on a new connection
 		},
 	}} {
 		t.Run(tc.scenario, func(t *testing.T) {
