@@ -21,12 +21,13 @@ func writeRequestHeaders(fr *http2.Framer, stream uint32, method, timeout string
 	h := headerEncoders.Get().(*headerEncoder)
 	defer headerEncoders.Put(h)
 	h.buf.Reset()
-	enc := h.enc
 	if sizeUpdate {
-		// One of its own: a pooled encoder's limit is never changed.
-		enc = hpack.NewEncoder(&h.buf)
-		enc.SetMaxDynamicTableSizeLimit(0) // written with the first field
+		// RFC 7541 §6.3: 001, then the size, 0, as a 5-bit prefix
+		// integer. Written by hand: a pooled encoder's limit is never
+		// changed, and one made for it costs six allocations.
+		h.buf.WriteByte(0x20)
 	}
+	enc := h.enc
 	field := func(name, value string) {
 		enc.WriteField(hpack.HeaderField{Name: name, Value: value, Sensitive: true})
 	}
