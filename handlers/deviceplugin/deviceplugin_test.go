@@ -589,7 +589,9 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 		// 1.11s); 2 more for a late look at the count. Without backoff
 		// across streams there would be about 100.
 		maxInWindow = 10
-		// The sum of the delays before the 6th reconnect.
+		// The sum of the delays before the 6th reconnect: without growth
+		// it would be 60ms. Only lower bounds are asserted, which load
+		// cannot break: a slow machine only makes reconnects later.
 		minToSixth = 510 * time.Millisecond
 	)
 	var logs testenv.Buffer
@@ -632,9 +634,6 @@ func TestStreamEndingAfterEachListBacksOff(t *testing.T) {
 	}
 	if seen[5] < minToSixth {
 		t.Errorf("6th reconnect after %s, want at least %s: the backoff does not grow", seen[5], minToSixth)
-	}
-	if first, last := seen[1]-seen[0], seen[5]-seen[4]; last <= first {
-		t.Errorf("gap between reconnects %s after 5, %s after 1, want it grown", last, first)
 	}
 	// The first break is a warning, then at most one per maxDelay.
 	warned := strings.Count(logs.String(), `level=WARN msg="device plugin stream broke`)
