@@ -21,6 +21,15 @@ const (
 	day         = 24 * time.Hour
 )
 
+// What a negative duration means, where one is allowed.
+const (
+	disables = "disables"
+	// An Unhealthy plugin stays registered while it is Unhealthy, as the
+	// kubelet keeps a CSI driver whose registrar died while the driver
+	// serves (pluginmanager.Options.UnhealthyGrace).
+	keepsForEver = "keeps an Unhealthy plugin registered for ever, as the kubelet does"
+)
+
 // countSettings are the configuration's numbers.
 var countSettings = []countSetting{
 	{field: "workers", flag: "workers", def: 128, max: 1024,
@@ -34,7 +43,7 @@ var countSettings = []countSetting{
 // durationSettings are the configuration's durations.
 var durationSettings = []durationSetting[Config]{
 	// The walk lists the whole directory: not more than once a second.
-	{field: "resyncInterval", flag: "resync-interval", def: 30 * time.Second, min: time.Second, max: day, canDisable: true,
+	{field: "resyncInterval", flag: "resync-interval", def: 30 * time.Second, min: time.Second, max: day, negative: disables,
 		at: func(c *Config) *Duration { return &c.ResyncInterval }},
 	{field: "backoff.initial", flag: "backoff-initial", def: 500 * time.Millisecond, min: minDuration, max: 10 * time.Minute,
 		at: func(c *Config) *Duration { return &c.Backoff.Initial }},
@@ -51,9 +60,9 @@ var durationSettings = []durationSetting[Config]{
 	{field: "shutdownTimeout", flag: "shutdown-timeout", def: 10 * time.Second, min: 100 * time.Millisecond, max: 10 * time.Minute,
 		at: func(c *Config) *Duration { return &c.ShutdownTimeout }},
 	// Every registered plugin is asked this often.
-	{field: "liveness.probeInterval", flag: "probe-interval", def: 5 * time.Minute, min: 100 * time.Millisecond, max: day, canDisable: true,
+	{field: "liveness.probeInterval", flag: "probe-interval", def: 5 * time.Minute, min: 100 * time.Millisecond, max: day, negative: disables,
 		at: func(c *Config) *Duration { return &c.Liveness.ProbeInterval }},
-	{field: "liveness.unhealthyGrace", flag: "unhealthy-grace", def: 30 * time.Second, min: minDuration, max: day,
+	{field: "liveness.unhealthyGrace", flag: "unhealthy-grace", def: 30 * time.Second, min: minDuration, max: day, negative: keepsForEver,
 		at: func(c *Config) *Duration { return &c.Liveness.UnhealthyGrace }},
 	// A plugin's socket exists a moment before it listens: never remove
 	// one that young.
@@ -96,9 +105,9 @@ var handlerSettings = []durationSetting[HandlerConfig]{
 			}
 			return &h.GracePeriod
 		}},
-	{field: "unhealthyGrace", defText: "liveness.unhealthyGrace", min: minDuration, max: day,
+	{field: "unhealthyGrace", defText: "liveness.unhealthyGrace", min: minDuration, max: day, negative: keepsForEver,
 		at: func(h *HandlerConfig) *Duration { return &h.UnhealthyGrace }},
-	{field: "probeInterval", defText: "liveness.probeInterval", min: 100 * time.Millisecond, max: day, canDisable: true,
+	{field: "probeInterval", defText: "liveness.probeInterval", min: 100 * time.Millisecond, max: day, negative: disables,
 		at: func(h *HandlerConfig) *Duration { return &h.ProbeInterval }},
 	{field: "hook.timeout", def: 10 * time.Second, min: minDuration, max: 10 * time.Minute,
 		at: func(h *HandlerConfig) *Duration {
@@ -136,12 +145,12 @@ func (s countSetting) rangeText() string   { return fmt.Sprintf("1 to %d", s.max
 
 // durationSetting is a duration of T (a Config, or a handlers entry).
 type durationSetting[T any] struct {
-	field      string // the YAML path, as errors and the reference name it
-	flag       string // the command-line flag, without dashes; "" for none
-	def        time.Duration
-	defText    string        // the default when def is zero: "never", or the setting it inherits
-	min, max   time.Duration // max 0: no ceiling
-	canDisable bool          // negative disables it
+	field    string // the YAML path, as errors and the reference name it
+	flag     string // the command-line flag, without dashes; "" for none
+	def      time.Duration
+	defText  string        // the default when def is zero: "never", or the setting it inherits
+	min, max time.Duration // max 0: no ceiling
+	negative string        // what a negative value means (disables); "" refuses one
 	// at is the field in t, or nil where the setting does not apply to t
 	// (no kubernetes section; a handler without a hook).
 	at func(t *T) *Duration
@@ -153,7 +162,7 @@ func (s durationSetting[T]) check(t *T) error {
 		return nil
 	}
 	d := time.Duration(*p)
-	if d == 0 || d < 0 && s.canDisable {
+	if d == 0 || d < 0 && s.negative != "" {
 		return nil
 	}
 	if d >= s.min && (s.max == 0 || d <= s.max) {
@@ -164,8 +173,8 @@ func (s durationSetting[T]) check(t *T) error {
 		rng += " and at most " + s.max.String()
 	}
 	extra := ""
-	if s.canDisable {
-		extra = ", or negative to disable it"
+	if s.negative != "" {
+		extra = ", or negative, which " + s.negative
 	}
 	return fmt.Errorf("%s is %s: it must be %s (default %s)%s", s.field, d, rng, s.defaultText(), extra)
 }
@@ -189,8 +198,8 @@ func (s durationSetting[T]) rangeText() string {
 	if s.max > 0 {
 		r = "`" + shortDuration(s.min) + "` to `" + shortDuration(s.max) + "`"
 	}
-	if s.canDisable {
-		r += "; negative disables"
+	if s.negative != "" {
+		r += "; negative " + s.negative
 	}
 	return r
 }

@@ -118,7 +118,7 @@ func (o *options) bind(f *pflag.FlagSet) {
 	f.BoolVar(&fl.DeregisterOnShutdown, "deregister-on-shutdown", false, "deregister every plugin when plugd stops")
 	f.DurationVar((*time.Duration)(&fl.ShutdownTimeout), "shutdown-timeout", 0, "bound on a clean shutdown"+flagDefault("shutdown-timeout"))
 	f.DurationVar((*time.Duration)(&fl.Liveness.ProbeInterval), "probe-interval", 0, "ask each registered plugin GetInfo this often, to catch one wedged with its connection up (a dead one is seen at once, without probes); negative disables"+flagDefault("probe-interval"))
-	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long"+flagDefault("unhealthy-grace"))
+	f.DurationVar((*time.Duration)(&fl.Liveness.UnhealthyGrace), "unhealthy-grace", 0, "deregister a plugin that stopped answering after this long; negative: never"+flagDefault("unhealthy-grace"))
 	f.StringArrayVar(&fl.Policy.EndpointRoots, "endpoint-root", nil, "confine plugins' endpoints to this directory; repeat for each (default: anywhere)")
 	f.StringArrayVar(&o.peers, "allowed-peer", nil, "TYPE=uid:N,gid:M,...: only processes running as these may serve plugins of TYPE (* for every other type); repeat for each type")
 	f.BoolVar(&fl.Policy.AllowWritableRegistryDir, "allow-writable-registry-dir", false, "use a registry directory that users other than plugd's and root may change (writable by others, owned by another user, or reached through such a directory), and the directories below it that are writable by others or another user's; without it, the registry directory is refused and such directories below it are left out")

@@ -52,7 +52,7 @@ func TestDangerousConfigsRefused(t *testing.T) {
 		{[]string{"--notify-timeout", "1ns"}, "timeouts.notify is 1ns"},
 		{[]string{"--handler-timeout", "1ns"}, "timeouts.handler is 1ns"},
 		{[]string{"--shutdown-timeout", "1ns"}, "shutdownTimeout is 1ns: it must be at least 100ms"},
-		{[]string{"--resync-interval", "1000h"}, "resyncInterval is 1000h0m0s: it must be at least 1s and at most 24h0m0s (default 30s), or negative to disable it"},
+		{[]string{"--resync-interval", "1000h"}, "resyncInterval is 1000h0m0s: it must be at least 1s and at most 24h0m0s (default 30s), or negative, which disables"},
 		{[]string{"--unhealthy-grace", "1000h"}, "liveness.unhealthyGrace is 1000h0m0s"},
 		{[]string{"--remove-stale-after", "1ms"}, "policy.removeStaleAfter is 1ms: it must be at least 1s"},
 	} {
@@ -73,8 +73,25 @@ func TestDangerousConfigsRefused(t *testing.T) {
 		t.Errorf("status.tcp localhost:9090 is %q, want 127.0.0.1:9090", cfg.Status.TCP)
 	}
 
-	// In the file, and for a handler's own settings.
+	// A negative grace keeps an Unhealthy plugin registered for ever, as
+	// the kubelet does (pluginmanager's negative UnhealthyGrace), for every
+	// type or for one.
 	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("liveness: {unhealthyGrace: -1s}\nhandlers: [{type: CSIPlugin, handler: accept, unhealthyGrace: -1s}, {type: X, handler: accept}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = LoadArgs([]string{"--config", path, "--registry-dir", reg}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := cfg.managerOptions(nil, nil); o.UnhealthyGrace >= 0 {
+		t.Errorf("liveness.unhealthyGrace -1s reaches the manager as %s, want negative", o.UnhealthyGrace)
+	}
+	if o := cfg.handlerOptions(cfg.Handlers[0]); o.UnhealthyGrace >= 0 {
+		t.Errorf("handlers[0].unhealthyGrace -1s reaches the manager as %s, want negative", o.UnhealthyGrace)
+	}
+
+	// In the file, and for a handler's own settings.
 	for _, tc := range []struct{ yaml, want string }{
 		{"handlers: [{type: DRAPlugin, handler: dra, gracePeriod: 1ns}]\n", "handlers[0]: gracePeriod is 1ns: it must be at least 10ms"},
 		{"handlers: [{type: X, handler: accept, unhealthyGrace: 1000h}]\n", "handlers[0]: unhealthyGrace is 1000h0m0s"},

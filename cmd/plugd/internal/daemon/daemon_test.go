@@ -249,7 +249,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"policy: {allowedPeers: [{uids: [0]}]}\n", "policy.allowedPeers[0].type is empty"},
 		{"policy: {endpointRoots: [relative/dir]}\n", `policy.endpointRoots[0] "relative/dir" is not an absolute path`},
 		{"policy: {maxSockets: -1}\n", "policy.maxSockets is -1"},
-		{"liveness: {unhealthyGrace: -1s}\n", "liveness.unhealthyGrace is -1s"},
+		{"liveness: {unhealthyGrace: 1ns}\n", "liveness.unhealthyGrace is 1ns"},
 		{"liveness: {probeInterval: often}\n", "Config.liveness.probeInterval"},
 		{"backoff: {initial: 1m, max: 1s}\n", "backoff.max (1s) is less than backoff.initial (1m0s)"},
 		{"timeouts: {dial: -1s}\n", "timeouts.dial is -1s"},

@@ -126,7 +126,7 @@ func checkConfig(t *testing.T, c Config) {
 		if h.GracePeriod < 0 || h.GracePeriod != 0 && h.Handler != "dra" && h.Handler != "deviceplugin" {
 			t.Errorf("handlers[%d]: gracePeriod %s with handler %q", i, h.GracePeriod, h.Handler)
 		}
-		if h.UnhealthyGrace < 0 {
+		if h.UnhealthyGrace > 0 && h.UnhealthyGrace < Duration(minDuration) { // negative: for ever
 			t.Errorf("handlers[%d].unhealthyGrace is %s", i, h.UnhealthyGrace)
 		}
 		if h.Hook != nil && h.Hook.Timeout < 0 {
@@ -162,8 +162,8 @@ func checkConfig(t *testing.T, c Config) {
 			t.Errorf("%s is %s", name, d)
 		}
 	}
-	if c.Liveness.UnhealthyGrace < 0 {
-		t.Errorf("liveness.unhealthyGrace is %s", c.Liveness.UnhealthyGrace)
+	if g := c.Liveness.UnhealthyGrace; g == 0 || g > 0 && g < Duration(minDuration) { // negative: for ever
+		t.Errorf("liveness.unhealthyGrace is %s", g)
 	}
 	if c.Policy.RemoveStaleAfter < 0 {
 		t.Errorf("policy.removeStaleAfter is %s", c.Policy.RemoveStaleAfter)
