@@ -224,7 +224,10 @@ func node(i int) *corev1.Node {
 	name := fmt.Sprintf("ip-10-%d-%d-%d.eu-west-1.compute.internal", i/65536%256, i/256%256, i%256)
 	zone := []string{"a", "b", "c"}[i%3]
 	t0 := metav1.NewTime(time.Date(2026, 11, 1, 8, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second))
-	now := metav1.NewTime(t0.Add(30 * 24 * time.Hour))
+	// Heartbeats are recent, as on a live fleet: plugd writes its
+	// conditions at least every 5 minutes, and readers count one older
+	// than nodecond.MaxHeartbeatAge as not maintained.
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	cond := func(typ corev1.NodeConditionType, st corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
 		return corev1.NodeCondition{Type: typ, Status: st, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: t0}
 	}
