@@ -64,6 +64,29 @@ type Observer interface {
 	Forget(p Plugin)
 }
 
+// Detailer is implemented by a Handler (or an Observer) that can say what it
+// knows of the plugins it holds, as http.Flusher is by a ResponseWriter that
+// can flush: whoever shows a plugin's status checks for it with a type
+// assertion. Details returns what the handler knows of p beyond what GetInfo
+// said (a CSI driver's node id, a device plugin's devices), as a value that
+// encodes to a JSON object, or nil if it holds nothing of p (never
+// registered or observed, or let go since).
+//
+// The manager never calls it. plugd's status API does, for every plugin it
+// lists: the value is the plugin's details (api.Plugin.Details, which
+// `plugctl get -o json` prints), encoded with encoding/json. The built-in
+// handlers return the types of package api (api.CSIDetails,
+// api.DevicePluginDetails, ...), and plugd's node agent reads what it holds
+// against the kubelet's view from those; a handler of your own returns a type
+// of its own. Details is called from any goroutine, concurrently with the
+// handler's other methods and without a deadline, so it must answer from
+// what the handler holds, not call the plugin, and return a value that
+// shares nothing the handler goes on changing. plugintest.TestHandler checks
+// a handler that has it.
+type Detailer interface {
+	Details(p Plugin) any
+}
+
 // HandlerOptions are the settings of one plugin type, given to AddHandler
 // with its handler. The zero value of each field means the Options of the
 // manager.

@@ -40,8 +40,8 @@ const callBound = 10 * time.Second
 // slog.Handler, running the real manager against the real plugins c starts:
 //
 //   - a plugin it accepts registers, and is let go when its socket goes;
-//   - what its Details (if it has the method) reports is a JSON object while
-//     the plugin is registered, and nothing once it is let go;
+//   - if it is a pluginmanager.Detailer, what Details reports is a JSON
+//     object while the plugin is registered, and nil once it is let go;
 //   - a plugin restarted in place (a new socket at the same path) is
 //     registered again;
 //   - plugins registering at once all register (run it with -race);
@@ -63,11 +63,6 @@ func TestHandler(t *testing.T, c HandlerCase) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c) })
 	}
-}
-
-// detailer is a handler that describes the plugins it holds.
-type detailer interface {
-	Details(p pluginmanager.Plugin) any
 }
 
 // newHandler makes c's handler, closed at the end of the test.
@@ -108,7 +103,7 @@ func testRegistersAndLetsGo(t *testing.T, c HandlerCase) {
 	if s.Type != c.Type {
 		t.Errorf("registered as type %q, want %q", s.Type, c.Type)
 	}
-	d, hasDetails := h.(detailer)
+	d, hasDetails := h.(pluginmanager.Detailer)
 	if hasDetails {
 		got := d.Details(s.Plugin)
 		if got == nil {

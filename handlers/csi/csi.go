@@ -413,6 +413,8 @@ func (h *Handler) Drivers() []Driver {
 	return out
 }
 
+var _ pluginmanager.Detailer = (*Handler)(nil)
+
 // Details describes the instance registered from p.Socket as an
 // api.CSIDetails, for plugd's status API: the driver's name, whether the
 // instance is the active one, how many instances the driver has, and the

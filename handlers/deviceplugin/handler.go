@@ -495,6 +495,8 @@ func cloneDevices(devs []Device) []Device {
 	return out
 }
 
+var _ pluginmanager.Detailer = (*Handler)(nil)
+
 // Details describes the registered instance p as a value that encodes to a
 // JSON object: its resource, whether it serves it, whether its stream is up,
 // and its devices, counted by health and listed. For a plugin seen in observe mode it

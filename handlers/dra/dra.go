@@ -674,6 +674,8 @@ func (in *instance) snapshot() Instance {
 	}
 }
 
+var _ pluginmanager.Detailer = (*Handler)(nil)
+
 // Details describes the instance registered at p's socket as an
 // *InstanceStatus, or, for a plugin seen in observe mode, the last look at it
 // as an *ObservedStatus; it returns nil if there is neither. plugd's status

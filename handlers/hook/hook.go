@@ -273,6 +273,8 @@ func (h *Handler) Deregister(ctx context.Context, p pluginmanager.Plugin) {
 	h.mu.Unlock()
 }
 
+var _ pluginmanager.Detailer = (*Handler)(nil)
+
 // Details returns the last run of the hook for p's socket, as a Run, or nil if
 // the hook has not run for it, or the plugin was deregistered since. It is
 // meant for the details of a plugin's status, and is safe to call at any time

@@ -220,12 +220,18 @@ func (d *Daemon) addHandler(hc HandlerConfig) error {
 	if err != nil {
 		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
 	}
-	d.handlers[hc.Type] = h
-	d.m.AddHandler(hc.Type, h.Handler, d.cfg.handlerOptions(hc))
-	if obs, ok := h.Handler.(pluginmanager.Observer); ok {
-		d.m.AddObserver(hc.Type, obs) // used when observing
-	}
+	d.useHandler(hc.Type, h, d.cfg.handlerOptions(hc))
 	return nil
+}
+
+// useHandler makes h the handler of plugins of type typ, and their observer
+// if it is one. d.mu must be held, or d not yet shared.
+func (d *Daemon) useHandler(typ string, h handler, opts pluginmanager.HandlerOptions) {
+	d.handlers[typ] = h
+	d.m.AddHandler(typ, h.Handler, opts)
+	if obs, ok := h.Handler.(pluginmanager.Observer); ok {
+		d.m.AddObserver(typ, obs) // used when observing
+	}
 }
 
 // closeHandlers stops what the handlers started, once nothing calls them.
@@ -237,12 +243,14 @@ func (d *Daemon) closeHandlers() {
 	}
 }
 
-// details is what the plugin's handler says of it, if it says anything.
+// details is what the plugin's handler says of it, if it is a
+// pluginmanager.Detailer: the plugin's details in the status API, and what
+// the node agent reads of it.
 func (d *Daemon) details(p pluginmanager.Plugin) any {
 	d.mu.Lock()
-	h, ok := d.handlers[p.Type]
+	h := d.handlers[p.Type]
 	d.mu.Unlock()
-	if dt, isDetailer := h.Handler.(detailer); ok && isDetailer {
+	if dt, ok := h.Handler.(pluginmanager.Detailer); ok {
 		return dt.Details(p)
 	}
 	return nil

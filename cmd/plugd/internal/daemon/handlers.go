@@ -18,12 +18,6 @@ import (
 	"github.com/plugd/plugd/pluginmanager"
 )
 
-// detailer is a handler that describes the plugins it holds; the status API
-// shows that as a plugin's details.
-type detailer interface {
-	Details(p pluginmanager.Plugin) any
-}
-
 // handlerFacts is what the Kubernetes side uses of a plugin's
 // handler details: a CSI driver's node id, a device plugin's devices.
 type handlerFacts struct {
