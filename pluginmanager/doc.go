@@ -64,7 +64,9 @@
 // # Seeing what happens
 //
 // Plugins returns a snapshot of every socket, with its state, last error,
-// attempts and next retry. Subscribe streams events in order; a slow
+// attempts and next retry, and what GetInfo last answered at its path
+// (PluginStatus.LastAnswer), which a plugin restarted in place keeps until
+// its new socket answers. Subscribe streams events in order; a slow
 // subscriber loses events (and is told so) rather than slowing registration.
 // With Options.Registerer set, the manager exports Prometheus metrics:
 //

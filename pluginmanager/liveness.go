@@ -236,6 +236,7 @@ func (r *registrar) changedPlugin(ctx context.Context, path string, e *entry, re
 		return result{}
 	}
 	e.status = PluginStatus{Plugin: Plugin{Socket: path}, State: StatePending, Discovered: now, Created: e.status.Created}
+	e.earlier = p
 	e.backoff = nil
 	e.live = liveness{}
 	dereg := r.reg.deregisteredLocked(e, reg.plugin, err, now)

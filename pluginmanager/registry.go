@@ -78,6 +78,11 @@ type entry struct {
 	// told so (node-driver-registrar does), and the kubelet never tells a
 	// plugin again once it took it.
 	accepted bool
+	// earlier is what a plugin at this path said in GetInfo before the
+	// status was last started afresh (a new file at the path, a plugin that
+	// answered as another): the status's LastAnswer until it has an answer
+	// of its own.
+	earlier Plugin
 	// awaiting is the endpoint of a plugin deregistered because its
 	// endpoint stopped serving while its registration socket answered: it
 	// is registered again only once the endpoint takes a connection. When
@@ -143,6 +148,7 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 		e = &entry{}
 		r.entries[path] = e
 	}
+	e.earlier = e.lastAnswer()
 	e.id = id
 	r.discoveries++
 	e.seq = r.discoveries
@@ -156,6 +162,15 @@ func (r *registry) discoverLocked(path string, id fileID, e *entry, now time.Tim
 	r.publishLocked(r.eventLocked(EventDiscovered, e, now))
 	r.say(slog.LevelDebug, "socket discovered", "socket", path)
 	return e
+}
+
+// lastAnswer is what a plugin at e's path last said in GetInfo, as far as
+// the status shows it (an attempt under way may know more).
+func (e *entry) lastAnswer() Plugin {
+	if e.status.Type != "" {
+		return e.status.Plugin
+	}
+	return e.earlier
 }
 
 // forgetLocked drops the entry of a socket that is gone.
@@ -221,7 +236,12 @@ func (r *registry) plugins() []PluginStatus {
 				s.Plugin = *p
 			}
 		}
+		s.LastAnswer = e.earlier
+		if s.Type != "" {
+			s.LastAnswer = s.Plugin
+		}
 		s.Versions = slices.Clone(s.Versions)
+		s.LastAnswer.Versions = slices.Clone(s.LastAnswer.Versions)
 		out = append(out, s)
 		order[path] = e.seq
 	}

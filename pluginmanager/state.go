@@ -35,7 +35,15 @@ type PluginStatus struct {
 	// Plugin is what the plugin said in GetInfo; until it has answered, only
 	// Socket is set.
 	Plugin
-	State State `json:"state"`
+	// LastAnswer is what a plugin at this path last said in GetInfo: Plugin
+	// once this socket file has answered, and until then what the one before
+	// it at the same path said (a plugin restarted in place makes a new
+	// file, which is Pending until it answers; a plugin that answered a
+	// probe as another is registered afresh), so that a socket is known by
+	// its type and name while it says nothing. Zero if nothing at the path
+	// has answered since the manager found it.
+	LastAnswer Plugin `json:"lastAnswer,omitzero"`
+	State      State  `json:"state"`
 	// Reason and LastError describe the last failure; empty after a success.
 	Reason    Reason `json:"reason,omitempty"`
 	LastError string `json:"lastError,omitempty"`

@@ -48,9 +48,6 @@ type Daemon struct {
 	streamsBy   map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
 	streamsOpen int            // all of them; guarded by streamsMu
 
-	seenMu sync.Mutex
-	seen   map[string]pluginmanager.Plugin // what each socket last said in GetInfo, by path; guarded by seenMu
-
 	mu       sync.Mutex
 	cfg      Config             // as applied; guarded by mu
 	handlers map[string]handler // by plugin type; guarded by mu
@@ -78,7 +75,6 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		answers:   newAnswers(),
 		streamsBy: map[string]int{},
 		cfg:       cfg,
-		seen:      map[string]pluginmanager.Plugin{},
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
@@ -128,57 +124,39 @@ func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
 func (d debugHandler) WithAttrs(as []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(as)} }
 func (d debugHandler) WithGroup(g string) slog.Handler       { return debugHandler{d.h.WithGroup(g)} }
 
-// follow keeps what each socket last said, and tells the Kubernetes side of
-// every change, until ctx is done or the manager stops.
+// follow tells the node agent of every change of the plugins, until ctx is
+// done or the manager stops.
 func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
 	defer sub.Close()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-sub.Events():
+		case _, ok := <-sub.Events():
 			if !ok {
 				return
 			}
-			d.seenMu.Lock()
-			switch {
-			case ev.Type == pluginmanager.EventRemoved:
-				delete(d.seen, ev.Plugin.Socket)
-			case ev.Type == pluginmanager.EventLost:
-				for _, s := range d.m.Plugins() {
-					if s.Type != "" {
-						d.seen[s.Socket] = s.Plugin
-					}
-				}
-			case ev.Plugin.Type != "":
-				d.seen[ev.Plugin.Socket] = ev.Plugin
-			}
-			d.seenMu.Unlock()
-			if d.kube != nil {
-				d.kube.Changed()
-			}
+			d.kube.Changed()
 		}
 	}
 }
 
-// identify is s with what its socket last said in GetInfo when it says
+// identify is s known by what its socket last said in GetInfo when it says
 // nothing now, and whether that is what it said when it last answered
 // rather than now: the manager keeps a socket's identity while it does not
-// answer (Stale, Unhealthy, a failed dial or GetInfo), and before that
-// first answer the daemon remembers it from the events.
-func (d *Daemon) identify(s pluginmanager.PluginStatus) (pluginmanager.PluginStatus, bool) {
-	if s.Type != "" {
-		silent := s.State == pluginmanager.StateStale || s.Reason == pluginmanager.ReasonDial || s.Reason == pluginmanager.ReasonGetInfo ||
-			s.State == pluginmanager.StateUnhealthy && s.Reason == pluginmanager.ReasonUnhealthy
-		return s, silent
+// answer (Stale, Unhealthy, a failed dial or GetInfo), and, until a new
+// file at the same path answers, the one before's (LastAnswer).
+func identify(s pluginmanager.PluginStatus) (pluginmanager.PluginStatus, bool) {
+	if s.Type == "" {
+		if s.LastAnswer.Type == "" {
+			return s, false
+		}
+		s.Plugin = s.LastAnswer
+		return s, true
 	}
-	d.seenMu.Lock()
-	p, ok := d.seen[s.Socket]
-	d.seenMu.Unlock()
-	if ok {
-		s.Plugin = p
-	}
-	return s, ok
+	silent := s.State == pluginmanager.StateStale || s.Reason == pluginmanager.ReasonDial || s.Reason == pluginmanager.ReasonGetInfo ||
+		s.State == pluginmanager.StateUnhealthy && s.Reason == pluginmanager.ReasonUnhealthy
+	return s, silent
 }
 
 // answering says the socket's plugin answers now.
@@ -190,7 +168,7 @@ func answering(s pluginmanager.PluginStatus) bool {
 func (d *Daemon) kubePlugins() []kubenode.Plugin {
 	var out []kubenode.Plugin
 	for _, s := range d.m.Plugins() {
-		s, _ = d.identify(s)
+		s, _ = identify(s)
 		f := d.handlerFacts(s.Plugin)
 		out = append(out, kubenode.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
 			Answering: answering(s), Unsettled: s.State == pluginmanager.StatePending || s.State == pluginmanager.StateRegistering,
@@ -302,9 +280,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		})
 	}
-	sub := d.m.Subscribe()
-	wg.Go(func() { d.follow(runCtx, sub) })
 	if d.kube != nil {
+		sub := d.m.Subscribe()
+		wg.Go(func() { d.follow(runCtx, sub) })
 		wg.Go(func() { d.kube.Run(runCtx) })
 	}
 	wg.Go(func() {

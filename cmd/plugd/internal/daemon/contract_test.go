@@ -79,3 +79,32 @@ func TestThirdPartyDetails(t *testing.T) {
 		t.Errorf("details of g.sock in the list = %#v (%v)", list[0].Details, err)
 	}
 }
+
+// A socket is shown by what it said when it says nothing now: the
+// engine's LastAnswer for a new file that has not answered, its own last
+// answer while it is silent.
+func TestIdentify(t *testing.T) {
+	const path = "/r/csi.sock"
+	said := pluginmanager.Plugin{Type: "CSIPlugin", Name: "csi.example.com", Endpoint: path, Socket: path}
+	for _, tc := range []struct {
+		name       string
+		s          pluginmanager.PluginStatus
+		want       string // type/name shown
+		remembered bool
+	}{
+		{"answers now", pluginmanager.PluginStatus{Plugin: said, LastAnswer: said, State: pluginmanager.StateRegistered}, "CSIPlugin/csi.example.com", false},
+		{"never answered", pluginmanager.PluginStatus{Plugin: pluginmanager.Plugin{Socket: path}, State: pluginmanager.StatePending}, "/", false},
+		{"a new file, silent", pluginmanager.PluginStatus{Plugin: pluginmanager.Plugin{Socket: path}, LastAnswer: said, State: pluginmanager.StateStale}, "CSIPlugin/csi.example.com", true},
+		{"stale", pluginmanager.PluginStatus{Plugin: said, LastAnswer: said, State: pluginmanager.StateStale}, "CSIPlugin/csi.example.com", true},
+		{"dial failed", pluginmanager.PluginStatus{Plugin: said, LastAnswer: said, State: pluginmanager.StateFailed, Reason: pluginmanager.ReasonDial}, "CSIPlugin/csi.example.com", true},
+		{"refused by its handler", pluginmanager.PluginStatus{Plugin: said, LastAnswer: said, State: pluginmanager.StateRejected, Reason: pluginmanager.ReasonValidate}, "CSIPlugin/csi.example.com", false},
+		{"unhealthy endpoint", pluginmanager.PluginStatus{Plugin: said, LastAnswer: said, State: pluginmanager.StateUnhealthy, Reason: pluginmanager.ReasonEndpoint}, "CSIPlugin/csi.example.com", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, remembered := identify(tc.s)
+			if got := s.Type + "/" + s.Name; got != tc.want || remembered != tc.remembered || s.Socket != path || s.State != tc.s.State {
+				t.Errorf("identify = %s %s, remembered %v; want %s, remembered %v", got, s.State, remembered, tc.want, tc.remembered)
+			}
+		})
+	}
+}
