@@ -102,11 +102,19 @@ type DevicePluginOptions struct {
 	GetPreferredAllocationAvailable bool `json:"getPreferredAllocationAvailable,omitempty"`
 }
 
+// The health of a Device, and the keys of the counts of devices by health
+// (DevicePluginDetails.Devices, DevicePluginObserved.Devices), spelt as the
+// device plugin API spells them.
+const (
+	DeviceHealthy   = "Healthy"
+	DeviceUnhealthy = "Unhealthy"
+)
+
 // Device is one device of a device plugin's resource.
 type Device struct {
 	ID string `json:"id"`
-	// Health is "Healthy" or "Unhealthy"; a device whose plugin sent
-	// anything else counts as Unhealthy, as in the kubelet.
+	// Health is DeviceHealthy or DeviceUnhealthy; a device whose plugin
+	// sent anything else counts as Unhealthy, as in the kubelet.
 	Health string `json:"health"`
 	// Topology lists the NUMA nodes the device is attached to, if the plugin said.
 	Topology []int64 `json:"topology,omitempty"`

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/csi"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
@@ -329,7 +330,11 @@ func TestRegister(t *testing.T) {
 			want := wantInstance(r.path, d.path, "1.0.0")
 			checkDrivers(t, hm.h.Drivers(), csi.Driver{Name: driverName, Active: want, Instances: []csi.Instance{want}})
 
-			// Details is what plugd's status API shows for the plugin.
+			// Details is what plugd's status API shows for the plugin, and
+			// where plugd's node agent reads its node id.
+			if d, ok := hm.h.Details(s.Plugin).(api.CSIDetails); !ok || d.NodeID != "node-1" {
+				t.Errorf("Details = %#v; want an api.CSIDetails with the node id", hm.h.Details(s.Plugin))
+			}
 			b, err := json.Marshal(hm.h.Details(s.Plugin))
 			if err != nil {
 				t.Fatal(err)

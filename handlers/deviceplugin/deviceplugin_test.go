@@ -22,6 +22,7 @@ import (
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	testingclock "k8s.io/utils/clock/testing"
 
+	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
@@ -312,8 +313,12 @@ func (e *env) details(socket string) instanceDetails {
 		}
 	}
 	d := e.h.Details(p)
-	if d == nil {
+	switch d.(type) {
+	case nil:
 		e.t.Fatalf("no details for %s", socket)
+	case plugdapi.DevicePluginDetails, plugdapi.DevicePluginObserved:
+	default:
+		e.t.Fatalf("details of %s are a %T; plugd's node agent reads an api.DevicePluginDetails or an api.DevicePluginObserved", socket, d)
 	}
 	b, err := json.Marshal(d)
 	if err != nil {

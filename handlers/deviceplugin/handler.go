@@ -114,8 +114,10 @@ type Resource struct {
 type PluginOptions = plugdapi.DevicePluginOptions
 
 // Device is one device of a resource (plugd's status API type). Its Health
-// is "Healthy" or "Unhealthy" (v1beta1.Healthy, v1beta1.Unhealthy); a device
-// whose plugin sent anything else counts as Unhealthy, as in the kubelet.
+// is "Healthy" or "Unhealthy" (plugd's api.DeviceHealthy and
+// api.DeviceUnhealthy, spelt as v1beta1.Healthy and v1beta1.Unhealthy); a
+// device whose plugin sent anything else counts as Unhealthy, as in the
+// kubelet.
 type Device = plugdapi.Device
 
 // Handler is the pluginmanager.Handler for device plugins. Create it with
@@ -475,7 +477,7 @@ func (h *Handler) Resources() []Resource {
 // countByHealth counts devs by health, Healthy and Unhealthy both named
 // even when none is.
 func countByHealth(devs []Device) map[string]int {
-	counts := map[string]int{api.Healthy: 0, api.Unhealthy: 0}
+	counts := map[string]int{plugdapi.DeviceHealthy: 0, plugdapi.DeviceUnhealthy: 0}
 	for _, d := range devs {
 		counts[d.Health]++
 	}

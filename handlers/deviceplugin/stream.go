@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	plugdapi "github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/pacing"
 	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/confine"
@@ -190,9 +191,9 @@ func inventory(resp *api.ListAndWatchResponse) ([]Device, error) {
 		if err := checkDeviceID(id); err != nil {
 			return nil, fmt.Errorf("%w: device %d: %w", errBadPlugin, i, err)
 		}
-		dev := Device{ID: id, Health: api.Unhealthy}
+		dev := Device{ID: id, Health: plugdapi.DeviceUnhealthy}
 		if d.GetHealth() == api.Healthy {
-			dev.Health = api.Healthy
+			dev.Health = plugdapi.DeviceHealthy
 		}
 		if nodes := d.GetTopology().GetNodes(); len(nodes) > 0 {
 			if len(nodes) > maxNUMANodes {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -69,6 +70,14 @@ func TestThirdPartyDetails(t *testing.T) {
 	}
 	if m := r.waitFor(t, "m.sock", "Registered"); m.Details != nil {
 		t.Errorf("details of a plugin whose handler is no Detailer = %#v; want none", m.Details)
+	}
+	// The node agent is given the very value the handler returned.
+	for _, kp := range r.d.kubePlugins() {
+		if kp.Socket == filepath.Join(r.dir, "g.sock") {
+			if d, ok := kp.Details.(greeting); !ok || d.Greeted != "g" || !kp.Answering || kp.Type != "example.com/Greeter" {
+				t.Errorf("the node agent's input for g.sock = %+v", kp)
+			}
+		}
 	}
 	list, err := r.client.Plugins(context.Background(), api.Filter{Type: "example.com/Greeter"})
 	if err != nil || len(list) != 1 {

@@ -164,16 +164,16 @@ func answering(s pluginmanager.PluginStatus) bool {
 	return s.State == pluginmanager.StateRegistered || s.State == pluginmanager.StateAnswering
 }
 
-// kubePlugins is the node's plugins for the Kubernetes side.
+// kubePlugins is the node agent's input: the node's plugins as the
+// manager's snapshot has them, each with what its handler says of it, from
+// which the node agent reads the facts it holds against the kubelet's.
 func (d *Daemon) kubePlugins() []kubenode.Plugin {
 	var out []kubenode.Plugin
 	for _, s := range d.m.Plugins() {
 		s, _ = identify(s)
-		f := d.handlerFacts(s.Plugin)
 		out = append(out, kubenode.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
 			Answering: answering(s), Unsettled: s.State == pluginmanager.StatePending || s.State == pluginmanager.StateRegistering,
-			Created: s.Created, NodeID: f.nodeID, Topology: f.topology,
-			DevicesKnown: f.devicesKnown, Devices: f.devices, HealthyDevices: f.healthy, DevicesAt: f.devicesAt})
+			Created: s.Created, Details: d.details(s.Plugin)})
 	}
 	return out
 }

@@ -10,53 +10,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/csi"
 	"github.com/plugd/plugd/handlers/deviceplugin"
 	"github.com/plugd/plugd/handlers/dra"
 	"github.com/plugd/plugd/handlers/hook"
 	"github.com/plugd/plugd/pluginmanager"
 )
-
-// handlerFacts is what the Kubernetes side uses of a plugin's
-// handler details: a CSI driver's node id, a device plugin's devices.
-type handlerFacts struct {
-	nodeID           string
-	topology         map[string]string
-	devicesKnown     bool
-	devices, healthy int
-	devicesAt        time.Time // zero: a stream the handler keeps
-}
-
-// handlerFacts reads them from the details the built-in handlers return
-// (api.CSIDetails, api.DevicePluginDetails, api.DevicePluginObserved); any
-// other handler's details say nothing of them. Only the details of those two
-// types are read: the Kubernetes side asks for every plugin every few seconds.
-func (d *Daemon) handlerFacts(p pluginmanager.Plugin) handlerFacts {
-	var f handlerFacts
-	if p.Type != csi.Type && p.Type != deviceplugin.Type {
-		return f
-	}
-	var devices map[string]int // counts by health
-	switch det := d.details(p).(type) {
-	case api.CSIDetails:
-		f.nodeID, f.topology = det.NodeID, det.Topology
-	case api.DevicePluginDetails:
-		devices = det.Devices
-	case api.DevicePluginObserved:
-		devices, f.devicesAt = det.Devices, det.ObservedAt
-	}
-	if devices != nil {
-		f.devicesKnown = true
-		for health, n := range devices {
-			f.devices += n
-			if health == "Healthy" {
-				f.healthy += n
-			}
-		}
-	}
-	return f
-}
 
 // handler is a built-in handler as the daemon runs it: close stops what it
 // started (connections, streams), after the manager has stopped.

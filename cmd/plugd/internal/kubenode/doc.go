@@ -15,12 +15,15 @@
 // (permission, TLS, no answer), what it registered is inferred from those
 // objects, and every view and condition says Inferred.
 //
-// Files by job: kubelet.go reads the kubelet, kubeletwatch.go says when
-// (a held connection, reads that follow change, a slow resync), view.go
-// says what the kubelet made of a plugin, conditions.go what its condition
-// says, loop.go evaluates and writes, events.go records events and
-// disagreements, source.go reads the API's objects, status.go is what the
-// daemon and the doctor read back.
+// Files by job: input.go is what the daemon gives it (each socket as the
+// manager's snapshot has it, with its handler's details, the types of
+// package api from which it reads a CSI driver's node id and topology and a
+// device plugin's healthy devices), kubelet.go reads the kubelet,
+// kubeletwatch.go says when (a held connection, reads that follow change, a
+// slow resync), view.go says what the kubelet made of a plugin,
+// conditions.go what its condition says, loop.go evaluates and writes,
+// events.go records events and disagreements, source.go reads the API's
+// objects, status.go is what the daemon and the doctor read back.
 //
 // It writes only on change, and for a heartbeat: a condition is patched
 // (strategic merge on nodes/status, so that every condition of others

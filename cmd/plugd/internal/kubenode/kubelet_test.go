@@ -25,7 +25,7 @@ import (
 func TestLiveView(t *testing.T) {
 	csi := key{TypeCSI, "csi.example.com"}
 	gpu := key{TypeDevice, "vendor.example/gpu"}
-	sock := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, NodeID: "node-a"}
+	sock := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, Details: csiSaid("node-a")}
 	dev := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true}
 	listed := snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "node-a"})}
 	labelled := listed

@@ -51,11 +51,11 @@ func csiNode(drivers ...storagev1.CSINodeDriver) *storagev1.CSINode {
 // kubelet itself.
 func TestInferredView(t *testing.T) {
 	down := &Problem{Reason: ReasonAPIUnavailable, Message: "cannot list: connection refused"}
-	csi := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, NodeID: "node-a"}
-	gpu := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}
+	csi := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, Details: csiSaid("node-a")}
+	gpu := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, Details: streamed(2, 0)}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	older := gpu
-	older.DevicesAt = t0.Add(-time.Minute)
+	older.Details = looked(t0.Add(-time.Minute), 2, 0)
 	for _, tc := range []struct {
 		name      string
 		k         key
@@ -147,11 +147,11 @@ func TestJudge(t *testing.T) {
 		{"held, CSINode being written: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, "", "", false},
 		{"just found: left alone", csi, []Plugin{{Socket: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
 		{"kubelet not read yet: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
-		{"enough devices", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 2}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"a streaming handler counts fewer than the Node", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"an old look counts fewer than the Node", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1, DevicesAt: time.Unix(1, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"the kubelet's live count is the truth", gpu, []Plugin{{Answering: true, DevicesKnown: true, Devices: 2, HealthyDevices: 1}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
+		{"enough devices", gpu, []Plugin{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"a streaming handler counts fewer than the Node", gpu, []Plugin{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"an old look counts fewer than the Node", gpu, []Plugin{{Answering: true, Details: looked(time.Unix(1, 0), 1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"the kubelet's live count is the truth", gpu, []Plugin{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
 		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

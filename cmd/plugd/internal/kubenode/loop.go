@@ -309,8 +309,8 @@ func (l *loop) remember(socks map[key][]Plugin) {
 			continue
 		}
 		for _, p := range ps {
-			if p.NodeID != "" || len(p.Topology) > 0 {
-				l.mem[k] = remembered{nodeID: p.NodeID, topology: p.Topology}
+			if id, topology := p.nodeInfo(); id != "" || len(topology) > 0 {
+				l.mem[k] = remembered{nodeID: id, topology: topology}
 			}
 		}
 	}

@@ -164,7 +164,7 @@ func (b *bench) condition() *corev1.NodeCondition {
 }
 
 func csiSocket(created time.Time, answering bool) Plugin {
-	p := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, NodeID: "node-a", State: "Answering"}
+	p := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, Details: csiSaid("node-a"), State: "Answering"}
 	if !answering {
 		p.State = "NotAnswering"
 	}

@@ -21,35 +21,6 @@ const (
 	TypeDevice = "DevicePlugin"
 )
 
-// Plugin is one registration socket as plugd sees it, with the facts its
-// handler knows that can be held against the kubelet's side.
-type Plugin struct {
-	Socket string
-	Type   string
-	Name   string
-	// State is plugd's state of the socket (Registered, Answering, Stale...).
-	State string
-	// Answering says the socket is served and its plugin answers: Registered
-	// when managing, Answering when observing.
-	Answering bool
-	// Unsettled says plugd has not looked at the socket yet (it was just
-	// found): nothing is concluded from it until it has.
-	Unsettled bool
-	// Created is when the socket file was made: a re-created socket is a
-	// new registration for the kubelet.
-	Created time.Time
-	// NodeID and Topology are what a CSI driver's NodeGetInfo answered;
-	// empty if the handler does not ask.
-	NodeID   string
-	Topology map[string]string
-	// DevicesKnown says a device plugin's handler knows its devices:
-	// Devices of them, HealthyDevices healthy, as seen at DevicesAt (zero:
-	// a stream the handler keeps, current).
-	DevicesKnown            bool
-	Devices, HealthyDevices int
-	DevicesAt               time.Time
-}
-
 // key names a plugin across its sockets, as the kubelet knows it.
 type key struct{ typ, name string }
 
@@ -365,16 +336,6 @@ func csiDriver(c *storagev1.CSINode, name string) *storagev1.CSINodeDriver {
 	return nil
 }
 
-func nodeIDs(socks []Plugin) []string {
-	var said []string
-	for _, p := range socks {
-		if p.NodeID != "" && !slices.Contains(said, p.NodeID) {
-			said = append(said, p.NodeID)
-		}
-	}
-	return said
-}
-
 func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
 	n := 0
 	for _, sl := range slices {
@@ -383,16 +344,4 @@ func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
 		}
 	}
 	return n
-}
-
-// deviceCounts is a device plugin's devices as its handler sees them, from
-// the socket that reports the most healthy ones (the serving instance,
-// during a rolling update).
-func deviceCounts(socks []Plugin) (healthy, devices int, at time.Time, known bool) {
-	for _, p := range socks {
-		if p.Answering && p.DevicesKnown && (!known || p.HealthyDevices > healthy) {
-			healthy, devices, at, known = p.HealthyDevices, p.Devices, p.DevicesAt, true
-		}
-	}
-	return healthy, devices, at, known
 }
