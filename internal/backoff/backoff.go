@@ -1,17 +1,23 @@
 // Package backoff is the delay of the retries plugd paces itself: the
 // manager's registration retries and its redials of a registration socket
-// that hung up, and in the handlers a device plugin's stream redials, a DRA
+// that hung up; in the handlers a device plugin's stream redials, a DRA
 // driver's health stream reopenings and an endpoint watch's reconnections
-// (handlers/internal/endpointwatch). The delay starts at an initial value
-// and doubles after each failure up to a cap (k8s.io/apimachinery's
-// wait.Backoff does the stepping); jitter spreads each delay around its step
-// so that plugins that failed together do not retry together, and never
-// past the cap.
+// (handlers/internal/endpointwatch); and on Kubernetes the node agent's
+// writes to the API server (cmd/plugd/internal/kubenode). The delay starts
+// at an initial value and doubles after each failure up to a cap
+// (k8s.io/apimachinery's wait.Backoff does the stepping); jitter spreads
+// each delay around its step so that plugins that failed together do not
+// retry together, and never past the cap.
 //
 // A retry that a library makes on its own is that library's to pace: the
 // DRA handler's gRPC connection to a driver reconnects by grpc-go's backoff
 // (a grpc/backoff.Config in handlers/dra's connect), since grpc-go owns the
-// connection's reconnections: plugd only sets their parameters.
+// connection's reconnections: plugd only sets their parameters. And one
+// retry keeps a delay of its own: the node agent's held connection to the
+// kubelet (kubenode's kubeletwatch.go) redials after a doubling delay whose
+// cap depends on why the last dial failed (a kubelet that is not running,
+// restarting, is tried again within 2 s), which a Backoff's one cap does
+// not say.
 package backoff
 
 import (

@@ -3,7 +3,6 @@ package kubenode
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/backoff"
 )
 
 // Run reads the API server and the kubelet, and keeps the conditions,
@@ -85,13 +85,16 @@ type loop struct {
 	// lastBeat is when the conditions were last written for a heartbeat.
 	lastBeat time.Time
 
-	failures  int       // writes failed in a row
-	nextWrite time.Time // no write before this, after a failure
+	// writeDelay is the backoff of writes after a failure, reset by a
+	// success; nextWrite is when the next may be made.
+	writeDelay backoff.Backoff
+	nextWrite  time.Time
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
 	return &loop{n: n, rec: rec, written: map[string]written{}, disagree: map[disagreementKey]*disagreement{},
-		held: map[string]*heldVerdict{}, mem: map[key]remembered{}, registered: map[string]time.Time{}}
+		held: map[string]*heldVerdict{}, mem: map[key]remembered{}, registered: map[string]time.Time{},
+		writeDelay: backoff.New(writeBackoffMin, writeBackoffMax, writeJitter)}
 }
 
 // written is a condition plugd wrote, and how many Node updates had arrived
@@ -457,13 +460,11 @@ func (l *loop) write(ctx context.Context, now time.Time, w writeOp, do func(cont
 	cancel()
 	l.n.noteWrite(w, err, now)
 	if err == nil {
-		l.failures, l.nextWrite = 0, time.Time{}
+		l.writeDelay.Reset()
+		l.nextWrite = time.Time{}
 		return true
 	}
-	d := min(writeBackoffMin<<min(l.failures, 10), writeBackoffMax)
-	d = d/2 + rand.N(d/2+1) // jitter: a cluster's nodes do not retry in step
-	l.failures++
-	l.nextWrite = now.Add(d)
+	l.nextWrite = now.Add(l.writeDelay.Next())
 	return false
 }
 

@@ -120,7 +120,9 @@ type Node struct {
 const localResync = 5 * time.Second
 
 // Each write to the API server is bounded by writeTimeout; failed writes are
-// retried after a backoff from writeBackoffMin, doubling to writeBackoffMax.
+// retried after a backoff from writeBackoffMin, doubling to writeBackoffMax,
+// each delay spread by writeJitter around its step, so that a cluster's
+// nodes do not retry in step after an outage of the API server.
 const (
 	writeTimeout = 10 * time.Second
 	// listTimeout bounds each list of the informers (watches are bounded
@@ -128,6 +130,7 @@ const (
 	listTimeout     = 30 * time.Second
 	writeBackoffMin = time.Second
 	writeBackoffMax = 2 * time.Minute
+	writeJitter     = 0.5
 	// minEvalGap spaces out evaluations during a burst of changes.
 	minEvalGap = 100 * time.Millisecond
 	// A change of a condition's reason or message that keeps its status
