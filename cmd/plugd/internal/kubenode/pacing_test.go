@@ -9,7 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
+	testclock "k8s.io/utils/clock/testing"
 )
 
 // Writes the API server refuses are retried after a delay that doubles
@@ -91,4 +94,107 @@ func TestWriteBackoff(t *testing.T) {
 	refuse.Store(true)
 	b.setPlugins(csiSocket(started, false))
 	checkGaps(tries(3))
+}
+
+// lockstepClock is a fake clock whose timers tell the test each Reset
+// before they are re-armed: a test that reads them knows where Run is,
+// with no sleep, and that nothing was evaluated in between.
+type lockstepClock struct {
+	*testclock.FakeClock
+	resets chan time.Duration
+	done   chan struct{}
+}
+
+func (c lockstepClock) NewTimer(d time.Duration) clock.Timer {
+	return lockstepTimer{c.FakeClock.NewTimer(d), c}
+}
+
+type lockstepTimer struct {
+	clock.Timer
+	c lockstepClock
+}
+
+func (t lockstepTimer) Reset(d time.Duration) bool {
+	select {
+	case t.c.resets <- d:
+	case <-t.c.done:
+	}
+	return t.Timer.Reset(d)
+}
+
+// Run evaluates at once on a change, then at most once per minEvalGap
+// however many changes come, and every localResync when nothing does.
+func TestRunPacing(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := lockstepClock{testclock.NewFakeClock(t0), make(chan time.Duration), make(chan struct{})}
+	evals := make(chan time.Time, 100)
+	// An empty API: its informers tell of no change, only the test does.
+	cs := fake.NewClientset()
+	n, err := newNode(Config{NodeName: "node-a", Clock: clk, Plugins: func() []Plugin {
+		evals <- clk.Now()
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.core, n.storage, n.resource, n.events, n.fakeAPI = cs.CoreV1(), cs.StorageV1(), cs.ResourceV1(), cs.EventsV1(), cs
+	n.build(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		n.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		close(clk.done)
+		<-stopped
+	})
+
+	// next is the next Reset of Run's timer, and the evaluations made
+	// before it.
+	next := func() (time.Duration, []time.Time) {
+		t.Helper()
+		select {
+		case d := <-clk.resets:
+			var got []time.Time
+			for len(evals) > 0 {
+				got = append(got, <-evals)
+			}
+			return d, got
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not set its timer within 30s")
+			return 0, nil
+		}
+	}
+	expect := func(what string, wantWait time.Duration, wantEvals ...time.Time) {
+		t.Helper()
+		d, got := next()
+		if d != wantWait || len(got) != len(wantEvals) {
+			t.Fatalf("%s: evaluations at %v, then a wait of %s; want %v, then %s", what, got, d, wantEvals, wantWait)
+		}
+		for i := range got {
+			if !got[i].Equal(wantEvals[i]) {
+				t.Fatalf("%s: evaluations at %v; want %v", what, got, wantEvals)
+			}
+		}
+	}
+
+	n.Changed()
+	expect("the first change", localResync, t0)
+	for range 5 {
+		n.Changed()
+		expect("a change within the gap", minEvalGap)
+	}
+	clk.Step(60 * time.Millisecond)
+	n.Changed()
+	expect("a change 60ms after the evaluation", minEvalGap-60*time.Millisecond)
+	clk.Step(40 * time.Millisecond)
+	expect("the gap's end", localResync, t0.Add(minEvalGap))
+	clk.Step(localResync - time.Millisecond)
+	clk.Step(time.Millisecond)
+	expect("nothing changed for localResync", localResync, t0.Add(minEvalGap+localResync))
+	if len(evals) != 0 {
+		t.Errorf("evaluations the pacing did not ask for: %d", len(evals))
+	}
 }
