@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // Prefix starts the message of every condition plugd writes, so that
@@ -19,14 +21,14 @@ const Prefix = "plugd: "
 // every byte is in every Node read.
 const MaxMessage = 512
 
-// Message is a condition's message: which plugin, then why, cut to
-// MaxMessage bytes.
+// Message is a condition's message: which plugin, then why, escaped
+// (textsafe: the text quotes API objects, and is read on terminals) and
+// cut to MaxMessage bytes at a character boundary. It is what the API
+// server stores: a message cut inside a character is not valid UTF-8, which
+// the JSON of a write turns into U+FFFD, so the Node would never say what
+// plugd wrote, and plugd would write it again at every look.
 func Message(typ, name, text string) string {
-	m := Prefix + typ + " " + name + ": " + text
-	if len(m) > MaxMessage {
-		m = m[:MaxMessage-3] + "..."
-	}
-	return m
+	return textsafe.Shorten(Prefix+typ+" "+name+": "+text, MaxMessage)
 }
 
 // Parse tells the plugin a message of Message is about.

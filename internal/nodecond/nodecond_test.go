@@ -1,9 +1,11 @@
 package nodecond
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -96,5 +98,29 @@ func TestCensusNotMaintained(t *testing.T) {
 	z.Add(&old)
 	if p := z.View().Plugins[0]; p.Ready != 1 {
 		t.Errorf("the zero census: %+v", p)
+	}
+}
+
+// A message is what the API server stores, whatever the text quotes: valid
+// UTF-8 that comes back from JSON as it went, escaped, at most MaxMessage
+// bytes, wherever the cut falls among multi-byte characters.
+func TestMessageIsWhatTheAPIStores(t *testing.T) {
+	for shift := range 6 {
+		text := "CSINode node-a lists the driver with nodeID " + strings.Repeat("x", shift) + strings.Repeat("\x01é\u202e", 200)
+		m := Message("CSIPlugin", "csi.example.com", text)
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back string
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back != m || !utf8.ValidString(m) || len(m) > MaxMessage || strings.ContainsAny(m, "\x01\u202e") {
+			t.Errorf("shift %d: message of %d bytes (valid UTF-8 %v) comes back from JSON the same: %v; %q", shift, len(m), utf8.ValidString(m), back == m, m[len(m)-20:])
+		}
+		if typ, name, ok := Parse(m); !ok || typ != "CSIPlugin" || name != "csi.example.com" {
+			t.Errorf("Parse(%q) = %q %q %v", m, typ, name, ok)
+		}
 	}
 }

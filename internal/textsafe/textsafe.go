@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Escape returns s as valid UTF-8 (invalid bytes dropped) with every
@@ -35,7 +36,31 @@ func needsEscape(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }
 func Printable(s string, max int) string {
 	s = Escape(s)
 	if len(s) > max {
-		s = strings.ToValidUTF8(s[:max], "")
+		s = cut(s, max)
 	}
 	return s
+}
+
+// Shorten is Escape, cut to at most max bytes at a character boundary with
+// "..." at the end when something was cut: text to show whole where it is
+// short, and with a visible cut where it is not.
+func Shorten(s string, max int) string {
+	s = Escape(s)
+	if len(s) <= max {
+		return s
+	}
+	if max < len(ellipsis) {
+		return cut(s, max)
+	}
+	return cut(s, max-len(ellipsis)) + ellipsis
+}
+
+const ellipsis = "..."
+
+// cut is s cut to at most n bytes, at the start of a character.
+func cut(s string, n int) string {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:min(n, len(s))]
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // event is one Kubernetes event about the Node: of plugin, for cause (the
@@ -22,6 +23,12 @@ type event struct {
 	cause       string
 	note        string
 }
+
+// The API server's bounds of an event's action and note.
+const (
+	maxEventAction = 128
+	maxEventNote   = 1024
+)
 
 // record sends e, about node.
 //
@@ -41,13 +48,10 @@ func (l *loop) record(node *corev1.Node, e event) {
 	if e.cause != "" {
 		action += ": " + e.cause
 	}
-	if len(action) > 128 {
-		action = action[:128]
-	}
-	note := e.note
-	if len(note) > 1000 {
-		note = note[:1000]
-	}
+	// The API's bounds (128 and 1 KiB), cut at a character boundary: a
+	// cut inside one would be sent as U+FFFD.
+	action = textsafe.Shorten(action, maxEventAction)
+	note := textsafe.Shorten(e.note, maxEventNote)
 	// A reference without the Node's resourceVersion, which changes with
 	// every status update: with it no two events would be alike, and none
 	// would fold into a series.

@@ -129,6 +129,9 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	l.remember(socks)
+	// The Node updates delivered before the snapshot: one delivered while
+	// it is read may be in it or not, and counts as not yet seen.
+	seq := n.nodeEvents.Load()
 	snap := n.snapshot()
 	kn := n.kubelet.now()
 	kf := kn.facts(n.cfg.Kubelet.Address, socks)
@@ -152,7 +155,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	var drop []string
 	if readable {
 		for _, typ := range unexpected(snap.node, n.cfg.Expect) {
-			if w, ok := l.written[typ]; !ok || w.seq != n.nodeEvents.Load() {
+			if w, ok := l.written[typ]; !ok || w.seq != seq {
 				drop = append(drop, typ) // not already deleted and not yet seen so
 			}
 		}
@@ -195,7 +198,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if !readable {
 			continue
 		}
-		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == n.nodeEvents.Load() {
+		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == seq {
 			continue // written; the informer has not brought it back yet
 		}
 		if cur != nil && cur.Status == v.status {

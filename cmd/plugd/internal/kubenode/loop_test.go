@@ -318,3 +318,65 @@ func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 		t.Errorf("plugd wrote %v on its start", w)
 	}
 }
+
+// reportStatus updates the Node's Ready heartbeat, as the kubelet's status
+// report does, and waits until the informer has delivered it.
+func (b *bench) reportStatus() {
+	b.t.Helper()
+	seen := b.n.nodeEvents.Load()
+	n, err := b.cs.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	now := metav1.NewTime(b.clock.Now())
+	if c := findCondition(n, string(corev1.NodeReady)); c != nil {
+		c.LastHeartbeatTime = now
+	} else {
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now})
+	}
+	if _, err := b.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		b.t.Fatal(err)
+	}
+	b.waitFor("the informer delivering the kubelet's status report", func() bool { return b.n.nodeEvents.Load() > seen })
+}
+
+// A CSINode nodeID the API validates only by length (192 bytes, control
+// characters and accents allowed) makes a condition message that plugd
+// writes once: the message is what the API server stores, so later Node
+// updates by anyone (the kubelet's status reports) find it written. The
+// escaped control characters put the 512-byte cut inside the nodeID, and
+// the ids move it a byte at a time across a ten-byte pattern, so that it
+// once fell inside a character.
+func TestOddNodeIDWrittenOnce(t *testing.T) {
+	b := newBench(t)
+	b.reportStatus() // the watch is up, and has delivered all before
+	started := b.clock.Now().Add(-time.Hour)
+	b.setPlugins(csiSocket(started, true)) // NodeGetInfo: node-a
+	for _, shift := range [][2]int{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 1}, {1, 2}, {1, 3}, {2, 0}, {2, 1}} {
+		id := strings.Repeat("\x01", shift[0]) + strings.Repeat("x", shift[1]) + strings.Repeat("\x01\x01é", 47)
+		if _, err := b.cs.StorageV1().CSINodes().Update(context.Background(), csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: id}), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		b.waitFor("the informer delivering the CSINode", func() bool {
+			d := csiDriver(b.n.snapshot().csiNode, "csi.example.com")
+			return d != nil && d.NodeID == id
+		})
+		before, seen := len(b.writes()), b.n.nodeEvents.Load()
+		b.clock.Step(time.Minute)
+		b.l.evaluate(context.Background(), b.clock.Now())
+		b.clock.Step(coalesce) // a new message of the same status waits this long
+		b.l.evaluate(context.Background(), b.clock.Now())
+		b.waitFor("the informer delivering plugd's write", func() bool { return b.n.nodeEvents.Load() > seen })
+		if got := b.writes()[before:]; len(got) != 1 || got[0] != "False/NodeIDMismatch" {
+			t.Fatalf("shift %d: writes %v; want one, False/NodeIDMismatch", shift, got)
+		}
+		for range 3 {
+			b.reportStatus()
+			b.clock.Step(coalesce + time.Second)
+			b.l.evaluate(context.Background(), b.clock.Now())
+		}
+		if got := b.writes()[before:]; len(got) != 1 {
+			t.Errorf("shift %d: %d writes after three status reports of the kubelet; want the first alone. The Node has %q", shift, len(got), b.condition().Message)
+		}
+	}
+}
