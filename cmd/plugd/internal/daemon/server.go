@@ -385,8 +385,12 @@ func (d *Daemon) kubeletTruth() (*doctor.KubeletAccess, []doctor.Condition, []do
 		conds = append(conds, dc)
 	}
 	var stale []doctor.StaleEntry
-	for _, e := range d.kube.StaleCSINodeEntries() {
+	entries, more := d.kube.StaleCSINodeEntries()
+	for _, e := range entries {
 		stale = append(stale, doctor.StaleEntry{Driver: e.Driver, NodeID: e.NodeID, Remedy: e.Remedy})
+	}
+	if more > 0 {
+		stale = append(stale, doctor.StaleEntry{More: more})
 	}
 	return ka, conds, stale
 }

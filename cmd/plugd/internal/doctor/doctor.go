@@ -85,9 +85,11 @@ type Condition struct {
 }
 
 // StaleEntry is a driver CSINode lists while the running kubelet holds no
-// registration of it.
+// registration of it; or, with More set, how many more there are than
+// plugd tells of one by one.
 type StaleEntry struct {
 	Driver, NodeID, Remedy string
+	More                   int
 }
 
 // Input is everything Check looks at.
@@ -472,6 +474,13 @@ func (c *checker) kubeletAccess() {
 // holds no registration of.
 func (c *checker) staleEntries() {
 	for _, e := range c.in.StaleCSINode {
+		if e.More > 0 {
+			c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: "CSIPlugin",
+				Summary:  fmt.Sprintf("CSINode lists %d more drivers that the running kubelet holds no registration of", e.More),
+				Evidence: []string{"plugd tells of the first few one by one; a CSINode with this many entries nobody holds was written by someone other than the kubelet"},
+				Remedy:   "kubectl get csinode NODE -o yaml, and remove the entries of drivers that do not run on the node"})
+			continue
+		}
 		c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: "CSIPlugin", Name: e.Driver,
 			Summary:  fmt.Sprintf("CSINode lists the driver %s, but the running kubelet holds no registration of it", e.Driver),
 			Evidence: []string{fmt.Sprintf("CSINode entry: name %s, nodeID %q", e.Driver, e.NodeID), "the kubelet removes an entry once, when it deregisters the driver; an API outage at that moment leaves it for good, and the scheduler still counts the driver on this node"},

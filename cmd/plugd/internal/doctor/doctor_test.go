@@ -272,6 +272,11 @@ func TestKubeletTruth(t *testing.T) {
 		t.Errorf("expected-missing: %+v", missing)
 	}
 
+	in.StaleCSINode = append(in.StaleCSINode, StaleEntry{More: 29984})
+	if got := findings(Check(context.Background(), in), "stale-csinode-entry", ""); len(got) != 2 || !strings.Contains(got[1].Summary, "29984 more drivers") {
+		t.Errorf("stale entries beyond those told one by one: %+v", got)
+	}
+
 	in.Kubelet = &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletNotRunning", Message: "refused"}
 	if got := findings(Check(context.Background(), in), "kubelet-not-running", ""); len(got) != 1 || got[0].Severity != api.SeverityError {
 		t.Errorf("kubelet-not-running: %+v", got)

@@ -82,6 +82,9 @@ type kubeletWatch struct {
 	// the next is due.
 	cut     int
 	retryAt time.Time
+	// reads counts the reads that were recorded: what the state says may
+	// have changed with each.
+	reads uint64
 }
 
 // A read cut off mid-way is tried again after cutRetry, up to maxCuts
@@ -239,6 +242,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.reads++
 	if devices {
 		w.lastDevices = now
 	}
@@ -341,12 +345,13 @@ type kubeletNow struct {
 	problem      *Problem
 	restarted    bool
 	presentSince map[string]time.Time
+	reads        uint64
 }
 
 func (w *kubeletWatch) now() kubeletNow {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince)}
+	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince), reads: w.reads}
 	if k.problem != nil {
 		p := *k.problem
 		k.problem = &p

@@ -438,3 +438,19 @@ func TestEventSinkKeepsRefusals(t *testing.T) {
 		t.Fatalf("problems after a series patch found no event: %+v", ps)
 	}
 }
+
+// Stale CSINode entries are told of one by one up to maxStaleEntries (an
+// event and a doctor finding each); the others are counted.
+func TestStaleEntriesBounded(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	drivers := make([]storagev1.CSINodeDriver, 30000)
+	for i := range drivers {
+		drivers[i] = storagev1.CSINodeDriver{Name: fmt.Sprintf("d%d.example.com", i), NodeID: "node-a"}
+	}
+	s := snapshot{nodeName: "node-a", csiNode: csiNode(drivers...)}
+	kn := kubeletNow{state: &kubeletState{at: t0, started: t0.Add(-time.Hour)}}
+	got, more := staleEntries(s, nil, kubeletFacts{live: true}, kn)
+	if len(got) != maxStaleEntries || more != len(drivers)-maxStaleEntries || got[0].Driver != "d0.example.com" {
+		t.Errorf("%d entries (first %+v) and %d more; want %d and %d", len(got), got[0], more, maxStaleEntries, len(drivers)-maxStaleEntries)
+	}
+}

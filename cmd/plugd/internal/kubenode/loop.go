@@ -3,6 +3,8 @@ package kubenode
 import (
 	"context"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -84,6 +86,8 @@ type loop struct {
 	localChanges   uint64
 	// lastBeat is when the conditions were last written for a heartbeat.
 	lastBeat time.Time
+	// cache is the last views and what they were made of.
+	cache viewCache
 
 	// writeDelay is the backoff of writes after a failure, reset by a
 	// success; nextWrite is when the next may be made.
@@ -129,23 +133,19 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	l.remember(socks)
-	// The Node updates delivered before the snapshot: one delivered while
-	// it is read may be in it or not, and counts as not yet seen.
-	seq := n.nodeEvents.Load()
+	// seq is the Node updates delivered before the snapshot: one delivered
+	// while it is read may be in it or not, and counts as not yet seen.
 	snap := n.snapshot()
+	seq := snap.seq[0]
 	kn := n.kubelet.now()
 	kf := kn.facts(n.cfg.Kubelet.Address, socks)
 	if kn.state != nil {
 		kf.started = kn.state.started
 	}
-	views := make(map[key]view, len(socks))
-	for k, ps := range socks {
-		views[k] = kubeletView(k, ps, snap, kf, l.mem[k])
-	}
+	views, stale, more := l.views(socks, snap, kf, kn)
 	n.publish(views, now)
 	l.observeRegistrations(socks, kf, kn)
-	stale := staleEntries(snap, socks, kf, kn)
-	n.setStale(stale)
+	n.setStale(stale, more)
 
 	next := l.disagreements(now, socks, views, stale, kf.live, snap.node)
 	next = earliest(next, l.paceKubelet(now, socks, views, kf, kn))
@@ -273,6 +273,51 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
 	}
 	return next
+}
+
+// viewCache is the views of an evaluation and what they were made of.
+type viewCache struct {
+	in    viewInputs
+	socks map[key][]Plugin
+	mem   map[key]remembered
+	views map[key]view
+	stale []staleEntry
+	more  int
+}
+
+// viewInputs counts the informers' deliveries and the kubelet's reads
+// before a snapshot: the same counts, the same objects. (A delivery while
+// the snapshot is read counts at the next evaluation, which then builds
+// the views again.)
+type viewInputs struct {
+	node, csiNode, slices uint64
+	problems              [3]string
+	kubelet               uint64
+}
+
+// views are the kubelet views of the plugins and CSINode's stale entries.
+// When the sockets, the API objects and the kubelet's reads are those of
+// the last evaluation, they are its views: the texts of a quiet node are
+// not built again at every resync (with thousands of CSINode entries,
+// hundreds of kilobytes every 5 seconds).
+func (l *loop) views(socks map[key][]Plugin, snap snapshot, kf kubeletFacts, kn kubeletNow) (map[key]view, []staleEntry, int) {
+	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: kn.reads}
+	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem} {
+		if p != nil {
+			in.problems[i] = p.Reason + ": " + p.Message
+		}
+	}
+	c := &l.cache
+	if c.views != nil && c.in == in && reflect.DeepEqual(c.socks, socks) && reflect.DeepEqual(c.mem, l.mem) {
+		return c.views, c.stale, c.more
+	}
+	views := make(map[key]view, len(socks))
+	for k, ps := range socks {
+		views[k] = kubeletView(k, ps, snap, kf, l.mem[k])
+	}
+	stale, more := staleEntries(snap, socks, kf, kn)
+	*c = viewCache{in: in, socks: socks, mem: maps.Clone(l.mem), views: views, stale: stale, more: more}
+	return views, stale, more
 }
 
 // hold keeps v, which changes only the reason or message of condition

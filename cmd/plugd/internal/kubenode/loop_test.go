@@ -3,10 +3,12 @@ package kubenode
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -97,6 +99,7 @@ func (b *bench) setKubelet(started time.Time, registered ...string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.reads++
 	if !w.started.IsZero() && !started.Equal(w.started) {
 		w.restarted = true
 		clear(w.presentSince)
@@ -119,6 +122,7 @@ func (b *bench) kubeletDown() {
 	w := b.n.kubelet
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.reads++
 	w.state, w.problem = nil, &Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}
 	clear(w.presentSince)
 }
@@ -337,7 +341,26 @@ func (b *bench) reportStatus() {
 	if _, err := b.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		b.t.Fatal(err)
 	}
-	b.waitFor("the informer delivering the kubelet's status report", func() bool { return b.n.nodeEvents.Load() > seen })
+	b.waitFor("the informer delivering the kubelet's status report", func() bool {
+		c := findCondition(b.n.snapshot().node, string(corev1.NodeReady))
+		return b.n.nodeEvents.Load() > seen && c != nil && c.LastHeartbeatTime.Equal(&now)
+	})
+}
+
+// settle evaluates until evaluations in a row find the informers'
+// deliveries as the last one did: nothing is on its way.
+func (b *bench) settle() {
+	b.t.Helper()
+	same := 0
+	b.waitFor("the informers settled", func() bool {
+		in := b.l.cache.in
+		b.l.evaluate(context.Background(), b.clock.Now())
+		if b.l.cache.in != in {
+			same = 0
+		}
+		same++
+		return same == 10
+	})
 }
 
 // A CSINode nodeID the API validates only by length (192 bytes, control
@@ -378,5 +401,47 @@ func TestOddNodeIDWrittenOnce(t *testing.T) {
 		if got := b.writes()[before:]; len(got) != 1 {
 			t.Errorf("shift %d: %d writes after three status reports of the kubelet; want the first alone. The Node has %q", shift, len(got), b.condition().Message)
 		}
+	}
+}
+
+// A CSINode with 30,000 drivers, none the expected one: the view says so
+// in at most maxViewMessage bytes, naming a few and counting the rest, and
+// an evaluation in which nothing changed builds no text again (before, the
+// view listed every driver, 840 KB, rebuilt at every resync).
+func TestThousandsOfCSINodeDrivers(t *testing.T) {
+	b := newBench(t)
+	drivers := make([]storagev1.CSINodeDriver, 30000)
+	for i := range drivers {
+		drivers[i] = storagev1.CSINodeDriver{Name: fmt.Sprintf("driver-%05d.example.com", i), NodeID: "node-a"}
+	}
+	if _, err := b.cs.StorageV1().CSINodes().Update(context.Background(), csiNode(drivers...), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the informer delivering the CSINode", func() bool {
+		c := b.n.snapshot().csiNode
+		return c != nil && len(c.Spec.Drivers) == len(drivers)
+	})
+	b.setPlugins(csiSocket(b.clock.Now().Add(-time.Hour), true))
+	b.step(0)
+	v, ok := b.n.KubeletView(TypeCSI, "csi.example.com")
+	if !ok || v.Reason != "NotInCSINode" || len(v.Message) > maxViewMessage || !strings.Contains(v.Message, "driver-00007.example.com and 29992 more") {
+		t.Fatalf("view (%d bytes): %+v", len(v.Message), v)
+	}
+	b.settle()
+	built := unsafe.StringData(b.l.cache.views[key{TypeCSI, "csi.example.com"}].Message)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		b.clock.Step(localResync)
+		b.l.evaluate(context.Background(), b.clock.Now())
+	}
+	runtime.ReadMemStats(&after)
+	if unsafe.StringData(b.l.cache.views[key{TypeCSI, "csi.example.com"}].Message) != built {
+		t.Errorf("the view's message was built again, with nothing changed")
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / 10; per > 32<<10 {
+		t.Errorf("an evaluation in which nothing changed allocated %d bytes; want the views of the last one, and little else", per)
+	} else {
+		t.Logf("an evaluation in which nothing changed allocated %d bytes", per)
 	}
 }

@@ -100,18 +100,21 @@ type Node struct {
 	fakeAPI      any
 	kubelet      *kubeletWatch
 	nodeEvents   atomic.Uint64 // Node updates the informer delivered
+	csiEvents    atomic.Uint64 // CSINode changes the informer delivered
+	sliceEvents  atomic.Uint64 // ResourceSlice changes the informer delivered
 	localChanges atomic.Uint64 // Changed calls: the plugins changed
 	kick         chan struct{}
 	m            *metrics
 
 	statusWrite, taintWrite, eventWrite writeOp
 
-	mu       sync.Mutex
-	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
-	problems map[string]*Problem     // of writes, by operation; guarded by mu
-	ready    map[string]bool         // by condition type; guarded by mu
-	conds    []ConditionState        // by expectation; guarded by mu
-	stale    []StaleEntry            // guarded by mu
+	mu        sync.Mutex
+	views     map[key]api.KubeletView // by plugin, with Since; guarded by mu
+	problems  map[string]*Problem     // of writes, by operation; guarded by mu
+	ready     map[string]bool         // by condition type; guarded by mu
+	conds     []ConditionState        // by expectation; guarded by mu
+	stale     []StaleEntry            // guarded by mu
+	staleMore int                     // stale entries beyond stale; guarded by mu
 }
 
 // How often the plugins are compared with the API's view when nothing
@@ -289,14 +292,14 @@ func (n *Node) buildSources() {
 	})
 	// The kubelet writes CSINode as it registers a driver: read it.
 	_, _ = n.csiNode.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { n.kubelet.request(); n.changed() },
-		UpdateFunc: func(any, any) { n.kubelet.request(); n.changed() },
-		DeleteFunc: func(any) { n.kubelet.request(); n.changed() },
+		AddFunc:    func(any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
+		UpdateFunc: func(any, any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
+		DeleteFunc: func(any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
 	})
 	_, _ = n.slices.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { n.changed() },
-		UpdateFunc: func(any, any) { n.changed() },
-		DeleteFunc: func(any) { n.changed() },
+		AddFunc:    func(any) { n.sliceEvents.Add(1); n.changed() },
+		UpdateFunc: func(any, any) { n.sliceEvents.Add(1); n.changed() },
+		DeleteFunc: func(any) { n.sliceEvents.Add(1); n.changed() },
 	})
 }
 
@@ -346,7 +349,7 @@ func (n *Node) Problems() []Problem {
 
 // snapshot reads the informers' caches.
 func (n *Node) snapshot() snapshot {
-	s := snapshot{nodeName: n.cfg.NodeName,
+	s := snapshot{nodeName: n.cfg.NodeName, seq: [3]uint64{n.nodeEvents.Load(), n.csiEvents.Load(), n.sliceEvents.Load()},
 		nodeProblem: n.node.trouble(), csiProblem: n.csiNode.trouble(), sliceProblem: n.slices.trouble()}
 	if obj, ok, _ := n.node.inf.GetStore().GetByKey(n.cfg.NodeName); ok {
 		s.node = obj.(*corev1.Node)

@@ -51,20 +51,21 @@ type StaleEntry struct {
 }
 
 // StaleCSINodeEntries are the CSINode's stale entries at the last
-// evaluation; none unless the kubelet's own state is read.
-func (n *Node) StaleCSINodeEntries() []StaleEntry {
+// evaluation, the first maxStaleEntries of them, and how many more there
+// are; none unless the kubelet's own state is read.
+func (n *Node) StaleCSINodeEntries() (entries []StaleEntry, more int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return append([]StaleEntry(nil), n.stale...)
+	return append([]StaleEntry(nil), n.stale...), n.staleMore
 }
 
-func (n *Node) setStale(s []staleEntry) {
+func (n *Node) setStale(s []staleEntry, more int) {
 	out := make([]StaleEntry, 0, len(s))
 	for _, e := range s {
 		out = append(out, e.StaleEntry)
 	}
 	n.mu.Lock()
-	n.stale = out
+	n.stale, n.staleMore = out, more
 	n.mu.Unlock()
 }
 
@@ -79,12 +80,18 @@ type staleEntry struct {
 // serves.
 const staleSettle = 10 * time.Second
 
+// maxStaleEntries bounds the stale CSINode entries plugd tells of (an
+// event and a doctor finding each); the others are counted. Anyone who may
+// update CSINode can add thousands.
+const maxStaleEntries = 16
+
 // staleEntries are the CSINode's entries the running kubelet holds no
-// registration of. It says nothing unless the kubelet's state is read,
-// and every socket it holds is one plugd knows the name of.
-func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubeletNow) []staleEntry {
+// registration of, the first maxStaleEntries of them, and how many more
+// there are. It says nothing unless the kubelet's state is read, and every
+// socket it holds is one plugd knows the name of.
+func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubeletNow) (out []staleEntry, more int) {
 	if !kf.live || kn.state == nil || s.csiNode == nil || s.csiProblem != nil || kn.state.at.Sub(kn.state.started) < staleSettle {
-		return nil
+		return nil, 0
 	}
 	named := map[string]key{}
 	for k, ps := range socks {
@@ -96,15 +103,18 @@ func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubele
 	for p := range kn.state.registered {
 		k, ok := named[p]
 		if !ok {
-			return nil // a socket plugd does not know: it may be any driver's
+			return nil, 0 // a socket plugd does not know: it may be any driver's
 		}
 		if k.typ == TypeCSI {
 			held[k.name] = true
 		}
 	}
-	var out []staleEntry
 	for i, d := range s.csiNode.Spec.Drivers {
 		if held[d.Name] {
+			continue
+		}
+		if len(out) == maxStaleEntries {
+			more++
 			continue
 		}
 		remedy := fmt.Sprintf(`kubectl patch csinode %s --type=json -p '[{"op":"test","path":"/spec/drivers/%d/name","value":%q},{"op":"remove","path":"/spec/drivers/%d"}]'`, s.nodeName, i, d.Name, i)
@@ -115,7 +125,7 @@ func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubele
 				s.nodeName, d.NodeID, remedy),
 		})
 	}
-	return out
+	return out, more
 }
 
 // KubeletStatus is how plugd reads the kubelet now.

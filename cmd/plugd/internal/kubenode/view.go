@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // The plugin types the kubelet registers itself.
@@ -33,6 +34,9 @@ type snapshot struct {
 	node     *corev1.Node
 	csiNode  *storagev1.CSINode
 	slices   []*resourcev1.ResourceSlice
+	// seq counts the deliveries of the Node, CSINode and ResourceSlices
+	// informers before it was read.
+	seq [3]uint64
 	// Read trouble of each, nil while its informer is synced and healthy.
 	nodeProblem, csiProblem, sliceProblem *Problem
 }
@@ -100,10 +104,19 @@ type remembered struct {
 	topology map[string]string
 }
 
+// Bounds of the texts built from API objects: a view's message is served
+// by the status API, logged, quoted by the doctor and in events; a list of
+// names in it shows the first few and counts the rest.
+const (
+	maxViewMessage = 1024
+	maxListed      = 8
+)
+
 // kubeletView says what the kubelet made of plugin k, given plugd's sockets
 // of it. Since is left for the caller.
 func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
 	v := kubeletViewOf(k, socks, s, kf, mem)
+	v.Message = textsafe.Shorten(v.Message, maxViewMessage)
 	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
 		return v
 	}
@@ -246,16 +259,10 @@ func inferredView(k key, socks []Plugin, s snapshot) view {
 		}
 		d := csiDriver(s.csiNode, k.name)
 		if d == nil {
-			var names []string
-			for _, d := range s.csiNode.Spec.Drivers {
-				names = append(names, d.Name)
-			}
-			listed := "none"
-			if len(names) > 0 {
-				listed = strings.Join(names, ", ")
-			}
+			drivers := s.csiNode.Spec.Drivers
 			return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "NotInCSINode",
-				Message: fmt.Sprintf("CSINode %s spec.drivers does not list it (it lists: %s)", s.nodeName, listed)}}
+				Message: fmt.Sprintf("CSINode %s spec.drivers does not list it (it lists: %s)", s.nodeName,
+					some(len(drivers), func(i int) string { return drivers[i].Name }))}}
 		}
 		if said := nodeIDs(socks); len(said) > 0 && !slices.Contains(said, d.NodeID) {
 			return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch",
@@ -322,6 +329,23 @@ func newerThanNode(at time.Time, n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// some names the first maxListed of n things and counts the others:
+// "a, b, c and 2,997 more"; "none" for none.
+func some(n int, name func(int) string) string {
+	if n == 0 {
+		return "none"
+	}
+	names := make([]string, 0, min(n, maxListed))
+	for i := range min(n, maxListed) {
+		names = append(names, name(i))
+	}
+	out := strings.Join(names, ", ")
+	if n > maxListed {
+		out += fmt.Sprintf(" and %d more", n-maxListed)
+	}
+	return out
 }
 
 func csiDriver(c *storagev1.CSINode, name string) *storagev1.CSINodeDriver {
