@@ -17,6 +17,10 @@ import (
 // readers can tell them, and the plugin each is about, from others'.
 const Prefix = "plugd: "
 
+// FieldManager is who plugd's writes are from, in the objects'
+// managedFields: a condition is plugd's when they say this manager set it.
+const FieldManager = "plugd"
+
 // MaxMessage bounds a condition's message: the kubelet's own are short, and
 // every byte is in every Node read.
 const MaxMessage = 512

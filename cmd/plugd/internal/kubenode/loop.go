@@ -16,6 +16,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/backoff"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // Run reads the API server and the kubelet, and keeps the conditions,
@@ -495,7 +496,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 type writeOp struct{ op, perm, metric string }
 
 // fieldManager is who plugd's writes are from, in the objects' managedFields.
-const fieldManager = "plugd"
+const fieldManager = nodecond.FieldManager
 
 // write runs one write with a deadline, and keeps its outcome (noteWrite);
 // a failure puts off every write by a backoff.

@@ -9,12 +9,18 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // Problem is trouble plugd has with the API server: a read or a write of
@@ -83,9 +89,10 @@ type source struct {
 
 // newSource builds the informer of the objects list and watch return (what
 // names them, such as "CSINode node-a"), with the field selector sel applied
-// to every request. client is the clientset behind them, which may say it
-// cannot stream a watch's initial list (a fake one in tests).
-func newSource(what, perm, sel string, example runtime.Object, client any, log *slog.Logger,
+// to every request; it keeps each object as slim makes it. client is the
+// clientset behind them, which may say it cannot stream a watch's initial
+// list (a fake one in tests).
+func newSource(what, perm, sel string, example runtime.Object, slim cache.TransformFunc, client any, log *slog.Logger,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *source {
 	s := &source{op: "list and watch " + what, perm: perm, log: log}
@@ -109,6 +116,7 @@ func newSource(what, perm, sel string, example runtime.Object, client any, log *
 		},
 	}
 	s.inf = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example, cache.SharedIndexInformerOptions{ObjectDescription: what})
+	_ = s.inf.SetTransform(slim) // it fails only once started
 	// The reflector retries with backoff; its own handler would log every
 	// failure, where plugd logs each change of state once.
 	_ = s.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
@@ -165,4 +173,80 @@ func (s *source) trouble() *Problem {
 		return &Problem{Operation: s.op, Reason: ReasonNotSynced, Message: fmt.Sprintf("plugd has not yet read %s from the API server", strings.TrimPrefix(s.op, "list and watch "))}
 	}
 	return nil
+}
+
+// The informers keep of each object only what plugd reads: a Node's
+// images, a ResourceSlice's devices and a CSINode's topology are most of
+// them, and anyone who may write them can make them large (3,000
+// ResourceSlices of 7.9 KB kept whole took plugd from 58 to 220 MB).
+
+// Bounds of what the Node's informer keeps of a condition: the API
+// validates neither its reason nor its message. plugd's own are shorter
+// (nodecond.MaxMessage), so a cut one is never taken for plugd's verdict.
+const (
+	maxKeptReason  = 128
+	maxKeptMessage = 1024
+)
+
+// slimNode keeps of a Node what plugd reads: its name and UID (events
+// refer to it), labels (the topology a CSI driver reports is held against
+// them), plugd's own managedFields, taints, capacity, allocatable and
+// conditions, every one in its place (plugd removes its duplicates by
+// index), their reasons and messages cut to maxKeptReason and
+// maxKeptMessage.
+func slimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
+		Spec:   corev1.NodeSpec{Taints: n.Spec.Taints},
+		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable}}
+	for _, mf := range n.ManagedFields {
+		if mf.Manager == nodecond.FieldManager {
+			out.ManagedFields = append(out.ManagedFields, mf)
+		}
+	}
+	out.Status.Conditions = make([]corev1.NodeCondition, len(n.Status.Conditions))
+	for i, c := range n.Status.Conditions {
+		c.Reason, c.Message = cutText(c.Reason, maxKeptReason), cutText(c.Message, maxKeptMessage)
+		out.Status.Conditions[i] = c
+	}
+	return out, nil
+}
+
+// cutText is s cut to at most n bytes, at the start of a character.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// slimCSINode keeps the name and node ID of each of a CSINode's drivers.
+func slimCSINode(obj any) (any, error) {
+	c, ok := obj.(*storagev1.CSINode)
+	if !ok {
+		return obj, nil
+	}
+	out := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: c.Name, UID: c.UID, ResourceVersion: c.ResourceVersion},
+		Spec: storagev1.CSINodeSpec{Drivers: make([]storagev1.CSINodeDriver, len(c.Spec.Drivers))}}
+	for i, d := range c.Spec.Drivers {
+		out.Spec.Drivers[i] = storagev1.CSINodeDriver{Name: d.Name, NodeID: d.NodeID}
+	}
+	return out, nil
+}
+
+// slimSlice keeps a ResourceSlice's driver and node, and none of its
+// devices: plugd counts slices by driver.
+func slimSlice(obj any) (any, error) {
+	s, ok := obj.(*resourcev1.ResourceSlice)
+	if !ok {
+		return obj, nil
+	}
+	return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: s.Name, UID: s.UID, ResourceVersion: s.ResourceVersion},
+		Spec: resourcev1.ResourceSliceSpec{Driver: s.Spec.Driver, NodeName: s.Spec.NodeName}}, nil
 }
