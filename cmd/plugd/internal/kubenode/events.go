@@ -146,7 +146,11 @@ func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[ke
 			// A device plugin that went keeps its capacity for the
 			// kubelet's grace period, with nothing allocatable: the
 			// kubelet has let it go, and agrees.
-			current[disagreementKey{k, causeDeadHeld}] = "the kubelet has it (" + v.Message + "), but no socket of it answers"
+			has := "the kubelet has it (" + v.Message + ")"
+			if k.typ == TypeDRA && !kubeletLive {
+				has = v.Message // the evidence is the driver's slices: say so, and no more
+			}
+			current[disagreementKey{k, causeDeadHeld}] = has + ", but no socket of it answers"
 		}
 	}
 	for _, e := range stale {

@@ -88,7 +88,7 @@ func TestInferredView(t *testing.T) {
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "0"}, nil)}, api.KubeletNotRegistered, "CapacityZero", "dropped", 0},
 		{"no node", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu}, snapshot{}, api.KubeletUnknown, "NodeMissing", "no Node", 0},
 		{"dra slices", key{TypeDRA, "gpu.example.com"}, nil,
-			snapshot{slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}, {Spec: resourcev1.ResourceSliceSpec{Driver: "other"}}}}, api.KubeletRegistered, "", "1 ResourceSlices", 0},
+			snapshot{slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}, {Spec: resourcev1.ResourceSliceSpec{Driver: "other"}}}}, api.KubeletRegistered, "", "1 ResourceSlices for driver gpu.example.com exist on node", 0},
 		{"dra no slices", key{TypeDRA, "gpu.example.com"}, nil, snapshot{}, api.KubeletUnknown, "NoResourceSlices", "not have published yet", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -351,6 +351,44 @@ func TestDisagreements(t *testing.T) {
 			l.disagreements(t0.Add(2*time.Minute), socks, views, nil, true, nd) // told once only
 			if (tc.want == "" && len(rec.got) != 0) || (tc.want != "" && !slices.Equal(rec.got, []string{tc.want})) {
 				t.Errorf("events: %q; want %q", rec.got, tc.want)
+			}
+		})
+	}
+}
+
+// ResourceSlices are the DRA driver's writing (or anyone's who may create
+// them), not the kubelet's: where they are all plugd has, the view and the
+// event say what they show and do not say "the kubelet has it"; where
+// plugd reads the kubelet itself, slices of a driver it has not registered
+// are no disagreement.
+func TestSlicesAreNotTheKubelets(t *testing.T) {
+	dra := key{TypeDRA, "gpu.example.com"}
+	s := snapshot{nodeName: "node-a", slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		kf   kubeletFacts
+		want string // in the event; "" for none
+	}{
+		{"kubelet not read", kubeletFacts{problem: &Problem{Reason: "KubeletDisabled"}},
+			"DRAPlugin gpu.example.com: for 1m0s, 1 ResourceSlices for driver gpu.example.com exist on node node-a (published by the driver, not proof of kubelet registration)"},
+		{"kubelet read, driver not registered", kubeletFacts{live: true, registered: map[string]bool{}, seen: map[string]bool{}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			n := &Node{grace: time.Minute}
+			n.m = newMetrics(n, nil)
+			l := newLoop(n, rec)
+			v := kubeletView(dra, nil, s, tc.kf, remembered{})
+			views := map[key]view{dra: v}
+			for _, at := range []time.Duration{0, time.Minute} {
+				l.disagreements(t0.Add(at), map[key][]Plugin{dra: nil}, views, nil, tc.kf.live, node(nil, nil))
+			}
+			switch {
+			case tc.want == "" && len(rec.got) > 0:
+				t.Errorf("events: %q; want none (view %+v)", rec.got, v.KubeletView)
+			case tc.want != "" && (len(rec.got) != 1 || !strings.Contains(rec.got[0], tc.want) || strings.Contains(rec.got[0], "kubelet has it")):
+				t.Errorf("events: %q; want one that says %q", rec.got, tc.want)
 			}
 		})
 	}

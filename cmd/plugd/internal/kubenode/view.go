@@ -206,7 +206,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 		}
 	case TypeDRA:
 		if n := driverSlices(s.slices, k.name); n > 0 && s.sliceProblem == nil {
-			v.Message = fmt.Sprintf("%s; the driver published %d ResourceSlices for node %s", holds, n, s.nodeName)
+			v.Message = holds + "; " + slicesEvidence(n, k.name, s.nodeName)
 		}
 	}
 	return view{KubeletView: v}
@@ -312,9 +312,15 @@ func inferredView(k key, socks []Plugin, s snapshot) view {
 			return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices",
 				Message: fmt.Sprintf("the driver has published no ResourceSlices for node %s: it may be registered and not have published yet (the kubelet deletes them when it deregisters the driver)", s.nodeName)}}
 		}
-		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered,
-			Message: fmt.Sprintf("%d ResourceSlices of the driver on node %s (the driver publishes them itself)", n, s.nodeName)}}
+		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: slicesEvidence(n, k.name, s.nodeName)}}
 	}
+}
+
+// slicesEvidence says what n ResourceSlices of a DRA driver on a node
+// show: the driver (or anyone who may create ResourceSlices) writes them,
+// not the kubelet, which only deletes them once it lets the driver go.
+func slicesEvidence(n int, driver, node string) string {
+	return fmt.Sprintf("%d ResourceSlices for driver %s exist on node %s (published by the driver, not proof of kubelet registration)", n, driver, node)
 }
 
 // newerThanNode says a look taken at was after the Node's last status
