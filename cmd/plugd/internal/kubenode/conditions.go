@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/validate/content"
@@ -217,15 +218,100 @@ func conditionsPatch(set []corev1.NodeCondition, drop []string) ([]byte, error) 
 // when the API server's managedFields say plugd's field manager set it, and
 // its message is in plugd's form (Owned): a message anyone can write, so
 // that alone never gets a condition of others deleted.
+//
+// A type that also has an entry of others (a status PUT keeps several
+// entries of one type) is not: its entries of plugd's are among extras.
 func unexpected(n *corev1.Node, expect []Expectation) []string {
 	var out []string
-	mine := managedConditions(n, fieldManager)
+	mine, mixed := managedConditions(n, fieldManager), mixedTypes(n)
 	for _, c := range n.Status.Conditions {
-		if mine[string(c.Type)] && nodecond.Owned(c) && !slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == string(c.Type) }) {
-			out = append(out, string(c.Type))
+		typ := string(c.Type)
+		if mine[typ] && !mixed[typ] && nodecond.Owned(c) && !expected(expect, typ) && !slices.Contains(out, typ) {
+			out = append(out, typ)
 		}
 	}
 	return out
+}
+
+// entry is one of the Node's conditions and its place in the list.
+type entry struct {
+	index int
+	c     corev1.NodeCondition
+}
+
+// extras are the entries of n's conditions plugd removes one by one: a
+// status PUT (anyone's) may keep several entries of one type, and a
+// strategic merge patch updates only the first, so a second entry of
+// plugd's would keep saying what plugd said before, True while the plugin
+// is gone. They are, of the types plugd's managedFields say it set, the
+// entries in plugd's form (as unexpected: never another's) after the
+// first of a type plugd expects, and every one of a type it no longer
+// expects that has entries of others too (deleting the type would take
+// those).
+func extras(n *corev1.Node, expect []Expectation) []entry {
+	var out []entry
+	mine, mixed := managedConditions(n, fieldManager), mixedTypes(n)
+	seen := map[string]bool{}
+	for i, c := range n.Status.Conditions {
+		typ := string(c.Type)
+		first := !seen[typ]
+		seen[typ] = true
+		if !mine[typ] || !nodecond.Owned(c) {
+			continue
+		}
+		if exp := expected(expect, typ); exp && !first || !exp && mixed[typ] {
+			out = append(out, entry{i, c})
+		}
+	}
+	return out
+}
+
+// mixedTypes are the condition types of n with entries in plugd's form and
+// entries in another.
+func mixedTypes(n *corev1.Node) map[string]bool {
+	owned, other := map[string]bool{}, map[string]bool{}
+	for _, c := range n.Status.Conditions {
+		if nodecond.Owned(c) {
+			owned[string(c.Type)] = true
+		} else {
+			other[string(c.Type)] = true
+		}
+	}
+	out := map[string]bool{}
+	for typ := range owned {
+		if other[typ] {
+			out[typ] = true
+		}
+	}
+	return out
+}
+
+func expected(expect []Expectation, typ string) bool {
+	return slices.ContainsFunc(expect, func(e Expectation) bool { return e.Condition == typ })
+}
+
+// removalPatch is the JSON patch of the Node's status that removes the
+// entries es, last first so that each index holds until it is removed,
+// each after a test that the entry is still the one plugd saw there
+// (what the informer keeps of it: a cut reason or message is not tested):
+// a list changed since fails the patch instead of removing another's.
+func removalPatch(es []entry) ([]byte, error) {
+	es = slices.Clone(es)
+	slices.SortFunc(es, func(a, b entry) int { return b.index - a.index })
+	var ops []map[string]any
+	for _, e := range es {
+		at := fmt.Sprintf("/status/conditions/%d", e.index)
+		ops = append(ops, map[string]any{"op": "test", "path": at + "/type", "value": e.c.Type},
+			map[string]any{"op": "test", "path": at + "/status", "value": e.c.Status})
+		if e.c.Reason != "" && len(e.c.Reason) < maxKeptReason {
+			ops = append(ops, map[string]any{"op": "test", "path": at + "/reason", "value": e.c.Reason})
+		}
+		if e.c.Message != "" && len(e.c.Message) < maxKeptMessage-utf8.UTFMax {
+			ops = append(ops, map[string]any{"op": "test", "path": at + "/message", "value": e.c.Message})
+		}
+		ops = append(ops, map[string]any{"op": "remove", "path": at})
+	}
+	return json.Marshal(ops)
 }
 
 // managedConditions are the types of n's conditions that manager set

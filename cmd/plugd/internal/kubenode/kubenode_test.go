@@ -17,6 +17,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -258,6 +259,66 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 	// A verdict that keeps its status keeps its transition time.
 	if c := nodeCondition("c1", verdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, findCondition(n, "c1"), now); !c.LastTransitionTime.Equal(&t0) {
 		t.Errorf("transition time moved to %s for a status that did not change", c.LastTransitionTime)
+	}
+}
+
+// Several entries of one type (a status PUT keeps them): plugd removes,
+// by index, its entries after the first of a type it expects, and its
+// entries of a type it no longer expects that another's entries share
+// (deleting that type would take theirs); never an entry in another's
+// form, nor one of a type plugd's managedFields do not name. The patch
+// fails, rather than remove another entry, once the list has changed.
+func TestExtrasRemovedByIndex(t *testing.T) {
+	mine := func(typ, text string) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: corev1.ConditionTrue, Reason: ReasonReady, Message: nodecond.Message("CSIPlugin", "x.example.com", text)}
+	}
+	theirs := corev1.NodeCondition{Type: "c1", Status: corev1.ConditionTrue, Reason: "Noted", Message: "someone else's"}
+	n := node(nil, nil)
+	n.Status.Conditions = []corev1.NodeCondition{
+		mine("c1", "first"), {Type: corev1.NodeReady, Status: corev1.ConditionTrue}, mine("c1", "copy"), theirs,
+		mine("gone", "left"), {Type: "gone", Status: corev1.ConditionFalse, Message: "another's"},
+		mine("untracked", "one"), mine("untracked", "two"),
+	}
+	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "plugd", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"c1\"}":{},"k:{\"type\":\"gone\"}":{}}}}`)}}}
+	expect := []Expectation{{Condition: "c1"}, {Condition: "untracked"}}
+	es := extras(n, expect)
+	var at []int
+	for _, e := range es {
+		at = append(at, e.index)
+	}
+	if !slices.Equal(at, []int{2, 4}) {
+		t.Fatalf("extras at %v; want 2 (plugd's copy) and 4 (plugd's, beside another's of a type no longer expected)", at)
+	}
+	if got := unexpected(n, expect); len(got) != 0 {
+		t.Errorf("unexpected = %q; a type with another's entry is not deleted whole", got)
+	}
+	patch, err := removalPatch(es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, _ := json.Marshal(n)
+	out, err := jsonpatch.DecodePatch(patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := out.Apply(doc)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, patch)
+	}
+	var got corev1.Node
+	if err := json.Unmarshal(res, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []corev1.NodeCondition{n.Status.Conditions[0], n.Status.Conditions[1], theirs, n.Status.Conditions[5], n.Status.Conditions[6], n.Status.Conditions[7]}
+	if !equality.Semantic.DeepEqual(got.Status.Conditions, want) {
+		t.Errorf("after the patch: %+v", got.Status.Conditions)
+	}
+	// Another's entry moved into the place of plugd's copy: the patch fails.
+	n.Status.Conditions[2], n.Status.Conditions[3] = theirs, n.Status.Conditions[2]
+	doc, _ = json.Marshal(n)
+	if _, err := out.Apply(doc); err == nil {
+		t.Errorf("the patch applied to a list that changed")
 	}
 }
 

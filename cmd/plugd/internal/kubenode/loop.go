@@ -85,6 +85,11 @@ type loop struct {
 	// disagree (zero: they agree); localChanges the Changed calls seen.
 	unsettledSince time.Time
 	localChanges   uint64
+	// removed says extra condition entries were removed when removedSeq
+	// Node updates had arrived: until another arrives, the cache still
+	// shows them.
+	removed    bool
+	removedSeq uint64
 	// lastBeat is when the conditions were last written for a heartbeat.
 	lastBeat time.Time
 	// cache is the last views and what they were made of.
@@ -160,6 +165,10 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 				drop = append(drop, typ) // not already deleted and not yet seen so
 			}
 		}
+	}
+	var extra []entry
+	if readable && (!l.removed || l.removedSeq != seq) {
+		extra = extras(snap.node, n.cfg.Expect) // not already removed and not yet seen so
 	}
 	allReady := true
 	var set []corev1.NodeCondition
@@ -243,16 +252,19 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	}
 	// A write that failed and is no longer needed (the plugin went back to
 	// what the Node shows, the taint is gone) is no trouble any more.
-	if len(set) == 0 && len(drop) == 0 {
+	if len(set) == 0 && len(drop) == 0 && len(extra) == 0 {
 		n.setWriteProblem(n.statusWrite.op, nil, "the failed write is no longer needed")
 	}
 	if taint == nil {
 		n.setWriteProblem(n.taintWrite.op, nil, "the failed write is no longer needed")
 	}
-	if len(set) == 0 && len(drop) == 0 && taint == nil {
+	if len(set) == 0 && len(drop) == 0 && len(extra) == 0 && taint == nil {
 		return next
 	}
 	if now.Before(l.nextWrite) {
+		return earliest(next, l.nextWrite)
+	}
+	if len(extra) > 0 && !l.removeExtras(ctx, now, extra) {
 		return earliest(next, l.nextWrite)
 	}
 	if len(set) > 0 || len(drop) > 0 {
@@ -487,6 +499,27 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 	}
 	for _, e := range notes {
 		l.record(node, e)
+	}
+	return true
+}
+
+// removeExtras removes the Node's condition entries es (extras).
+func (l *loop) removeExtras(ctx context.Context, now time.Time, es []entry) bool {
+	n := l.n
+	seq := n.nodeEvents.Load()
+	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
+		patch, err := removalPatch(es)
+		if err == nil {
+			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+		}
+		return err
+	}) {
+		return false
+	}
+	l.removed, l.removedSeq = true, seq
+	for _, e := range es {
+		n.log.Info("Node condition entry removed: a second entry of a type plugd writes, or one of plugd's beside another's", "node", n.cfg.NodeName,
+			"condition", e.c.Type, "index", e.index, "status", e.c.Status, "reason", e.c.Reason)
 	}
 	return true
 }
