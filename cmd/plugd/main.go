@@ -1,17 +1,19 @@
-// Command plugd is the plugin manager daemon. See internal/daemon.
+// Command plugd is the plugin manager daemon (internal/daemon), and the
+// cluster's caretaker of its Node conditions (plugd caretaker).
 package main
 
 import (
 	"fmt"
 	"os"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 	"github.com/plugd/plugd/cmd/plugd/internal/demo"
 )
 
 func main() {
 	cmd := daemon.Command()
-	cmd.AddCommand(demo.Command())
+	cmd.AddCommand(demo.Command(), caretaker.Command())
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "plugd:", err)
 		os.Exit(1)

@@ -1,0 +1,147 @@
+package caretaker
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/nodecond"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// wait bounds every wait on the caretaker's goroutines: a failure bound,
+// never a pace.
+const wait = 30 * time.Second
+
+type looked struct {
+	name string
+	next time.Time
+}
+
+// Run on a fake clock: a condition stale at start is marked at once; one
+// that goes stale later is looked at again when it does, by a timer on the
+// clock, and marked then; another's condition in plugd's form is never
+// written. Each write is one patch of nodes/status, as plugd's field
+// manager.
+func TestRun(t *testing.T) {
+	clk := testclock.NewFakeClock(t0)
+	mine := []metav1.ManagedFieldsEntry{managed("plugd", "a/Ready")}
+	nodes := []runtime.Object{
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "old", ManagedFields: mine}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "later", ManagedFields: mine}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 5*time.Minute)}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other", ManagedFields: []metav1.ManagedFieldsEntry{managed("kubectl-edit", "a/Ready")}},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}},
+	}
+	cs := fake.NewClientset()
+	for _, n := range nodes {
+		// The tracker keeps managedFields as given (a fake clientset's
+		// own do not record the status subresource).
+		if err := cs.Tracker().Add(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patched := make(chan string, 10)
+	var mu sync.Mutex
+	var patches []k8stesting.PatchAction
+	cs.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		mu.Lock()
+		patches = append(patches, p)
+		mu.Unlock()
+		patched <- p.GetName()
+		return false, nil, nil // the tracker applies it
+	})
+	looks := make(chan looked, 100)
+	c := newCaretaker(cs.CoreV1().Nodes(), cs, Config{}, clk)
+	c.looked = func(name string, next time.Time) { looks <- looked{name, next} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	if got := waitFor(t, patched); got != "old" {
+		t.Fatalf("first patch of %s, want old", got)
+	}
+	marked := func(name string) {
+		t.Helper()
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := n.Status.Conditions[0]
+		hb := nodes[0].(*corev1.Node).Status.Conditions[0].LastHeartbeatTime
+		if name == "later" {
+			hb = nodes[1].(*corev1.Node).Status.Conditions[0].LastHeartbeatTime
+		}
+		if c.Status != corev1.ConditionUnknown || c.Reason != nodecond.ReasonNotMaintained || !c.LastHeartbeatTime.Equal(&hb) || !c.LastTransitionTime.Time.Equal(clk.Now().Truncate(time.Second)) {
+			t.Errorf("%s: %+v", name, c)
+		}
+	}
+	marked("old")
+
+	// "later" goes stale 6 minutes on: the caretaker wants to look then.
+	due := t0.Add(nodecond.MaxHeartbeatAge - 5*time.Minute + time.Nanosecond)
+	for l := waitLook(t, looks); l.name != "later" || !l.next.Equal(due); l = waitLook(t, looks) {
+		if l.name == "later" {
+			t.Fatalf("later looked at, next %v, want %v", l.next, due)
+		}
+	}
+	select {
+	case p := <-patched:
+		t.Fatalf("%s patched before the clock moved", p)
+	default:
+	}
+	clk.SetTime(due)
+	if got := waitFor(t, patched); got != "later" {
+		t.Fatalf("patch of %s, want later", got)
+	}
+	marked("later")
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range patches {
+		if p.GetSubresource() != "status" || p.GetPatchType() != "application/json-patch+json" || p.GetName() == "other" {
+			t.Errorf("patch %s/%s %s", p.GetName(), p.GetSubresource(), p.GetPatchType())
+		}
+	}
+	if len(patches) != 2 {
+		t.Errorf("%d patches, want 2", len(patches))
+	}
+}
+
+func waitFor(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case s := <-ch:
+		return s
+	case <-time.After(wait):
+		t.Fatal("no patch")
+		return ""
+	}
+}
+
+func waitLook(t *testing.T, ch <-chan looked) looked {
+	t.Helper()
+	select {
+	case l := <-ch:
+		return l
+	case <-time.After(wait):
+		t.Fatal("no look")
+		return looked{}
+	}
+}
