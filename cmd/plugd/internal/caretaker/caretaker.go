@@ -258,6 +258,7 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 	}
 	now := c.clock.Now()
 	stale, next := look(n, now, c.staleAfter)
+	c.log.Debug("caretaker: looked at a Node", "node", name, "conditions", len(n.Status.Conditions), "stale", len(stale), "next", next)
 	if len(stale) > 0 {
 		if err := c.mark(ctx, name, now); err != nil {
 			if ctx.Err() != nil {
