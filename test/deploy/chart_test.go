@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
 
@@ -29,10 +30,11 @@ var renderings = []struct {
 	templates    []string // only these templates' objects (helm template --show-only); none: all
 	header       string
 }{
-	{path: "deploy/kubernetes/daemonset.yaml", header: `# plugd on every node, observing the kubelet's plugins: the Helm chart
-# charts/plugd rendered with its default values, for kubectl apply. Edit the
-# chart, not this file; (cd test/deploy && go test . -update) renders it
-# again, and the test fails while the two differ.
+	{path: "deploy/kubernetes/daemonset.yaml", header: `# plugd on every node, observing the kubelet's plugins, and plugd-caretaker,
+# one per cluster, marking Unknown the conditions of a plugd that stopped:
+# the Helm chart charts/plugd rendered with its default values, for
+# kubectl apply. Edit the chart, not this file; (cd test/deploy && go test
+# . -update) renders it again, and the test fails while the two differ.
 #
 # Apply: kubectl apply -f deploy/kubernetes/namespace.yaml -f deploy/kubernetes/daemonset.yaml
 # Look:  kubectl plugd cluster          # the kubectl plugin, from anywhere with a kubeconfig
@@ -81,6 +83,7 @@ status: {port: 9191}
 networkPolicy: {from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: observability}}}]}
 serviceMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}}
 prometheusRule: {enabled: true, labels: {release: prometheus}}
+caretaker: {nodeSelector: {node-role.kubernetes.io/control-plane: ""}, tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}], priorityClassName: system-cluster-critical, extraArgs: [--log-level=debug]}
 `
 
 // minimalValues turns every option off.
@@ -92,6 +95,7 @@ scrapeAnnotations: false
 priorityClassName: ""
 tolerations: []
 goMemLimit: ""
+caretaker: {enabled: false}
 `
 
 // The generated files are the chart's renderings, byte for byte, and the
@@ -146,6 +150,7 @@ type objects struct {
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
 	daemonSets      []appsv1.DaemonSet
+	deployments     []appsv1.Deployment
 	networkPolicies []networkingv1.NetworkPolicy
 	serviceMonitors []monitoringv1.ServiceMonitor
 	prometheusRules []monitoringv1.PrometheusRule
@@ -186,6 +191,8 @@ func decode(t *testing.T, manifest string) objects {
 			obj = add(&o.bindings)
 		case "apps/v1 DaemonSet":
 			obj = add(&o.daemonSets)
+		case "apps/v1 Deployment":
+			obj = add(&o.deployments)
 		case "networking.k8s.io/v1 NetworkPolicy":
 			obj = add(&o.networkPolicies)
 		case "monitoring.coreos.com/v1 ServiceMonitor":
@@ -271,9 +278,10 @@ func TestRenderings(t *testing.T) {
 		if len(o.namespaces)+len(o.serviceMonitors)+len(o.prometheusRules)+len(o.services) != 0 {
 			t.Errorf("the defaults render a Namespace, Service, ServiceMonitor or PrometheusRule: %d %d %d %d", len(o.namespaces), len(o.services), len(o.serviceMonitors), len(o.prometheusRules))
 		}
-		if len(o.clusterRoles) != 1 || len(o.networkPolicies) != 1 {
-			t.Errorf("the defaults render %d ClusterRoles (want 1: no taint removal) and %d NetworkPolicies", len(o.clusterRoles), len(o.networkPolicies))
+		if len(o.clusterRoles) != 2 || len(o.networkPolicies) != 1 {
+			t.Errorf("the defaults render %d ClusterRoles (want 2, plugd's and the caretaker's: no taint removal) and %d NetworkPolicies", len(o.clusterRoles), len(o.networkPolicies))
 		}
+		checkCaretaker(t, o)
 		cfg, err := runConfig(t, o)
 		if err != nil {
 			t.Fatal(err)
@@ -303,13 +311,13 @@ func TestRenderings(t *testing.T) {
 		if len(o.namespaces) != 1 || o.namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
 			t.Errorf("namespace.create: %+v", o.namespaces)
 		}
-		if len(o.clusterRoles) != 2 || len(o.bindings) != 2 {
-			t.Fatalf("with removeTaintWhenReady: %d ClusterRoles and %d bindings, want 2 and 2", len(o.clusterRoles), len(o.bindings))
+		if len(o.clusterRoles) != 3 || len(o.bindings) != 3 {
+			t.Fatalf("with removeTaintWhenReady: %d ClusterRoles and %d bindings, want 3 and 3 (plugd's, the taint's, the caretaker's)", len(o.clusterRoles), len(o.bindings))
 		}
-		if r := o.clusterRoles[1]; r.Name != "plugd-remove-taint" || len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Verbs, []string{"patch"}) || !slices.Equal(r.Rules[0].Resources, []string{"nodes"}) {
+		if r := clusterRole(o, "plugd-remove-taint"); r.Name != "plugd-remove-taint" || len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Verbs, []string{"patch"}) || !slices.Equal(r.Rules[0].Resources, []string{"nodes"}) {
 			t.Errorf("the taint's ClusterRole: %+v", r)
 		}
-		if r := o.clusterRoles[0].Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool { return slices.Equal(p.Resources, []string{"nodes/metrics"}) }) {
+		if r := clusterRole(o, "plugd").Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool { return slices.Equal(p.Resources, []string{"nodes/metrics"}) }) {
 			t.Errorf("rbac.extraRules are not in the ClusterRole: %+v", r)
 		}
 		cfg, err := runConfig(t, o)
@@ -347,6 +355,10 @@ func TestRenderings(t *testing.T) {
 			o.serviceMonitors[0].Spec.Endpoints[0].Port != o.services[0].Spec.Ports[0].Name {
 			t.Errorf("serviceMonitor: %+v %+v", o.serviceMonitors, o.services)
 		}
+		if ct := checkCaretaker(t, o); ct.NodeSelector["node-role.kubernetes.io/control-plane"] != "" || len(ct.Tolerations) != 1 ||
+			ct.PriorityClassName != "system-cluster-critical" || !slices.Contains(ct.Containers[0].Args, "--log-level=debug") || len(ct.ImagePullSecrets) != 1 {
+			t.Errorf("the caretaker's pod lacks a value: %+v", ct)
+		}
 		if len(o.prometheusRules) != 1 || len(o.prometheusRules[0].Spec.Groups) == 0 {
 			t.Errorf("prometheusRule: %+v", o.prometheusRules)
 		}
@@ -361,9 +373,9 @@ func TestRenderings(t *testing.T) {
 	t.Run("minimal", func(t *testing.T) {
 		m, _ := mustRender(t, minimalValues)
 		o := decode(t, m)
-		if len(o.serviceAccounts)+len(o.clusterRoles)+len(o.bindings)+len(o.networkPolicies) != 0 {
-			t.Errorf("with everything off: %d ServiceAccounts, %d ClusterRoles, %d bindings, %d NetworkPolicies",
-				len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.networkPolicies))
+		if len(o.serviceAccounts)+len(o.clusterRoles)+len(o.bindings)+len(o.networkPolicies)+len(o.deployments) != 0 {
+			t.Errorf("with everything off: %d ServiceAccounts, %d ClusterRoles, %d bindings, %d NetworkPolicies, %d Deployments",
+				len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.networkPolicies), len(o.deployments))
 		}
 		pod := o.daemonSets[0].Spec.Template.Spec
 		if pod.ServiceAccountName != "node-agents" || pod.PriorityClassName != "" || len(pod.Tolerations) != 0 ||
@@ -389,6 +401,60 @@ func TestRenderings(t *testing.T) {
 	})
 }
 
+// clusterRole is the ClusterRole named name (zero if none).
+func clusterRole(o objects, name string) rbacv1.ClusterRole {
+	for _, r := range o.clusterRoles {
+		if r.Name == name {
+			return r
+		}
+	}
+	return rbacv1.ClusterRole{}
+}
+
+// checkCaretaker checks the caretaker's objects: one replica of plugd
+// caretaker, in the node agent's image, not root, with a ServiceAccount of
+// its own bound to a ClusterRole that reads Nodes and patches their status,
+// and nothing more; no selector of the node agent's picks its pod. It
+// returns its pod.
+func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
+	t.Helper()
+	if len(o.deployments) != 1 {
+		t.Fatalf("%d Deployments, want the caretaker's", len(o.deployments))
+	}
+	d := o.deployments[0]
+	pod := d.Spec.Template.Spec
+	c := pod.Containers[0]
+	ds := o.daemonSets[0]
+	if d.Name != "plugd-caretaker" || d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || len(pod.Containers) != 1 ||
+		c.Image != ds.Spec.Template.Spec.Containers[0].Image || len(c.Args) == 0 || c.Args[0] != "caretaker" || len(pod.Volumes) != 0 {
+		t.Errorf("the caretaker's Deployment: %+v", d)
+	}
+	sc, psc := c.SecurityContext, pod.SecurityContext
+	if sc == nil || psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("the caretaker's container is not hardened: %+v %+v", psc, sc)
+	}
+	sel := metav1.LabelSelector{MatchLabels: ds.Spec.Selector.MatchLabels}
+	if s, _ := metav1.LabelSelectorAsSelector(&sel); s.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the DaemonSet's selector %v picks the caretaker's pod %v", ds.Spec.Selector, d.Spec.Template.Labels)
+	}
+	r := clusterRole(o, "plugd-caretaker")
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+	}
+	if !reflect.DeepEqual(r.Rules, want) {
+		t.Errorf("the caretaker's ClusterRole: %+v", r.Rules)
+	}
+	bound := slices.ContainsFunc(o.bindings, func(b rbacv1.ClusterRoleBinding) bool {
+		return b.RoleRef.Name == r.Name && len(b.Subjects) == 1 && b.Subjects[0].Name == pod.ServiceAccountName
+	})
+	if !bound || pod.ServiceAccountName == ds.Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("the caretaker runs as %q, bound to its ClusterRole: %v", pod.ServiceAccountName, bound)
+	}
+	return pod
+}
+
 // A misspelt or wrong value fails the rendering, naming the field, as helm
 // install would.
 func TestBadValues(t *testing.T) {
@@ -407,6 +473,8 @@ func TestBadValues(t *testing.T) {
 		{"image: {digest: latest}", "/image/digest"},
 		{"extraArgs: [workers=3]", "/extraArgs/0"},
 		{"serviceAccount: {create: false}", "serviceAccount.name"},
+		{"serviceAccount: {create: false, name: node-agents}", "caretaker.serviceAccountName"},
+		{"caretaker: {replicas: 2}", "'replicas'"},
 	} {
 		_, _, err := render(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

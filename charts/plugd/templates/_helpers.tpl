@@ -50,3 +50,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "plugd.registryDir" -}}
 {{- printf "%s/plugins_registry" (trimSuffix "/" .Values.kubelet.rootDir) }}
 {{- end }}
+
+{{/* The caretaker's: its own name, so that no selector of the node agent's picks its pod. */}}
+{{- define "plugd.caretakerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "plugd.name" . }}-caretaker
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "plugd.caretakerLabels" -}}
+{{ include "plugd.caretakerSelectorLabels" . }}
+app.kubernetes.io/component: caretaker
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "plugd.caretakerServiceAccountName" -}}
+{{- if .Values.caretaker.serviceAccountName }}
+{{- .Values.caretaker.serviceAccountName }}
+{{- else if .Values.serviceAccount.create }}
+{{- printf "%s-caretaker" (include "plugd.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- else }}
+{{- required "caretaker.serviceAccountName: with serviceAccount.create false, name the ServiceAccount the caretaker runs as (or set caretaker.enabled false)" .Values.caretaker.serviceAccountName }}
+{{- end }}
+{{- end }}

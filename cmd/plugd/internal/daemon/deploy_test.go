@@ -28,6 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
+
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
 
@@ -76,6 +78,14 @@ type manifests struct {
 	bindings        []rbacv1.ClusterRoleBinding
 	daemonSets      []appsv1.DaemonSet
 	networkPolicies []networkingv1.NetworkPolicy
+	// caretaker are the objects of plugd caretaker (named
+	// plugd-caretaker), kept apart from the node agent's.
+	caretaker struct {
+		serviceAccounts []corev1.ServiceAccount
+		clusterRoles    []rbacv1.ClusterRole
+		bindings        []rbacv1.ClusterRoleBinding
+		deployments     []appsv1.Deployment
+	}
 }
 
 // loadManifests decodes every document of the manifest by its apiVersion and
@@ -94,27 +104,46 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 		if err := yaml.Unmarshal(doc, &tm); err != nil {
 			t.Fatalf("%s: document %d: %v", manifestPath, i+1, err)
 		}
+		var meta struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatalf("%s: document %d: %v", manifestPath, i+1, err)
+		}
 		var obj any
-		switch tm.APIVersion + " " + tm.Kind {
-		case "v1 Namespace":
+		ct := &m.caretaker
+		switch kind := tm.APIVersion + " " + tm.Kind; {
+		case meta.Metadata.Name == caretakerName && kind == "v1 ServiceAccount":
+			ct.serviceAccounts = append(ct.serviceAccounts, corev1.ServiceAccount{})
+			obj = &ct.serviceAccounts[len(ct.serviceAccounts)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 ClusterRole":
+			ct.clusterRoles = append(ct.clusterRoles, rbacv1.ClusterRole{})
+			obj = &ct.clusterRoles[len(ct.clusterRoles)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			ct.bindings = append(ct.bindings, rbacv1.ClusterRoleBinding{})
+			obj = &ct.bindings[len(ct.bindings)-1]
+		case meta.Metadata.Name == caretakerName && kind == "apps/v1 Deployment":
+			ct.deployments = append(ct.deployments, appsv1.Deployment{})
+			obj = &ct.deployments[len(ct.deployments)-1]
+		case kind == "v1 Namespace":
 			m.namespaces = append(m.namespaces, corev1.Namespace{})
 			obj = &m.namespaces[len(m.namespaces)-1]
-		case "v1 ServiceAccount":
+		case kind == "v1 ServiceAccount":
 			m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
 			obj = &m.serviceAccounts[len(m.serviceAccounts)-1]
-		case "v1 ConfigMap":
+		case kind == "v1 ConfigMap":
 			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
 			obj = &m.configMaps[len(m.configMaps)-1]
-		case "rbac.authorization.k8s.io/v1 ClusterRole":
+		case kind == "rbac.authorization.k8s.io/v1 ClusterRole":
 			m.clusterRoles = append(m.clusterRoles, rbacv1.ClusterRole{})
 			obj = &m.clusterRoles[len(m.clusterRoles)-1]
-		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		case kind == "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			m.bindings = append(m.bindings, rbacv1.ClusterRoleBinding{})
 			obj = &m.bindings[len(m.bindings)-1]
-		case "apps/v1 DaemonSet":
+		case kind == "apps/v1 DaemonSet":
 			m.daemonSets = append(m.daemonSets, appsv1.DaemonSet{})
 			obj = &m.daemonSets[len(m.daemonSets)-1]
-		case "networking.k8s.io/v1 NetworkPolicy":
+		case kind == "networking.k8s.io/v1 NetworkPolicy":
 			m.networkPolicies = append(m.networkPolicies, networkingv1.NetworkPolicy{})
 			obj = &m.networkPolicies[len(m.networkPolicies)-1]
 		default:
@@ -195,6 +224,38 @@ func checkBinding(t *testing.T, b rbacv1.ClusterRoleBinding, role string, sa cor
 	want := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}
 	if len(b.Subjects) != 1 || b.Subjects[0] != want {
 		t.Errorf("ClusterRoleBinding %s binds %+v, want only %+v", b.Name, b.Subjects, want)
+	}
+}
+
+// caretakerName names every object of plugd caretaker.
+const caretakerName = "plugd-caretaker"
+
+// The caretaker's objects: a Deployment of one plugd caretaker whose args
+// it accepts, its own ServiceAccount, and a ClusterRole, bound to it, that
+// grants reading Nodes and patching their status, and nothing more.
+func TestCaretakerManifest(t *testing.T) {
+	m := loadManifests(t, manifestPath)
+	ct := m.caretaker
+	if len(ct.serviceAccounts) != 1 || len(ct.clusterRoles) != 1 || len(ct.bindings) != 1 || len(ct.deployments) != 1 {
+		t.Fatalf("%s: want the caretaker's ServiceAccount, ClusterRole, binding and Deployment; have %d, %d, %d and %d", manifestPath,
+			len(ct.serviceAccounts), len(ct.clusterRoles), len(ct.bindings), len(ct.deployments))
+	}
+	if got, want := rules(ct.clusterRoles[0].Rules), []string{" nodes get", " nodes list", " nodes watch", " nodes/status patch"}; !slices.Equal(got, want) {
+		t.Errorf("ClusterRole %s grants %q; the caretaker needs exactly %q", ct.clusterRoles[0].Name, got, want)
+	}
+	checkBinding(t, ct.bindings[0], ct.clusterRoles[0].Name, ct.serviceAccounts[0])
+	d := ct.deployments[0]
+	pod := d.Spec.Template.Spec
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || pod.ServiceAccountName != ct.serviceAccounts[0].Name || len(pod.Containers) != 1 {
+		t.Fatalf("Deployment %s: %+v", d.Name, d.Spec)
+	}
+	args := pod.Containers[0].Args
+	if len(args) == 0 || args[0] != "caretaker" {
+		t.Fatalf("the caretaker's args %q do not start with the mode, caretaker", args)
+	}
+	cmd := caretaker.Command()
+	if err := cmd.ParseFlags(args[1:]); err != nil || len(cmd.Flags().Args()) != 0 {
+		t.Errorf("plugd caretaker would refuse the args %q: %v %q", args, err, cmd.Flags().Args())
 	}
 }
 
