@@ -1,0 +1,282 @@
+//go:build linux
+
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+
+	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/nodecond"
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+// caretakerProc is plugd caretaker running as a process.
+type caretakerProc struct {
+	cmd  *exec.Cmd
+	out  *testenv.Buffer
+	done chan struct{}
+}
+
+// startCaretaker runs plugd caretaker with the shipped RBAC's
+// ServiceAccount, and args, until the test ends.
+func startCaretaker(t *testing.T, dir string, args ...string) *caretakerProc {
+	t.Helper()
+	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
+	exp := int64(3600)
+	tr, err := admin.CoreV1().ServiceAccounts("plugd").CreateToken(context.Background(), "plugd-caretaker",
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "caretaker-kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, tr.Status.Token); err != nil {
+		t.Fatal(err)
+	}
+	c := &caretakerProc{out: &testenv.Buffer{}, done: make(chan struct{})}
+	c.cmd = exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"caretaker", "--kubeconfig", kubeconfig}, args...)...)
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+			if code := c.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Errorf("the caretaker exited %d on SIGTERM", code)
+			}
+		case <-time.After(wait):
+			c.cmd.Process.Kill()
+			<-c.done
+			t.Errorf("the caretaker did not stop on SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("the caretaker's log:\n%s", c.out)
+		}
+	})
+	eventually(t, "the caretaker watching Nodes", func() (bool, string) {
+		select {
+		case <-c.done:
+			t.Fatalf("the caretaker exited: %s", c.out)
+		default:
+		}
+		return strings.Contains(c.out.String(), "watching Nodes"), c.out.String()
+	})
+	return c
+}
+
+// createTrackedNode is createNode, with the API server recording who
+// writes which field. A Node created with nothing but its name gets no
+// managedFields entry, and then the API server records no later update
+// of it either, until an apply (its field manager starts tracking an
+// object only with a first entry); the kubelet creates its Node with
+// labels, so clusters' Nodes have their record from the start. One
+// label, applied, starts it here.
+func createTrackedNode(t *testing.T, name string) {
+	t.Helper()
+	createNode(t, name)
+	if _, err := admin.CoreV1().Nodes().Apply(context.Background(), corev1ac.Node(name).WithLabels(map[string]string{"example.com/tracked": "true"}),
+		metav1.ApplyOptions{FieldManager: "test-setup"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setCondition writes c into node's status as field manager manager, as
+// plugd writes its own (a strategic merge patch of nodes/status).
+func setCondition(t *testing.T, node, manager string, c corev1.NodeCondition) {
+	t.Helper()
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: manager}, "status"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// plugdCondition is a condition in plugd's form about CSIPlugin name, last
+// written at heartbeat.
+func plugdCondition(name string, status corev1.ConditionStatus, heartbeat time.Time) corev1.NodeCondition {
+	return corev1.NodeCondition{Type: corev1.NodeConditionType(name + "/CSIPluginReady"), Status: status, Reason: "PluginReady",
+		Message:           nodecond.Message("CSIPlugin", name, "registered with the kubelet"),
+		LastHeartbeatTime: metav1.NewTime(heartbeat), LastTransitionTime: metav1.NewTime(heartbeat.Add(-time.Hour))}
+}
+
+// ownsCondition says whether manager's managedFields entry of node's
+// status holds the condition of type typ.
+func ownsCondition(n *corev1.Node, manager, typ string) bool {
+	key, _ := json.Marshal(map[string]string{"type": typ})
+	for _, mf := range n.ManagedFields {
+		if mf.Manager == manager && mf.Subresource == "status" && mf.FieldsV1 != nil {
+			var f struct {
+				Status struct {
+					Conditions map[string]json.RawMessage `json:"f:conditions"`
+				} `json:"f:status"`
+			}
+			if json.Unmarshal(mf.FieldsV1.Raw, &f) == nil && f.Status.Conditions["k:"+string(key)] != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Issue 24: a condition of plugd's that nobody maintains does not go on
+// saying True. The caretaker (the shipped RBAC, its default bound) marks
+// Unknown/NotMaintained, as plugd's field manager, a condition plugd last
+// wrote 20 minutes ago, and one that passes the bound while it runs, when
+// it does; it leaves a fresh one and one in plugd's form written by
+// another field manager untouched.
+func TestCaretaker(t *testing.T) {
+	const (
+		stale  = "caretaker-stale"  // (a)
+		fresh  = "caretaker-fresh"  // (b)
+		others = "caretaker-others" // (c)
+		later  = "caretaker-later"  // (d)
+	)
+	for _, n := range []string{stale, fresh, others, later} {
+		createTrackedNode(t, n)
+	}
+	typ := "csi.example.com/CSIPluginReady"
+	now := time.Now().Truncate(time.Second)
+	setCondition(t, stale, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
+	setCondition(t, fresh, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now))
+	setCondition(t, others, "kubectl-edit", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
+	// Stale a few seconds after the caretaker starts.
+	laterBeat := now.Add(-nodecond.MaxHeartbeatAge + 8*time.Second)
+	setCondition(t, later, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, laterBeat))
+	before := map[string]*corev1.Node{}
+	for _, n := range []string{stale, fresh, others, later} {
+		before[n] = getNode(t, n)
+	}
+
+	startCaretaker(t, testenv.ShortDir(t, "kube"))
+
+	checkMarked := func(t *testing.T, node string) *corev1.NodeCondition {
+		t.Helper()
+		c := waitCondition(t, node, typ, corev1.ConditionUnknown, nodecond.ReasonNotMaintained)
+		was := condition(before[node], typ)
+		n := getNode(t, node)
+		if pt, name, ok := nodecond.Parse(c.Message); !ok || pt != "CSIPlugin" || name != "csi.example.com" ||
+			!strings.Contains(c.Message, "since "+was.LastHeartbeatTime.UTC().Format(time.RFC3339)+" (it said True, PluginReady)") {
+			t.Errorf("message %q", c.Message)
+		}
+		if !c.LastHeartbeatTime.Equal(&was.LastHeartbeatTime) || !c.LastTransitionTime.After(was.LastTransitionTime.Time) {
+			t.Errorf("times: heartbeat %v (was %v), transition %v", c.LastHeartbeatTime, was.LastHeartbeatTime, c.LastTransitionTime)
+		}
+		if !ownsCondition(n, "plugd", typ) {
+			t.Errorf("plugd's field manager does not own the marked condition: %+v", n.ManagedFields)
+		}
+		for _, other := range []string{"Ready", "example.com/KernelDeadlock"} {
+			if got, want := condition(n, other), condition(before[node], other); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s changed: %+v, was %+v", other, got, want)
+			}
+		}
+		return c
+	}
+
+	t.Run("(a) 20 minutes old: marked", func(t *testing.T) {
+		checkMarked(t, stale)
+	})
+	t.Run("(d) goes stale later: marked when it does", func(t *testing.T) {
+		c := checkMarked(t, later)
+		due := laterBeat.Add(nodecond.MaxHeartbeatAge)
+		seen := time.Now()
+		if c.LastTransitionTime.Before(&metav1.Time{Time: due}) {
+			t.Errorf("marked at %v, before it went stale at %v", c.LastTransitionTime, due)
+		}
+		t.Logf("stale at %s; marked at %s (transition time, whole seconds), seen by the test %s after", due.Format(time.RFC3339Nano),
+			c.LastTransitionTime.Format(time.RFC3339), seen.Sub(due).Round(time.Millisecond))
+	})
+	// By now the caretaker has looked at every Node more than once.
+	t.Run("(b) fresh and (c) another's: untouched", func(t *testing.T) {
+		for _, n := range []string{fresh, others} {
+			if got := getNode(t, n); got.ResourceVersion != before[n].ResourceVersion {
+				t.Errorf("%s was written: %+v", n, condition(got, typ))
+			}
+		}
+	})
+}
+
+// Issue 24, end to end: plugd (observe mode) keeps its condition True;
+// plugd is SIGKILLed and the plugin goes meanwhile. Nobody maintains the
+// condition any more, and the caretaker (its bound shortened to 5s)
+// marks it Unknown/NotMaintained; plugd, started again, writes the truth
+// (False), and owns the condition as before.
+func TestCaretakerPlugdGone(t *testing.T) {
+	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
+	const node = "caretaker-e2e"
+	createTrackedNode(t, node)
+	k := apiKubelet{t, node}
+	dir := testenv.ShortDir(t, "kube")
+	reg := filepath.Join(dir, "plugins_registry")
+	for _, d := range []string{reg, filepath.Join(dir, "plugins")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, plugdToken(t)); err != nil {
+		t.Fatal(err)
+	}
+	csiReg := startCSI(t, reg, filepath.Join(dir, "plugins"), csiName, node)
+	config := fmt.Sprintf(`mode: observe
+registryDir: %s
+handlers: [{type: CSIPlugin, handler: csi}]
+kubernetes: {kubeconfig: %s, nodeName: %s, kubelet: {address: none}}
+expect:
+  - {type: CSIPlugin, name: %s}
+`, reg, kubeconfig, node, csiName)
+	pd := startPlugd(t, dir, config)
+	k.setCSIDriver(csiName, node)
+	pd.waitKubelet(t, csiName, api.KubeletRegistered, "Inferred")
+	waitCondition(t, node, csiCond, corev1.ConditionTrue, "Inferred")
+
+	// plugd killed; the plugin goes, and the kubelet deregisters it.
+	pd.cmd.Process.Kill()
+	<-pd.done
+	csiReg.Close()
+	k.setCSIDriver(csiName, "")
+	last := condition(getNode(t, node), csiCond)
+	if last.Status != corev1.ConditionTrue {
+		t.Fatalf("before the caretaker: %+v", last)
+	}
+
+	const bound = 5 * time.Second
+	startCaretaker(t, dir, "--stale-after", bound.String())
+	c := waitCondition(t, node, csiCond, corev1.ConditionUnknown, nodecond.ReasonNotMaintained)
+	due := last.LastHeartbeatTime.Add(bound)
+	t.Logf("last heartbeat %s, stale at %s, seen Unknown %s after", last.LastHeartbeatTime.Format(time.RFC3339), due.Format(time.RFC3339),
+		time.Since(due).Round(time.Millisecond))
+	if c.LastTransitionTime.Before(&metav1.Time{Time: due}) || !c.LastHeartbeatTime.Equal(&last.LastHeartbeatTime) {
+		t.Errorf("marked: %+v; last written %+v", c, last)
+	}
+
+	// plugd again: the truth, False, written over the caretaker's mark.
+	pd = startPlugd(t, dir, config)
+	c = waitCondition(t, node, csiCond, corev1.ConditionFalse, "SocketMissing")
+	if !ownsCondition(getNode(t, node), "plugd", csiCond) {
+		t.Errorf("plugd does not own its condition again")
+	}
+	t.Logf("plugd started again: %s %s: %s", c.Status, c.Reason, c.Message)
+}
