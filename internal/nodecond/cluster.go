@@ -63,8 +63,9 @@ func Maintained(c corev1.NodeCondition, now time.Time, maxAge time.Duration) boo
 
 // Summarize tells, from the nodes' conditions, each expected plugin's
 // readiness across them, sorted by type and name. A condition is plugd's
-// when its message is in plugd's form ("plugd: TYPE NAME: ..."); a node
-// whose plugd expects nothing does not count.
+// when its message is in plugd's form ("plugd: TYPE NAME: ...") and the
+// Node's managedFields say plugd set it (Conditions); a node whose plugd
+// expects nothing does not count.
 func Summarize(nodes []corev1.Node) []ClusterPlugin {
 	var c Census
 	for i := range nodes {
@@ -88,16 +89,13 @@ type Census struct {
 	byKey            map[[3]string]*ClusterPlugin
 }
 
-// Add counts n: the node, and each of plugd's conditions on it.
+// Add counts n: the node, and each of plugd's conditions on it
+// (Conditions: n's managedFields are needed to tell them).
 func (c *Census) Add(n *corev1.Node) {
 	c.nodes++
-	mine := false
-	for _, cond := range n.Status.Conditions {
-		typ, name, ok := Parse(cond.Message)
-		if !ok {
-			continue
-		}
-		mine = true
+	mine := Conditions(n)
+	for _, cond := range mine {
+		typ, name, _ := Parse(cond.Message)
 		k := [3]string{typ, name, string(cond.Type)}
 		cp := c.byKey[k]
 		if cp == nil {
@@ -121,7 +119,7 @@ func (c *Census) Add(n *corev1.Node) {
 		cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(cond.Status), Reason: cond.Reason,
 			Message: cond.Message, Since: cond.LastTransitionTime.Time})
 	}
-	if mine {
+	if len(mine) > 0 {
 		c.withPlugd++
 	}
 }

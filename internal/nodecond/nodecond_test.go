@@ -17,11 +17,11 @@ func TestSummarize(t *testing.T) {
 		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: reason, Message: Message(f[0], f[1], "why")}
 	}
 	nodes := []corev1.Node{
-		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", ManagedFields: managedBy(FieldManager, "csi.example.com/CSIPluginReady")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
 			cond("csi.example.com/CSIPluginReady", corev1.ConditionFalse, "SocketMissing", "CSIPlugin csi.example.com"),
 			{Type: "Ready", Status: corev1.ConditionTrue, Message: "kubelet is posting ready status"},
 		}}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", ManagedFields: managedBy(FieldManager, "csi.example.com/CSIPluginReady", "g")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
 			cond("csi.example.com/CSIPluginReady", corev1.ConditionTrue, "PluginReady", "CSIPlugin csi.example.com"),
 			cond("g", corev1.ConditionTrue, "PluginReady", "DevicePlugin vendor.example/gpu"),
 		}}},
@@ -47,7 +47,7 @@ func TestSummarize(t *testing.T) {
 // is a copy: counting on does not change a view already taken.
 func TestCensus(t *testing.T) {
 	var c Census
-	mine := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+	mine := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b", ManagedFields: managedBy(FieldManager, "x/CSIPluginReady")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
 		{Type: "x/CSIPluginReady", Status: corev1.ConditionFalse, Message: Message("CSIPlugin", "x", "no socket")}}}}
 	other := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
 	c.Add(&mine)
@@ -74,8 +74,8 @@ func TestCensusNotMaintained(t *testing.T) {
 		return corev1.NodeCondition{Type: "g", Status: corev1.ConditionTrue, Reason: "PluginReady",
 			Message: Message("DevicePlugin", "vendor.example/gpu", "ready"), LastHeartbeatTime: metav1.NewTime(now.Add(-age))}
 	}
-	fresh := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(time.Minute)}}}
-	old := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(MaxHeartbeatAge + time.Second)}}}
+	fresh := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", ManagedFields: managedBy(FieldManager, "g")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(time.Minute)}}}
+	old := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b", ManagedFields: managedBy(FieldManager, "g")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond(MaxHeartbeatAge + time.Second)}}}
 	c := Census{Now: now}
 	c.Add(&fresh)
 	c.Add(&old)
@@ -122,5 +122,52 @@ func TestMessageIsWhatTheAPIStores(t *testing.T) {
 		if typ, name, ok := Parse(m); !ok || typ != "CSIPlugin" || name != "csi.example.com" {
 			t.Errorf("Parse(%q) = %q %q %v", m, typ, name, ok)
 		}
+	}
+}
+
+// managedBy is the managedFields entry the API server records when manager
+// sets conditions of these types through nodes/status.
+func managedBy(manager string, types ...string) []metav1.ManagedFieldsEntry {
+	conds := map[string]any{}
+	for _, typ := range types {
+		k, _ := json.Marshal(map[string]string{"type": typ})
+		conds["k:"+string(k)] = map[string]any{".": map[string]any{}, "f:message": map[string]any{}, "f:status": map[string]any{}, "f:type": map[string]any{}}
+	}
+	raw, _ := json.Marshal(map[string]any{"f:status": map[string]any{"f:conditions": conds}})
+	return []metav1.ManagedFieldsEntry{{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: raw}, Subresource: "status"}}
+}
+
+// Issue 25, item 11: a condition in plugd's form is plugd's only where the
+// managedFields say plugd's field manager set it. Another writer's copy of
+// the form (anyone may update a Node's status), or one plugd set through
+// the Node rather than its status, or managedFields that do not parse, are
+// not counted, and the node is not one with plugd.
+func TestConditionsAreWhatPlugdSet(t *testing.T) {
+	cond := func(typ string, status corev1.ConditionStatus) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: "R", Message: Message("CSIPlugin", typ, "why")}
+	}
+	mf := append(managedBy(FieldManager, "mine"), managedBy("kubectl-edit", "forged")...)
+	mf = append(mf, metav1.ManagedFieldsEntry{Manager: FieldManager, FieldsV1: mf[0].FieldsV1}) // not through status
+	mf[len(mf)-1].FieldsV1 = &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"main\"}":{}}}}`)}
+	mf = append(mf, metav1.ManagedFieldsEntry{Manager: FieldManager, Subresource: "status", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":`)}})
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", ManagedFields: mf}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		cond("mine", corev1.ConditionTrue), cond("forged", corev1.ConditionFalse), cond("main", corev1.ConditionFalse),
+		{Type: "mine-too", Status: corev1.ConditionTrue, Message: "not in plugd's form"},
+	}}}
+	got := Conditions(&n)
+	if len(got) != 1 || got[0].Type != "mine" {
+		t.Errorf("Conditions = %+v, want only the one plugd set", got)
+	}
+	var c Census
+	c.Add(&n)
+	if v := c.View(); len(v.Plugins) != 1 || v.Plugins[0].Name != "mine" || v.Plugins[0].Expected != 1 {
+		t.Errorf("census: %+v", v)
+	}
+	n.ManagedFields = managedBy("kubectl-edit", "mine", "forged")
+	c = Census{}
+	c.Add(&n)
+	if v := c.View(); len(v.Plugins) != 0 || v.NodesWithPlugd != 0 {
+		t.Errorf("a node where only another manager wrote plugd's form: %+v", v)
 	}
 }

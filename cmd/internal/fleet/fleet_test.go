@@ -55,16 +55,21 @@ func TestAddPage(t *testing.T) {
 			LastTransitionTime: metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))}
 	}
 	list := &corev1.NodeList{ListMeta: metav1.ListMeta{Continue: "next-page", ResourceVersion: "42"}, Items: []corev1.Node{
-		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}}, Status: corev1.NodeStatus{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}, ManagedFields: append(managedBy("kubelet", "Ready"), managedBy(nodecond.FieldManager, "c/CSIPluginReady")...)}, Status: corev1.NodeStatus{
 			Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionFalse, "CSIPlugin c"), {Type: "Ready", Status: "True"}},
 			Images:     []corev1.ContainerImage{{Names: []string{"registry.example.com/a@sha256:00"}, SizeBytes: 1}}}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionTrue, "CSIPlugin c")}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", ManagedFields: managedBy(nodecond.FieldManager, "c/CSIPluginReady")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionTrue, "CSIPlugin c")}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
+		// plugd's form, written by someone else: not plugd's.
+		{ObjectMeta: metav1.ObjectMeta{Name: "d", ManagedFields: managedBy("kubectl-edit", "c/CSIPluginReady")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionFalse, "CSIPlugin c")}}},
 	}}
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	var want nodecond.Census
 	for i := range list.Items {
 		want.Add(&list.Items[i])
+	}
+	if v := want.View(); v.Nodes != 4 || v.NodesWithPlugd != 2 || len(v.Plugins) != 1 || v.Plugins[0].Expected != 2 {
+		t.Fatalf("the whole decode counts %+v", v)
 	}
 	pb := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
 	for _, enc := range []struct {
@@ -91,7 +96,7 @@ func TestAddPage(t *testing.T) {
 			if _, err := addPage(b.Bytes()[:n], enc.name, &c); err == nil && n < b.Len()-1 {
 				// A cut that falls between two fields parses; it must not
 				// count more than the whole.
-				if v := c.View(); v.Nodes > 3 {
+				if v := c.View(); v.Nodes > 4 {
 					t.Errorf("cut at %d: %+v", n, v)
 				}
 			}
@@ -129,5 +134,39 @@ func TestReportThroughProxy(t *testing.T) {
 	if got := reportFindings(context.Background(), c, pod, DoctorOptions{ReportTimeout: 5 * time.Second}); len(got) != 1 || got[0].Check != "report-unreachable" ||
 		!strings.Contains(got[0].Remedy, "kubectl -n plugd exec plugd-gone -- plugctl") {
 		t.Errorf("an unreachable report: %+v", got)
+	}
+}
+
+// managedBy is the managedFields entry the API server records when manager
+// sets conditions of these types through nodes/status.
+func managedBy(manager string, types ...string) []metav1.ManagedFieldsEntry {
+	conds := map[string]any{}
+	for _, typ := range types {
+		k, _ := json.Marshal(map[string]string{"type": typ})
+		conds["k:"+string(k)] = map[string]any{".": map[string]any{}, "f:message": map[string]any{}, "f:status": map[string]any{}, "f:type": map[string]any{}}
+	}
+	raw, _ := json.Marshal(map[string]any{"f:status": map[string]any{"f:conditions": conds}})
+	return []metav1.ManagedFieldsEntry{{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: raw}, Subresource: "status"}}
+}
+
+// Issue 25, item 11: the node view and the doctor take as plugd's only the
+// conditions plugd set, as the managedFields say; one in plugd's form that
+// another manager wrote is not shown as an expected plugin, nor found as
+// one that is not ready.
+func TestNodeShowsOnlyPlugdsConditions(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", ManagedFields: append(managedBy(nodecond.FieldManager, "mine"), managedBy("intruder", "forged")...)},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: "Ready", Status: corev1.ConditionTrue},
+			{Type: "mine", Status: corev1.ConditionTrue, Reason: "PluginReady", Message: nodecond.Message("CSIPlugin", "mine.example.com", "ready")},
+			{Type: "forged", Status: corev1.ConditionFalse, Reason: "SocketMissing", Message: nodecond.Message("CSIPlugin", "forged.example.com", "gone")},
+		}}}
+	if ps := pluginsOf(n); len(ps) != 1 || ps[0].Name != "mine.example.com" {
+		t.Errorf("node view: %+v", ps)
+	}
+	for _, f := range nodeFindings(n) {
+		if f.Check == "plugin-not-ready" {
+			t.Errorf("doctor found a condition another manager wrote: %+v", f)
+		}
 	}
 }

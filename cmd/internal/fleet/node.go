@@ -162,14 +162,12 @@ func extended(r corev1.ResourceName) bool {
 		!strings.HasPrefix(s, "requests.") && !strings.HasPrefix(s, "hugepages-")
 }
 
-// pluginsOf are plugd's conditions on n, sorted by type and name.
+// pluginsOf are plugd's conditions on n (nodecond.Conditions: in plugd's
+// form, and set by plugd as n's managedFields say), sorted by type and name.
 func pluginsOf(n *corev1.Node) []NodePlugin {
 	ps := []NodePlugin{}
-	for _, c := range n.Status.Conditions {
-		typ, name, ok := nodecond.Parse(c.Message)
-		if !ok {
-			continue
-		}
+	for _, c := range nodecond.Conditions(n) {
+		typ, name, _ := nodecond.Parse(c.Message)
 		ps = append(ps, NodePlugin{Type: typ, Name: name, Condition: string(c.Type), Status: string(c.Status),
 			Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
 	}

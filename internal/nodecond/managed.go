@@ -1,0 +1,58 @@
+package nodecond
+
+import (
+	"encoding/json"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Conditions are n's conditions that are plugd's: in plugd's form (Owned),
+// of a type the managedFields say FieldManager set (ManagedTypes). The
+// message alone is no proof: the API checks nothing in a condition, and
+// anyone who may update a Node's status can write one in plugd's form;
+// only the API server writes managedFields.
+func Conditions(n *corev1.Node) []corev1.NodeCondition {
+	var out []corev1.NodeCondition
+	var mine map[string]bool
+	for _, c := range n.Status.Conditions {
+		if !Owned(c) {
+			continue
+		}
+		if mine == nil {
+			mine = ManagedTypes(n, FieldManager)
+		}
+		if mine[string(c.Type)] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ManagedTypes are the types of n's conditions that manager set through
+// nodes/status, as the API server records it in n's managedFields.
+func ManagedTypes(n *corev1.Node, manager string) map[string]bool {
+	out := map[string]bool{}
+	for _, mf := range n.ManagedFields {
+		if mf.Manager != manager || mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Status struct {
+				Conditions map[string]json.RawMessage `json:"f:conditions"`
+			} `json:"f:status"`
+		}
+		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
+			continue
+		}
+		for k := range fields.Status.Conditions { // k:{"type":"..."}: a list item, by its key
+			var item struct {
+				Type string `json:"type"`
+			}
+			if rest, ok := strings.CutPrefix(k, "k:"); ok && json.Unmarshal([]byte(rest), &item) == nil && item.Type != "" {
+				out[item.Type] = true
+			}
+		}
+	}
+	return out
+}
