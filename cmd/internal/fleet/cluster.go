@@ -74,6 +74,10 @@ func Cluster(ctx context.Context, client rest.Interface, selector string, maxAge
 	}
 }
 
+// maxReason bounds a condition's reason as printed: the API checks nothing
+// in it (the kubelet's and plugd's are one CamelCase word).
+const maxReason = 64
+
 // page is one answer to a list of Nodes.
 type page struct {
 	body        []byte
@@ -82,7 +86,9 @@ type page struct {
 }
 
 // WriteCluster prints v for people: per plugin, on how many nodes it is
-// ready; wide adds each node where it is not, and why.
+// ready; wide adds each node where it is not, and why (the message cut at
+// nodecond.MaxMessage bytes: plugd's are no longer, and others' are not
+// bounded by the API).
 func WriteCluster(w io.Writer, v nodecond.ClusterView, wide bool, now time.Time) error {
 	if len(v.Plugins) == 0 {
 		_, err := fmt.Fprintf(w, "no node has a condition of plugd's (%d nodes): no plugd expects a plugin, or none is connected to Kubernetes\n", v.Nodes)
@@ -108,7 +114,7 @@ func WriteCluster(w io.Writer, v nodecond.ClusterView, wide bool, now time.Time)
 		fmt.Fprintf(w, "\n%s %s: not ready on %d of %d nodes\n", printer.Cell(p.Type), printer.Cell(p.Name), len(p.NotReady), p.Expected)
 		nt := printer.Table{Header: []string{"NODE", "STATUS", "REASON", "SINCE", "MESSAGE"}}
 		for _, n := range p.NotReady {
-			nt.Rows = append(nt.Rows, []string{printer.Cell(n.Node), printer.Cell(n.Status), printer.Cell(n.Reason), printer.Since(n.Since, now), printer.Cell(n.Message)})
+			nt.Rows = append(nt.Rows, []string{printer.Cell(n.Node), printer.Cell(n.Status), printer.ShortCell(n.Reason, maxReason), printer.Since(n.Since, now), printer.ShortCell(n.Message, nodecond.MaxMessage)})
 		}
 		if err := nt.Write(w, 0); err != nil {
 			return err

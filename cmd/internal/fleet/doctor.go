@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/nodecond"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // DoctorOptions say where plugd runs, for the doctor to find its pod.
@@ -72,7 +74,7 @@ func nodeFindings(n *corev1.Node) []api.Finding {
 		if !ready {
 			fs = append(fs, api.Finding{Severity: api.SeverityError, Check: "node-not-ready",
 				Summary:  "the kubelet does not report the node Ready: plugins cannot register with it",
-				Evidence: []string{fmt.Sprintf("Ready %s since %s: %s %s", c.Status, stamp(c.LastTransitionTime.Time), c.Reason, c.Message)},
+				Evidence: []string{fmt.Sprintf("Ready %s since %s: %s %s", c.Status, stamp(c.LastTransitionTime.Time), quote(c.Reason), quote(c.Message))},
 				Remedy:   "look at the kubelet first: kubectl describe node " + n.Name + "; on the node, journalctl -u kubelet"})
 		}
 	}
@@ -88,7 +90,7 @@ func nodeFindings(n *corev1.Node) []api.Finding {
 		}
 		fs = append(fs, api.Finding{Severity: api.SeverityError, Check: "plugin-not-ready", Type: p.Type, Name: p.Name,
 			Summary:  fmt.Sprintf("expected plugin not ready (%s)", p.Reason),
-			Evidence: []string{fmt.Sprintf("condition %s %s since %s", p.Condition, p.Status, stamp(p.Since)), p.Message},
+			Evidence: []string{fmt.Sprintf("condition %s %s since %s", p.Condition, p.Status, stamp(p.Since)), quote(p.Message)},
 			Remedy:   remedy(p.Reason, n.Name)})
 	}
 	for _, t := range n.Spec.Taints {
@@ -146,10 +148,10 @@ func plugdPod(ctx context.Context, c Clients, node string, o DoctorOptions) (*co
 		}
 		ev := []string{fmt.Sprintf("pod %s/%s, phase %s, container %s restarted %d times", p.Namespace, p.Name, p.Status.Phase, cs.Name, cs.RestartCount)}
 		if w := cs.State.Waiting; w != nil {
-			ev = append(ev, "waiting: "+w.Reason+" "+w.Message)
+			ev = append(ev, "waiting: "+quote(w.Reason)+" "+quote(w.Message))
 		}
 		if t := cs.LastTerminationState.Terminated; t != nil {
-			ev = append(ev, fmt.Sprintf("last exit %d (%s) %s", t.ExitCode, t.Reason, t.Message))
+			ev = append(ev, fmt.Sprintf("last exit %d (%s) %s", t.ExitCode, quote(t.Reason), quote(t.Message)))
 		}
 		return p, []api.Finding{{Severity: api.SeverityError, Check: "plugd-not-ready",
 			Summary: "plugd's pod on the node is not ready", Evidence: ev,
@@ -242,6 +244,11 @@ func short(err error) error {
 	}
 	return err
 }
+
+// quote is text of an API object (a condition's message, a pod's status)
+// in a finding, escaped and cut at nodecond.MaxMessage bytes: the API does
+// not bound it, and findings are printed and served as JSON.
+func quote(s string) string { return textsafe.Shorten(s, nodecond.MaxMessage) }
 
 // stamp is t as RFC 3339, or "unknown".
 func stamp(t time.Time) string {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/printer"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -168,5 +171,48 @@ func TestNodeShowsOnlyPlugdsConditions(t *testing.T) {
 		if f.Check == "plugin-not-ready" {
 			t.Errorf("doctor found a condition another manager wrote: %+v", f)
 		}
+	}
+}
+
+// Issue 25, item 11: -o wide prints a message of a megabyte (the API
+// bounds none) cut, visibly, at a character boundary, with nothing in it a
+// terminal acts on; so do the node view and the doctor's text.
+func TestWideCutsForeignText(t *testing.T) {
+	huge := "plugd: CSIPlugin c: " + strings.Repeat("é\u009b\u202e\x7f", 1<<18) // 1.25 MiB
+	now := time.Now()
+	var b strings.Builder
+	v := nodecond.ClusterView{Nodes: 1, NodesWithPlugd: 1, Plugins: []nodecond.ClusterPlugin{{Type: "CSIPlugin", Name: "c", Condition: "c/CSIPluginReady", Expected: 1,
+		NotReady: []nodecond.NodeCondition{{Node: "a", Status: "False", Reason: huge, Message: huge}}}}}
+	if err := WriteCluster(&b, v, true, now); err != nil {
+		t.Fatal(err)
+	}
+	checkCut(t, "cluster -o wide", b.String(), 1024)
+	b.Reset()
+	if err := WriteNode(&b, NodeView{Node: "a", Ready: "True", Plugins: []NodePlugin{{Type: "CSIPlugin", Name: "c", Status: "False", Reason: huge, Message: huge}},
+		Unreadable: []string{huge}}, true, now); err != nil {
+		t.Fatal(err)
+	}
+	checkCut(t, "node -o wide", b.String(), 2048)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: "Ready", Status: "False", Reason: huge, Message: huge}}}}
+	fs := nodeFindings(n)
+	b.Reset()
+	if err := printer.Findings(&b, "doctor", fs); err != nil {
+		t.Fatal(err)
+	}
+	checkCut(t, "doctor", b.String(), 2048)
+	if js, _ := json.Marshal(fs); len(js) > 4096 {
+		t.Errorf("doctor -o json holds %d bytes of a Node's text", len(js))
+	}
+}
+
+// checkCut fails if out is longer than max bytes, has no visible cut, is
+// not valid UTF-8, or holds a character a terminal acts on.
+func checkCut(t *testing.T, what, out string, max int) {
+	t.Helper()
+	if len(out) > max || !strings.Contains(out, "...") || !utf8.ValidString(out) {
+		t.Errorf("%s: %d bytes (at most %d), cut visibly %v, valid UTF-8 %v", what, len(out), max, strings.Contains(out, "..."), utf8.ValidString(out))
+	}
+	if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && !unicode.IsPrint(r) && r != ' ' }); i >= 0 {
+		t.Errorf("%s lets %q through raw", what, out[i:min(i+4, len(out))])
 	}
 }

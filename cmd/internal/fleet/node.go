@@ -188,9 +188,9 @@ func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
 			t.Header = append(t.Header, "CONDITION", "MESSAGE")
 		}
 		for _, p := range v.Plugins {
-			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.Cell(p.Reason), printer.Since(p.Since, now)}
+			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.ShortCell(p.Reason, maxReason), printer.Since(p.Since, now)}
 			if wide {
-				row = append(row, printer.Cell(p.Condition), printer.Cell(p.Message))
+				row = append(row, printer.Cell(p.Condition), printer.ShortCell(p.Message, nodecond.MaxMessage))
 			}
 			t.Rows = append(t.Rows, row)
 		}
@@ -211,7 +211,7 @@ func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
 	fmt.Fprintf(&b, "  device plugins (capacity):   %s\n", list(devs))
 	fmt.Fprintf(&b, "  DRA drivers (ResourceSlices): %s\n", list(v.Kubelet.DRADrivers))
 	for _, u := range v.Unreadable {
-		fmt.Fprintf(&b, "  cannot read %s\n", printer.Cell(u))
+		fmt.Fprintf(&b, "  cannot read %s\n", printer.ShortCell(u, nodecond.MaxMessage))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

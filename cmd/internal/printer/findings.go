@@ -43,13 +43,19 @@ func Findings(w io.Writer, what string, fs []api.Finding) error {
 	return err
 }
 
-// text is s on one line, safe for a terminal.
+// text is s on one line, safe for a terminal, cut at maxFindingText
+// bytes: a finding quotes what others wrote (a Node's conditions, a pod's
+// status), which the API does not bound.
 func text(s string) string {
 	if s == "" {
 		return ""
 	}
-	return Cell(s)
+	return ShortCell(s, maxFindingText)
 }
+
+// maxFindingText bounds each line of a finding: twice a condition message
+// of plugd's, and its quote.
+const maxFindingText = 1024
 
 // CountFindings says how many findings there are of each severity, most
 // serious first: "2 errors, 1 warning".

@@ -5,7 +5,6 @@
 package printer
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -14,7 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"sigs.k8s.io/yaml"
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // Table is rows of cells under a header, printed with aligned columns.
@@ -84,6 +83,15 @@ func Cell(s string) string {
 	return s
 }
 
+// ShortCell is Cell for text some other program chose (a condition's
+// message, an error): its unsafe characters escaped as textsafe escapes
+// them, cut to at most max bytes at a character boundary, and the cut
+// marked with "...". A Node condition's message is whatever its writer
+// put there, a megabyte if they like.
+func ShortCell(s string, max int) string {
+	return Cell(textsafe.Shorten(strings.Join(strings.Fields(s), " "), max))
+}
+
 // Truncate cuts s to n characters, marking the cut with an ellipsis; a
 // negative n leaves s whole.
 func Truncate(s string, n int) string {
@@ -142,21 +150,4 @@ func Until(t, now time.Time) string {
 	}
 	// Round up: a retry 300ms away is "in 1s", not "in 0s".
 	return "in " + Human((d + time.Second - 1).Truncate(time.Second))
-}
-
-// JSON prints v indented, for people and jq alike.
-func JSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// YAML prints v as YAML with the field names of its JSON form.
-func YAML(w io.Writer, v any) error {
-	b, err := yaml.Marshal(v)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
 }
