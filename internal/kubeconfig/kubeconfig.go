@@ -2,7 +2,8 @@
 // kubeconfig files read with a bound: plugd's kubernetes.kubeconfig and
 // plugctl cluster's --kubeconfig are names an operator types, and
 // /dev/zero, a FIFO or a stray log file in their place must be an error at
-// once, not gigabytes read or a start that never ends.
+// once, not gigabytes read or a start that never ends. The clients built
+// from what it finds bound the server's answers too (Bound).
 package kubeconfig
 
 import (
@@ -38,8 +39,9 @@ func ClientConfig(explicitPath, context string) clientcmd.ClientConfig {
 }
 
 // RESTConfig is cc's client configuration, once the files it names are
-// checked as the kubeconfig files are: client-go reads them at the first
-// request, unbounded.
+// checked as the kubeconfig files are (client-go reads them at the first
+// request, unbounded), with the bounds of Bound on what the clients built
+// from it read and wait for.
 func RESTConfig(cc clientcmd.ClientConfig) (*rest.Config, error) {
 	rc, err := cc.ClientConfig()
 	if err != nil {
@@ -58,6 +60,7 @@ func RESTConfig(cc clientcmd.ClientConfig) (*rest.Config, error) {
 			return nil, fmt.Errorf("the kubeconfig's %s: %w", f.what, explain(err, "a PEM file"))
 		}
 	}
+	Bound(rc)
 	return rc, nil
 }
 

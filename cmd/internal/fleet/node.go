@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/plugd/plugd/cmd/internal/printer"
+	"github.com/plugd/plugd/internal/kubeconfig"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -33,8 +34,11 @@ type Clients struct {
 	Events   eventsv1client.EventsV1Interface
 }
 
-// NewClients makes the Clients of rc.
+// NewClients makes the Clients of rc, bounded as kubeconfig.Bound bounds
+// them (what kubeconfig.RESTConfig returns is already).
 func NewClients(rc *rest.Config) (Clients, error) {
+	rc = rest.CopyConfig(rc)
+	kubeconfig.Bound(rc)
 	var c Clients
 	var err error
 	if c.Core, err = corev1client.NewForConfig(rc); err != nil {
