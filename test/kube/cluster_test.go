@@ -3,13 +3,19 @@
 package kube
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
@@ -77,5 +83,67 @@ func TestCluster(t *testing.T) {
 	}
 	if _, code := plugctl(t, "cluster", "--kubeconfig", admincfg, "--context", "nope"); code != 1 {
 		t.Errorf("an unknown context: exit %d", code)
+	}
+}
+
+// Issue 25, item 11, against the real API server, which checks nothing in
+// a condition's type, reason or message: on one node a condition in
+// plugd's form that another field manager wrote, on another one written
+// under plugd's field manager whose reason holds DEL, C1 controls, bidi
+// and zero-width characters and whose message is a megabyte of them.
+// plugctl cluster and kubectl plugd cluster count only the second (the
+// managedFields say plugd set it), -o wide prints its message cut,
+// -o json escapes what a terminal acts on and still gives it back, and
+// -o yaml prints the view instead of failing.
+func TestClusterHostileConditions(t *testing.T) {
+	const label = "plugd.test/suite=hostile"
+	admincfg := filepath.Join(testenv.ShortDir(t, "hos"), "admin.kubeconfig")
+	if err := cp.WriteKubeconfig(admincfg, cp.AdminToken); err != nil {
+		t.Fatal(err)
+	}
+	hostile := "a\x7fb\u009b31mc\u202ed\u2066e\u200bf\ufeffg"
+	huge := nodecond.Prefix + "CSIPlugin hostile.example.com: " + strings.Repeat("\u009b\u202eé\x7f", 1<<17) // 832 KiB
+	for node, w := range map[string]struct{ manager, message string }{
+		"h-forged": {"intruder", nodecond.Message("CSIPlugin", "forged.example.com", "looks like plugd's")},
+		"h-plugd":  {nodecond.FieldManager, huge},
+	} {
+		createNode(t, node)
+		labelNode(t, node, label)
+		now := metav1.Now()
+		patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{Type: "hostile.example.com/CSIPluginReady",
+			Status: corev1.ConditionFalse, Reason: hostile, Message: w.message, LastHeartbeatTime: now, LastTransitionTime: now}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch,
+			metav1.PatchOptions{FieldManager: w.manager}, "status"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unsafe := func(r rune) bool { return r >= 0x7f && !unicode.IsPrint(r) }
+	for _, cli := range []func(*testing.T, ...string) (string, int){plugctl, kubectlPlugd} {
+		out, code := cli(t, "cluster", "--kubeconfig", admincfg, "-l", label, "-o", "json")
+		if i := strings.IndexFunc(out, unsafe); code != 0 || i >= 0 {
+			t.Fatalf("cluster -o json (exit %d) lets %q through raw", code, out[i:min(i+4, len(out))])
+		}
+		var v nodecond.ClusterView
+		decode(t, out, &v)
+		if v.Nodes != 2 || v.NodesWithPlugd != 1 || len(v.Plugins) != 1 || v.Plugins[0].Name != "hostile.example.com" ||
+			len(v.Plugins[0].NotReady) != 1 || v.Plugins[0].NotReady[0].Reason != hostile || v.Plugins[0].NotReady[0].Message != huge {
+			t.Fatalf("cluster -o json counts another manager's condition, or does not give the text back: %d nodes, %d with plugd, %d plugins",
+				v.Nodes, v.NodesWithPlugd, len(v.Plugins))
+		}
+		out, code = cli(t, "cluster", "--kubeconfig", admincfg, "-l", label, "-o", "yaml")
+		var y nodecond.ClusterView
+		if err := yaml.UnmarshalStrict([]byte(out), &y); code != 0 || err != nil || strings.IndexFunc(out, unsafe) >= 0 {
+			t.Errorf("cluster -o yaml (exit %d, %v): %.300s", code, err, out)
+		} else if y.Plugins[0].NotReady[0].Reason != hostile || y.Plugins[0].NotReady[0].Message != huge {
+			t.Errorf("cluster -o yaml does not give the text back: %q", y.Plugins[0].NotReady[0].Reason)
+		}
+		out, code = cli(t, "cluster", "--kubeconfig", admincfg, "-l", label, "-o", "wide")
+		if code != 0 || len(out) > 2048 || !strings.Contains(out, "...") || strings.IndexFunc(out, unsafe) >= 0 || strings.Contains(out, "forged") {
+			t.Errorf("cluster -o wide (exit %d, %d bytes):\n%.2000s", code, len(out), out)
+		}
+		t.Logf("cluster -o wide:\n%s", out)
 	}
 }

@@ -124,12 +124,16 @@ func plugdToken(t *testing.T) string {
 	return tr.Status.Token
 }
 
-// createNode creates a Node as the kubelet would register it, with taints
-// and a condition of someone else's, and its (empty) CSINode.
+// createNode creates a Node as the kubelet would register it, with its
+// hostname label, taints and a condition of someone else's, and its (empty)
+// CSINode. The label matters: the API server records managedFields of an
+// object only if its creator set a field of it, and plugd tells its
+// conditions by them.
 func createNode(t *testing.T, name string, taints ...corev1.Taint) {
 	t.Helper()
 	ctx := context.Background()
-	n, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{Taints: taints}}, metav1.CreateOptions{})
+	n, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+		Spec: corev1.NodeSpec{Taints: taints}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
