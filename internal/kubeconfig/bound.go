@@ -1,10 +1,13 @@
 package kubeconfig
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"time"
 
@@ -24,9 +27,10 @@ import (
 // a page of Nodes as a kubelet of today reports them (50 images, labels,
 // conditions, managedFields; test/kube/cmd/fleetbench's) is 11 MB as
 // protobuf and 12.4 MB as JSON, so 64 MiB holds a page of Nodes five times
-// as large. A watch is one answer too: one that has carried MaxBody bytes
-// ends with the error, and its reader (an informer, kubectl plugd node
-// --watch) opens another where it was.
+// as large. A watch carries events for as long as it lasts (the
+// caretaker's, of every Node, its initial list too): each event of it is
+// bounded, as the API server frames them (a protobuf frame, a line of
+// JSON), and one larger ends the watch with the error.
 const MaxBody = 64 << 20
 
 // Timeout bounds a request other than a watch, from its start to the last
@@ -92,11 +96,13 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		cancel(nil)
 		return nil, err
 	}
+	b := &boundedBody{body: resp.Body, left: t.maxBody, ctx: ctx, what: what, max: t.maxBody,
+		done: func() { timer.Stop(); cancel(nil) }}
 	if watch(req) {
 		timer.Stop()
+		b.events = eventsOf(resp.Header.Get("Content-Type"), t.maxBody)
 	}
-	resp.Body = &boundedBody{body: resp.Body, left: t.maxBody, ctx: ctx, what: what, max: t.maxBody,
-		done: func() { timer.Stop(); cancel(nil) }}
+	resp.Body = b
 	return resp, nil
 }
 
@@ -115,11 +121,13 @@ func watch(req *http.Request) bool {
 	return false
 }
 
-// boundedBody is an answer's body, read up to max bytes, and its request's
-// deadline: done ends both when the body is closed.
+// boundedBody is an answer's body, read up to max bytes (a watch's: each
+// event, if events can tell them), and its request's deadline: done ends
+// both when the body is closed.
 type boundedBody struct {
 	body      io.ReadCloser
 	left, max int64
+	events    events
 	ctx       context.Context
 	what      string
 	done      func()
@@ -128,6 +136,14 @@ type boundedBody struct {
 func (b *boundedBody) Read(p []byte) (int, error) {
 	if b.left < 0 {
 		return 0, b.tooLarge()
+	}
+	if b.events != nil {
+		n, err := b.body.Read(p)
+		if !b.events.take(p[:n]) {
+			b.left = -1
+			return 0, b.tooLarge() // none of the event over the bound
+		}
+		return n, b.cause(err)
 	}
 	if int64(len(p)) > b.left+1 {
 		p = p[:b.left+1] // one byte more than allowed says there is more
@@ -138,12 +154,86 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 		return n, b.tooLarge()
 	}
 	b.left -= int64(n)
+	return n, b.cause(err)
+}
+
+// cause is err, or the bound's error if the request ended at the bound.
+func (b *boundedBody) cause(err error) error {
 	if err != nil && err != io.EOF {
 		if cause := context.Cause(b.ctx); errors.Is(cause, ErrTimeout) {
-			err = cause
+			return cause
 		}
 	}
-	return n, err
+	return err
+}
+
+// events tells the events of a watch in the bytes of its body, as they
+// are read, and says whether each so far is within the bound.
+type events interface {
+	take(b []byte) bool
+}
+
+// eventsOf is the events of a watch answered with contentType, or nil
+// (the body is bounded whole) for one whose framing it does not know.
+func eventsOf(contentType string, max int64) events {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	switch mt {
+	case "application/vnd.kubernetes.protobuf":
+		return &frames{max: max}
+	case "application/json":
+		return &lines{left: max, max: max}
+	}
+	return nil
+}
+
+// frames are the events of a protobuf watch: each a 4-byte big-endian
+// length, then that many bytes.
+type frames struct {
+	max, left int64
+	head      [4]byte
+	headN     int
+}
+
+func (f *frames) take(b []byte) bool {
+	for len(b) > 0 {
+		if f.left > 0 {
+			k := min(f.left, int64(len(b)))
+			f.left -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(f.head[f.headN:], b)
+		f.headN += k
+		b = b[k:]
+		if f.headN == len(f.head) {
+			f.headN = 0
+			if f.left = int64(binary.BigEndian.Uint32(f.head[:])); f.left > f.max {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// lines are the events of a JSON watch: the API server writes each on a
+// line of its own.
+type lines struct {
+	max, left int64
+}
+
+func (l *lines) take(b []byte) bool {
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			l.left -= int64(len(b))
+			return l.left >= 0
+		}
+		if int64(i) > l.left {
+			return false
+		}
+		l.left = l.max
+		b = b[i+1:]
+	}
 }
 
 func (b *boundedBody) tooLarge() error {

@@ -1,6 +1,7 @@
 package kubeconfig
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -229,6 +230,24 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 			t.Fatalf("no event %d", i)
 		}
 	}
+	// A watch carries events for as long as it lasts (the caretaker's, of
+	// every Node): what it carries in all is not bounded, each event is.
+	for i := range 48 {
+		name := fmt.Sprintf("node-%d-%s", i, strings.Repeat("x", 32<<10))
+		select {
+		case next <- name:
+		case <-time.After(failSafe):
+			t.Fatal("the server's watch ended")
+		}
+		select {
+		case ev, ok := <-wi.ResultChan():
+			if !ok || ev.Type != "ADDED" {
+				t.Fatalf("event %d of 32 KiB, %d KiB in all: %v %.200v", i, (i+1)*32, ok, ev)
+			}
+		case <-time.After(failSafe):
+			t.Fatalf("no event %d", i)
+		}
+	}
 	// An event larger than the body's bound ends the watch with an error
 	// that names the bound; its reader opens another.
 	next <- strings.Repeat("x", 1<<20)
@@ -239,5 +258,37 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 		}
 	case <-time.After(failSafe):
 		t.Fatal("an event over the bound did not end the watch")
+	}
+}
+
+// The events of a watch are bounded one by one, as the API server frames
+// them: a line of JSON, a length-prefixed protobuf frame.
+func TestEvents(t *testing.T) {
+	frame := func(n int) []byte {
+		return append([]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, bytes.Repeat([]byte{'p'}, n)...)
+	}
+	for _, tc := range []struct {
+		contentType string
+		stream      []byte
+		ok          bool
+	}{
+		{"application/json", []byte(strings.Repeat(strings.Repeat("j", 99)+"\n", 50)), true},
+		{"application/json", []byte(strings.Repeat("j", 60) + "\n" + strings.Repeat("j", 101) + "\n"), false},
+		{"application/json", []byte(strings.Repeat("j", 101)), false}, // no end yet
+		{"application/vnd.kubernetes.protobuf;stream=watch", bytes.Repeat(frame(100), 50), true},
+		{"application/vnd.kubernetes.protobuf;stream=watch", append(frame(10), frame(101)[:4]...), false}, // its length says
+		{"application/vnd.kubernetes.protobuf;stream=watch", frame(0), true},
+	} {
+		e := eventsOf(tc.contentType, 100)
+		ok := true
+		for b := tc.stream; len(b) > 0 && ok; b = b[min(3, len(b)):] { // in pieces that cut headers
+			ok = e.take(b[:min(3, len(b))])
+		}
+		if ok != tc.ok {
+			t.Errorf("%s, %d bytes: within the bound %v, want %v", tc.contentType, len(tc.stream), ok, tc.ok)
+		}
+	}
+	if eventsOf("application/yaml", 100) != nil {
+		t.Error("a watch of an unknown framing is not bounded whole")
 	}
 }

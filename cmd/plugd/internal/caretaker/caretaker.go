@@ -113,6 +113,7 @@ func restConfig(path string) (*rest.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes: no --kubeconfig is set and the caretaker is not in a pod (%w): set --kubeconfig", err)
 		}
+		kubeconfig.Bound(rc) // as kubeconfig.RESTConfig bounds the others
 		return rc, nil
 	}
 	rc, err := kubeconfig.RESTConfig(kubeconfig.ClientConfig(path, ""))
