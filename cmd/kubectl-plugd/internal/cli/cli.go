@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -151,6 +152,11 @@ func runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command,
 		var ee *exitError
 		if err == nil || errors.As(err, &ee) {
 			return err
+		}
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+			// client-go says "context deadline exceeded", or not even that.
+			err = fmt.Errorf("%w: the API server did not answer in time; --request-timeout waits longer", err)
 		}
 		return &exitError{code: ExitError, err: err}
 	}

@@ -54,7 +54,7 @@ func TestHostileAPI(t *testing.T) {
 		}
 		t.Logf("kubectl plugd %s: %s", args[0], out)
 		code, out = run(append(args, "--kubeconfig", silent, "--request-timeout", "1s")...)
-		if code != ExitError || !strings.Contains(out, "Timeout") {
+		if code != ExitError || !strings.Contains(out, "did not answer in time; --request-timeout waits longer") {
 			t.Errorf("kubectl plugd %s against a silent server: exit %d:\n%s", args[0], code, out)
 		}
 		t.Logf("kubectl plugd %s: %s", args[0], out)
