@@ -3,7 +3,6 @@ package caretaker
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,7 +13,7 @@ import (
 
 // fieldManager is the node agent's: the caretaker writes as plugd, so that
 // the node's plugd, when it runs again, owns the condition it rewrites.
-const fieldManager = "plugd"
+const fieldManager = nodecond.FieldManager
 
 // look is what the caretaker does with n at now: the indexes in
 // n.Status.Conditions of plugd's conditions that nobody has maintained for
@@ -33,7 +32,7 @@ func look(n *corev1.Node, now time.Time, staleAfter time.Duration) (stale []int,
 			continue
 		}
 		if mine == nil {
-			mine = managedConditions(n, fieldManager)
+			mine = nodecond.ManagedTypes(n, fieldManager)
 		}
 		if !mine[string(c.Type)] {
 			continue
@@ -85,34 +84,6 @@ func markPatch(n *corev1.Node, stale []int, now time.Time) ([]byte, error) {
 		)
 	}
 	return json.Marshal(ops)
-}
-
-// managedConditions are the types of n's conditions that manager set
-// through nodes/status, as the API server records it in managedFields.
-func managedConditions(n *corev1.Node, manager string) map[string]bool {
-	out := map[string]bool{}
-	for _, mf := range n.ManagedFields {
-		if mf.Manager != manager || mf.Subresource != "status" || mf.FieldsV1 == nil {
-			continue
-		}
-		var fields struct {
-			Status struct {
-				Conditions map[string]json.RawMessage `json:"f:conditions"`
-			} `json:"f:status"`
-		}
-		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
-			continue
-		}
-		for k := range fields.Status.Conditions { // k:{"type":"..."}: a list item, by its key
-			var item struct {
-				Type string `json:"type"`
-			}
-			if rest, ok := strings.CutPrefix(k, "k:"); ok && json.Unmarshal([]byte(rest), &item) == nil && item.Type != "" {
-				out[item.Type] = true
-			}
-		}
-	}
-	return out
 }
 
 // slim is the part of a Node the caretaker keeps in its cache: its name,

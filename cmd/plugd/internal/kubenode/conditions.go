@@ -223,7 +223,7 @@ func conditionsPatch(set []corev1.NodeCondition, drop []string) ([]byte, error) 
 // entries of one type) is not: its entries of plugd's are among extras.
 func unexpected(n *corev1.Node, expect []Expectation) []string {
 	var out []string
-	mine, mixed := managedConditions(n, fieldManager), mixedTypes(n)
+	mine, mixed := nodecond.ManagedTypes(n, fieldManager), mixedTypes(n)
 	for _, c := range n.Status.Conditions {
 		typ := string(c.Type)
 		if mine[typ] && !mixed[typ] && nodecond.Owned(c) && !expected(expect, typ) && !slices.Contains(out, typ) {
@@ -250,7 +250,7 @@ type entry struct {
 // those).
 func extras(n *corev1.Node, expect []Expectation) []entry {
 	var out []entry
-	mine, mixed := managedConditions(n, fieldManager), mixedTypes(n)
+	mine, mixed := nodecond.ManagedTypes(n, fieldManager), mixedTypes(n)
 	seen := map[string]bool{}
 	for i, c := range n.Status.Conditions {
 		typ := string(c.Type)
@@ -312,34 +312,6 @@ func removalPatch(es []entry) ([]byte, error) {
 		ops = append(ops, map[string]any{"op": "remove", "path": at})
 	}
 	return json.Marshal(ops)
-}
-
-// managedConditions are the types of n's conditions that manager set
-// through nodes/status, as the API server records it in managedFields.
-func managedConditions(n *corev1.Node, manager string) map[string]bool {
-	out := map[string]bool{}
-	for _, mf := range n.ManagedFields {
-		if mf.Manager != manager || mf.Subresource != "status" || mf.FieldsV1 == nil {
-			continue
-		}
-		var fields struct {
-			Status struct {
-				Conditions map[string]json.RawMessage `json:"f:conditions"`
-			} `json:"f:status"`
-		}
-		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
-			continue
-		}
-		for k := range fields.Status.Conditions { // k:{"type":"..."}: a list item, by its key
-			var item struct {
-				Type string `json:"type"`
-			}
-			if rest, ok := strings.CutPrefix(k, "k:"); ok && json.Unmarshal([]byte(rest), &item) == nil && item.Type != "" {
-				out[item.Type] = true
-			}
-		}
-	}
-	return out
 }
 
 // nodeCondition is v as the Node condition of type typ, given the one the
