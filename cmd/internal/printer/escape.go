@@ -64,6 +64,17 @@ func JSON(w io.Writer, v any) error {
 	return err
 }
 
+// JSONLine prints v as one line of JSON (a stream of them is what jq -c
+// and log shippers read); unsafe characters are \u escapes, as in JSON.
+func JSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(escapeJSON(b), '\n'))
+	return err
+}
+
 // YAML prints v as YAML with the field names of its JSON form, keys in
 // alphabetical order as kubectl prints them. A string with an unsafe
 // character is double-quoted, the only YAML style with escapes, and each

@@ -58,6 +58,28 @@ func TestJSONEscapesWhatTerminalsActOn(t *testing.T) {
 	}
 }
 
+// plugctl watch -o json: one line per value, escaped as -o json is.
+func TestJSONLine(t *testing.T) {
+	var b bytes.Buffer
+	for range 2 {
+		if err := JSONLine(&b, hostileView()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noneRaw(t, "a JSON line", b.Bytes())
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("two values made %d lines:\n%s", len(lines), b.String())
+	}
+	var back nodecond.ClusterView
+	if err := json.Unmarshal([]byte(lines[1]), &back); err != nil {
+		t.Fatalf("a line is not JSON: %v\n%s", err, lines[1])
+	}
+	if got := back.Plugins[0].NotReady[0].Reason; got != hostile {
+		t.Errorf("a JSON line does not give the strings back:\n got %q\nwant %q", got, hostile)
+	}
+}
+
 // Issue 25, item 11: -o yaml prints a view whose strings hold DEL and C1
 // controls (YAML cannot hold them raw: "control characters are not
 // allowed"), with nothing raw that a terminal acts on, and gives every

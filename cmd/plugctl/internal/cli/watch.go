@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -69,8 +68,7 @@ func (a *app) watch(ctx context.Context, replay int, output string) error {
 	c := a.client()
 	write := printEvent
 	if output == "json" {
-		enc := json.NewEncoder(a.stdout)
-		write = func(_ io.Writer, ev api.Event) error { return enc.Encode(ev) }
+		write = func(w io.Writer, ev api.Event) error { return printer.JSONLine(w, ev) }
 	}
 	stream, err := a.openEvents(ctx, c, replay)
 	switch {
