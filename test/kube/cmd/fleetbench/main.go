@@ -34,6 +34,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/plugd/plugd/internal/nodecond"
@@ -43,7 +44,7 @@ import (
 // Result is one size's measurements.
 type Result struct {
 	Nodes     int       `json:"nodes"`
-	NodeBytes int       `json:"nodeBytes"` // one Node as JSON, as created (without the server's managedFields)
+	NodeBytes int       `json:"nodeBytes"` // one Node as JSON, as the API server serves it (managedFields included)
 	Seconds   []float64 `json:"seconds"`
 	PeakRSSMB []float64 `json:"peakRSSMB"`
 	// CPUSeconds is the command's own CPU time (user and system): the
@@ -119,7 +120,8 @@ func run(sizes []int, runs, workers int, out string, extra []string) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "created nodes %d to %d in %s\n", have, n, time.Since(start).Round(time.Millisecond))
-		served, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", node(n-1).Name).SetHeader("Accept", "application/json").DoRaw(ctx)
+		last, _ := node(n - 1)
+		served, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", last.Name).SetHeader("Accept", "application/json").DoRaw(ctx)
 		if err != nil {
 			return err
 		}
@@ -194,8 +196,21 @@ func create(ctx context.Context, client kubernetes.Interface, from, to, workers 
 				if i >= to {
 					return
 				}
-				if _, err := client.CoreV1().Nodes().Create(ctx, node(i), metav1.CreateOptions{}); err != nil {
+				n, plugds := node(i)
+				if _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 					errs <- fmt.Errorf("creating node %d: %w", i, err)
+					return
+				}
+				// plugd's conditions as plugd writes them, so that the
+				// managedFields say they are plugd's: readers count no
+				// other (nodecond.Conditions).
+				patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": plugds}})
+				if err == nil {
+					_, err = client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, patch,
+						metav1.PatchOptions{FieldManager: nodecond.FieldManager}, "status")
+				}
+				if err != nil {
+					errs <- fmt.Errorf("writing plugd's conditions of node %d: %w", i, err)
 					return
 				}
 			}
@@ -219,8 +234,8 @@ var plugins = []struct{ typ, name, cond string }{
 }
 
 // node is the i-th Node, as a kubelet of today registers and reports it,
-// with plugd's conditions.
-func node(i int) *corev1.Node {
+// and plugd's conditions on it.
+func node(i int) (*corev1.Node, []corev1.NodeCondition) {
 	name := fmt.Sprintf("ip-10-%d-%d-%d.eu-west-1.compute.internal", i/65536%256, i/256%256, i%256)
 	zone := []string{"a", "b", "c"}[i%3]
 	t0 := metav1.NewTime(time.Date(2026, 11, 1, 8, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second))
@@ -239,12 +254,13 @@ func node(i int) *corev1.Node {
 		cond("KernelDeadlock", corev1.ConditionFalse, "KernelHasNoDeadlock", "kernel has no deadlock"),
 		cond("ReadonlyFilesystem", corev1.ConditionFalse, "FilesystemIsNotReadOnly", "Filesystem is not read-only"),
 	}
+	var plugds []corev1.NodeCondition
 	for j, p := range plugins {
 		c := cond(corev1.NodeConditionType(p.cond), corev1.ConditionTrue, "PluginReady", nodecond.Message(p.typ, p.name, "registered, answering, and registered by the kubelet"))
 		if j == 0 && i%97 == 0 {
 			c = cond(corev1.NodeConditionType(p.cond), corev1.ConditionFalse, "SocketMissing", nodecond.Message(p.typ, p.name, "no registration socket of it in /var/lib/kubelet/plugins_registry"))
 		}
-		conds = append(conds, c)
+		plugds = append(plugds, c)
 	}
 	var images []corev1.ContainerImage
 	for j := range 50 {
@@ -287,7 +303,7 @@ func node(i int) *corev1.Node {
 				ContainerRuntimeVersion: "containerd://1.7.22", KubeletVersion: "v1.37.2", KubeProxyVersion: "", OperatingSystem: "linux", Architecture: "amd64"},
 			Images: images,
 		},
-	}
+	}, plugds
 }
 
 func median(xs []float64) float64 {
