@@ -54,6 +54,11 @@ func TestLiveView(t *testing.T) {
 		{"topology conflict", csi, []Plugin{{Socket: "/r/csi.sock", State: "Stale"}}, labelled, kubeletFacts{live: true, seen: map[string]bool{"/r/csi.sock": true}},
 			remembered{topology: map[string]string{"topology.example.com/node": "node-b"}}, api.KubeletNotRegistered, ReasonTopologyConflict,
 			"reports topology.example.com/node=node-b but Node node-a has the label topology.example.com/node=node-a"},
+		// The kubelet holds the socket while its CSI handler retries the
+		// Node's update (seconds, in test/kube); the collision makes that
+		// registration fail whatever the actual state says meanwhile.
+		{"topology conflict, the kubelet still trying", csi, []Plugin{sock}, snapshot{csiNode: csiNode(), node: labelled.node}, holds,
+			remembered{topology: map[string]string{"topology.example.com/node": "node-b"}}, api.KubeletNotRegistered, ReasonTopologyConflict, "kubectl label node node-a"},
 		{"topology agrees", csi, []Plugin{sock}, labelled, holds, remembered{topology: map[string]string{"topology.example.com/node": "node-a"}}, api.KubeletRegistered, "", "holds"},
 		{"inferred topology conflict", csi, []Plugin{sock}, labelled, kubeletFacts{problem: &Problem{Reason: ReasonKubeletTLS}},
 			remembered{topology: map[string]string{"topology.example.com/node": "node-b"}}, api.KubeletRegistered, ReasonInferred, "inferred"},

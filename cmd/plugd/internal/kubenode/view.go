@@ -190,7 +190,16 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 			break // registered all the same; CSINode adds only details
 		}
 		d := csiDriver(s.csiNode, k.name)
-		switch said := nodeIDs(socks); {
+		said := nodeIDs(socks)
+		if d == nil || len(said) > 0 && !slices.Contains(said, d.NodeID) {
+			// The kubelet holds the socket while its CSI handler retries
+			// the Node's update (seconds); a topology collision fails that
+			// registration whatever the actual state says meanwhile.
+			if c := topologyConflict(k, s, mem); c != "" {
+				return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: c}}
+			}
+		}
+		switch {
 		case d == nil:
 			v.Reason = "NotInCSINode"
 			v.Message = holds + fmt.Sprintf(", but CSINode %s does not list the driver (yet)", s.nodeName)
