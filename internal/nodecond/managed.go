@@ -2,6 +2,7 @@ package nodecond
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,7 +12,9 @@ import (
 // of a type the managedFields say FieldManager set (ManagedTypes). The
 // message alone is no proof: the API checks nothing in a condition, and
 // anyone who may update a Node's status can write one in plugd's form;
-// only the API server writes managedFields.
+// only the API server writes managedFields. Of several entries of one type
+// (a status PUT can make them), only the first is taken, as plugd keeps the
+// first and removes the others at its next write: a plugin is counted once.
 func Conditions(n *corev1.Node) []corev1.NodeCondition {
 	var out []corev1.NodeCondition
 	var mine map[string]bool
@@ -22,7 +25,7 @@ func Conditions(n *corev1.Node) []corev1.NodeCondition {
 		if mine == nil {
 			mine = ManagedTypes(n, FieldManager)
 		}
-		if mine[string(c.Type)] {
+		if mine[string(c.Type)] && !slices.ContainsFunc(out, func(o corev1.NodeCondition) bool { return o.Type == c.Type }) {
 			out = append(out, c)
 		}
 	}

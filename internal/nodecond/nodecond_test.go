@@ -164,6 +164,17 @@ func TestConditionsAreWhatPlugdSet(t *testing.T) {
 	if v := c.View(); len(v.Plugins) != 1 || v.Plugins[0].Name != "mine" || v.Plugins[0].Expected != 1 {
 		t.Errorf("census: %+v", v)
 	}
+	// A second entry of a type (a status PUT made it) is not a second
+	// plugin: the first is the one plugd keeps.
+	n.Status.Conditions = append(n.Status.Conditions, cond("mine", corev1.ConditionFalse))
+	if got := Conditions(&n); len(got) != 1 || got[0].Status != corev1.ConditionTrue {
+		t.Errorf("with a duplicate entry: Conditions = %+v, want the first entry only", got)
+	}
+	c = Census{}
+	c.Add(&n)
+	if v := c.View(); len(v.Plugins) != 1 || v.Plugins[0].Expected != 1 || v.Plugins[0].Ready != 1 {
+		t.Errorf("census with a duplicate entry: %+v", v)
+	}
 	n.ManagedFields = managedBy("kubectl-edit", "mine", "forged")
 	c = Census{}
 	c.Add(&n)
