@@ -69,7 +69,7 @@ func (h *reporting) wait(t *testing.T) string {
 	select {
 	case s := <-h.got:
 		return s
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("the handler was not called")
 		return ""
 	}
