@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,7 +151,7 @@ type registrar struct {
 	stopping func()
 	// exitWhenRefused makes it stop serving once told it is not
 	// registered, as node-driver-registrar exits.
-	exitWhenRefused bool
+	exitWhenRefused atomic.Bool
 
 	mu       sync.Mutex
 	statuses []*registerapi.RegistrationStatus
@@ -194,7 +195,7 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 	case r.changed <- struct{}{}:
 	default:
 	}
-	if !s.PluginRegistered && r.exitWhenRefused {
+	if !s.PluginRegistered && r.exitWhenRefused.Load() {
 		go r.stopping() // after this answer
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
@@ -734,7 +735,7 @@ func TestDeadDriverPastGraceIsNeverToldFalse(t *testing.T) {
 	dir := testenv.ShortDir(t, "csi")
 	d := serveDriver(t, dir, driverName)
 	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
-	r.exitWhenRefused = true
+	r.exitWhenRefused.Store(true)
 	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
 
 	d.stop()
