@@ -13,6 +13,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Writes the API server refuses are retried after a delay that doubles
@@ -162,8 +164,8 @@ func TestRunPacing(t *testing.T) {
 				got = append(got, <-evals)
 			}
 			return d, got
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not set its timer within 30s")
+		case <-time.After(testenv.Timeout):
+			t.Fatalf("Run did not set its timer within %v", testenv.Timeout)
 			return 0, nil
 		}
 	}
