@@ -515,17 +515,14 @@ func TestHangingDriverFailsAtDeadline(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{CallTimeout: timeout}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	d.set(func(d *driver) { d.hang = true })
-	began := time.Now()
 	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
 	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
 	t.Log(ev.Error)
+	// The manager's own deadline for the handler is testenv.Timeout and
+	// would be named otherwise: the error text shows that ours fired.
 	if !strings.Contains(ev.Error, "NodeGetInfo") || !strings.Contains(ev.Error, "no answer within "+timeout.String()) {
 		t.Errorf("failure %q, want NodeGetInfo's deadline", ev.Error)
-	}
-	// The manager's own deadline for the handler is 30s: this is ours.
-	if took := ev.Time.Sub(began); took > 10*time.Second {
-		t.Errorf("failed after %s", took)
 	}
 	checkDrivers(t, hm.h.Drivers())
 

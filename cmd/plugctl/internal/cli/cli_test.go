@@ -747,7 +747,9 @@ func TestHostileDaemon(t *testing.T) {
 	}))
 	defer endlessEvents.Close()
 
-	r := run("--address", srv.URL, "list", "--name", "endless")
+	// Reading 32 MiB may take longer than the default --timeout (10s)
+	// under -race on 2 busy cores: the bound under test is the size.
+	r := run("--address", srv.URL, "--timeout", (3 * testenv.Timeout).String(), "list", "--name", "endless")
 	r.want(t, ExitError, "larger than 32 MiB")
 	r = run("--address", endlessEvents.URL, "watch")
 	r.want(t, ExitError, "longer than 1024 KiB")
