@@ -15,10 +15,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/internal/unaryconn"
 	"github.com/plugd/plugd/test/interop"
-
-	"github.com/plugd/plugd/internal/testenv"
 )
 
 func TestMain(m *testing.M) {

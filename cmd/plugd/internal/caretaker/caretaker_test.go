@@ -15,7 +15,6 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/nodecond"
-
 	"github.com/plugd/plugd/internal/testenv"
 )
 

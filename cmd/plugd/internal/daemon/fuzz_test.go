@@ -13,9 +13,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/plugd/plugd/pluginmanager"
-
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/pluginmanager"
 )
 
 // sameConfig reports whether a and b are equal but for empty slices, which

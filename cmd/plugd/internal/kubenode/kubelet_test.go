@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/plugd/plugd/api"
-
 	"github.com/plugd/plugd/internal/testenv"
 )
 
