@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // bench is a Node on a fake API server and a fake clock, whose loop the
@@ -73,10 +75,10 @@ func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 // checks: they deliver in the background.
 func (b *bench) waitFor(what string, ok func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout)
 	for !ok() {
 		if time.Now().After(deadline) {
-			b.t.Fatalf("%s: not within 30s", what)
+			b.t.Fatalf("%s: not within %v", what, testenv.Timeout)
 		}
 		time.Sleep(5 * time.Millisecond) // polling the fake informers' caches
 	}
