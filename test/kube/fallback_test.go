@@ -19,9 +19,9 @@ import (
 	"github.com/plugd/plugd/internal/testenv"
 )
 
-// unreadableConfig is plugd's configuration beside the real kubelet k,
-// verifying it with caFile, expecting the CSI driver.
-func unreadableConfig(reg, kubeconfig, node, addr, caFile, dir string) string {
+// besideKubeletConfig is plugd's configuration in observe mode beside the
+// real kubelet at addr, verifying it with caFile, expecting the CSI driver.
+func besideKubeletConfig(reg, kubeconfig, node, addr, caFile, dir string) string {
 	return fmt.Sprintf(`mode: observe
 registryDir: %s
 handlers: [{type: CSIPlugin, handler: csi}]
@@ -118,7 +118,7 @@ func TestKubeletUnreadable(t *testing.T) {
 		if err := cp.WriteKubeconfig(kubeconfig, token); err != nil {
 			t.Fatal(err)
 		}
-		pd := startPlugd(t, pdir, unreadableConfig(k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, pdir))
+		pd := startPlugd(t, pdir, besideKubeletConfig(k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, pdir))
 		checkInferred(t, pd, node, "KubeletForbidden")
 		f := pd.kubeletUnreadable(t)
 		if f.Severity != api.SeverityWarning || !strings.Contains(f.Summary, "(KubeletForbidden)") ||
@@ -168,7 +168,7 @@ func TestKubeletUnreadable(t *testing.T) {
 		if err := os.WriteFile(wrongCA, cp.CA, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		pd := startPlugd(t, pdir, unreadableConfig(k.RegistryDir, kubeconfig, node, k.Addr, wrongCA, pdir))
+		pd := startPlugd(t, pdir, besideKubeletConfig(k.RegistryDir, kubeconfig, node, k.Addr, wrongCA, pdir))
 		checkInferred(t, pd, node, "KubeletTLS")
 		f := pd.kubeletUnreadable(t)
 		if f.Severity != api.SeverityWarning || !strings.Contains(f.Summary, "(KubeletTLS)") ||

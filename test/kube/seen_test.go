@@ -85,18 +85,7 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		return seen && !registered, fmt.Sprintf("seen %v, registered %v, %v", seen, registered, err)
 	})
 
-	config := fmt.Sprintf(`mode: observe
-registryDir: %s
-handlers: [{type: CSIPlugin, handler: csi}]
-kubernetes:
-  kubeconfig: %s
-  nodeName: %s
-  kubelet: {address: %q, caFile: %s}
-expect:
-  - {type: CSIPlugin, name: %s}
-doctor: {kubeletRoots: [%s], procDir: none}
-`, k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, csiName, filepath.Join(dir, "none"))
-	pd := startPlugd(t, dir, config)
+	pd := startPlugd(t, dir, besideKubeletConfig(k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, dir))
 
 	// The view: the socket answers plugd, and the kubelet has seen it and
 	// not registered it.
