@@ -306,15 +306,23 @@ func TestHeartbeat(t *testing.T) {
 	}
 }
 
-// At plugd's start, a socket not looked at yet and a kubelet not read yet
-// leave a True condition alone: a rolling restart of plugd does not flap.
+// At plugd's start, a directory not walked yet, a socket not looked at yet
+// and a kubelet not read yet leave a True condition alone: a rolling
+// restart of plugd does not flap.
 func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	b := newBench(t, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionTrue, Reason: ReasonReady,
 		Message: "plugd: CSIPlugin csi.example.com: registered with the kubelet, socket /r/csi.sock answers", LastHeartbeatTime: now, LastTransitionTime: now})
 	b.n.kubelet.problem = nil // not read yet
+	scanned := make(chan struct{})
+	b.n.cfg.Scanned = scanned
+	b.step(0) // the directory not walked yet
+	close(scanned)
 	started := b.clock.Now().Add(-time.Hour)
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Pending", Created: started})
+	// Found, and not asked yet: plugd does not know whose it is.
+	b.setPlugins(Plugin{Socket: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
+	b.step(0)
+	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
 	b.step(0)
 	b.setPlugins(csiSocket(started, true))
 	b.step(100 * time.Millisecond)

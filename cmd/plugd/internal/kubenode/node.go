@@ -69,6 +69,12 @@ type Config struct {
 	// called from Run's goroutine, after each Changed and every few
 	// seconds, and must not block.
 	Plugins func() []Plugin
+	// Scanned, if not nil, is closed once Plugins lists every socket that
+	// was in the registry directory when plugd started. Until then no
+	// expected plugin is called missing: a restarted plugd that has not
+	// walked the directory yet would otherwise write False for plugins the
+	// kubelet holds, and True a moment later.
+	Scanned <-chan struct{}
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
