@@ -7,8 +7,11 @@
 # How to run it: deploy/README.md; how a release is made: docs/release.md.
 
 # The compiler runs on the builder's own platform and cross-compiles (Go
-# needs no emulator for that); only the last stage is the target's.
-FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+# needs no emulator for that); only the last stage is the target's. The
+# Go release is pinned to go.mod's go line (test/deploy checks they
+# agree), so that the image's binaries are built by the Go the release's
+# SBOM (go version -m) names, and a floating tag never changes them.
+FROM --platform=$BUILDPLATFORM golang:1.26.8 AS build
 WORKDIR /src
 # Modules first, in their own layer, so that editing the source does not
 # download them again.

@@ -25,7 +25,7 @@ func TestPackageList(t *testing.T) {
 	// go test caches a passing result by the files the test opened; the
 	// directories go list reads are not among them. Opening each directory
 	// of the module makes a package added or removed a new result.
-	if err := openModuleDirs(root); err != nil {
+	if err := openModuleDirs(root, false); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}", "./...")
@@ -73,6 +73,71 @@ func TestPackageList(t *testing.T) {
 	}
 }
 
+// Issue 26: the floors of architecture.md hold. The basement (internal/)
+// imports no program's package; api, which plugd and plugctl share and
+// any Go program may import, needs the standard library only; and plugctl
+// and kubectl plugd, which read Node conditions but watch nothing, link
+// none of client-go's informer machinery. Each failure names the package
+// and the import that broke the rule.
+func TestLayout(t *testing.T) {
+	root := testenv.Root()
+	if err := openModuleDirs(root, true); err != nil {
+		t.Fatal(err)
+	}
+	mod := strings.TrimSpace(goList(t, root, "-m"))
+
+	t.Run("internal imports no program", func(t *testing.T) {
+		// Each package, what it imports directly or not, and what its
+		// tests import.
+		out := goList(t, root, "-f", `{{.ImportPath}} {{join .Deps " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./internal/...")
+		for line := range strings.Lines(out) {
+			f := strings.Fields(line)
+			for _, imp := range f[1:] {
+				if strings.HasPrefix(imp, mod+"/cmd/") {
+					t.Errorf("%s imports %s, a program's package: internal/ is the basement, below the programs; move what both need into internal/", f[0], imp)
+				}
+			}
+		}
+	})
+
+	t.Run("api imports the standard library only", func(t *testing.T) {
+		out := goList(t, root, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./api")
+		for _, p := range strings.Fields(out) {
+			if p != mod+"/api" {
+				t.Errorf("api depends on %s: it may import the standard library only (every user of the status API's client links what it imports)", p)
+			}
+		}
+	})
+
+	t.Run("plugctl links no informers", func(t *testing.T) {
+		for _, prog := range []string{"./cmd/plugctl", "./cmd/kubectl-plugd"} {
+			var informers []string
+			for _, p := range strings.Fields(goList(t, root, "-deps", prog)) {
+				if strings.HasPrefix(p, "k8s.io/client-go/informers") || strings.HasPrefix(p, "k8s.io/client-go/tools/cache") {
+					informers = append(informers, p)
+				}
+			}
+			if len(informers) > 0 {
+				t.Errorf("%s links %d packages of client-go's informers (%s, ...): it reads the Node conditions' form from internal/nodecond and lists once, it needs no informer (go list -deps %s)", prog, len(informers), informers[0], prog)
+			}
+		}
+	})
+}
+
+// goList runs go list with args in the module's root and returns its
+// output.
+func goList(t *testing.T, root string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", strings.Join(args, " "), err)
+	}
+	return string(out)
+}
+
 // packageList is the packages named at the start of the list items in the
 // "## Packages" section: "- `path` — what it is".
 func packageList(doc string) ([]string, error) {
@@ -92,13 +157,25 @@ func packageList(doc string) ([]string, error) {
 
 // openModuleDirs reads every directory of the main module, as go list ./...
 // does: not those of other modules (a go.mod of their own), nor testdata,
-// node_modules, or names starting with . or _.
-func openModuleDirs(root string) error {
+// node_modules, or names starting with . or _. With files, it also opens
+// every Go file and go.mod and go.sum in them, so that a changed import
+// is a new result too.
+func openModuleDirs(root string, files bool) error {
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() || path == root {
+		if err != nil || path == root {
 			return err
 		}
 		name := d.Name()
+		if !d.IsDir() {
+			if files && (strings.HasSuffix(name, ".go") || name == "go.mod" || name == "go.sum") {
+				f, err := os.Open(path)
+				if err != nil {
+					return err
+				}
+				return f.Close()
+			}
+			return nil
+		}
 		if name == "testdata" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
 			return filepath.SkipDir
 		}

@@ -29,9 +29,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// timeout bounds every wait so a broken test fails instead of hanging.
-const timeout = 10 * time.Second
-
 func testConfig(t *testing.T) plugin.Config {
 	return plugin.Config{
 		Dir:      testenv.ShortDir(t, "plg"),
@@ -70,7 +67,7 @@ func registration(t *testing.T, path string) registerapi.RegistrationClient {
 }
 
 func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	ctx, cancel := context.WithTimeout(t.Context(), testenv.Timeout)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -207,7 +204,7 @@ func TestSocketAppearsOnlyWhenListening(t *testing.T) {
 		if len(obs.created) > 0 {
 			t.Errorf("names created in the watched directory before the socket, other than directories that stay: %q", obs.created)
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no create event for the socket")
 	}
 
@@ -362,7 +359,7 @@ func TestNotifyRegistered(t *testing.T) {
 		if err != nil {
 			t.Fatalf("WaitRegistered: %v", err)
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("WaitRegistered did not return after a registered status")
 	}
 	if !s.Registered() {
@@ -423,7 +420,7 @@ func TestNotifyRejected(t *testing.T) {
 		if err != nil {
 			t.Errorf("WaitRegistered after acceptance: %v", err)
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("WaitRegistered did not return after acceptance")
 	}
 	if n := s.Notifications(); n != 2 {
@@ -461,7 +458,7 @@ func TestCloseRemovesSocketAndIsIdempotent(t *testing.T) {
 		if err == nil {
 			t.Error("WaitRegistered on a closed, unregistered server returned nil")
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("WaitRegistered still blocked after Close")
 	}
 }
@@ -522,7 +519,7 @@ func TestServe(t *testing.T) {
 	go func() { served <- plugin.Serve(ctx, cfg) }()
 
 	// Wait for the socket as a manager would: by its creation event.
-	deadline := time.After(timeout)
+	deadline := time.After(testenv.Timeout)
 	for appeared := false; !appeared; {
 		select {
 		case ev := <-w.Events:
@@ -545,7 +542,7 @@ func TestServe(t *testing.T) {
 		if err != nil {
 			t.Errorf("Serve after cancel = %v, want nil", err)
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Serve did not return after cancel")
 	}
 	mustNotExist(t, path)
@@ -596,7 +593,7 @@ func TestServicesHook(t *testing.T) {
 		if err != nil {
 			t.Errorf("Close: %v", err)
 		}
-	case <-time.After(timeout):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("Close blocked by an open stream")
 	}
 	if _, err := stream.Recv(); err == nil {

@@ -235,7 +235,7 @@ func TestKubeletHandlerKeptWhileItsSocketStays(t *testing.T) {
 				// still registered.
 				still := strings.Count(logs.String(), "plugin still unhealthy")
 				clk.Step(time.Hour)
-				logs.WaitN(t, "plugin still unhealthy", still+1, wait)
+				logs.WaitN(t, "plugin still unhealthy", still+1, testenv.Timeout)
 				if s, _ := plugintest.Find(h.m.Plugins(), path); s.State != pluginmanager.StateUnhealthy {
 					t.Errorf("an hour after its registrar died: %s, want Unhealthy, still registered", s.State)
 				}
@@ -391,7 +391,7 @@ func TestRunLeavesNoTransportGoroutine(t *testing.T) {
 	m.AddHandler("CSIPlugin", plugintest.NewRecorder())
 	sub := m.Subscribe()
 	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()

@@ -64,7 +64,7 @@ func TestBoundNotYetListening(t *testing.T) {
 	// The socket is there, and refused, for a while: the manager's first
 	// attempts fall in it.
 	h.Until("the socket discovered", func(ps []pluginmanager.PluginStatus) bool { _, ok := plugintest.Find(ps, path); return ok })
-	log.Wait(t, "not listening yet", wait) // a quiet retry is logged at debug level only
+	log.Wait(t, "not listening yet", testenv.Timeout) // a quiet retry is logged at debug level only
 	listen(&moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "slow", SupportedVersions: []string{"1.0.0"}}})
 	s := h.WaitSocket(path, pluginmanager.StateRegistered)
 	if s.Attempts != 1 {

@@ -172,7 +172,7 @@ func TestRegistryDirMadeAgainIsCheckedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	plantedPath := filepath.Join(dir, filepath.Base(planted.Path()))
-	warnings.Wait(t, "no longer safe from other users", wait) // the directory made again by uid 54321, mode 0777
+	warnings.Wait(t, "no longer safe from other users", testenv.Timeout) // the directory made again by uid 54321, mode 0777
 	for _, s := range h.m.Plugins() {
 		if s.Socket == plantedPath && s.State == pluginmanager.StateRegistered {
 			t.Errorf("the plugin in the unsafe directory is registered: %+v", s)
@@ -235,7 +235,7 @@ func TestUnsafeSubdirectoryIsLeftOut(t *testing.T) {
 			t.Errorf("the socket in the directory anyone may write to is taken: %+v", s)
 		}
 	}
-	warnings.Wait(t, "not registering the plugins in a directory", wait)
+	warnings.Wait(t, "not registering the plugins in a directory", testenv.Timeout)
 	for _, want := range []string{"dir=" + open, "chmod go-w " + open, "AllowWritableDir"} {
 		if !strings.Contains(warnings.String(), want) {
 			t.Errorf("warnings = %q, want them to say %q", warnings, want)
@@ -285,7 +285,7 @@ func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
 	log, warnings := testenv.WarnLogger()
 	h := start(t, pluginmanager.Options{Dir: dir, Observe: true, Logger: log}, nil)
 	h.WaitSocket(p.Path(), pluginmanager.StateAnswering)
-	warnings.Wait(t, "for the manager observed as for plugd", wait)
+	warnings.Wait(t, "for the manager observed as for plugd", testenv.Timeout)
 	if !strings.Contains(warnings.String(), "dir="+open) {
 		t.Errorf("warnings = %q, want them to name %s", warnings, open)
 	}
@@ -298,5 +298,5 @@ func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
 	}
 	h.WaitGone(p.Path())
 	mkdirOpen(t, open)
-	warnings.WaitN(t, "for the manager observed as for plugd", 2, wait)
+	warnings.WaitN(t, "for the manager observed as for plugd", 2, testenv.Timeout)
 }

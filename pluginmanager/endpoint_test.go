@@ -69,7 +69,7 @@ func (h *reporting) wait(t *testing.T) string {
 	select {
 	case s := <-h.got:
 		return s
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("the handler was not called")
 		return ""
 	}
@@ -221,5 +221,53 @@ func TestObserverHoldsTheConnection(t *testing.T) {
 	}
 	if n := len(p.calls); n != calls {
 		t.Errorf("%d GetInfo calls after the plugin went, want none: a hang-up needs only a connection", n-calls)
+	}
+}
+
+// awaitPoll is the longest a plugin waiting for its endpoint waits for the
+// next look at it (pluginmanager's own awaitPoll).
+const awaitPoll = 2 * time.Second
+
+// Issue 25, item 1: a plugin whose handler's Register fails while the
+// endpoint it announced takes no connections is not told registered=false
+// (a registrar exits when told so): it is Failed, reason endpoint, waiting
+// for the endpoint, and registered, and told, within awaitPoll of the
+// endpoint taking connections (the manager's clock moving no further).
+func TestRegisterWaitsForItsEndpoint(t *testing.T) {
+	clk := fakeClock()
+	h := start(t, pluginmanager.Options{Clock: clk}, nil)
+	h.m.AddHandler("example.com/Endpointed", pluginmanager.HandlerFuncs{RegisterFunc: func(ctx context.Context, p pluginmanager.Plugin) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", p.Endpoint)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}})
+	endpoint := filepath.Join(testenv.ShortDir(t, "ep"), "ep.sock")
+	onStatus, told := statuses()
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "example.com/Endpointed", Name: "ep", Endpoint: endpoint, OnStatus: onStatus})
+
+	ev := h.WaitEvent(p.Path(), pluginmanager.EventFailed, pluginmanager.EventRegistered)
+	if ev.Type != pluginmanager.EventFailed || ev.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ev.Error, "waiting for its endpoint "+endpoint) {
+		t.Fatalf("event %+v, want Failed, reason endpoint, waiting for its endpoint", ev)
+	}
+	if d := ev.NextRetry.Sub(ev.Time); d <= 0 || d > awaitPoll {
+		t.Errorf("its endpoint looked at again in %s, want within %s", d, awaitPoll)
+	}
+	if s := h.WaitSocket(p.Path(), pluginmanager.StateFailed); s.Reason != pluginmanager.ReasonEndpoint {
+		t.Errorf("status %+v, want Failed for its endpoint", s)
+	}
+	select {
+	case st := <-told:
+		t.Fatalf("the plugin was told %+v while its endpoint was down", st)
+	default:
+	}
+
+	testenv.CountAccepts(t, endpoint)
+	clk.Step(awaitPoll)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+	if st := <-told; !st.Registered {
+		t.Errorf("the plugin was told %+v, want registered", st)
 	}
 }

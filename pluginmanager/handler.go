@@ -39,10 +39,16 @@ type Handler interface {
 	// Validate decides whether the plugin may register. An error it returns
 	// rejects the plugin until its socket changes (TerminalError or not); a
 	// Validate that times out or panics is retried instead, as is a
-	// KubeletHandler's refusal.
+	// KubeletHandler's refusal (as for Register's errors, below).
 	Validate(ctx context.Context, p Plugin) error
 	// Register takes the plugin into use. An error is reported to the plugin and
 	// retried with backoff, unless it is a TerminalError, which rejects the plugin.
+	// But while the endpoint the plugin announced (one of its own, not its
+	// registration socket) takes no connection, an error that is not a
+	// TerminalError is not reported to it: the plugin is Failed, reason
+	// endpoint, until the endpoint takes connections, and tried again within
+	// 2 s of that (a registrar told it was not registered may exit, as
+	// node-driver-registrar does, and its plugin would never register).
 	Register(ctx context.Context, p Plugin) error
 	// Deregister lets the plugin go: its socket disappeared or was replaced.
 	Deregister(ctx context.Context, p Plugin)

@@ -22,10 +22,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// wait is how long a test waits for something that should happen in
-// milliseconds; it is generous because -race on two busy cores is slow.
-const wait = 20 * time.Second
-
 // harness is a running manager (plugintest's), with its own subscription
 // for the tests that read the event stream themselves.
 type harness struct {
@@ -45,7 +41,7 @@ func start(t *testing.T, opts pluginmanager.Options, handlers map[string]pluginm
 		opts.Dir = testenv.ShortDir(t, "pm")
 	}
 	pm := plugintest.NewManagerWith(t, opts, handlers)
-	pm.Timeout = wait
+	pm.Timeout = testenv.Timeout
 	return &harness{Manager: pm, t: t, m: pm.Manager(), dir: pm.Dir, sub: pm.Manager().Subscribe()}
 }
 
@@ -64,7 +60,7 @@ func told(t *testing.T, c <-chan plugin.Status) plugin.Status {
 	select {
 	case st := <-c:
 		return st
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("timed out waiting for the manager to notify the plugin")
 		return plugin.Status{}
 	}

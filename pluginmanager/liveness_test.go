@@ -215,7 +215,7 @@ func TestProbesUseTheConnectionRegisteredOver(t *testing.T) {
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, p) }, grpc.StatsHandler(cc))
 	h.WaitSocket(path, pluginmanager.StateRegistered)
 
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	for i := 0; i < 10; i++ { // the registration's GetInfo, then probes
 		if i > 0 {
 			clk.Step(plugintest.MaxProbeDelay(probeEvery))
@@ -250,7 +250,7 @@ func TestConnectionClosedByPluginIsNotUnhealthy(t *testing.T) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 30 * time.Millisecond, MaxConnectionAgeGrace: 10 * time.Millisecond}))
 	h.WaitSocket(path, pluginmanager.StateRegistered)
 
-	deadline := time.After(wait)
+	deadline := time.After(testenv.Timeout)
 	// grpc-go closes a connection a second after telling the client it will
 	// (GOAWAY), unless the client closes it first.
 	for i := 0; i < 3; i++ {
@@ -322,7 +322,7 @@ func TestDefaultsProbeAtMostOncePerFiveMinutes(t *testing.T) {
 	clk.Step(plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval) - 5*time.Minute)
 	select {
 	case <-p.calls:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no probe at all")
 	}
 	h.WaitSocket(path, pluginmanager.StateRegistered)

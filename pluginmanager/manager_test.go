@@ -327,7 +327,7 @@ func TestHangingGetInfoDoesNotDelayOthers(t *testing.T) {
 	serveRaw(t, path, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, hang) })
 	select {
 	case <-hang.entered:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("GetInfo was never called")
 	}
 
@@ -415,7 +415,7 @@ func TestMalformedInfoRejected(t *testing.T) {
 					if st.PluginRegistered || !strings.Contains(st.Error, tc.want) {
 						t.Errorf("plugin told %+v", st)
 					}
-				case <-time.After(wait):
+				case <-time.After(testenv.Timeout):
 					t.Error("plugin was not told why it was refused")
 				}
 			}
@@ -525,7 +525,7 @@ func TestNotifyRedialsAfterSlowHandler(t *testing.T) {
 		if !st.PluginRegistered {
 			t.Fatalf("told %+v", st)
 		}
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("plugin never told it was registered")
 	}
 	if s := h.WaitSocket(path, pluginmanager.StateRegistered); s.LastError != "" {

@@ -234,12 +234,12 @@ func TestObserverForgetSandboxed(t *testing.T) {
 			if got != mode {
 				t.Fatalf("Forget called in mode %q, want %q", got, mode)
 			}
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("the socket was forgotten, but Forget (%s) was not called", mode)
 		}
 	}
 	// Both were said, the hang once it outlived HandlerTimeout.
-	warnings.Wait(t, "name=csi-hang", wait)
+	warnings.Wait(t, "name=csi-hang", testenv.Timeout)
 	for _, mode := range []string{"panic", "hang"} {
 		if !slices.ContainsFunc(strings.Split(warnings.String(), "\n"), func(l string) bool {
 			return strings.Contains(l, "Forget failed") && strings.Contains(l, "name=csi-"+mode)

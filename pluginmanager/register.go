@@ -90,6 +90,7 @@ type verdict struct {
 	tell     bool  // the plugin, which answered GetInfo, is told it was not registered
 	gone     bool  // the socket is not the file tried any more: let go, as if removed
 	keep     bool  // the handler may hold the plugin still: the registration is kept, to be taken back
+	endpoint bool  // the handler may have failed for want of the plugin's endpoint: see awaits
 }
 
 // stepVerdict is the verdict of step at failing with err. A plugin that
@@ -100,7 +101,10 @@ type verdict struct {
 // handler, the options' rules, a Validate that refused (but a kubelet
 // handler's, which the kubelet retries), a Register that said so
 // (TerminalError). A handler that timed out or panicked may do better next
-// time; a Register that timed out may still take the plugin.
+// time; a Register that timed out may still take the plugin. A Validate or
+// Register that failed, but not for good, may have failed for want of the
+// plugin's endpoint (a CSI driver not up yet): the plugin is told only if
+// that endpoint takes connections (awaits).
 func stepVerdict(at attemptStep, err error) verdict {
 	v := verdict{failed: true, err: err, tell: at > atGetInfo}
 	switch {
@@ -128,8 +132,10 @@ func stepVerdict(at attemptStep, err error) verdict {
 		v.reason, v.terminal = ReasonNoHandler, true
 	case at == atValidate:
 		v.reason, v.terminal = ReasonValidate, !isFault(err) && !isRetryable(err)
+		v.endpoint = !v.terminal
 	case at == atRegister:
 		v.reason, v.terminal, v.keep = ReasonRegister, isTerminal(err), isFault(err)
+		v.endpoint = !v.terminal
 	}
 	return v
 }
@@ -219,19 +225,53 @@ func (r *registrar) take(ctx context.Context, t *try, p Plugin, he *handlerEntry
 }
 
 // settle carries out the verdict v of a failed step: the socket let go,
-// the plugin refused (told, over conn), or the failure recorded. keep is a
-// registration the handler may hold still.
+// the plugin refused (told, over conn), or the failure recorded (a plugin
+// that waits for its endpoint is not told: awaits). keep is a registration
+// the handler may hold still.
 func (r *registrar) settle(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin, v verdict, keep *registration) result {
 	f := failure{p: p, reason: v.reason, err: v.err, terminal: v.terminal, attempt: t.n, keep: keep}
 	switch {
 	case v.gone:
 		closeConn(conn)
 		return r.gone(ctx, t.path, t.e, nil, v.err)
-	case v.tell:
+	case v.tell && !r.awaits(ctx, t, p, v, &f):
 		return r.refuse(ctx, conn, t.e, f)
 	}
 	closeConn(conn)
 	return r.fail(ctx, t.e, f)
+}
+
+// mayAwaitEndpoint decides whether the plugin p, whose attempt failed as v
+// says, may wait for its endpoint instead of being told it was not
+// registered: if its handler's Validate or Register failed, not for good
+// (verdict.endpoint), and it announced an endpoint of its own. It waits if
+// that endpoint then takes no connection (awaits).
+func mayAwaitEndpoint(v verdict, p Plugin) bool {
+	return v.endpoint && p.Endpoint != "" && p.Endpoint != p.Socket
+}
+
+// awaits reports whether the plugin p, whose attempt t failed as v says,
+// waits for its endpoint rather than being told: a registrar told it was
+// not registered exits (node-driver-registrar does), and nothing registers
+// its plugin again, although the failure may only be that the plugin's own
+// endpoint does not serve yet (a CSI driver that starts after its
+// registrar, or is down while plugd restarts). If mayAwaitEndpoint says it
+// may and the endpoint takes no connection, it writes into f what is
+// recorded, Failed, reason endpoint, saying so, and the endpoint to wait
+// for (failure.awaiting): the plugin is registered, and told, once its
+// endpoint takes connections (awaitEndpoint). Any other failure is told,
+// as the kubelet tells it.
+func (r *registrar) awaits(ctx context.Context, t *try, p Plugin, v verdict, f *failure) bool {
+	if ctx.Err() != nil || !mayAwaitEndpoint(v, p) {
+		return false
+	}
+	err := endpointTakes(ctx, p.Endpoint, t.path, r.policy.resolved, r.opts.DialTimeout)
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	f.reason, f.awaiting = ReasonEndpoint, p.Endpoint
+	f.err = fmt.Errorf("waiting for its endpoint %s to take connections to register it (%v): %w", p.Endpoint, err, v.err)
+	return true
 }
 
 // tell tells the registered plugin so, holds the connection, and records
@@ -311,6 +351,7 @@ type failure struct {
 	terminal bool
 	attempt  int
 	keep     *registration // a registration the handler may hold still, kept to be taken back
+	awaiting string        // the endpoint it waits for (awaits); not told
 	more     []any         // logged with it
 }
 
@@ -359,6 +400,7 @@ type failFacts struct {
 	shutdown   bool
 	reason     Reason
 	terminal   bool
+	awaiting   bool          // it waits for its endpoint (failure.awaiting)
 	refused    bool          // nobody listens on the socket
 	quiet      time.Time     // a socket bound a moment ago that refuses is tried again then (quietly); zero if not
 	outOfFDs   bool          // the dial failed for want of plugd's file descriptors
@@ -381,8 +423,9 @@ type failOutcome struct {
 
 // decideFailure decides how a failed attempt is recorded: Rejected if
 // terminal, else Failed (Stale if nobody listens) with a retry after
-// backoff; not counted at all if it was cut short, or if it was only a
-// socket bound a moment ago, or plugd's want of file descriptors.
+// backoff, or, waiting for its endpoint, a look at the endpoint after at
+// most awaitPoll; not counted at all if it was cut short, or if it was
+// only a socket bound a moment ago, or plugd's want of file descriptors.
 func decideFailure(f failFacts) failOutcome {
 	switch {
 	case f.shutdown:
@@ -409,6 +452,9 @@ func decideFailure(f failFacts) failOutcome {
 		return out
 	}
 	d := f.backoff()
+	if f.awaiting {
+		d = min(d, awaitPoll)
+	}
 	out := failOutcome{kind: failRetried, state: StateFailed, due: f.now.Add(d), delay: d}
 	out.at = out.due
 	if f.reason == ReasonDial && f.refused {
@@ -432,7 +478,7 @@ func later(a, b time.Time) time.Time {
 // the failure last warned of.
 func (r *registrar) fail(ctx context.Context, e *entry, f failure) result {
 	now := r.clock.Now()
-	facts := failFacts{shutdown: ctx.Err() != nil, reason: f.reason, terminal: f.terminal, refused: refused(f.err),
+	facts := failFacts{shutdown: ctx.Err() != nil, reason: f.reason, terminal: f.terminal, awaiting: f.awaiting != "", refused: refused(f.err),
 		created: e.status.Created, staleAfter: r.opts.RemoveStaleAfter, now: now,
 		backoff: func() time.Duration { return r.delays.next(&e.backoff) }}
 	if !facts.shutdown && f.reason == ReasonDial && !f.terminal {
@@ -482,12 +528,17 @@ func (r *registrar) failedLocked(e *entry, f failure, out failOutcome, now time.
 	}
 	e.status.Plugin = p
 	e.status.Reason, e.status.LastError = f.reason, printable(f.err.Error())
+	e.awaiting = f.awaiting
 	r.metrics.failures.WithLabelValues(r.table.label(p.Type), string(f.reason)).Inc()
 	if out.kind == failRejected {
 		r.reg.failedLocked(e, now, "plugin rejected", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "reason", f.reason, "err", e.status.LastError}, f.more...)...)
 		return result{at: out.at, err: f.err, terminal: true, events: []Event{r.reg.eventLocked(EventRejected, e, now)}}
 	}
 	e.status.NextRetry = out.due
-	r.reg.failedLocked(e, now, "plugin registration failed", append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", out.state, "reason", f.reason, "err", e.status.LastError, "attempt", f.attempt, "retryIn", out.delay}, f.more...)...)
+	msg := "plugin registration failed"
+	if f.awaiting != "" {
+		msg = "plugin waits for its endpoint to take connections, untold; registered once it does"
+	}
+	r.reg.failedLocked(e, now, msg, append([]any{"socket", p.Socket, "type", p.Type, "name", p.Name, "state", out.state, "reason", f.reason, "err", e.status.LastError, "attempt", f.attempt, "retryIn", out.delay}, f.more...)...)
 	return result{at: out.at, err: f.err, events: []Event{r.reg.eventLocked(EventFailed, e, now)}}
 }

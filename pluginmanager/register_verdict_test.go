@@ -37,11 +37,11 @@ func TestStepVerdict(t *testing.T) {
 		{"refused by the options' rules", atPolicy, errors.New("outside"), verdict{reason: ReasonPolicy, terminal: true, tell: true}},
 		{"no handler", atHandler, errNoHandler, verdict{reason: ReasonNoHandler, terminal: true, tell: true}},
 		{"Validate refused", atValidate, errors.New("no"), verdict{reason: ReasonValidate, terminal: true, tell: true}},
-		{"Validate timed out", atValidate, fault, verdict{reason: ReasonValidate, tell: true}},
-		{"a kubelet handler's Validate refused", atValidate, &retryableError{errors.New("no")}, verdict{reason: ReasonValidate, tell: true}},
-		{"Register failed", atRegister, errors.New("busy"), verdict{reason: ReasonRegister, tell: true}},
+		{"Validate timed out", atValidate, fault, verdict{reason: ReasonValidate, tell: true, endpoint: true}},
+		{"a kubelet handler's Validate refused", atValidate, &retryableError{errors.New("no")}, verdict{reason: ReasonValidate, tell: true, endpoint: true}},
+		{"Register failed", atRegister, errors.New("busy"), verdict{reason: ReasonRegister, tell: true, endpoint: true}},
 		{"Register refused for good", atRegister, TerminalError(errors.New("never")), verdict{reason: ReasonRegister, terminal: true, tell: true}},
-		{"Register timed out: kept, to be taken back", atRegister, fault, verdict{reason: ReasonRegister, tell: true, keep: true}},
+		{"Register timed out: kept, to be taken back", atRegister, fault, verdict{reason: ReasonRegister, tell: true, keep: true, endpoint: true}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,6 +77,8 @@ func TestDecideFailure(t *testing.T) {
 		{"out of file descriptors", failFacts{reason: ReasonDial, outOfFDs: true},
 			failOutcome{kind: failOurs, state: StatePending, due: now.Add(delay), at: now.Add(delay), delay: delay}, true},
 		{"failed", failFacts{reason: ReasonGetInfo}, failOutcome{kind: failRetried, state: StateFailed, due: now.Add(delay), at: now.Add(delay), delay: delay}, true},
+		{"waiting for its endpoint: looked at again within awaitPoll", failFacts{reason: ReasonEndpoint, awaiting: true, created: old, staleAfter: time.Hour},
+			failOutcome{kind: failRetried, state: StateFailed, due: now.Add(awaitPoll), at: now.Add(awaitPoll), delay: awaitPoll}, true},
 		{"nobody listens: stale", failFacts{reason: ReasonDial, refused: true, created: old},
 			failOutcome{kind: failRetried, state: StateStale, due: now.Add(delay), at: now.Add(delay), delay: delay}, true},
 		{"stale and old: removed", failFacts{reason: ReasonDial, refused: true, created: old, staleAfter: time.Hour},
@@ -100,6 +102,39 @@ func TestDecideFailure(t *testing.T) {
 			tc.in.backoff = func() time.Duration { waited = true; return delay }
 			if got := decideFailure(tc.in); got != tc.want || waited != tc.waits {
 				t.Errorf("decideFailure = %+v (backoff taken: %t), want %+v (%t)", got, waited, tc.want, tc.waits)
+			}
+		})
+	}
+}
+
+// mayAwaitEndpoint, whether a failed attempt may wait for the plugin's
+// endpoint instead of telling the plugin, from the verdict and what the
+// plugin announced alone.
+func TestMayAwaitEndpoint(t *testing.T) {
+	const socket, endpoint = "/r/p.sock", "/csi/csi.sock"
+	busy, never := errors.New("busy"), TerminalError(errors.New("never"))
+	tests := []struct {
+		name     string
+		v        verdict
+		endpoint string
+		want     bool
+	}{
+		{"Register failed, endpoint of its own", stepVerdict(atRegister, busy), endpoint, true},
+		{"Register timed out, endpoint of its own", stepVerdict(atRegister, &handlerFault{context.DeadlineExceeded}), endpoint, true},
+		{"Validate failed, not for good", stepVerdict(atValidate, &retryableError{busy}), endpoint, true},
+		{"Register refused for good", stepVerdict(atRegister, never), endpoint, false},
+		{"Validate refused", stepVerdict(atValidate, busy), endpoint, false},
+		{"no endpoint announced: its registration socket", stepVerdict(atRegister, busy), socket, false},
+		{"no endpoint at all", stepVerdict(atRegister, busy), "", false},
+		{"a bad GetInfo answer", stepVerdict(atInfo, errInvalidInfo), endpoint, false},
+		{"refused by the options' rules", stepVerdict(atPolicy, errors.New("outside")), endpoint, false},
+		{"no handler", stepVerdict(atHandler, errNoHandler), endpoint, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Plugin{Type: "CSIPlugin", Name: "csi", Endpoint: tc.endpoint, Socket: socket}
+			if got := mayAwaitEndpoint(tc.v, p); got != tc.want {
+				t.Errorf("mayAwaitEndpoint(%+v, endpoint %q) = %t, want %t", tc.v, tc.endpoint, got, tc.want)
 			}
 		})
 	}

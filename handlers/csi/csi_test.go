@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,7 +151,7 @@ type registrar struct {
 	stopping func()
 	// exitWhenRefused makes it stop serving once told it is not
 	// registered, as node-driver-registrar exits.
-	exitWhenRefused bool
+	exitWhenRefused atomic.Bool
 
 	mu       sync.Mutex
 	statuses []*registerapi.RegistrationStatus
@@ -194,7 +195,7 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 	case r.changed <- struct{}{}:
 	default:
 	}
-	if !s.PluginRegistered && r.exitWhenRefused {
+	if !s.PluginRegistered && r.exitWhenRefused.Load() {
 		go r.stopping() // after this answer
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
@@ -515,17 +516,14 @@ func TestHangingDriverFailsAtDeadline(t *testing.T) {
 	hm := start(t, csi.New(csi.Options{CallTimeout: timeout}))
 	d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 	d.set(func(d *driver) { d.hang = true })
-	began := time.Now()
 	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
 
 	ev := hm.event(r.path, pluginmanager.EventFailed, pluginmanager.ReasonRegister)
 	t.Log(ev.Error)
+	// The manager's own deadline for the handler is testenv.Timeout and
+	// would be named otherwise: the error text shows that ours fired.
 	if !strings.Contains(ev.Error, "NodeGetInfo") || !strings.Contains(ev.Error, "no answer within "+timeout.String()) {
 		t.Errorf("failure %q, want NodeGetInfo's deadline", ev.Error)
-	}
-	// The manager's own deadline for the handler is 30s: this is ours.
-	if took := ev.Time.Sub(began); took > 10*time.Second {
-		t.Errorf("failed after %s", took)
 	}
 	checkDrivers(t, hm.h.Drivers())
 
@@ -678,7 +676,14 @@ func TestRegisterBadAnswers(t *testing.T) {
 			d := serveDriver(t, testenv.ShortDir(t, "csi"), driverName)
 			d.set(tc.set)
 			h := csi.New(csi.Options{}) // 10s per call: the hang is cut by ctx below
-			ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			// Only the hang waits for the deadline: the others get
+			// testenv.Timeout, a failure bound, since a loaded machine may
+			// take longer than 200ms to answer.
+			cut := testenv.Timeout
+			if tc.name == "hangs" {
+				cut = 200 * time.Millisecond
+			}
+			ctx, cancel := context.WithTimeout(ctx, cut)
 			defer cancel()
 			p := pluginmanager.Plugin{Type: csi.Type, Name: driverName, Endpoint: d.path, Versions: []string{"1.0.0"}, Socket: "/reg/x.sock"}
 			err := h.Register(ctx, p)
@@ -734,7 +739,7 @@ func TestDeadDriverPastGraceIsNeverToldFalse(t *testing.T) {
 	dir := testenv.ShortDir(t, "csi")
 	d := serveDriver(t, dir, driverName)
 	r := startRegistrar(t, hm.Dir, "", driverName, d.path, "1.0.0")
-	r.exitWhenRefused = true
+	r.exitWhenRefused.Store(true)
 	hm.WaitSocket(r.path, pluginmanager.StateRegistered)
 
 	d.stop()

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	plugdapi "github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/defaults"
 	"github.com/plugd/plugd/handlers/internal/observed"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -35,11 +36,13 @@ type Options struct {
 	// GracePeriod is how long a resource whose stream broke keeps its
 	// (Unhealthy) devices while the handler redials, before it is dropped;
 	// and how long a resource whose last instance deregistered keeps them,
-	// waiting for a new instance to register it. Zero means 30s.
+	// waiting for a new instance to register it. Zero means
+	// DefaultGracePeriod.
 	GracePeriod time.Duration
 
 	// CallTimeout bounds each call to a plugin: GetDevicePluginOptions, and
-	// the wait for ListAndWatch's first device list. Zero means 10s.
+	// the wait for ListAndWatch's first device list. Zero means
+	// DefaultCallTimeout.
 	CallTimeout time.Duration
 
 	// ReconnectBackoff is the delay before redialing a plugin whose stream
@@ -62,16 +65,23 @@ type Options struct {
 	Clock clock.Clock
 }
 
+// What a zero Options.GracePeriod and Options.CallTimeout mean; the dra
+// handler's are the same.
+const (
+	DefaultGracePeriod = defaults.GracePeriod // 30s
+	DefaultCallTimeout = defaults.CallTimeout // 10s
+)
+
 // withDefaults returns a copy of o with the zero fields filled in.
 func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.GracePeriod <= 0 {
-		o.GracePeriod = 30 * time.Second
+		o.GracePeriod = DefaultGracePeriod
 	}
 	if o.CallTimeout <= 0 {
-		o.CallTimeout = 10 * time.Second
+		o.CallTimeout = DefaultCallTimeout
 	}
 	if o.ReconnectBackoff <= 0 {
 		o.ReconnectBackoff = 100 * time.Millisecond

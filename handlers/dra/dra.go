@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/handlers/internal/defaults"
 	"github.com/plugd/plugd/handlers/internal/observed"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -85,12 +86,13 @@ type Options struct {
 	// GracePeriod is how long a driver may be without a connected instance
 	// before it is reported unavailable; it is also how long a driver whose
 	// instances have all been deregistered is remembered, so that a driver
-	// restarting in place never looks unavailable. Zero means 30s, the
-	// kubelet's.
+	// restarting in place never looks unavailable. Zero means
+	// DefaultGracePeriod, the kubelet's.
 	GracePeriod time.Duration
 
 	// CallTimeout bounds connecting to a plugin's endpoint in Register (the
-	// manager's deadline for the call applies as well). Zero means 10s.
+	// manager's deadline for the call applies as well). Zero means
+	// DefaultCallTimeout.
 	CallTimeout time.Duration
 
 	// Clock tells the time of what the handler records (registrations,
@@ -252,6 +254,13 @@ type DeviceHealth struct {
 // within its driver (plugd's status API type).
 type InstanceStatus = api.DRADetails
 
+// What a zero Options.GracePeriod and Options.CallTimeout mean; the
+// deviceplugin handler's are the same.
+const (
+	DefaultGracePeriod = defaults.GracePeriod // 30s
+	DefaultCallTimeout = defaults.CallTimeout // 10s
+)
+
 // New returns a Handler for opts. Nothing runs until a plugin registers. It
 // panics if opts.Registerer refuses the handler's metrics (as
 // prometheus.MustRegister does), which happens when two handlers share a
@@ -261,10 +270,10 @@ func New(opts Options) *Handler {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.GracePeriod <= 0 {
-		opts.GracePeriod = 30 * time.Second
+		opts.GracePeriod = DefaultGracePeriod
 	}
 	if opts.CallTimeout <= 0 {
-		opts.CallTimeout = 10 * time.Second
+		opts.CallTimeout = DefaultCallTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}

@@ -488,8 +488,8 @@ func TestRejected(t *testing.T) {
 	}
 }
 
-// A driver whose endpoint does not answer is not registered, and the manager
-// retries it with the reason shown.
+// A driver whose endpoint takes no connections is not registered, nor told
+// so: the manager waits for the endpoint, with the reason shown.
 func TestUnreachableEndpoint(t *testing.T) {
 	e := start(t, Options{})
 	endpoint := filepath.Join(testenv.ShortDir(t, "drap"), "dra.sock")
@@ -501,8 +501,11 @@ func TestUnreachableEndpoint(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	ps := e.pm.WaitSocket(s.Path(), pluginmanager.StateFailed)
-	if ps.Reason != pluginmanager.ReasonRegister || !strings.Contains(ps.LastError, endpoint) || !strings.Contains(ps.LastError, "no such file") {
-		t.Errorf("status = %+v, want a register failure naming %s and why", ps, endpoint)
+	if ps.Reason != pluginmanager.ReasonEndpoint || !strings.Contains(ps.LastError, "waiting for its endpoint "+endpoint) || !strings.Contains(ps.LastError, "no such file") {
+		t.Errorf("status = %+v, want a failure waiting for its endpoint %s, saying why", ps, endpoint)
+	}
+	if n := s.Notifications(); n != 0 {
+		t.Errorf("the plugin was told %d times while its endpoint was down, want never", n)
 	}
 	if len(e.h.Drivers()) != 0 {
 		t.Errorf("drivers = %+v, want none", e.h.Drivers())

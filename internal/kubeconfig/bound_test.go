@@ -18,14 +18,13 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
 }
-
-// failSafe bounds a wait that the code under test should end long before.
-const failSafe = time.Minute
 
 // hostile is an API server that answers every request with serve, on
 // loopback, with TLS or without.
@@ -88,7 +87,10 @@ func TestEndlessBody(t *testing.T) {
 					}
 				}
 			})
-			ctx, cancel := context.WithTimeout(context.Background(), failSafe)
+			// Reading the 64 MiB takes 12 to 15 s under -race on 2 busy
+			// cores, near testenv.Timeout: this one wait has three times
+			// that, still only a bound on a hang.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*testenv.Timeout)
 			defer cancel()
 			_, err := nodes(t, srv, nil).List(ctx, metav1.ListOptions{})
 			if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "larger than 64 MiB, more than any answer plugd asks for (kubeconfig.MaxBody)") || !strings.Contains(err.Error(), "GET "+srv.URL+"/api/v1/nodes") {
@@ -96,7 +98,7 @@ func TestEndlessBody(t *testing.T) {
 			}
 			select {
 			case <-handled:
-			case <-time.After(failSafe):
+			case <-time.After(testenv.Timeout):
 				t.Fatal("the client still reads the endless body")
 			}
 			// What the kernel's socket buffers and HTTP/2's window hold
@@ -158,7 +160,7 @@ func TestSlowAnswer(t *testing.T) {
 			}()
 			select {
 			case <-started:
-			case <-time.After(failSafe):
+			case <-time.After(testenv.Timeout):
 				t.Fatal("the request did not reach the server")
 			}
 			if tc.headers {
@@ -179,7 +181,7 @@ func TestSlowAnswer(t *testing.T) {
 				if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "GET "+srv.URL+"/api/v1/nodes") {
 					t.Errorf("a slow server: %v", err)
 				}
-			case <-time.After(failSafe):
+			case <-time.After(testenv.Timeout):
 				t.Fatal("the request outlived its bound")
 			}
 		})
@@ -218,7 +220,7 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 		name := fmt.Sprint("node-", i)
 		select {
 		case next <- name:
-		case <-time.After(failSafe):
+		case <-time.After(testenv.Timeout):
 			t.Fatal("the server's watch ended")
 		}
 		select {
@@ -226,7 +228,7 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 			if !ok || ev.Type != "ADDED" {
 				t.Fatalf("event %d: %v %+v", i, ok, ev)
 			}
-		case <-time.After(failSafe):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("no event %d", i)
 		}
 	}
@@ -236,7 +238,7 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 		name := fmt.Sprintf("node-%d-%s", i, strings.Repeat("x", 32<<10))
 		select {
 		case next <- name:
-		case <-time.After(failSafe):
+		case <-time.After(testenv.Timeout):
 			t.Fatal("the server's watch ended")
 		}
 		select {
@@ -244,7 +246,7 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 			if !ok || ev.Type != "ADDED" {
 				t.Fatalf("event %d of 32 KiB, %d KiB in all: %v %.200v", i, (i+1)*32, ok, ev)
 			}
-		case <-time.After(failSafe):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("no event %d", i)
 		}
 	}
@@ -256,7 +258,7 @@ func TestWatchOutlivesTimeout(t *testing.T) {
 		if st, isStatus := ev.Object.(*metav1.Status); ok && (!isStatus || !strings.Contains(st.Message, "larger than 1 MiB, more than any answer plugd asks for (kubeconfig.MaxBody)")) {
 			t.Errorf("an event over the bound: %+v", ev)
 		}
-	case <-time.After(failSafe):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("an event over the bound did not end the watch")
 	}
 }

@@ -10,8 +10,9 @@ import (
 // Build builds the main packages pkgs, each a directory from the
 // repository's root such as "cmd/plugd", into dir, named after the
 // directory's last element. A package in a module of its own
-// (test/interop/grpc127) is built in that module. Call it once from
-// TestMain: the go command's build cache makes later runs relink only.
+// (test/interop/grpc127, test/kube's commands) is built in that module.
+// Call it once from TestMain (test/kube: controlplane.Build): the go
+// command's build cache makes later runs relink only.
 //
 // The binaries are built without -race, even under go test -race: they are
 // the peers of the code under test, or the code under test run as a user

@@ -32,18 +32,17 @@ import (
 
 const notify = "/pluginregistration.Registration/NotifyRegistrationStatus"
 
-// wait bounds every wait in these tests that is not itself about a deadline.
-// It is only a failure bound, generous for a loaded machine: a test that
-// checks that something fails "at once" gives it wait as its deadline and
+// Every wait in these tests that is not itself about a deadline is bounded
+// by testenv.Timeout, only a failure bound: a test that checks that
+// something fails "at once" gives it testenv.Timeout as its deadline and
 // checks that the error is not the deadline's.
-const wait = 30 * time.Second
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // dial connects to path and closes the connection when the test ends.
 func dial(tb testing.TB, path string) *Conn {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	c, err := Dial(ctx, path)
 	if err != nil {
@@ -77,7 +76,7 @@ func recv[T any](tb testing.TB, ch <-chan T) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 	}
 	tb.Fatal("timed out waiting")
 	var zero T
@@ -100,7 +99,7 @@ func TestGetInfoAndNotify(t *testing.T) {
 		},
 	}))
 
-	resp, err := info(c, wait, 1<<16)
+	resp, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +111,7 @@ func TestGetInfoAndNotify(t *testing.T) {
 		{PluginRegistered: true},
 		{PluginRegistered: false, Error: "version 2.0 not supported: 100% ✓\nsecond line\t%41"},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 		err := c.Invoke(ctx, notify, sent, &registerapi.RegistrationStatusResponse{}, 1<<16)
 		cancel()
 		if err != nil {
@@ -149,7 +148,7 @@ func TestManyCalls(t *testing.T) {
 	// deadline of its own: one for all 600 was a race with the machine's load.
 	j := 1
 	for i := 1; i <= 600; i++ {
-		resp, err := info(c, wait, 1<<16)
+		resp, err := info(c, testenv.Timeout, 1<<16)
 		if err != nil {
 			t.Fatalf("GetInfo %d: %v", i, err)
 		}
@@ -159,7 +158,7 @@ func TestManyCalls(t *testing.T) {
 		}
 		if i%2 == 0 {
 			req := &registerapi.RegistrationStatus{Error: reason(j)}
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 			err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16)
 			cancel()
 			if err != nil {
@@ -188,7 +187,7 @@ func TestLargeRequest(t *testing.T) {
 		},
 	}))
 	long := strings.Repeat("0123456789", 10<<10) // 100 KiB: frames and the server's stream window
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	req := &registerapi.RegistrationStatus{Error: long}
 	if err := c.Invoke(ctx, notify, req, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
@@ -208,7 +207,7 @@ func TestLargeAnswer(t *testing.T) {
 	}, grpc.MaxSendMsgSize(1<<20)))
 
 	// More than MaxRecvSize is asked for: MaxRecvSize is what is allowed.
-	resp, err := info(c, wait, 300<<10)
+	resp, err := info(c, testenv.Timeout, 300<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,12 +218,12 @@ func TestLargeAnswer(t *testing.T) {
 		t.Fatal("the connection is not usable after a large answer")
 	}
 
-	_, err = info(c, wait, 64<<10)
+	_, err = info(c, testenv.Timeout, 64<<10)
 	wantCode(t, err, codes.ResourceExhausted)
 	if c.Usable() {
 		t.Error("the connection is usable after an answer was cut short")
 	}
-	_, err = info(c, wait, 64<<10)
+	_, err = info(c, testenv.Timeout, 64<<10)
 	wantCode(t, err, codes.Unavailable)
 }
 
@@ -241,7 +240,7 @@ func TestStatusError(t *testing.T) {
 		},
 	}))
 
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.FailedPrecondition)
 	if got := status.Convert(err).Message(); got != msg {
 		t.Errorf("got message %q, want %q", got, msg)
@@ -250,7 +249,7 @@ func TestStatusError(t *testing.T) {
 		t.Fatal("a status error left the connection unusable")
 	}
 	fail.Store(false)
-	if resp, err := info(c, wait, 1<<16); err != nil || resp.Name != "ok" {
+	if resp, err := info(c, testenv.Timeout, 1<<16); err != nil || resp.Name != "ok" {
 		t.Fatalf("the next call got %v, %v", resp, err)
 	}
 }
@@ -261,12 +260,12 @@ func TestUnimplemented(t *testing.T) {
 		"/pluginregistration.Registration/NoSuchMethod",
 		"/no.such.Service/GetInfo",
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 		err := c.Invoke(ctx, method, &registerapi.InfoRequest{}, &registerapi.PluginInfo{}, 1<<16)
 		cancel()
 		wantCode(t, err, codes.Unimplemented)
 	}
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatalf("a call after Unimplemented: %v", err)
 	}
 }
@@ -350,7 +349,7 @@ func TestCancelRace(t *testing.T) {
 			wantCode(t, err, codes.Canceled)
 			continue
 		}
-		if _, err := info(c, wait, 1<<16); err != nil {
+		if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 			t.Fatalf("call %d after a call that outran its cancellation: %v", i, err)
 		}
 	}
@@ -366,7 +365,7 @@ func TestCancelRace(t *testing.T) {
 			}
 			continue
 		}
-		_, err = info(c, wait, 1<<16)
+		_, err = info(c, testenv.Timeout, 1<<16)
 		c.Close()
 		if err != nil {
 			t.Fatalf("call after dial %d, which outran its cancellation: %v", i, err)
@@ -378,11 +377,11 @@ func TestServerStop(t *testing.T) {
 	srv, path := newServer(t, registration{})
 	t.Cleanup(srv.Stop)
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable) // at once: waiting would be DeadlineExceeded
 	if c.Usable() {
 		t.Error("the connection is usable after the server stopped")
@@ -402,7 +401,7 @@ func TestConcurrentCalls(t *testing.T) {
 	for range goroutines {
 		wg.Go(func() {
 			for range each {
-				if _, err := info(c, wait, 1<<16); err != nil {
+				if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 					errs <- err
 					return
 				}
@@ -433,7 +432,7 @@ func TestDialErrors(t *testing.T) {
 		refused:                         syscall.ECONNREFUSED,
 		filepath.Join(dir, "none.sock"): syscall.ENOENT,
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 		c, err := Dial(ctx, path)
 		cancel()
 		if err == nil {
@@ -544,7 +543,7 @@ func rawPeer(t *testing.T, script func(p *peer)) string {
 			return // the test ended before dialing
 		}
 		defer nc.Close()
-		nc.SetDeadline(time.Now().Add(wait))
+		nc.SetDeadline(time.Now().Add(testenv.Timeout))
 		p := &peer{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
 		p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 		p.enc = hpack.NewEncoder(&p.buf)
@@ -554,7 +553,7 @@ func rawPeer(t *testing.T, script func(p *peer)) string {
 		l.Close()
 		select {
 		case <-done:
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Error("the scripted peer did not end")
 		}
 	})
@@ -787,7 +786,7 @@ func TestHostileDial(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			path := rawPeer(t, tc.script)
 			start := time.Now() // before the deadline is set, which is measured from it
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 			if tc.timeout > 0 {
 				ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
 			}
@@ -852,7 +851,7 @@ func TestHostilePeer(t *testing.T) {
 		want: codes.Unavailable,
 	}, {
 		name:    "HTTP 404",
-		timeout: wait,
+		timeout: testenv.Timeout,
 		script: func(p *peer) {
 			p.hello()
 			s := p.readRequest(getInfo, true)
@@ -1011,7 +1010,7 @@ func TestHostilePeer(t *testing.T) {
 			// A call with no deadline of its own is still bounded: one
 			// that waited for that bound would fail Canceled, which no case
 			// wants.
-			stop := time.AfterFunc(wait, cancel)
+			stop := time.AfterFunc(testenv.Timeout, cancel)
 			defer stop.Stop()
 			var resp registerapi.PluginInfo
 			err := c.Invoke(ctx, getInfo, &registerapi.InfoRequest{}, &resp, 1<<16)
@@ -1045,7 +1044,7 @@ func TestPingAfterAnswer(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	if !recv(t, acked) {
@@ -1064,7 +1063,7 @@ func TestDataOnAnotherStream(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Internal)
 	if c.Usable() {
 		t.Error("usable after DATA on another stream")
@@ -1083,7 +1082,7 @@ func TestPeerCancelAtTheDeadline(t *testing.T) {
 		want codes.Code
 	}{
 		{"at the deadline", 20 * time.Millisecond, codes.DeadlineExceeded},
-		{"long before", wait, codes.Canceled},
+		{"long before", testenv.Timeout, codes.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := rawPeer(t, func(p *peer) {
@@ -1093,7 +1092,7 @@ func TestPeerCancelAtTheDeadline(t *testing.T) {
 				p.drain()
 			})
 			c := dial(t, path)
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 			defer cancel()
 			dl, _ := ctx.Deadline()
 			c.now = func() time.Time { return dl.Add(-tc.left) }

@@ -140,7 +140,7 @@ func TestErrorKinds(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dial(t, rawPeer(t, tc.script))
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 			defer cancel()
 			err := c.Invoke(ctx, notify, &registerapi.RegistrationStatus{PluginRegistered: true}, &registerapi.RegistrationStatusResponse{}, 1<<16)
 			wantCode(t, err, tc.code)
@@ -157,7 +157,7 @@ type expiring struct {
 	done chan struct{}
 }
 
-func (e *expiring) Deadline() (time.Time, bool) { return time.Now().Add(wait), true }
+func (e *expiring) Deadline() (time.Time, bool) { return time.Now().Add(testenv.Timeout), true }
 func (e *expiring) Done() <-chan struct{}       { return e.done }
 func (e *expiring) Err() error {
 	select {
@@ -181,7 +181,7 @@ func TestErrorKindsDeadline(t *testing.T) {
 	wantKinds(t, err, "DeadlineExceeded", "ErrMaybeDelivered")
 
 	// Nothing is sent on a connection an error left unusable.
-	_, err = info(c, wait, 1<<16)
+	_, err = info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable)
 	wantKinds(t, err, "DeadlineExceeded")
 }
@@ -195,7 +195,7 @@ func TestErrorKindsDial(t *testing.T) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	_, err = Dial(ctx, refused)
 	if !errors.Is(err, syscall.ECONNREFUSED) {

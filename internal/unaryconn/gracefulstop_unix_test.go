@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // TestServerGracefulStop makes a call after the server sent GOAWAY to an idle
@@ -22,7 +24,7 @@ func TestServerGracefulStop(t *testing.T) {
 	srv, path := newServer(t, registration{})
 	t.Cleanup(srv.Stop)
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	stopped := make(chan struct{})
@@ -32,7 +34,7 @@ func TestServerGracefulStop(t *testing.T) {
 	}()
 	waitReadable(t, c)
 
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	t.Logf("the call after GOAWAY: %v", err)
 	if err != nil {
 		wantCode(t, err, codes.Unavailable) // not DeadlineExceeded: it did not wait
@@ -40,7 +42,7 @@ func TestServerGracefulStop(t *testing.T) {
 	if c.Usable() {
 		t.Error("the connection is usable after GOAWAY")
 	}
-	_, err = info(c, wait, 1<<16)
+	_, err = info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable)
 
 	c.Close()
@@ -58,7 +60,7 @@ func waitReadable(t *testing.T, c *Conn) {
 	err = rc.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {
-			n, err = unix.Poll(fds, int(wait/time.Millisecond))
+			n, err = unix.Poll(fds, int(testenv.Timeout/time.Millisecond))
 			if !errors.Is(err, unix.EINTR) {
 				return
 			}

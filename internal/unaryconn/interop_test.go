@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // TestHeaderTableSizeZero: a peer that sets SETTINGS_HEADER_TABLE_SIZE to 0,
@@ -64,12 +66,12 @@ func TestHeaderTableSizeZero(t *testing.T) {
 		})
 		var c *Conn
 		if pipelined {
-			c = open(t, path, wait)
+			c = open(t, path, testenv.Timeout)
 		} else {
 			c = dial(t, path)
 		}
 		for i := range 3 {
-			if _, err := info(c, wait, 1<<16); err != nil {
+			if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 				t.Fatalf("pipelined %v, call %d: %v", pipelined, i, err)
 			}
 		}
@@ -109,12 +111,12 @@ func TestHeaderTableSizeFirstBlock(t *testing.T) {
 		})
 		var c *Conn
 		if pipelined {
-			c = open(t, path, wait)
+			c = open(t, path, testenv.Timeout)
 		} else {
 			c = dial(t, path)
 		}
 		for i := range 2 {
-			if _, err := info(c, wait, 1<<16); err != nil {
+			if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 				t.Fatalf("pipelined %v, call %d: %v", pipelined, i, err)
 			}
 		}
@@ -139,7 +141,7 @@ func TestLargeTrailers(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.FailedPrecondition)
 	if got := status.Convert(err).Message(); got != msg {
 		t.Errorf("got a message of %d bytes, want %d", len(got), len(msg))
@@ -159,7 +161,7 @@ func TestLargeMetadataGRPCGo(t *testing.T) {
 		grpc.SetTrailer(ctx, metadata.Pairs("x-big-trailer", big))
 		return peerInfo, nil
 	}}))
-	resp, err := info(c, wait, 1<<16)
+	resp, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +189,7 @@ func TestHeaderListBound(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Internal)
 	if !errors.Is(err, ErrProtocol) {
 		t.Errorf("%v is not ErrProtocol", err)
@@ -206,7 +208,7 @@ func gzipped(t *testing.T, m []byte) []byte {
 // TestForcedGzip: a server that compresses its answers whatever it is told.
 func TestForcedGzip(t *testing.T) {
 	c := dial(t, serve(t, registration{}, grpc.RPCCompressor(grpc.NewGZIPCompressor())))
-	resp, err := info(c, wait, 1<<16)
+	resp, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +257,7 @@ func TestGzip(t *testing.T) {
 				p.drain()
 			})
 			c := dial(t, path)
-			resp, err := info(c, wait, 1<<16)
+			resp, err := info(c, testenv.Timeout, 1<<16)
 			if tc.want == codes.OK {
 				if err != nil {
 					t.Fatal(err)
@@ -301,7 +303,7 @@ func TestMaxConcurrentStreamsZero(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 
@@ -329,14 +331,14 @@ func TestInterimResponse(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	resp, err := info(c, wait, 1<<16)
+	resp, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !proto.Equal(resp, peerInfo) {
 		t.Errorf("got %v", resp)
 	}
-	_, err = info(c, wait, 1<<16)
+	_, err = info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Internal)
 }
 
@@ -351,7 +353,7 @@ func TestGoAway(t *testing.T) {
 		p.check(p.fr.WriteGoAway(0, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings")))
 		p.drain()
 	}))
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	err := c.Invoke(ctx, notify, &registerapi.RegistrationStatus{}, &registerapi.RegistrationStatusResponse{}, 1<<16)
 	wantCode(t, err, codes.Unavailable)
@@ -392,7 +394,7 @@ func TestGoAwayErrorKeepsSocketOpen(t *testing.T) {
 		p.check(p.fr.WriteGoAway(s, http2.ErrCodeEnhanceYourCalm, []byte("calm down")))
 		p.drain() // the socket stays open until the client closes it
 	}))
-	_, err := info(c, wait, 1<<16)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable)
 	wantKinds(t, err, "ErrHangup", "ErrMaybeDelivered")
 	for _, want := range []string{"ENHANCE_YOUR_CALM", "last stream 1", `"calm down"`, "unanswered"} {
@@ -411,7 +413,7 @@ func TestGoAwayErrorKeepsSocketOpen(t *testing.T) {
 		p.answer(s, peerInfo)
 		p.drain()
 	}))
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Errorf("a call covered by a graceful GOAWAY: %v, want its answer", err)
 	}
 }

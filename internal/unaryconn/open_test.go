@@ -11,6 +11,8 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // open connects to path and starts a connection with Open, whose handshake
@@ -71,15 +73,15 @@ func TestOpenPipelines(t *testing.T) {
 		order <- got
 		p.drain()
 	})
-	c := open(t, path, wait)
-	got, err := info(c, wait, 1<<16)
+	c := open(t, path, testenv.Timeout)
+	got, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.Name != peerInfo.Name {
 		t.Errorf("GetInfo answered %v", got)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	if err := c.Invoke(ctx, notify, &registerapi.RegistrationStatus{PluginRegistered: true}, &registerapi.RegistrationStatusResponse{}, 1<<16); err != nil {
 		t.Fatal(err)
@@ -109,8 +111,8 @@ func TestOpenAcksAlone(t *testing.T) {
 		acked <- p.readPing()
 		p.drain()
 	})
-	c := open(t, path, wait)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	c := open(t, path, testenv.Timeout)
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	if got := recv(t, acked); got != "ack true after" {
@@ -132,7 +134,7 @@ func TestOpenHostile(t *testing.T) {
 	}{{
 		name:      "silent",
 		handshake: 200 * time.Millisecond,
-		timeout:   wait,
+		timeout:   testenv.Timeout,
 		script:    func(p *peer) { p.drain() },
 		kinds:     []string{"DeadlineExceeded", "ErrHandshake", "ErrMaybeDelivered"}, // it has the request, and may yet read it
 		says:      "no SETTINGS by the handshake's deadline",
@@ -191,7 +193,7 @@ func TestOpenHostile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			c := open(t, rawPeer(t, tc.script), tc.handshake)
-			timeout := cmp(tc.timeout, wait)
+			timeout := cmp(tc.timeout, testenv.Timeout)
 			_, err := info(c, timeout, 1<<16)
 			elapsed := time.Since(start)
 			if err == nil {
@@ -210,7 +212,7 @@ func TestOpenHostile(t *testing.T) {
 			if c.Usable() {
 				t.Error("usable after the handshake failed")
 			}
-			_, err = info(c, wait, 1<<16)
+			_, err = info(c, testenv.Timeout, 1<<16)
 			wantCode(t, err, codes.Unavailable)
 			if errors.Is(err, ErrMaybeDelivered) {
 				t.Errorf("a later call: %v", err)
@@ -251,8 +253,8 @@ func TestOpenRefusedStream(t *testing.T) {
 		p.answer(again, peerInfo)
 		p.drain()
 	})
-	c := open(t, path, wait)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	c := open(t, path, testenv.Timeout)
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	if s := recv(t, streams); s != 3 {
@@ -271,9 +273,9 @@ func TestOpenRefusedStream(t *testing.T) {
 			p.check(p.fr.WriteRSTStream(s, http2.ErrCodeRefusedStream))
 		}
 		p.drain()
-	}), wait)
+	}), testenv.Timeout)
 	for i := range 2 {
-		_, err := info(c, wait, 1<<16)
+		_, err := info(c, testenv.Timeout, 1<<16)
 		wantCode(t, err, codes.Unavailable)
 		wantKinds(t, err)
 		if !strings.Contains(err.Error(), "REFUSED_STREAM") {
@@ -297,17 +299,17 @@ func TestOpenGoAwayBeforeStream(t *testing.T) {
 		p.readRequest(getInfo, true)
 		p.check(p.fr.WriteGoAway(0, http2.ErrCodeNo, []byte("shutting down")))
 		p.drain()
-	}), wait)
-	_, err := info(c, wait, 1<<16)
+	}), testenv.Timeout)
+	_, err := info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable)
 	wantKinds(t, err, "ErrHangup")
 }
 
 // TestOpenGRPCGo: a connection from Open carries calls to grpc-go's server.
 func TestOpenGRPCGo(t *testing.T) {
-	c := open(t, serve(t, registration{}), wait)
+	c := open(t, serve(t, registration{}), testenv.Timeout)
 	for i := range 3 {
-		if _, err := info(c, wait, 1<<16); err != nil {
+		if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
@@ -328,10 +330,10 @@ func testOpenWatchedFirst(t *testing.T, pl *Poller) {
 		acked <- true
 		p.answer(p.readRequest(getInfo, true), peerInfo)
 		p.drain()
-	}), wait)
+	}), testenv.Timeout)
 	hung := watched(t, pl, c)
 	recv(t, acked)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	noHangup(t, hung)
@@ -340,7 +342,7 @@ func testOpenWatchedFirst(t *testing.T, pl *Poller) {
 		p.readPreface()
 		p.check(p.fr.WritePing(false, [8]byte{}))
 		p.drain()
-	}), wait)
+	}), testenv.Timeout)
 	err := recv(t, watched(t, pl, c))
 	if !errors.Is(err, ErrProtocol) || !errors.Is(err, ErrHandshake) {
 		t.Errorf("hang-up %v, want ErrProtocol and ErrHandshake", err)

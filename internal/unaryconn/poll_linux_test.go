@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // TestWatchInOneEpollSet: on Linux, a Poller's watched connections wait
@@ -19,7 +21,7 @@ func TestWatchInOneEpollSet(t *testing.T) {
 	hung := make(chan error, n)
 	for range n {
 		c := dial(t, path)
-		if _, err := info(c, wait, 1<<16); err != nil {
+		if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Watch(pl, func(err error) { hung <- err }); err != nil {
@@ -81,7 +83,7 @@ func TestWatchLastEndsWhileEventsInHand(t *testing.T) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	watched(t, pl, c)

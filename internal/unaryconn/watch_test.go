@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // watched starts watching c with p and returns where its hang-up will be
@@ -98,7 +100,7 @@ func testWatchPing(t *testing.T, pl *Poller) {
 		step <- "closed"
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)
@@ -124,7 +126,7 @@ func testWatchPing(t *testing.T, pl *Poller) {
 	if c.Usable() {
 		t.Error("usable after GOAWAY")
 	}
-	_, err = info(c, wait, 1<<16)
+	_, err = info(c, testenv.Timeout, 1<<16)
 	wantCode(t, err, codes.Unavailable)
 }
 
@@ -136,7 +138,7 @@ func testWatchServerStop(t *testing.T, pl *Poller) {
 		srv, path := newServer(t, registration{})
 		t.Cleanup(srv.Stop)
 		c := dial(t, path)
-		if _, err := info(c, wait, 1<<16); err != nil {
+		if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 			t.Fatal(err)
 		}
 		hung := watched(t, pl, c)
@@ -168,7 +170,7 @@ func testWatchCalls(t *testing.T, pl *Poller) {
 	for range 4 {
 		wg.Go(func() {
 			for i := range 100 {
-				if _, err := info(c, wait, 1<<16); err != nil {
+				if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 					t.Errorf("call %d: %v", i, err)
 					return
 				}
@@ -215,7 +217,7 @@ func testWatchHandover(t *testing.T, pl *Poller) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)
@@ -224,7 +226,7 @@ func testWatchHandover(t *testing.T, pl *Poller) {
 	if n := recv(t, reads); n != 5 {
 		t.Fatalf("the watch read %d bytes, want the 5 sent", n)
 	}
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	if got := recv(t, acked); got != "ack true half" {
@@ -259,7 +261,7 @@ func testWatchAnswerWhenIdle(t *testing.T, pl *Poller) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)
@@ -284,7 +286,7 @@ func testWatchEndedByACall(t *testing.T, pl *Poller) {
 	})
 	c := dial(t, path)
 	hung := watched(t, pl, c)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	if c.Usable() {
@@ -385,7 +387,7 @@ func testWatchFlood(t *testing.T, pl *Poller) {
 				}
 			})
 			c := dial(t, path)
-			if _, err := info(c, wait, 1<<16); err != nil {
+			if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 				t.Fatal(err)
 			}
 			frozen := time.Now()
@@ -404,7 +406,7 @@ func testWatchFlood(t *testing.T, pl *Poller) {
 			if n := readSome.Load(); n > floodBurst+1 {
 				t.Errorf("the watch read %d times before it stopped, want at most %d (its burst, and the read found over it)", n, floodBurst+1)
 			}
-			_, err = info(c, wait, 1<<16)
+			_, err = info(c, testenv.Timeout, 1<<16)
 			wantCode(t, err, codes.Unavailable)
 			if !errors.Is(err, ErrFlood) {
 				t.Errorf("a call after the flood: %v, want ErrFlood", err)
@@ -435,7 +437,7 @@ func testWatchBusyButBounded(t *testing.T, pl *Poller) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -472,7 +474,7 @@ func testWatchRSTAfterAnswer(t *testing.T, pl *Poller) {
 		p.drain()
 	})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)
@@ -514,13 +516,13 @@ func TestPollerClose(t *testing.T) { eachWatch(t, testPollerClose) }
 func testPollerClose(t *testing.T, pl *Poller) {
 	path := serve(t, registration{})
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)
 	pl.Close()
 	pl.Close() // again: nothing more
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatalf("a call after the Poller's Close: %v", err)
 	}
 	c.mu.Lock()
@@ -558,7 +560,7 @@ func testWatchAckFails(t *testing.T, pl *Poller) {
 	})
 	t.Cleanup(func() { close(end) })
 	c := dial(t, path)
-	if _, err := info(c, wait, 1<<16); err != nil {
+	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	hung := watched(t, pl, c)

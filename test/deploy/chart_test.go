@@ -54,7 +54,18 @@ var renderings = []struct {
 `},
 	{path: "test/deploy/testdata/rendered/full.yaml", values: fullValues},
 	{path: "test/deploy/testdata/rendered/minimal.yaml", values: minimalValues},
+	// The kubelet's TLS, each way on its own (they exclude each other): the
+	// DaemonSet's mounts and the ConfigMap, which test/kube applies.
+	{path: "test/deploy/testdata/rendered/kubelet-serving-cert.yaml", values: servingCertValues, templates: []string{"configmap.yaml", "daemonset.yaml"}},
+	{path: "test/deploy/testdata/rendered/kubelet-insecure.yaml", values: insecureValues, templates: []string{"configmap.yaml", "daemonset.yaml"}},
 }
+
+// The kubelet's TLS: verified with its self-signed serving certificate, or
+// not verified.
+const (
+	servingCertValues = "kubelet: {servingCertFile: /var/lib/kubelet/pki/kubelet.crt}"
+	insecureValues    = "kubelet: {insecureSkipTLSVerify: true}"
+)
 
 // fullValues turns every option on.
 const fullValues = `
@@ -69,12 +80,12 @@ kubernetes: {removeTaintWhenReady: "example.com/plugins-not-ready:NoSchedule", d
 log: {format: text, level: debug}
 liveness: {probeInterval: 1m}
 extraConfig: {resyncInterval: 1m, doctor: {procDir: none}}
-rbac: {extraRules: [{apiGroups: [""], resources: [nodes/metrics], verbs: [get]}]}
-kubelet: {rootDir: /var/lib/k0s/kubelet}
+rbac: {extraRules: [{apiGroups: [storage.k8s.io], resources: [csidrivers], verbs: [list, watch]}]}
+kubelet: {rootDir: /var/lib/k0s/kubelet, servingCertFile: /var/lib/k0s/kubelet/pki/kubelet.crt}
 extraArgs: [--workers=64]
 extraEnv: [{name: GODEBUG, value: "madvdontneed=1"}]
-extraVolumes: [{name: pki, hostPath: {path: /var/lib/k0s/kubelet/pki, type: Directory}}]
-extraVolumeMounts: [{name: pki, mountPath: /var/lib/k0s/kubelet/pki, readOnly: true}]
+extraVolumes: [{name: machine-id, hostPath: {path: /etc/machine-id, type: File}}]
+extraVolumeMounts: [{name: machine-id, mountPath: /etc/machine-id, readOnly: true}]
 nodeSelector: {kubernetes.io/os: linux}
 affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: example.com/no-plugd, operator: DoesNotExist}]}]}}}
 podAnnotations: {example.com/team: storage}
@@ -282,6 +293,21 @@ func TestRenderings(t *testing.T) {
 			t.Errorf("the defaults render %d ClusterRoles (want 2, plugd's and the caretaker's: no taint removal) and %d NetworkPolicies", len(o.clusterRoles), len(o.networkPolicies))
 		}
 		checkCaretaker(t, o)
+		// plugd's ClusterRole is what it uses: informers list and watch
+		// (plugd gets no object by name), one PATCH of its Node's status,
+		// events, and the kubelet's /metrics (nodes/metrics, the kubelet's
+		// SubjectAccessReview asks for get).
+		want := []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes/metrics"}, Verbs: []string{"get"}},
+		}
+		if r := clusterRole(o, "plugd").Rules; !reflect.DeepEqual(r, want) {
+			t.Errorf("plugd's ClusterRole:\n  got  %+v\n  want %+v", r, want)
+		}
 		cfg, err := runConfig(t, o)
 		if err != nil {
 			t.Fatal(err)
@@ -317,7 +343,7 @@ func TestRenderings(t *testing.T) {
 		if r := clusterRole(o, "plugd-remove-taint"); r.Name != "plugd-remove-taint" || len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Verbs, []string{"patch"}) || !slices.Equal(r.Rules[0].Resources, []string{"nodes"}) {
 			t.Errorf("the taint's ClusterRole: %+v", r)
 		}
-		if r := clusterRole(o, "plugd").Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool { return slices.Equal(p.Resources, []string{"nodes/metrics"}) }) {
+		if r := clusterRole(o, "plugd").Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool { return slices.Equal(p.Resources, []string{"csidrivers"}) }) {
 			t.Errorf("rbac.extraRules are not in the ClusterRole: %+v", r)
 		}
 		cfg, err := runConfig(t, o)
@@ -343,10 +369,11 @@ func TestRenderings(t *testing.T) {
 			t.Errorf("status.port: ports %+v", c.Ports)
 		}
 		if pod.NodeSelector["kubernetes.io/os"] != "linux" || pod.Affinity == nil || len(pod.ImagePullSecrets) != 1 ||
-			!slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "pki" }) ||
-			!slices.ContainsFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.Name == "pki" && v.ReadOnly }) {
+			!slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "machine-id" }) ||
+			!slices.ContainsFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.Name == "machine-id" && v.ReadOnly }) {
 			t.Errorf("the pod lacks a value: %+v", pod)
 		}
+		checkServingCert(t, o, "/var/lib/k0s/kubelet/pki/kubelet.crt")
 		if np := o.networkPolicies[0]; np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9191 ||
 			np.Spec.Ingress[0].From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "observability" {
 			t.Errorf("NetworkPolicy: %+v", np.Spec)
@@ -387,6 +414,65 @@ func TestRenderings(t *testing.T) {
 		}
 	})
 
+	t.Run("kubelet serving certificate", func(t *testing.T) {
+		m, _ := mustRender(t, servingCertValues)
+		checkServingCert(t, decode(t, m), "/var/lib/kubelet/pki/kubelet.crt")
+	})
+
+	t.Run("kubelet not verified", func(t *testing.T) {
+		m, _ := mustRender(t, insecureValues)
+		o := decode(t, m)
+		cfg, err := runConfig(t, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := get(cfg, "kubernetes.kubelet.insecureSkipTLSVerify"); got != true {
+			t.Errorf("plugd runs with kubernetes.kubelet.insecureSkipTLSVerify %v", got)
+		}
+		if got := get(cfg, "kubernetes.kubelet.caFile"); got != nil {
+			t.Errorf("plugd runs with kubernetes.kubelet.caFile %v", got)
+		}
+		if pod := o.daemonSets[0].Spec.Template.Spec; slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "kubelet-cert" }) {
+			t.Errorf("a kubelet certificate mounted while not verifying: %+v", pod.Volumes)
+		}
+	})
+
+	// The chart's monitoring toggles, each on its own: the ServiceMonitor
+	// (and the Service it selects) without the rules, the rules without it.
+	t.Run("serviceMonitor alone", func(t *testing.T) {
+		m, _ := mustRender(t, "serviceMonitor: {enabled: true}")
+		o := decode(t, m)
+		if len(o.serviceMonitors) != 1 || len(o.services) != 1 || len(o.prometheusRules) != 0 ||
+			o.serviceMonitors[0].Spec.Endpoints[0].Port != o.services[0].Spec.Ports[0].Name {
+			t.Errorf("serviceMonitor alone: %d ServiceMonitors, %d Services, %d PrometheusRules", len(o.serviceMonitors), len(o.services), len(o.prometheusRules))
+		}
+		if _, err := runConfig(t, o); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("prometheusRule alone", func(t *testing.T) {
+		m, _ := mustRender(t, "prometheusRule: {enabled: true}")
+		o := decode(t, m)
+		if len(o.prometheusRules) != 1 || len(o.serviceMonitors)+len(o.services) != 0 {
+			t.Fatalf("prometheusRule alone: %d PrometheusRules, %d ServiceMonitors, %d Services", len(o.prometheusRules), len(o.serviceMonitors), len(o.services))
+		}
+		var alerts int
+		for _, g := range o.prometheusRules[0].Spec.Groups {
+			for _, r := range g.Rules {
+				if r.Alert != "" {
+					alerts++
+				}
+			}
+		}
+		if want := len(alertNames(t)); alerts != want {
+			t.Errorf("the PrometheusRule has %d alerts; deploy/monitoring/rules.yaml has %d", alerts, want)
+		}
+		if _, err := runConfig(t, o); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	// A value the schema lets through but plugd refuses is caught by plugd
 	// --check-config, naming the field.
 	t.Run("refused by plugd", func(t *testing.T) {
@@ -398,7 +484,58 @@ func TestRenderings(t *testing.T) {
 		if _, err := runConfig(t, decode(t, m)); err == nil || !strings.Contains(err.Error(), "no-such-flag") {
 			t.Errorf("plugd accepts --no-such-flag: %v", err)
 		}
+		m, _ = mustRender(t, "kubelet: {servingCertFile: /var/lib/kubelet/pki/kubelet.crt, insecureSkipTLSVerify: true}")
+		if _, err := runConfig(t, decode(t, m)); err == nil || !strings.Contains(err.Error(), "insecureSkipTLSVerify") {
+			t.Errorf("plugd accepts a kubelet both verified and not: %v", err)
+		}
 	})
+}
+
+// checkServingCert checks a rendering with kubelet.servingCertFile set to
+// file: plugd verifies the kubelet with that file, mounted alone and
+// read-only at its own path (the kubelet's pki directory, which holds its
+// keys, is not mounted).
+func checkServingCert(t *testing.T, o objects, file string) {
+	t.Helper()
+	cfg, err := runConfig(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := get(cfg, "kubernetes.kubelet.caFile"); got != file {
+		t.Errorf("plugd runs with kubernetes.kubelet.caFile %v, want %s", got, file)
+	}
+	if got := get(cfg, "kubernetes.kubelet.insecureSkipTLSVerify"); got != nil && got != false {
+		t.Errorf("plugd runs with kubernetes.kubelet.insecureSkipTLSVerify %v", got)
+	}
+	pod := o.daemonSets[0].Spec.Template.Spec
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == file })
+	if i < 0 || pod.Volumes[i].HostPath.Type == nil || *pod.Volumes[i].HostPath.Type != corev1.HostPathFile {
+		t.Fatalf("the certificate %s is not a hostPath volume of type File: %+v", file, pod.Volumes)
+	}
+	if !slices.ContainsFunc(pod.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == pod.Volumes[i].Name && m.MountPath == file && m.ReadOnly
+	}) {
+		t.Errorf("the certificate is not mounted read-only at %s: %+v", file, pod.Containers[0].VolumeMounts)
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil && strings.HasSuffix(strings.TrimSuffix(v.HostPath.Path, "/"), "/pki") {
+			t.Errorf("the kubelet's pki directory is mounted: %+v", v)
+		}
+	}
+}
+
+// alertNames are the alerts of deploy/monitoring/rules.yaml.
+func alertNames(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, g := range parseRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				out = append(out, r.Alert)
+			}
+		}
+	}
+	return out
 }
 
 // clusterRole is the ClusterRole named name (zero if none).

@@ -84,8 +84,8 @@ func TestRules(t *testing.T) {
 			}
 		}
 	}
-	if alerts < 6 {
-		t.Errorf("%d alerts; the mixin has six", alerts)
+	if alerts < 8 {
+		t.Errorf("%d alerts; the mixin has eight", alerts)
 	}
 }
 
@@ -160,6 +160,22 @@ func TestRuleUnitTests(t *testing.T) {
 	}
 	if len(ut.Tests) == 0 {
 		t.Fatal("tests.yaml has no tests")
+	}
+	// Every alert of the rules is seen firing by some test.
+	fired := map[string]bool{}
+	for _, tg := range ut.Tests {
+		for _, at := range tg.AlertRuleTests {
+			if len(at.ExpAlerts) > 0 {
+				fired[at.Alertname] = true
+			}
+		}
+	}
+	for _, g := range parseRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" && !fired[r.Alert] {
+				t.Errorf("alert %s: no test of tests.yaml expects it to fire", r.Alert)
+			}
+		}
 	}
 	for i, tg := range ut.Tests {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -445,14 +461,14 @@ func recorded(rgs *rulefmt.RuleGroups) map[string]bool {
 
 // Every expression of the rules and the dashboard parses, and reads only
 // metrics plugd exports, or the rules' own records. The rules may also read
-// the two facts plugd cannot export about itself: whether Prometheus
-// reaches it (up) and whether its DaemonSet's pods are available
+// the facts plugd cannot export about itself: whether Prometheus reaches it
+// (up) and whether its DaemonSet's and its caretaker's pods are available
 // (kube-state-metrics).
 func TestMetricNames(t *testing.T) {
 	names := exported(t)
 	rgs := parseRules(t)
 	records := recorded(rgs)
-	external := map[string]bool{"up": true, "kube_daemonset_status_desired_number_scheduled": true, "kube_daemonset_status_number_available": true}
+	external := map[string]bool{"up": true, "kube_daemonset_status_desired_number_scheduled": true, "kube_daemonset_status_number_available": true, "kube_deployment_status_replicas_available": true}
 	for _, g := range rgs.Groups {
 		for _, r := range g.Rules {
 			for _, n := range selectors(t, r.Expr) {

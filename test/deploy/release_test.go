@@ -66,6 +66,19 @@ func TestRelease(t *testing.T) {
 		}
 	}
 
+	// The builder's Go is the one go.mod names, to the patch release: a
+	// floating tag (golang:1.26) builds with whatever it points at that
+	// day, and the SBOM would not say what the image holds.
+	gomod, err := os.ReadFile(filepath.Join(repo, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	from := regexp.MustCompile(`(?m)^FROM --platform=\$BUILDPLATFORM golang:(\S+) AS build$`).FindSubmatch(dockerfile)
+	if goLine == nil || from == nil || string(from[1]) != string(goLine[1]) {
+		t.Errorf("the Dockerfile's builder is golang:%s, go.mod's go line %s: pin the builder to go.mod's Go, patch release included", field(from), field(goLine))
+	}
+
 	const version = "v0.0.0-test.1"
 	out := t.TempDir()
 	cmd := exec.Command(filepath.Join(repo, "release", "package.sh"), version, out)
@@ -258,4 +271,12 @@ func TestChartPackage(t *testing.T) {
 		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "files/rules.yaml" }) {
 		t.Errorf("the package: version %s, appVersion %s, schema %d bytes, files %v", c.Metadata.Version, c.Metadata.AppVersion, len(c.Schema), c.Files)
 	}
+}
+
+// field is a regexp's first submatch, or "(none)".
+func field(m [][]byte) string {
+	if m == nil {
+		return "(none)"
+	}
+	return string(m[1])
 }

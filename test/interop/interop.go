@@ -120,7 +120,10 @@ type Event struct {
 	Error      string `json:"error,omitempty"`      // NotifyRegistrationStatus's error
 	Encoding   string `json:"accept_encoding,omitempty"`
 	Frames     int    `json:"frames,omitempty"` // flood-end: frames written
-	Message    string `json:"message,omitempty"`
+	// Idle, of flood-end: the flood began after NotifyRegistrationStatus
+	// was answered on the connection, which the client then held idle.
+	Idle    bool   `json:"idle,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 // Server is a running server process.

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/internal/unaryconn"
 	"github.com/plugd/plugd/test/interop"
 )
@@ -31,10 +32,11 @@ func TestMain(m *testing.M) {
 }
 
 // wait bounds every wait that is not about a deadline: a failure bound.
-// It is longer than the other suites' testenv.Timeout because what the
-// tests wait on here is a process of another runtime (Python, Node, an old
-// grpc-go) answering through a pipe, on a machine that -race keeps busy.
-const wait = 30 * time.Second
+// It is twice the other suites' testenv.Timeout because what the tests
+// wait on here is a process of another runtime (Python, Node, an old
+// grpc-go) starting and answering through a pipe, on a machine that -race
+// keeps busy.
+const wait = 2 * testenv.Timeout
 
 const (
 	getInfo = "/pluginregistration.Registration/GetInfo"

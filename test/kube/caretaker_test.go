@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -219,13 +220,32 @@ func TestCaretaker(t *testing.T) {
 }
 
 // Issue 24, end to end: plugd (observe mode) keeps its condition True;
-// plugd is SIGKILLed and the plugin goes meanwhile. Nobody maintains the
-// condition any more, and the caretaker (its bound shortened to 5s)
-// marks it Unknown/NotMaintained; plugd, started again, writes the truth
-// (False), and owns the condition as before.
+// plugd is stopped (SIGKILL, and SIGTERM: a clean stop writes nothing
+// either, docs/kubernetes.md "A condition nobody maintains") and the
+// plugin goes meanwhile. Nobody maintains the condition any more: it
+// stays True until the bound (the caretaker's, shortened to 5s), and no
+// longer: the caretaker marks it Unknown/NotMaintained; plugd, started
+// again, writes the truth (False), and owns the condition as before. A
+// watch of the Node sees exactly that sequence.
 func TestCaretakerPlugdGone(t *testing.T) {
 	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
-	const node = "caretaker-e2e"
+	for _, c := range []struct {
+		name string
+		sig  syscall.Signal
+	}{{"SIGKILL", syscall.SIGKILL}, {"SIGTERM", syscall.SIGTERM}} {
+		t.Run(c.name, func(t *testing.T) {
+			plugdGone(t, "caretaker-e2e-"+strings.ToLower(c.name), c.sig)
+		})
+	}
+}
+
+// caretakerLatency bounds, as a failure bound on a loaded machine, how
+// long after the bound the caretaker may take to mark a condition: it
+// looks at a Node again with a timer set for the first of its conditions
+// to go stale, and writes at once (42-376 ms measured).
+const caretakerLatency = 30 * time.Second
+
+func plugdGone(t *testing.T, node string, sig syscall.Signal) {
 	createTrackedNode(t, node)
 	k := apiKubelet{t, node}
 	dir := testenv.ShortDir(t, "kube")
@@ -247,14 +267,23 @@ kubernetes: {kubeconfig: %s, nodeName: %s, kubelet: {address: none}}
 expect:
   - {type: CSIPlugin, name: %s}
 `, reg, kubeconfig, node, csiName)
+	conds := watchConditions(t, node)
 	pd := startPlugd(t, dir, config)
 	k.setCSIDriver(csiName, node)
 	pd.waitKubelet(t, csiName, api.KubeletRegistered, "Inferred")
 	waitCondition(t, node, csiCond, corev1.ConditionTrue, "Inferred")
+	eventually(t, "the watch seeing the condition True", func() (bool, string) {
+		seq := conds.since(csiCond, time.Time{})
+		return len(seq) > 0 && seq[len(seq)-1].String() == "True/Inferred", fmt.Sprint(seq)
+	})
 
-	// plugd killed; the plugin goes, and the kubelet deregisters it.
-	pd.cmd.Process.Kill()
+	// plugd stopped; the plugin goes, and the kubelet deregisters it.
+	stopped := time.Now()
+	pd.cmd.Process.Signal(sig)
 	<-pd.done
+	if sig == syscall.SIGTERM && pd.cmd.ProcessState.ExitCode() != 0 {
+		t.Errorf("plugd exited %d on SIGTERM:\n%s", pd.cmd.ProcessState.ExitCode(), pd.out)
+	}
 	csiReg.Close()
 	k.setCSIDriver(csiName, "")
 	last := condition(getNode(t, node), csiCond)
@@ -266,10 +295,15 @@ expect:
 	startCaretaker(t, dir, "--stale-after", bound.String())
 	c := waitCondition(t, node, csiCond, corev1.ConditionUnknown, nodecond.ReasonNotMaintained)
 	due := last.LastHeartbeatTime.Add(bound)
-	t.Logf("last heartbeat %s, stale at %s, seen Unknown %s after", last.LastHeartbeatTime.Format(time.RFC3339), due.Format(time.RFC3339),
+	t.Logf("%s: last heartbeat %s, stale at %s, seen Unknown %s after", sig, last.LastHeartbeatTime.Format(time.RFC3339), due.Format(time.RFC3339),
 		time.Since(due).Round(time.Millisecond))
 	if c.LastTransitionTime.Before(&metav1.Time{Time: due}) || !c.LastHeartbeatTime.Equal(&last.LastHeartbeatTime) {
 		t.Errorf("marked: %+v; last written %+v", c, last)
+	}
+	// Not True past the bound: the caretaker's write is stamped when it
+	// was made (whole seconds).
+	if limit := due.Add(caretakerLatency); c.LastTransitionTime.After(limit) {
+		t.Errorf("True until %s, past the bound (%s) and the caretaker's latency", c.LastTransitionTime.Format(time.RFC3339), due.Format(time.RFC3339))
 	}
 
 	// plugd again: the truth, False, written over the caretaker's mark.
@@ -279,4 +313,13 @@ expect:
 		t.Errorf("plugd does not own its condition again")
 	}
 	t.Logf("plugd started again: %s %s: %s", c.Status, c.Reason, c.Message)
+	// From plugd's stop: nothing written by the stop itself (no False,
+	// no Unknown of plugd's), the caretaker's mark, plugd's truth.
+	var seq []string
+	for _, tr := range conds.since(csiCond, stopped) {
+		seq = append(seq, tr.String())
+	}
+	if want := []string{"Unknown/" + nodecond.ReasonNotMaintained, "False/SocketMissing"}; !slices.Equal(seq, want) {
+		t.Errorf("after plugd's %s the condition went %v; want %v", sig, seq, want)
+	}
 }

@@ -285,13 +285,10 @@ func TestOddNodeIDWrittenOnce(t *testing.T) {
 	for i := range 10 {
 		waitCondition(t, node, fmt.Sprintf("csi-%d.example.com/CSIPluginReady", i), corev1.ConditionFalse, "NodeIDMismatch")
 	}
-	// What plugd writes settles: a message of the same status waits 3s
-	// (coalesce) before it is written, 10s at most.
 	writes := func() float64 {
 		return metricValue(t, pd, "plugd_kubernetes_writes_total", `operation="patch_node_status"`)
 	}
-	time.Sleep(12 * time.Second) // the window plugd's writes settle in, not a wait for an event
-	before := writes()
+	before := settledWrites(t, writes)
 	from := time.Now()
 	for i := range 5 {
 		patch := fmt.Sprintf(`{"metadata":{"labels":{"example.com/touched":"%d"}}}`, i)
@@ -307,5 +304,36 @@ func TestOddNodeIDWrittenOnce(t *testing.T) {
 	}
 	if after := writes(); after != before || byVerb["patch"] != 0 {
 		t.Errorf("five label updates of the Node by the admin brought %v patches of plugd's (audit log: %v); want none", after-before, byVerb)
+	}
+}
+
+// settledWrites waits until plugd's count of writes (writes) has not
+// changed for longer than plugd's coalescing bound, and returns it. A
+// change of a condition's message with its status kept is written once it
+// has held for 3s, and at most 10s (maxCoalesce in kubenode) after the
+// first such change: a count unchanged for 11s has no write pending
+// behind it. The poll is the pace of looking at a counter that has no
+// event of its own; wait is the failure bound, for writes that never
+// settle.
+func settledWrites(t *testing.T, writes func() float64) float64 {
+	t.Helper()
+	const quiet = 11 * time.Second // past maxCoalesce (10s)
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	last, since := writes(), time.Now()
+	for {
+		<-tick.C
+		now := writes()
+		switch {
+		case now != last:
+			last, since = now, time.Now()
+		case time.Since(since) > quiet:
+			t.Logf("plugd's writes settled at %.0f, unchanged for %s", last, quiet)
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plugd's writes did not settle within %s: %.0f, last changed %s ago", wait, last, time.Since(since).Round(time.Millisecond))
+		}
 	}
 }

@@ -56,7 +56,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	if err := controlplane.Build(ctx, dirs, os.Stderr); err != nil {
+	if err := controlplane.Build(dirs, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

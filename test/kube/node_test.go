@@ -252,15 +252,15 @@ doctor: {kubeletRoots: [%s]}
 		pd.stop(t)
 		pd = startPlugd(top, dir, config)
 		v := pd.waitKubelet(t, csiName, api.KubeletUnknown, "Forbidden")
-		if !strings.Contains(v.Message, `lacks the permission "get, list, watch csinodes.storage.k8s.io"`) {
+		if !strings.Contains(v.Message, `lacks the permission "list, watch csinodes.storage.k8s.io"`) {
 			t.Errorf("view: %+v", v)
 		}
 		if p := pd.plugin(t, gpuName); p.State != "Answering" {
 			t.Errorf("locally, the device plugin is %s", p.State)
 		}
 		out, code := plugctl(t, "--socket", pd.socket, "doctor", "--min-severity", "error")
-		for _, want := range []string{`plugd may not list and watch Node node-a: it lacks the permission "get, list, watch nodes"`,
-			`lacks the permission "get, list, watch resourceslices.resource.k8s.io"`} {
+		for _, want := range []string{`plugd may not list and watch Node node-a: it lacks the permission "list, watch nodes"`,
+			`lacks the permission "list, watch resourceslices.resource.k8s.io"`} {
 			if code != 4 || !strings.Contains(out, want) {
 				t.Errorf("plugctl doctor (%d) does not say %q:\n%s", code, want, out)
 			}
@@ -272,12 +272,12 @@ doctor: {kubeletRoots: [%s]}
 			t.Errorf("plugd did not log the trouble")
 		}
 
-		// Reads allowed, the condition write not: the write's refusal names
-		// the permission.
+		// Reads allowed (list and watch: plugd gets nothing by name), the
+		// condition write not: the write's refusal names the permission.
 		reads := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "plugd-reads"}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch"}},
 		}}
 		if _, err := admin.RbacV1().ClusterRoles().Create(ctx, reads, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -19,9 +19,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// wait bounds every wait: a failure bound, not a pace.
-const wait = 20 * time.Second
-
 type registration struct {
 	registerapi.UnimplementedRegistrationServer
 }
@@ -62,7 +59,7 @@ func started(t *testing.T) (*Set, <-chan hangup) {
 
 func dial(t *testing.T, path string) *unaryconn.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	c, err := unaryconn.Dial(ctx, path)
 	if err != nil {
@@ -109,7 +106,7 @@ func TestHangups(t *testing.T) {
 			if s.Watching(h.path) || s.Get(h.path) != nil {
 				t.Errorf("%s is still in the set after its hang-up", h.path)
 			}
-		case <-time.After(wait):
+		case <-time.After(testenv.Timeout):
 			t.Fatalf("hang-ups reported: %v, want 3", seen)
 		}
 	}
@@ -133,12 +130,12 @@ func TestGracefulStop(t *testing.T) {
 		if !errors.Is(h.err, unaryconn.ErrHangup) {
 			t.Errorf("hang-up %v, not ErrHangup", h.err)
 		}
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no hang-up on GOAWAY")
 	}
 	select {
 	case <-stopped:
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("GracefulStop still waits for the connection")
 	}
 }
@@ -165,7 +162,7 @@ func TestGetWatchUnwatch(t *testing.T) {
 	if c != second || !s.Watching("p") {
 		t.Fatalf("Get = %p, want the second connection (%p), still in the set", c, second)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout)
 	defer cancel()
 	if err := c.Invoke(ctx, "/pluginregistration.Registration/GetInfo", &registerapi.InfoRequest{}, new(registerapi.PluginInfo), 1<<16); err != nil {
 		t.Fatal(err)
@@ -190,7 +187,7 @@ func TestGetWatchUnwatch(t *testing.T) {
 		if h.path != "p" {
 			t.Errorf("hang-up of %s, want p only", h.path)
 		}
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no hang-up after a call was made on the connection")
 	}
 	s.Close() // waits for every report under way: what was reported is in hung

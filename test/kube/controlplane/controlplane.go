@@ -5,7 +5,7 @@
 // ../cmd) and started on loopback with RBAC on, service-account token
 // signing, an admin token and an audit log.
 //
-// Build compiles the binaries into a cache directory with the go command,
+// Build compiles the binaries into a cache directory with testenv.Build,
 // so that only the first run pays for the compilation (several minutes on
 // two cores) and later runs take them from the Go build cache.
 package controlplane
@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Dirs are where the sources and the built binaries are.
@@ -66,22 +68,21 @@ func Locate() (Dirs, error) {
 
 // Build compiles etcd, kube-apiserver, the kubelet, privatemounts and
 // testplugin (from this module) and plugd, plugctl and kubectl-plugd (from
-// the repository) into d.Bin. The go command relinks only what changed; the
-// first build of kube-apiserver and the kubelet takes minutes.
-func Build(ctx context.Context, d Dirs, log io.Writer) error {
-	for _, b := range []struct{ dir, what string }{
-		{d.Module, "./cmd/etcd ./cmd/kube-apiserver ./cmd/kubelet ./cmd/privatemounts ./cmd/testplugin"},
-		{d.Repo, "./cmd/plugd ./cmd/plugctl ./cmd/kubectl-plugd"},
+// the repository) into d.Bin with testenv.Build, the one builder of the
+// suites' binaries: the same go build, without -race, as every suite's;
+// it builds a package of this module in this module. The go command
+// relinks only what changed; the first build of kube-apiserver and the
+// kubelet takes minutes.
+func Build(d Dirs, log io.Writer) error {
+	for _, pkgs := range [][]string{
+		{"test/kube/cmd/etcd", "test/kube/cmd/kube-apiserver", "test/kube/cmd/kubelet", "test/kube/cmd/privatemounts", "test/kube/cmd/testplugin"},
+		{"cmd/plugd", "cmd/plugctl", "cmd/kubectl-plugd"},
 	} {
 		start := time.Now()
-		args := append([]string{"build", "-o", d.Bin + string(filepath.Separator)}, strings.Fields(b.what)...)
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir = b.dir
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("go build %s in %s: %w\n%s", b.what, b.dir, err, out)
+		if err := testenv.Build(d.Bin, pkgs...); err != nil {
+			return err
 		}
-		fmt.Fprintf(log, "built %s in %s\n", b.what, time.Since(start).Round(time.Second))
+		fmt.Fprintf(log, "built %s in %s\n", strings.Join(pkgs, " "), time.Since(start).Round(time.Second))
 	}
 	return nil
 }

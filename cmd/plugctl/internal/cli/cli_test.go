@@ -57,11 +57,6 @@ func runTests(m *testing.M) int {
 	return code
 }
 
-// failSafe bounds every wait in these tests, so that a bug fails a test
-// instead of hanging it. Nothing waits for it to pass: the tests move on
-// events and output.
-const failSafe = 30 * time.Second
-
 // Plugins the tests start. The daemon accepts the first two types and has no
 // handler for the third.
 const (
@@ -132,7 +127,7 @@ func waitReady(t *testing.T, sock string, done <-chan struct{}) {
 	c := &api.Client{Socket: sock}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(failSafe)
+	deadline := time.After(testenv.Timeout)
 	for {
 		if c.Ready(context.Background()) == nil {
 			return
@@ -450,7 +445,7 @@ func waitLine(t *testing.T, c <-chan string, re string) []string {
 	t.Helper()
 	rx := regexp.MustCompile(re)
 	var seen []string
-	deadline := time.After(failSafe)
+	deadline := time.After(testenv.Timeout)
 	for {
 		select {
 		case line, ok := <-c:
@@ -473,7 +468,7 @@ func (b *background) result(t *testing.T) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut []string
 	// Read both to the end, or plugctl would block writing.
-	deadline := time.After(failSafe)
+	deadline := time.After(testenv.Timeout)
 	for b.stdout != nil || b.stderr != nil {
 		select {
 		case l, ok := <-b.stdout:
@@ -752,7 +747,9 @@ func TestHostileDaemon(t *testing.T) {
 	}))
 	defer endlessEvents.Close()
 
-	r := run("--address", srv.URL, "list", "--name", "endless")
+	// Reading 32 MiB may take longer than the default --timeout (10s)
+	// under -race on 2 busy cores: the bound under test is the size.
+	r := run("--address", srv.URL, "--timeout", (3 * testenv.Timeout).String(), "list", "--name", "endless")
 	r.want(t, ExitError, "larger than 32 MiB")
 	r = run("--address", endlessEvents.URL, "watch")
 	r.want(t, ExitError, "longer than 1024 KiB")

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Issue 25, item 3: plugctl cluster reads a kubeconfig only if it is a
@@ -35,7 +37,7 @@ func TestClusterKubeconfigIsBounded(t *testing.T) {
 		select {
 		case r := <-done:
 			r.want(t, ExitError, "cannot find the Kubernetes API server", want)
-		case <-time.After(failSafe):
+		case <-time.After(testenv.Timeout):
 			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
 			t.Fatalf("plugctl cluster --kubeconfig %s did not return", path)
 		}

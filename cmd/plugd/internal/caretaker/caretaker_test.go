@@ -15,13 +15,10 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/plugd/plugd/internal/nodecond"
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// wait bounds every wait on the caretaker's goroutines: a failure bound,
-// never a pace.
-const wait = 30 * time.Second
 
 type looked struct {
 	name string
@@ -129,7 +126,7 @@ func waitFor(t *testing.T, ch <-chan string) string {
 	select {
 	case s := <-ch:
 		return s
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no patch")
 		return ""
 	}
@@ -140,7 +137,7 @@ func waitLook(t *testing.T, ch <-chan looked) looked {
 	select {
 	case l := <-ch:
 		return l
-	case <-time.After(wait):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("no look")
 		return looked{}
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/plugd/plugd/handlers/dra"
 )
 
 // The numeric settings: each one's default and the range a value must be
@@ -98,7 +100,9 @@ var durationSettings = []durationSetting[Config]{
 // handlerSettings are the durations of a handlers entry; their fields are
 // the entry's own.
 var handlerSettings = []durationSetting[HandlerConfig]{
-	{field: "gracePeriod", def: 30 * time.Second, min: minDuration, max: day,
+	// One default for both handlers (deviceplugin.DefaultGracePeriod is
+	// the same constant).
+	{field: "gracePeriod", def: dra.DefaultGracePeriod, min: minDuration, max: day,
 		at: func(h *HandlerConfig) *Duration {
 			if h.Handler != "dra" && h.Handler != "deviceplugin" {
 				return nil // refused if set: checkHandler

@@ -99,7 +99,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + Version,
 			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
 			HeartbeatInterval: time.Duration(k.HeartbeatInterval), Kubelet: k.kubeletConfig(),
-			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
+			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Scanned: d.m.Synced(), Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
 		})
 		if err != nil {
 			d.closeHandlers()
@@ -128,10 +128,14 @@ func (d debugHandler) WithGroup(g string) slog.Handler       { return debugHandl
 // done or the manager stops.
 func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
 	defer sub.Close()
+	synced := d.m.Synced() // an empty directory's walk brings no event
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-synced:
+			synced = nil
+			d.kube.Changed()
 		case _, ok := <-sub.Events():
 			if !ok {
 				return

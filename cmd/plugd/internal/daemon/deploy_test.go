@@ -205,14 +205,15 @@ func rules(rs []rbacv1.PolicyRule) []string {
 	return out
 }
 
-// plugdRules is every permission plugd needs, and no more: reading its
-// node's Node, CSINode and ResourceSlices, patching its Node's conditions,
-// recording events, and reading the kubelet's /metrics.
+// plugdRules is every permission plugd needs, and no more: listing and
+// watching its node's Node, CSINode and ResourceSlices (its informers; it
+// makes no Get), patching its Node's conditions, recording events, and
+// reading the kubelet's /metrics.
 var plugdRules = []string{
-	" nodes get", " nodes list", " nodes watch", " nodes/metrics get", " nodes/status patch",
+	" nodes list", " nodes watch", " nodes/metrics get", " nodes/status patch",
 	"events.k8s.io events create", "events.k8s.io events patch",
-	"resource.k8s.io resourceslices get", "resource.k8s.io resourceslices list", "resource.k8s.io resourceslices watch",
-	"storage.k8s.io csinodes get", "storage.k8s.io csinodes list", "storage.k8s.io csinodes watch",
+	"resource.k8s.io resourceslices list", "resource.k8s.io resourceslices watch",
+	"storage.k8s.io csinodes list", "storage.k8s.io csinodes watch",
 }
 
 // checkBinding checks that b binds the ClusterRole role to sa.

@@ -13,13 +13,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/pluginmanager"
 )
-
-// slowConfig is how long reading one fuzzed configuration may take before it
-// counts as a hang: a real one takes well under a millisecond, so only a
-// pathological parse (a YAML alias bomb) comes near.
-const slowConfig = 5 * time.Second
 
 // sameConfig reports whether a and b are equal but for empty slices, which
 // may be nil in one and not the other: the one difference between a
@@ -87,19 +83,31 @@ func yamlCannotWrite(t *testing.T, c Config) bool {
 	})
 }
 
-// loadBytes writes b to path and loads it, failing the test if that takes
-// longer than slowConfig.
+// loadBytes writes b to path and loads it, failing the test if LoadConfig
+// has not returned within testenv.Timeout: a hang guard, not a speed claim
+// (a real configuration loads in well under a millisecond; only a
+// pathological parse, a YAML alias bomb, would come near).
 func loadBytes(t *testing.T, path string, b []byte) (Config, error) {
 	t.Helper()
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	c, err := LoadConfig(path)
-	if d := time.Since(start); d > slowConfig {
-		t.Errorf("LoadConfig took %s on %d bytes", d, len(b))
+	type loaded struct {
+		c   Config
+		err error
 	}
-	return c, err
+	done := make(chan loaded, 1)
+	go func() {
+		c, err := LoadConfig(path)
+		done <- loaded{c, err}
+	}()
+	select {
+	case l := <-done:
+		return l.c, l.err
+	case <-time.After(testenv.Timeout):
+		t.Fatalf("LoadConfig did not return within %v on %d bytes", testenv.Timeout, len(b))
+		return Config{}, nil
+	}
 }
 
 // checkConfig checks what WithDefaults promises of a configuration it accepts.

@@ -110,7 +110,7 @@ func TestCheck(t *testing.T) {
 		Now:          time.Now(),
 		Expect:       []Expected{{Type: "CSIPlugin", Name: "missing.example.com", Condition: "missing.example.com/CSIPluginReady"}},
 		Kubernetes: []KubernetesProblem{{Operation: "list and watch CSINode node-a", Reason: "Forbidden",
-			Message: "csinodes is forbidden", Permission: "get, list, watch csinodes.storage.k8s.io", Since: time.Now()}},
+			Message: "csinodes is forbidden", Permission: "list, watch csinodes.storage.k8s.io", Since: time.Now()}},
 		Plugins: []Plugin{
 			{Socket: p("stale.sock"), Type: "CSIPlugin", Name: "gone.example.com", State: "Stale", Created: created, Remembered: true},
 			{Socket: p("old.sock"), Type: "DevicePlugin", Name: "vendor.example/gpu", Versions: []string{"v1beta1"}, State: "Stale", Remembered: true},
@@ -140,7 +140,7 @@ func TestCheck(t *testing.T) {
 		{"kubelet-not-registered", p("csi.sock"), api.SeverityWarning, "likely cause: the kubelet refuses this CSI driver"},
 		{"other-kubelet-root", filepath.Join(other, "plugins_registry", "lost.sock"), api.SeverityWarning, "wrong kubelet root"},
 		{"expected-missing", "", api.SeverityError, "missing.example.com"},
-		{"kubernetes-api", "", api.SeverityError, "get, list, watch csinodes.storage.k8s.io"},
+		{"kubernetes-api", "", api.SeverityError, "list, watch csinodes.storage.k8s.io"},
 	} {
 		got := findings(fs, want.check, want.socket)
 		if len(got) != 1 {

@@ -133,10 +133,11 @@ type verdict struct {
 // judge decides the condition of expected plugin e from its sockets and the
 // kubelet view. ok is false when nothing can be concluded now (the API or
 // the kubelet has not been read, or the plugin's sockets not looked at
-// yet): the condition is then left alone. The message never holds
+// yet, or, with unasked, a socket that may be its not asked yet): the
+// condition is then left alone. The message never holds
 // anything that changes without the verdict changing (times, errors'
 // text), so that a plugin that stays as it is costs no writes.
-func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, bool) {
+func judge(e Expectation, socks []Plugin, unasked bool, v view, registryDir string) (verdict, bool) {
 	no := func(reason, text string) (verdict, bool) {
 		return verdict{corev1.ConditionFalse, reason, nodecond.Message(e.Type, e.Name, text)}, true
 	}
@@ -144,6 +145,9 @@ func judge(e Expectation, socks []Plugin, v view, registryDir string) (verdict, 
 		return no(ReasonTopologyConflict, v.Message)
 	}
 	if len(socks) == 0 {
+		if unasked {
+			return verdict{}, false
+		}
 		return no(ReasonSocketMissing, fmt.Sprintf("no registration socket of it in %s", registryDir))
 	}
 	var answering *Plugin

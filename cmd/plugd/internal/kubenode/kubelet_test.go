@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // What the running kubelet holds decides; CSINode and the Node only add
@@ -251,7 +252,7 @@ func TestHoldEndsWithTheKubelet(t *testing.T) {
 	case <-up:
 	case err := <-done:
 		t.Fatalf("hold: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("not connected")
 	}
 	srv.CloseClientConnections()
@@ -260,7 +261,7 @@ func TestHoldEndsWithTheKubelet(t *testing.T) {
 		if err == nil {
 			t.Error("hold returned no reason")
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(testenv.Timeout):
 		t.Fatal("hold did not return when the kubelet closed the connection")
 	}
 	// And with ctx.

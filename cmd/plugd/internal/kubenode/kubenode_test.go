@@ -156,7 +156,7 @@ func TestJudge(t *testing.T) {
 		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, ok := judge(tc.e, tc.socks, tc.v, "/r")
+			v, ok := judge(tc.e, tc.socks, false, tc.v, "/r")
 			if ok != tc.ok || v.status != tc.status || v.reason != tc.reason {
 				t.Fatalf("judge = %+v, %v; want %s %s, %v", v, ok, tc.status, tc.reason, tc.ok)
 			}
@@ -167,6 +167,25 @@ func TestJudge(t *testing.T) {
 				t.Errorf("message %q does not name %s %s in plugd's form", v.message, tc.e.Type, tc.e.Name)
 			}
 		})
+	}
+}
+
+// A socket not asked yet, or a directory not walked yet, may be any
+// expected plugin's: none is called missing, but what the kubelet's side
+// alone decides still holds.
+func TestJudgeUnasked(t *testing.T) {
+	csi := Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady"}
+	reg := view{KubeletView: api.KubeletView{State: api.KubeletRegistered}}
+	if v, ok := judge(csi, nil, true, reg, "/r"); ok {
+		t.Errorf("no socket of it, one not asked yet: %+v; want it left alone", v)
+	}
+	conflict := view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: "the driver reports"}}
+	if v, ok := judge(csi, nil, true, conflict, "/r"); !ok || v.reason != ReasonTopologyConflict {
+		t.Errorf("a topology conflict, one not asked yet: %+v, %v", v, ok)
+	}
+	up := Plugin{Socket: "/r/csi.sock", Answering: true, State: "Answering"}
+	if v, ok := judge(csi, []Plugin{up}, true, reg, "/r"); !ok || v.status != corev1.ConditionTrue {
+		t.Errorf("its own socket answers, another not asked yet: %+v, %v", v, ok)
 	}
 }
 

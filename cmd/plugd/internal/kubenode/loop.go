@@ -127,10 +127,17 @@ type heldVerdict struct {
 func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	n := l.n
 	socks := map[key][]Plugin{}
+	// unasked: the directory not walked yet, or a socket found whose
+	// plugin has not said who it is. Any expected plugin without a socket
+	// may be behind it, so none is called missing until it has answered
+	// (or failed to, within the manager's deadlines).
+	unasked := !closed(n.cfg.Scanned)
 	for _, p := range n.cfg.Plugins() {
 		if p.Type != "" && p.Name != "" {
 			k := key{p.Type, p.Name}
 			socks[k] = append(socks[k], p)
+		} else if p.Unsettled {
+			unasked = true
 		}
 	}
 	for _, e := range n.cfg.Expect {
@@ -184,7 +191,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 			c := *cur
 			st.Actual = &c
 		}
-		v, ok := judge(e, socks[k], views[k], n.cfg.RegistryDir)
+		v, ok := judge(e, socks[k], unasked, views[k], n.cfg.RegistryDir)
 		if !ok {
 			allReady = false
 			delete(l.held, e.Condition)
@@ -585,5 +592,18 @@ func (n *Node) setWriteProblem(op string, p *Problem, ended string) {
 		n.log.Info("Kubernetes API: "+ended, "operation", op, "troubleSince", was.Since)
 	case was == nil || was.Reason != p.Reason:
 		n.log.Warn("Kubernetes API: cannot write; retrying with backoff", "operation", op, "reason", p.Reason, "err", p.Message)
+	}
+}
+
+// closed says c is closed; a nil c counts as closed.
+func closed(c <-chan struct{}) bool {
+	if c == nil {
+		return true
+	}
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // bench is a Node on a fake API server and a fake clock, whose loop the
@@ -73,10 +75,10 @@ func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 // checks: they deliver in the background.
 func (b *bench) waitFor(what string, ok func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout)
 	for !ok() {
 		if time.Now().After(deadline) {
-			b.t.Fatalf("%s: not within 30s", what)
+			b.t.Fatalf("%s: not within %v", what, testenv.Timeout)
 		}
 		time.Sleep(5 * time.Millisecond) // polling the fake informers' caches
 	}
@@ -304,15 +306,23 @@ func TestHeartbeat(t *testing.T) {
 	}
 }
 
-// At plugd's start, a socket not looked at yet and a kubelet not read yet
-// leave a True condition alone: a rolling restart of plugd does not flap.
+// At plugd's start, a directory not walked yet, a socket not looked at yet
+// and a kubelet not read yet leave a True condition alone: a rolling
+// restart of plugd does not flap.
 func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	b := newBench(t, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionTrue, Reason: ReasonReady,
 		Message: "plugd: CSIPlugin csi.example.com: registered with the kubelet, socket /r/csi.sock answers", LastHeartbeatTime: now, LastTransitionTime: now})
 	b.n.kubelet.problem = nil // not read yet
+	scanned := make(chan struct{})
+	b.n.cfg.Scanned = scanned
+	b.step(0) // the directory not walked yet
+	close(scanned)
 	started := b.clock.Now().Add(-time.Hour)
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Pending", Created: started})
+	// Found, and not asked yet: plugd does not know whose it is.
+	b.setPlugins(Plugin{Socket: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
+	b.step(0)
+	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
 	b.step(0)
 	b.setPlugins(csiSocket(started, true))
 	b.step(100 * time.Millisecond)

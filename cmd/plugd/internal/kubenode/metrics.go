@@ -8,7 +8,7 @@ import (
 
 // metrics are the Node's Prometheus metrics:
 //
-//	plugd_kubelet_registered{type,name}                 1 if the kubelet has the plugin, 0 if not; absent while Unknown
+//	plugd_kubelet_registered{type,name}                 1 if the running kubelet holds the plugin, 0 if not; absent while Unknown
 //	plugd_expected_plugin_ready{type,name,condition}    1 while an expected plugin's condition is True
 //	plugd_kubernetes_api_healthy                        1 while every read and write of the node's objects works
 //	plugd_kubernetes_api_errors_total{operation,reason} failed writes
@@ -35,7 +35,7 @@ type metrics struct {
 
 var (
 	registeredDesc = prometheus.NewDesc("plugd_kubelet_registered",
-		"Whether the kubelet has registered the plugin, as the Kubernetes API shows it (1) or not (0); absent while the API cannot tell.", []string{"type", "name"}, nil)
+		"Whether the running kubelet has registered the plugin (1) or not (0): its plugin manager holds a socket of it, as plugd reads the kubelet; inferred from API objects (CSINode, the Node, ResourceSlices) while plugd cannot read the kubelet (plugd_kubelet_live 0); absent while neither tells.", []string{"type", "name"}, nil)
 	readyDesc = prometheus.NewDesc("plugd_expected_plugin_ready",
 		"Whether an expected plugin is ready: its Node condition is True.", []string{"type", "name", "condition"}, nil)
 	healthyDesc = prometheus.NewDesc("plugd_kubernetes_api_healthy",

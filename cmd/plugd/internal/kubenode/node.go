@@ -69,6 +69,12 @@ type Config struct {
 	// called from Run's goroutine, after each Changed and every few
 	// seconds, and must not block.
 	Plugins func() []Plugin
+	// Scanned, if not nil, is closed once Plugins lists every socket that
+	// was in the registry directory when plugd started. Until then no
+	// expected plugin is called missing: a restarted plugd that has not
+	// walked the directory yet would otherwise write False for plugins the
+	// kubelet holds, and True a moment later.
+	Scanned <-chan struct{}
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -262,13 +268,13 @@ func (n *Node) buildSources() {
 	name := n.cfg.NodeName
 	byName := fields.OneTermEqualSelector("metadata.name", name).String()
 	nodes, csi, rs := n.core.Nodes(), n.storage.CSINodes(), n.resource.ResourceSlices()
-	n.node = newSource("Node "+name, "get, list, watch nodes", byName, &corev1.Node{}, slimNode, n.fakeAPI, n.log,
+	n.node = newSource("Node "+name, "list, watch nodes", byName, &corev1.Node{}, slimNode, n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
-	n.csiNode = newSource("CSINode "+name, "get, list, watch csinodes.storage.k8s.io", byName, &storagev1.CSINode{}, slimCSINode, n.fakeAPI, n.log,
+	n.csiNode = newSource("CSINode "+name, "list, watch csinodes.storage.k8s.io", byName, &storagev1.CSINode{}, slimCSINode, n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return csi.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return csi.Watch(ctx, o) })
-	n.slices = newSource("ResourceSlices of node "+name, "get, list, watch resourceslices.resource.k8s.io",
+	n.slices = newSource("ResourceSlices of node "+name, "list, watch resourceslices.resource.k8s.io",
 		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice, n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })

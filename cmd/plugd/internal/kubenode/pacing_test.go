@@ -13,6 +13,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Writes the API server refuses are retried after a delay that doubles
@@ -96,9 +98,11 @@ func TestWriteBackoff(t *testing.T) {
 	checkGaps(tries(3))
 }
 
-// lockstepClock is a fake clock whose timers tell the test each Reset
-// before they are re-armed: a test that reads them knows where Run is,
-// with no sleep, and that nothing was evaluated in between.
+// lockstepClock is a fake clock whose timers tell the test each Reset once
+// they are re-armed: a test that reads them knows where Run is, with no
+// sleep. Nothing fires in between, since only the test steps the clock;
+// and a Step the test makes next finds the timer armed (told before, a
+// Step could come first, and Run's timer never fire).
 type lockstepClock struct {
 	*testclock.FakeClock
 	resets chan time.Duration
@@ -115,11 +119,12 @@ type lockstepTimer struct {
 }
 
 func (t lockstepTimer) Reset(d time.Duration) bool {
+	active := t.Timer.Reset(d)
 	select {
 	case t.c.resets <- d:
 	case <-t.c.done:
 	}
-	return t.Timer.Reset(d)
+	return active
 }
 
 // Run evaluates at once on a change, then at most once per minEvalGap
@@ -162,8 +167,8 @@ func TestRunPacing(t *testing.T) {
 				got = append(got, <-evals)
 			}
 			return d, got
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not set its timer within 30s")
+		case <-time.After(testenv.Timeout):
+			t.Fatalf("Run did not set its timer within %v", testenv.Timeout)
 			return 0, nil
 		}
 	}

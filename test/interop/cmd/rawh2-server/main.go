@@ -105,6 +105,7 @@ type conn struct {
 	dec      *hpack.Decoder
 	last     atomic.Uint32 // the last stream the client opened
 	answered bool          // an answer has been sent on this connection
+	told     atomic.Bool   // NotifyRegistrationStatus has been answered on this connection
 	calmed   bool          // goaway-calm: the connection's first call was answered with GOAWAY
 	raised   bool          // max-streams-0: the limit has been raised
 	refused  uint32        // max-streams-0: the stream last refused
@@ -402,6 +403,9 @@ func (c *conn) handle(r *request) error {
 	if err := c.headers(r.stream, true, t...); err != nil {
 		return err
 	}
+	if r.path == "/pluginregistration.Registration/NotifyRegistrationStatus" {
+		c.told.Store(true)
+	}
 	if !c.answered {
 		c.answered = true
 		c.afterFirstAnswer(r.stream)
@@ -445,10 +449,11 @@ func (c *conn) afterFirstAnswer(stream uint32) {
 		// A moment later, so that the client has done what it connected
 		// for (a registration's notification) and holds the connection idle.
 		time.Sleep(100 * time.Millisecond)
+		idle := c.told.Load()
 		n := 0
 		for c.write(frame) == nil {
 			n++
 		}
-		server.Emit("flood-end", map[string]any{"frames": n})
+		server.Emit("flood-end", map[string]any{"frames": n, "idle": idle})
 	}()
 }

@@ -86,7 +86,7 @@ func run(sizes []int, runs, workers int, out string, extra []string) error {
 	if err != nil {
 		return err
 	}
-	if err := controlplane.Build(ctx, dirs, os.Stderr); err != nil {
+	if err := controlplane.Build(dirs, os.Stderr); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "fleetbench")
