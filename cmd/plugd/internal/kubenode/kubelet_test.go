@@ -81,20 +81,30 @@ func TestLiveView(t *testing.T) {
 
 // A registration at a socket's path counts for a re-created socket once
 // it began after the socket was made, or the kubelet has had its loop's
-// time to replace the old one.
+// time to replace the old one; and, where the kubelet was retrying a
+// registration at the path when the socket was made, once it has held
+// that long or been made again.
 func TestCredited(t *testing.T) {
 	made := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	after := made.Add(300 * time.Millisecond)
+	refused := made.Add(-3 * time.Second) // the kubelet retrying since
 	for _, tc := range []struct {
-		name                 string
-		presentSince, readAt time.Time
-		want                 bool
+		name   string
+		run    pathRun
+		readAt time.Time
+		want   bool
 	}{
-		{"registered after the socket was made", made.Add(300 * time.Millisecond), made.Add(300 * time.Millisecond), true},
-		{"the old socket's registration, just after", made.Add(-time.Minute), made.Add(500 * time.Millisecond), false},
-		{"the old socket's registration, a loop later", made.Add(-time.Minute), made.Add(kubeletSettle), true},
-		{"a socket from before plugd's first read", made.Add(time.Hour), made.Add(time.Hour), true},
+		{"registered after the socket was made", pathRun{present: after}, after, true},
+		{"the old socket's registration, just after", pathRun{present: made.Add(-time.Minute)}, made.Add(500 * time.Millisecond), false},
+		{"the old socket's registration, a loop later", pathRun{present: made.Add(-time.Minute)}, made.Add(kubeletSettle), true},
+		{"a socket from before plugd's first read", pathRun{present: made.Add(time.Hour)}, made.Add(time.Hour), true},
+		{"seen before it registered, after the socket was made", pathRun{present: after, retrying: made.Add(100 * time.Millisecond)}, after, true},
+		{"a refused registration's retry, just after", pathRun{present: after, retrying: refused}, after.Add(time.Second), false},
+		{"a refused registration's retry, held a loop", pathRun{present: after, retrying: refused}, after.Add(kubeletSettle), true},
+		{"registered again since the socket was made", pathRun{present: made.Add(2 * time.Second), retrying: refused, dropped: made.Add(time.Second)}, made.Add(2 * time.Second), true},
+		{"dropped before the socket was made", pathRun{present: after, retrying: refused, dropped: refused.Add(time.Second)}, after, false},
 	} {
-		if got := credited(made, tc.presentSince, tc.readAt); got != tc.want {
+		if got := credited(made, tc.run, tc.readAt); got != tc.want {
 			t.Errorf("%s: credited = %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -74,6 +74,13 @@ type kubeletWatch struct {
 	// presentSince is, by socket path, the first read of the current run
 	// of reads in which the kubelet's actual state held it.
 	presentSince map[string]time.Time
+	// retrying is, by socket path, the first read of the current run of
+	// reads in which the kubelet's desired state held it while its actual
+	// state did not (a registration pending, or refused and backing off),
+	// kept while the desired state holds it; dropped is the last read
+	// that found a registration there gone while the desired state kept
+	// the path (the kubelet registering it again).
+	retrying, dropped map[string]time.Time
 	// The loop's wishes: the next reads no later than these (zero: none).
 	wantMetrics, wantDevices time.Time
 	lastMetrics, lastDevices time.Time
@@ -97,7 +104,8 @@ const (
 
 func newKubeletWatch(c *kubeletClient, cfg KubeletConfig, clk clock.WithTicker, log *slog.Logger, m *metrics, onChange func()) *kubeletWatch {
 	w := &kubeletWatch{c: c, cfg: cfg, clock: clk, log: log, m: m, onChange: onChange,
-		resync: cfg.Resync, kick: make(chan struct{}, 1), devices: make(chan struct{}, 1), wake: make(chan struct{}, 1), presentSince: map[string]time.Time{}}
+		resync: cfg.Resync, kick: make(chan struct{}, 1), devices: make(chan struct{}, 1), wake: make(chan struct{}, 1), presentSince: map[string]time.Time{},
+		retrying: map[string]time.Time{}, dropped: map[string]time.Time{}}
 	if w.resync <= 0 {
 		w.resync = defaultKubeletResync
 	}
@@ -273,7 +281,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 			// A kubelet that is not running has registered nothing; the
 			// next one starts afresh.
 			w.state = nil
-			clear(w.presentSince)
+			w.forget()
 		}
 		if was == nil || was.Reason != p.Reason {
 			w.log.Warn("cannot read the kubelet", "address", w.cfg.Address, "reason", p.Reason, "err", p.Message)
@@ -286,26 +294,57 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	w.problem = nil
 	if !w.started.IsZero() && !s.started.Equal(w.started) {
 		w.restarted = true
-		clear(w.presentSince)
+		w.forget()
 		w.log.Info("the kubelet restarted", "started", s.started, "before", w.started)
 	}
 	w.started = s.started
-	for p := range s.registered {
-		if _, ok := w.presentSince[p]; !ok {
-			w.presentSince[p] = now
-		}
-	}
-	for p := range w.presentSince {
-		if !s.registered[p] {
-			delete(w.presentSince, p)
-		}
-	}
+	w.track(s.registered, s.seen, now)
 	if devices {
 		s.devices, s.devicesErr = devs, devErr
 	} else if w.state != nil {
 		s.devices, s.devicesErr = w.state.devices, w.state.devicesErr
 	}
 	w.state = &s
+}
+
+// track records what a read at now showed of each socket path: the
+// kubelet's actual state (registered) and desired state (seen). w.mu must
+// be held.
+func (w *kubeletWatch) track(registered, seen map[string]bool, now time.Time) {
+	for p := range registered {
+		if _, ok := w.presentSince[p]; !ok {
+			w.presentSince[p] = now
+		}
+	}
+	for p := range w.presentSince {
+		if !registered[p] {
+			delete(w.presentSince, p)
+			if seen[p] {
+				w.dropped[p] = now
+			}
+		}
+	}
+	for p := range seen {
+		if _, ok := w.retrying[p]; !ok && !registered[p] {
+			w.retrying[p] = now
+		}
+	}
+	for _, m := range []map[string]time.Time{w.retrying, w.dropped} {
+		for p := range m {
+			if !seen[p] {
+				delete(m, p)
+			}
+		}
+	}
+}
+
+// forget drops what the reads showed of each path: a kubelet that is not
+// running has registered nothing, and the next one starts afresh. w.mu
+// must be held.
+func (w *kubeletWatch) forget() {
+	clear(w.presentSince)
+	clear(w.retrying)
+	clear(w.dropped)
 }
 
 // holdLoop holds a connection to the kubelet, and asks for a read whenever
@@ -345,13 +384,16 @@ type kubeletNow struct {
 	problem      *Problem
 	restarted    bool
 	presentSince map[string]time.Time
+	retrying     map[string]time.Time
+	dropped      map[string]time.Time
 	reads        uint64
 }
 
 func (w *kubeletWatch) now() kubeletNow {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince), reads: w.reads}
+	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince),
+		retrying: maps.Clone(w.retrying), dropped: maps.Clone(w.dropped), reads: w.reads}
 	if k.problem != nil {
 		p := *k.problem
 		k.problem = &p
@@ -375,7 +417,7 @@ func (k kubeletNow) facts(address string, socks map[key][]Plugin) kubeletFacts {
 	kf.registered = map[string]bool{}
 	for _, ps := range socks {
 		for _, p := range ps {
-			if k.state.registered[p.Socket] && credited(p.Created, k.presentSince[p.Socket], k.state.at) {
+			if k.state.registered[p.Socket] && k.credited(p.Socket, p.Created) {
 				kf.registered[p.Socket] = true
 			}
 		}
@@ -383,12 +425,41 @@ func (k kubeletNow) facts(address string, socks map[key][]Plugin) kubeletFacts {
 	return kf
 }
 
-// credited says a registration at a socket's path, held since
-// presentSince, is of the socket made at created, as a read at readAt
-// shows it: it began after it, or the kubelet has had time to replace an
-// older one.
-func credited(created, presentSince, readAt time.Time) bool {
-	return presentSince.After(created) || !readAt.Before(created.Add(kubeletSettle))
+// credited says the kubelet's registration at socket's path is of the
+// socket made at created, not of an older socket at that path.
+func (k kubeletNow) credited(socket string, created time.Time) bool {
+	return credited(created, pathRun{present: k.presentSince[socket], retrying: k.retrying[socket], dropped: k.dropped[socket]}, k.state.at)
+}
+
+// pathRun is what the kubelet's reads showed of one socket path: since
+// when it has held a registration there, since when it had the path
+// without registering it, when it last dropped a registration there.
+type pathRun struct {
+	present, retrying, dropped time.Time
+}
+
+// credited says a registration at a socket's path is of the socket made
+// at created, as a read at readAt shows it.
+//
+// One that began before the socket was made is an older socket's, until
+// the kubelet has had time to replace it (kubeletSettle). One that began
+// after it is the socket's, unless the kubelet was already retrying a
+// registration at that path when the socket was made (it refused the
+// older one, or could not reach it): that retry, begun with the older
+// socket's timestamp, may be what succeeded, against the new socket, and
+// the kubelet then registers the path again in its next passes. Such a
+// registration counts once it has held for kubeletSettle, or once the
+// kubelet has dropped one there since the socket was made (the
+// registration again, which is the socket's).
+func credited(created time.Time, run pathRun, readAt time.Time) bool {
+	switch {
+	case !run.present.After(created):
+		return !readAt.Before(created.Add(kubeletSettle))
+	case run.retrying.IsZero() || run.retrying.After(created) || run.dropped.After(created):
+		return true
+	default:
+		return !readAt.Before(run.present.Add(kubeletSettle))
+	}
 }
 
 // cutOff says a read was cut off mid-way: the connection was reset or

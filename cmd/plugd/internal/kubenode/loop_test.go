@@ -93,30 +93,30 @@ func (b *bench) setPlugins(ps ...Plugin) {
 // setKubelet makes a read of the kubelet at the fake clock's now that
 // holds sockets registered, by the kubelet started at started.
 func (b *bench) setKubelet(started time.Time, registered ...string) {
+	b.setKubeletSeen(started, registered, registered...)
+}
+
+// setKubeletSeen is setKubelet with the kubelet's desired state apart:
+// seen, which it may hold without registering.
+func (b *bench) setKubeletSeen(started time.Time, seen []string, registered ...string) {
 	w := b.n.kubelet
 	now := b.clock.Now()
 	s := &kubeletState{at: now, started: started, registered: map[string]bool{}, seen: map[string]bool{}}
 	for _, p := range registered {
-		s.registered[p], s.seen[p] = true, true
+		s.registered[p] = true
+	}
+	for _, p := range seen {
+		s.seen[p] = true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.reads++
 	if !w.started.IsZero() && !started.Equal(w.started) {
 		w.restarted = true
-		clear(w.presentSince)
+		w.forget()
 	}
 	w.started, w.state, w.problem = started, s, nil
-	for p := range s.registered {
-		if _, ok := w.presentSince[p]; !ok {
-			w.presentSince[p] = now
-		}
-	}
-	for p := range w.presentSince {
-		if !s.registered[p] {
-			delete(w.presentSince, p)
-		}
-	}
+	w.track(s.registered, s.seen, now)
 }
 
 // kubeletDown makes a read that finds nothing listening.
@@ -126,7 +126,7 @@ func (b *bench) kubeletDown() {
 	defer w.mu.Unlock()
 	w.reads++
 	w.state, w.problem = nil, &Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}
-	clear(w.presentSince)
+	w.forget()
 }
 
 // step advances the clock by d and evaluates, then waits until the
@@ -453,5 +453,68 @@ func TestThousandsOfCSINodeDrivers(t *testing.T) {
 		t.Errorf("an evaluation in which nothing changed allocated %d bytes; want the views of the last one, and little else", per)
 	} else {
 		t.Logf("an evaluation in which nothing changed allocated %d bytes", per)
+	}
+}
+
+// A registrar started again after the kubelet refused the last one (a
+// topology conflict, remedied): the kubelet's retry of the refused
+// registration, begun for the old socket, succeeds against the new one,
+// and its next pass registers the path again. The condition goes True
+// once, not True, False and True.
+func TestRefusedRegistrationRetried(t *testing.T) {
+	b := newBench(t)
+	started := b.clock.Now().Add(-time.Hour)
+	refused := csiSocket(started, false) // the registrar exited, its socket left
+	b.setPlugins(refused)
+	b.setKubeletSeen(started, []string{refused.Socket}) // retrying, backing off
+	b.step(0)
+	b.step(10 * time.Second)
+	if c := b.condition(); c == nil || c.Status != corev1.ConditionFalse {
+		t.Fatalf("condition while the kubelet refuses it: %+v", c)
+	}
+	before, eventsBefore := len(b.writes()), len(b.rec.got)
+
+	sock := csiSocket(b.clock.Now(), true) // the remedy: a new registrar
+	b.setPlugins(sock)
+	b.step(100 * time.Millisecond)
+	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // the old retry succeeds
+	b.step(250 * time.Millisecond)
+	b.step(750 * time.Millisecond)
+	if c := b.condition(); c.Status != corev1.ConditionFalse {
+		t.Fatalf("True on the refused registration's retry: %+v", c)
+	}
+	b.setKubeletSeen(started, []string{sock.Socket}) // its next pass drops it...
+	b.step(250 * time.Millisecond)
+	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // ...and registers the new socket
+	b.step(0)
+	if c := b.condition(); c.Status != corev1.ConditionTrue {
+		t.Fatalf("not True once the kubelet registered the path again: %+v", c)
+	}
+	b.step(10 * time.Second)
+	if got, want := b.writes()[before:], []string{"True/PluginReady"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("writes: %v; want %v", got, want)
+	}
+	if got := b.rec.got[eventsBefore:]; len(got) != 1 || !strings.Contains(got[0], "PluginReady") {
+		t.Errorf("events: %q; want one PluginReady", got)
+	}
+
+	// Where the retry's registration is the only one, it counts once it
+	// has held for the kubelet's passes.
+	b.setPlugins(csiSocket(sock.Created, false))
+	b.setKubeletSeen(started, []string{sock.Socket})
+	b.step(10 * time.Second)
+	again := csiSocket(b.clock.Now(), true)
+	b.setPlugins(again)
+	b.step(100 * time.Millisecond)
+	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.step(time.Second)
+	if c := b.condition(); c.Status != corev1.ConditionFalse {
+		t.Fatalf("True a second into the retry's registration: %+v", c)
+	}
+	b.step(kubeletSettle)
+	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.step(0)
+	if c := b.condition(); c.Status != corev1.ConditionTrue {
+		t.Fatalf("not True once the registration held: %+v", c)
 	}
 }
