@@ -267,7 +267,7 @@ kubernetes: {kubeconfig: %s, nodeName: %s, kubelet: {address: none}}
 expect:
   - {type: CSIPlugin, name: %s}
 `, reg, kubeconfig, node, csiName)
-	conds := watchConditions(t, node)
+	conds := watchConditions(t, node, nil)
 	pd := startPlugd(t, dir, config)
 	k.setCSIDriver(csiName, node)
 	pd.waitKubelet(t, csiName, api.KubeletRegistered, "Inferred")

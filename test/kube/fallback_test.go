@@ -89,7 +89,7 @@ func TestKubeletUnreadable(t *testing.T) {
 	k := startKubelet(t, node)
 	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
 	dir := testenv.ShortDir(t, "ku")
-	conds := watchConditions(t, node)
+	conds := watchConditions(t, node, nil)
 	// The CSI driver, registered by the kubelet: CSINode lists it, so the
 	// inference says registered, and here rightly.
 	startCSI(t, k.RegistryDir, dir, csiName, node)

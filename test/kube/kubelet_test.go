@@ -30,7 +30,7 @@ import (
 func startKubelet(t *testing.T, node string, taints ...string) *kubelet.Kubelet {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("a real kubelet needs root (a mount namespace of its own, its runtime's directories)")
+		skipOrFail(t, "a real kubelet needs root (a mount namespace of its own, its runtime's directories)")
 	}
 	dir := testenv.ShortDir(t, "kl")
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -55,6 +55,20 @@ func startKubelet(t *testing.T, node string, taints ...string) *kubelet.Kubelet 
 	waitNodeReady(t, node)
 	return k
 }
+
+// skipOrFail skips the test, saying why; with PLUGD_KUBE=require, as .ci/run
+// sets, it fails it instead, so that CI never passes without the real
+// kubelet's tests.
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if requireAll() {
+		t.Fatal(why + " (PLUGD_KUBE=require: every test must run)")
+	}
+	t.Skip(why)
+}
+
+// requireAll says PLUGD_KUBE=require is set.
+func requireAll() bool { return os.Getenv("PLUGD_KUBE") == "require" }
 
 // waitNodeReady waits until node's kubelet says it is Ready.
 func waitNodeReady(t *testing.T, node string) {

@@ -9,7 +9,9 @@
 // Real plugins serve in registry directories, and plugd runs as a process
 // with a ServiceAccount token bound to the DaemonSet's ClusterRole.
 //
-// go test -short skips it all. The first run builds kube-apiserver and the
+// go test -short skips it all, and the kubelet's tests skip where not run
+// as root; PLUGD_KUBE=require (as .ci/run sets) makes either a failure. The
+// first run builds kube-apiserver and the
 // kubelet, which takes minutes; later runs take them from the Go build
 // cache.
 package kube
@@ -36,6 +38,10 @@ var (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() {
+		if requireAll() {
+			fmt.Fprintln(os.Stderr, "test/kube: -short would skip every test, and PLUGD_KUBE=require says none may be")
+			os.Exit(1)
+		}
 		fmt.Println("test/kube: skipped (-short): these tests build and run a real kube-apiserver and etcd")
 		os.Exit(0)
 	}

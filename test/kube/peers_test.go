@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
@@ -187,24 +188,40 @@ func startHealthPlugin(t *testing.T, reg, resource string, devices int) *healthP
 	return d
 }
 
-// transition is a change of one of plugd's conditions on a Node, as a
-// watch of the Node saw it.
+// transition is a write of one of plugd's conditions on a Node (a change of
+// its status, reason or message), or its going with the Node, as a watch of
+// the Node saw it.
 type transition struct {
-	at             time.Time
-	cond           string
-	status, reason string
+	at                      time.Time
+	cond                    string
+	status, reason, message string
+	// held is, for a write of True, whether the kubelet held the plugin's
+	// socket when the watch brought the write (the probe's answer).
+	held bool
 }
 
-func (tr transition) String() string { return tr.status + "/" + tr.reason }
+// String is STATUS/REASON, or Absent where the Node went (and the
+// condition with it) or came back without it.
+func (tr transition) String() string {
+	if tr.status == "" {
+		return "Absent"
+	}
+	return tr.status + "/" + tr.reason
+}
 
-// conditionLog records every change of status or reason of plugd's
-// conditions on a Node, as a watch delivers them, until the test ends.
+// conditionLog records every write of plugd's conditions on a Node, as a
+// watch delivers them, until the test ends. A write that changes only
+// lastHeartbeatTime is a heartbeat: counted apart, not a transition.
 type conditionLog struct {
-	mu  sync.Mutex
-	log []transition
+	mu    sync.Mutex
+	log   []transition
+	beats []time.Time // Node updates that were only plugd's heartbeats
 }
 
-func watchConditions(t *testing.T, node string) *conditionLog {
+// watchConditions records node's conditions. probe, if not nil, is asked
+// for each write of True whether the kubelet holds the condition's plugin;
+// it runs on the watch's goroutine, at once, before the next update.
+func watchConditions(t *testing.T, node string, probe func(cond string) bool) *conditionLog {
 	t.Helper()
 	cl := &conditionLog{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -215,7 +232,7 @@ func watchConditions(t *testing.T, node string) *conditionLog {
 	})
 	go func() {
 		defer close(done)
-		last := map[string]transition{}
+		last := map[string]corev1.NodeCondition{}
 		for ctx.Err() == nil {
 			w, err := admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
 			if err != nil {
@@ -227,23 +244,43 @@ func watchConditions(t *testing.T, node string) *conditionLog {
 			}
 			for ev := range w.ResultChan() {
 				n, ok := ev.Object.(*corev1.Node)
-				if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+				if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified && ev.Type != watch.Deleted) {
 					continue
 				}
 				now := time.Now()
+				var trs []transition
+				beat := false
+				seen := map[string]bool{}
 				for _, c := range n.Status.Conditions {
-					if !nodecond.Owned(c) {
+					if !nodecond.Owned(c) || ev.Type == watch.Deleted {
 						continue
 					}
-					tr := transition{now, string(c.Type), string(c.Status), c.Reason}
-					if l, ok := last[tr.cond]; ok && l.status == tr.status && l.reason == tr.reason {
+					typ := string(c.Type)
+					seen[typ] = true
+					l, had := last[typ]
+					last[typ] = c
+					if had && l.Status == c.Status && l.Reason == c.Reason && l.Message == c.Message {
+						beat = beat || !l.LastHeartbeatTime.Equal(&c.LastHeartbeatTime)
 						continue
 					}
-					last[tr.cond] = tr
-					cl.mu.Lock()
-					cl.log = append(cl.log, tr)
-					cl.mu.Unlock()
+					tr := transition{at: now, cond: typ, status: string(c.Status), reason: c.Reason, message: c.Message}
+					if probe != nil && c.Status == corev1.ConditionTrue {
+						tr.held = probe(typ)
+					}
+					trs = append(trs, tr)
 				}
+				for typ := range last {
+					if !seen[typ] {
+						delete(last, typ)
+						trs = append(trs, transition{at: now, cond: typ})
+					}
+				}
+				cl.mu.Lock()
+				cl.log = append(cl.log, trs...)
+				if beat && len(trs) == 0 {
+					cl.beats = append(cl.beats, now)
+				}
+				cl.mu.Unlock()
 			}
 			w.Stop()
 		}
@@ -251,7 +288,7 @@ func watchConditions(t *testing.T, node string) *conditionLog {
 	return cl
 }
 
-// since is the condition's changes after from, as STATUS/REASON.
+// since is the condition's writes after from.
 func (cl *conditionLog) since(cond string, from time.Time) []transition {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
@@ -259,6 +296,173 @@ func (cl *conditionLog) since(cond string, from time.Time) []transition {
 	for _, tr := range cl.log {
 		if tr.cond == cond && tr.at.After(from) {
 			out = append(out, tr)
+		}
+	}
+	return out
+}
+
+// last is the condition's last write (or going), if the log has one.
+func (cl *conditionLog) last(cond string) (transition, bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for i := len(cl.log) - 1; i >= 0; i-- {
+		if cl.log[i].cond == cond {
+			return cl.log[i], true
+		}
+	}
+	return transition{}, false
+}
+
+// beatsSince counts the Node updates after from that were only heartbeats
+// of plugd's conditions.
+func (cl *conditionLog) beatsSince(from time.Time) int {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	n := 0
+	for _, at := range cl.beats {
+		if at.After(from) {
+			n++
+		}
+	}
+	return n
+}
+
+// occurrence is one occurrence of an event of plugd's about a Node, as it
+// reached the API (a new event, or a series counting up).
+type occurrence struct {
+	at                   time.Time
+	reason, action, note string
+}
+
+// String is REASON ACTION, without the action's "Check ".
+func (o occurrence) String() string {
+	return o.reason + " " + strings.TrimPrefix(o.action, "Check ")
+}
+
+// eventLog records every occurrence of plugd's events about a Node that
+// reaches the API, as a watch of events.k8s.io delivers them, until the
+// test ends: an event created is one, a series whose count goes from n to
+// m is m-n more (client-go writes the second occurrence of a series at
+// once, later ones when the series ends or is refreshed).
+type eventLog struct {
+	mu   sync.Mutex
+	log  []occurrence
+	more chan struct{} // closed and replaced with each occurrence
+}
+
+func watchEvents(t *testing.T, node string) *eventLog {
+	t.Helper()
+	el := &eventLog{more: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	counts := map[string]int32{} // by event name: occurrences seen
+	// note records e's occurrences not seen yet.
+	note := func(e *eventsv1.Event) {
+		if e.ReportingController != "plugd" {
+			return
+		}
+		// A new event: when plugd recorded it (its own clock, the test's
+		// machine's), as it reaches the API a moment after; a series
+		// counting up: when the API has it.
+		c, at := seriesCount(e), e.EventTime.Time
+		if c > 1 || at.IsZero() {
+			at = time.Now()
+		}
+		el.mu.Lock()
+		if c > counts[e.Name] {
+			for range c - counts[e.Name] {
+				el.log = append(el.log, occurrence{at, e.Reason, e.Action, e.Note})
+			}
+			close(el.more)
+			el.more = make(chan struct{})
+		}
+		el.mu.Unlock()
+		counts[e.Name] = max(c, counts[e.Name])
+	}
+	list := func(ctx context.Context) (string, error) {
+		l, err := admin.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + node})
+		if err != nil {
+			return "", err
+		}
+		for i := range l.Items {
+			note(&l.Items[i])
+		}
+		return l.ResourceVersion, nil
+	}
+	// The events before the log are not its.
+	l, err := admin.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range l.Items {
+		counts[e.Name] = seriesCount(&e)
+	}
+	rv := l.ResourceVersion
+	go func() {
+		defer close(done)
+		var err error
+		for ctx.Err() == nil {
+			if rv == "" {
+				// After an error (the API server restarted, the
+				// version too old): what came meanwhile is in a list.
+				if rv, err = list(ctx); err != nil {
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond): // the API server restarting: list again
+					}
+					continue
+				}
+			}
+			w, werr := admin.EventsV1().Events("default").Watch(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + node, ResourceVersion: rv})
+			if werr != nil {
+				rv = ""
+				continue
+			}
+			for ev := range w.ResultChan() {
+				e, ok := ev.Object.(*eventsv1.Event)
+				if ev.Type == watch.Error {
+					rv = ""
+					break
+				}
+				if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+					continue
+				}
+				rv = e.ResourceVersion
+				note(e)
+			}
+			w.Stop()
+		}
+	}()
+	return el
+}
+
+// seriesCount is how many occurrences an event stands for.
+func seriesCount(e *eventsv1.Event) int32 {
+	if e.Series != nil {
+		return e.Series.Count
+	}
+	return 1
+}
+
+// changed is closed with the next occurrence.
+func (el *eventLog) changed() <-chan struct{} {
+	el.mu.Lock()
+	defer el.mu.Unlock()
+	return el.more
+}
+
+// since is the occurrences since from that reached the API.
+func (el *eventLog) since(from time.Time) []occurrence {
+	el.mu.Lock()
+	defer el.mu.Unlock()
+	var out []occurrence
+	for _, o := range el.log {
+		if o.at.After(from) {
+			out = append(out, o)
 		}
 	}
 	return out

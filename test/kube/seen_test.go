@@ -56,7 +56,7 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 	if err := cp.WriteKubeconfig(kubeconfig, plugdToken(t)); err != nil {
 		t.Fatal(err)
 	}
-	conds := watchConditions(t, node)
+	conds := watchConditions(t, node, nil)
 
 	// The driver, and its registration socket with a version the kubelet
 	// cannot parse.
