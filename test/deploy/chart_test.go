@@ -473,6 +473,31 @@ func TestRenderings(t *testing.T) {
 		}
 	})
 
+	// Under another name, the alerts on kube-state-metrics name this
+	// release's DaemonSet and caretaker Deployment, not "plugd": an alert
+	// on a series that never exists would never fire.
+	t.Run("prometheusRule under another name", func(t *testing.T) {
+		m, _ := mustRender(t, "prometheusRule: {enabled: true}\nfullnameOverride: node-plugins")
+		o := decode(t, m)
+		if len(o.prometheusRules) != 1 || len(o.daemonSets) != 1 || len(o.deployments) != 1 {
+			t.Fatalf("%d PrometheusRules, %d DaemonSets, %d Deployments", len(o.prometheusRules), len(o.daemonSets), len(o.deployments))
+		}
+		exprs := map[string]string{}
+		for _, g := range o.prometheusRules[0].Spec.Groups {
+			for _, r := range g.Rules {
+				exprs[r.Alert] = r.Expr.String()
+			}
+		}
+		for alert, want := range map[string]string{
+			"PlugdNotRunningOnNodes":   `daemonset="` + o.daemonSets[0].Name + `"`,
+			"PlugdCaretakerNotRunning": `deployment="` + o.deployments[0].Name + `"`,
+		} {
+			if e, ok := exprs[alert]; !ok || !strings.Contains(e, want) || strings.Contains(e, `"plugd"`) || strings.Contains(e, `"plugd-caretaker"`) {
+				t.Errorf("%s: %q; want it to select %s", alert, e, want)
+			}
+		}
+	})
+
 	// A value the schema lets through but plugd refuses is caught by plugd
 	// --check-config, naming the field.
 	t.Run("refused by plugd", func(t *testing.T) {
