@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
@@ -64,7 +65,7 @@ type Handler struct {
 // record is one registered instance and what ordering needs.
 type record struct {
 	Instance
-	version version
+	version *utilversion.Version
 	seq     uint64
 	watch   *endpointwatch.Watch // of the driver's endpoint
 }
@@ -144,9 +145,9 @@ func (h *Handler) Validate(ctx context.Context, p pluginmanager.Plugin) error {
 	if err := checkName(p.Name); err != nil {
 		return err
 	}
-	raw, v, ok := highestSupported(p.Versions)
-	if !ok {
-		return fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x (e.g. \"1.0.0\", \"1.2\", \"v1.5.0\")", p.Name, p.Versions, supportedMajor)
+	raw, v, err := highestSupported(p.Name, p.Versions)
+	if err != nil {
+		return err
 	}
 	endpoint, err := endpointPath(p.Endpoint)
 	if err != nil {
@@ -169,7 +170,7 @@ func (h *Handler) Validate(ctx context.Context, p pluginmanager.Plugin) error {
 	case endpoint != old.Endpoint:
 		h.log.Info("new instance of CSI driver", "driver", p.Name, "socket", p.Socket, "endpoint", endpoint, "activeSocket", old.Socket, "activeEndpoint", old.Endpoint)
 		return nil
-	case old.version.less(v):
+	case old.version.LessThan(v):
 		h.log.Info("upgrade of CSI driver", "driver", p.Name, "socket", p.Socket, "version", raw, "activeSocket", old.Socket, "activeVersion", old.Version)
 		return nil
 	case !answers(ctx, old.Socket):
@@ -197,9 +198,9 @@ func (h *Handler) Validate(ctx context.Context, p pluginmanager.Plugin) error {
 // driver answers the calls above again, records what it says now (a new
 // node ID, say) and reports it serving.
 func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
-	raw, v, ok := highestSupported(p.Versions)
-	if !ok {
-		return pluginmanager.TerminalError(fmt.Errorf("CSI driver %q offers no CSI %d.x version: %q", p.Name, supportedMajor, p.Versions))
+	raw, v, err := highestSupported(p.Name, p.Versions)
+	if err != nil {
+		return pluginmanager.TerminalError(err)
 	}
 	endpoint, err := endpointPath(p.Endpoint)
 	if err != nil {
@@ -270,7 +271,7 @@ func (h *Handler) refresh(p pluginmanager.Plugin, info *nodeInfo) {
 // one of its driver. An observed one that was already observed keeps its place
 // and first-seen time, so that looking again does not change which instance is
 // active.
-func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v version, info *nodeInfo, w *endpointwatch.Watch, observed bool) stored {
+func (h *Handler) store(p pluginmanager.Plugin, endpoint, raw string, v *utilversion.Version, info *nodeInfo, w *endpointwatch.Watch, observed bool) stored {
 	h.mu.Lock()
 	var replaced []*endpointwatch.Watch
 	defer func() {

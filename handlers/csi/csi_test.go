@@ -548,7 +548,11 @@ func TestValidate(t *testing.T) {
 		{name: "a", versions: []string{"1.2"}},
 		{name: "A_b-c.9", versions: []string{"v1.5.0"}},
 		{name: long, versions: []string{"0.3.0", "1.0.0-rc1"}},
-		{name: "csi.example.com", versions: []string{"2.0.0", "junk", "1"}},
+		// As the kubelet reads versions: four numbers, or a suffix after the
+		// second, are accepted (test/kube compares every case with the
+		// kubelet's own handler).
+		{name: "csi.example.com", versions: []string{"1.0.0.0"}},
+		{name: "csi.example.com", versions: []string{"2.0.0", "junk", "1.0-"}},
 		{name: "csi.example.com", endpoint: "unix:///run/csi/csi.sock", versions: []string{"1.0.0"}},
 		{name: "", versions: []string{"1.0.0"}, wantErr: "empty CSI driver name"},
 		{name: long + "a", versions: []string{"1.0.0"}, wantErr: "64 characters long"},
@@ -558,7 +562,8 @@ func TestValidate(t *testing.T) {
 		{name: "csi.exämple.com", versions: []string{"1.0.0"}, wantErr: `character 'ä' is not allowed`},
 		{name: "csi.example.com", versions: []string{"0.3.0", "0.2.0"}, wantErr: `offers versions ["0.3.0" "0.2.0"], none of which plugd supports: it supports CSI 1.x`},
 		{name: "csi.example.com", versions: nil, wantErr: "offers versions [], none"},
-		{name: "csi.example.com", versions: []string{"2.0.0", "1.x", "1.0.0.0", "-1.0", "v", "1..0", "1.0-"}, wantErr: "none of which"},
+		{name: "csi.example.com", versions: []string{"2.0.0", "1.x", "-1.0", "v", "1..0", "01.0"}, wantErr: "none of which"},
+		{name: "csi.example.com", versions: []string{"1"}, wantErr: `two or more numbers: "1.0.0", "1.2", "v1.5.0"): could not find a highest supported version from versions ([1]) reported: illegal version string "1"`},
 		{name: "csi.example.com", endpoint: "csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute path"},
 		{name: "csi.example.com", endpoint: "unix://run/csi.sock", versions: []string{"1.0.0"}, wantErr: "not an absolute"},
 		{name: "csi.example.com", endpoint: "/" + strings.Repeat("x", 107), versions: []string{"1.0.0"}, wantErr: "must be shorter than 108 bytes"},
@@ -614,7 +619,7 @@ func TestSecondInstance(t *testing.T) {
 	}
 	check("same endpoint and version, live registrar", b, "already registered from "+a.Socket+" with the same endpoint")
 	b.Versions = []string{"0.3.0", "1.0.0-rc1"}
-	check("lower version", b, `at version "1.0.0", not lower than "1.0.0-rc1"`)
+	check("the same version with a suffix, equal as the kubelet reads it", b, `at version "1.0.0", not lower than "1.0.0-rc1"`)
 	b.Versions = []string{"v1.1"}
 	check("higher version", b, "")
 	b.Versions = []string{"1.0.0"}

@@ -7,7 +7,9 @@
 //	m.AddHandler(csi.Type, h)
 //
 // Like the kubelet's CSI handler, it accepts a driver that offers a CSI 1.x
-// version (the highest wins), then asks the driver about this node with
+// version (the highest wins), read as the kubelet reads it
+// (k8s.io/apimachinery's HighestSupportedVersion: "1.0.0", "1.2", "v1.5.0";
+// not "1"), then asks the driver about this node with
 // NodeGetInfo. Unlike it:
 //
 //   - the driver name is checked against the spec, and a refusal says what was

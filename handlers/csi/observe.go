@@ -2,7 +2,8 @@ package csi
 
 import (
 	"context"
-	"fmt"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
@@ -50,21 +51,21 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 
 // observe checks what the registrar announced, as Validate does, and asks
 // the driver, as Register does.
-func (h *Handler) observe(ctx context.Context, p pluginmanager.Plugin) (_ *nodeInfo, endpoint, raw string, _ version, _ error) {
+func (h *Handler) observe(ctx context.Context, p pluginmanager.Plugin) (_ *nodeInfo, endpoint, raw string, _ *utilversion.Version, _ error) {
 	if err := checkName(p.Name); err != nil {
-		return nil, "", "", version{}, err
+		return nil, "", "", nil, err
 	}
-	raw, v, ok := highestSupported(p.Versions)
-	if !ok {
-		return nil, "", "", version{}, fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x", p.Name, p.Versions, supportedMajor)
-	}
-	endpoint, err := endpointPath(p.Endpoint)
+	raw, v, err := highestSupported(p.Name, p.Versions)
 	if err != nil {
-		return nil, "", "", version{}, err
+		return nil, "", "", nil, err
+	}
+	endpoint, err = endpointPath(p.Endpoint)
+	if err != nil {
+		return nil, "", "", nil, err
 	}
 	info, err := h.query(ctx, p, endpoint)
 	if err != nil {
-		return nil, "", "", version{}, err
+		return nil, "", "", nil, err
 	}
 	return info, endpoint, raw, v, nil
 }

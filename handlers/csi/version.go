@@ -1,82 +1,34 @@
 package csi
 
 import (
-	"strconv"
-	"strings"
+	"fmt"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
-
-// version is a CSI version as a driver announces it: "1.0.0", "1.2" or
-// "v1.5.0", optionally with a pre-release ("-rc1") or build ("+abc") suffix.
-// node-driver-registrar sends "1.0.0"; other registrars have sent the rest, and
-// the kubelet accepts them, so plugd does too.
-type version struct {
-	major, minor, patch int
-	pre                 string // pre-release; "" sorts after any pre-release
-}
-
-// parseVersion parses s, and reports false for anything that is not one to
-// three dot-separated numbers after an optional "v".
-func parseVersion(s string) (version, bool) {
-	s = strings.TrimPrefix(s, "v")
-	if i := strings.IndexByte(s, '+'); i >= 0 {
-		s = s[:i]
-	}
-	var v version
-	if i := strings.IndexByte(s, '-'); i >= 0 {
-		s, v.pre = s[:i], s[i+1:]
-		if v.pre == "" {
-			return version{}, false
-		}
-	}
-	parts := strings.Split(s, ".")
-	if len(parts) > 3 {
-		return version{}, false
-	}
-	nums := [3]*int{&v.major, &v.minor, &v.patch}
-	for i, p := range parts {
-		// Digits only: Atoi would take a sign, and the length bound keeps
-		// a number from overflowing.
-		if p == "" || len(p) > 9 || strings.Trim(p, "0123456789") != "" {
-			return version{}, false
-		}
-		*nums[i], _ = strconv.Atoi(p)
-	}
-	return v, true
-}
-
-// less reports whether v is an earlier version than w.
-func (v version) less(w version) bool {
-	if v.major != w.major {
-		return v.major < w.major
-	}
-	if v.minor != w.minor {
-		return v.minor < w.minor
-	}
-	if v.patch != w.patch {
-		return v.patch < w.patch
-	}
-	if (v.pre == "") != (w.pre == "") {
-		return v.pre != ""
-	}
-	return v.pre < w.pre
-}
 
 // supportedMajor is the CSI major version plugd speaks. Every 1.x is
 // compatible with 1.0 (the spec only adds to it), so any 1.x is accepted.
 const supportedMajor = 1
 
-// highestSupported picks the highest 1.x among versions, as the kubelet does,
-// and returns it as the driver wrote it. Versions that do not parse are
-// ignored; ok is false if none is a 1.x.
-func highestSupported(versions []string) (raw string, v version, ok bool) {
-	for _, s := range versions {
-		w, parsed := parseVersion(s)
-		if !parsed || w.major != supportedMajor {
-			continue
-		}
-		if !ok || v.less(w) {
-			raw, v, ok = s, w, true
+// highestSupported picks the version of versions that the kubelet would, by
+// the kubelet's own reading (k8s.io/apimachinery's HighestSupportedVersion):
+// the highest 1.x among those with two or more numeric fields ("1.0.0",
+// "1.2", "v1.5.0"; a suffix such as "-rc1" is ignored in comparisons). A
+// registrar plugd accepts is one the kubelet accepts, and one it refuses
+// ("1", "1.x") plugd refuses, so a plugin tested against plugd behaves the
+// same beside the kubelet. raw is the entry as the driver wrote it, the last
+// of equal ones, as the kubelet keeps the first it reads from the end.
+func highestSupported(name string, versions []string) (raw string, v *utilversion.Version, err error) {
+	v, err = utilversion.HighestSupportedVersion(versions)
+	if err != nil {
+		return "", nil, fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x, "+
+			"as the kubelet reads it (two or more numbers: \"1.0.0\", \"1.2\", \"v1.5.0\"): %w", name, versions, supportedMajor, err)
+	}
+	for i := len(versions) - 1; i >= 0; i-- {
+		if w, err := utilversion.ParseGeneric(versions[i]); err == nil && w.EqualTo(v) {
+			return versions[i], v, nil
 		}
 	}
-	return raw, v, ok
+	// Not reached: v was read from one of versions.
+	return v.String(), v, nil
 }
