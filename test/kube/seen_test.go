@@ -9,11 +9,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
@@ -38,15 +42,14 @@ func kubeletPluginState(t *testing.T, k *kubelet.Kubelet, socket string) (seen, 
 
 // Issue 24: a socket the real kubelet has seen and not registered (its
 // desired state without its actual state) is named, with what plugd knows
-// of why, in the view, the condition and plugctl doctor (which reads the
-// versions as the kubelet does: versions-refused). The plugin is a
-// CSI registration socket that announces the version "1": plugd's CSI
-// handler reads it as 1.0.0 and the driver answers, but the kubelet's
-// version parser wants two numbers at least, so it refuses the driver at
-// validation, tells the plugin registered=false, and retries with backoff;
-// the plugin (plugd's SDK, not node-driver-registrar) does not exit. Then
-// a registration announcing "1.0.0" beside it: the kubelet registers
-// that, and the condition turns True, once.
+// of why, in the view, the condition and plugctl doctor. The cause is one
+// plugd cannot see: a ValidatingAdmissionPolicy (a cluster's policy engine,
+// say) refuses the kubelet's write of the driver into this node's CSINode,
+// so the kubelet fails the registration, tells the plugin registered=false
+// and retries with backoff, while the registration socket and the driver
+// answer plugd; the plugin (plugd's SDK, not node-driver-registrar) does
+// not exit. Then the policy goes: the kubelet's next retry registers the
+// socket, and the condition turns True, once.
 func TestKubeletSeenNotRegistered(t *testing.T) {
 	const node = "k-seen"
 	k := startKubelet(t, node)
@@ -57,9 +60,9 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	conds := watchConditions(t, node, nil)
+	dropPolicy := refuseCSINodeDriver(t, node, csiName)
 
-	// The driver, and its registration socket with a version the kubelet
-	// cannot parse.
+	// The driver, and its registration socket.
 	endpoint := filepath.Join(dir, "csi.sock")
 	d := &csiDriver{name: csiName, nodeID: node}
 	serveGRPC(t, endpoint, func(s *grpc.Server) {
@@ -67,17 +70,18 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		csi.RegisterNodeServer(s, d)
 	})
 	bad := testenv.StartPlugin(t, plugin.Config{Dir: k.RegistryDir, Socket: csiName + "-reg.sock", Type: "CSIPlugin", Name: csiName,
-		Versions: []string{"1"}, Endpoint: endpoint})
+		Versions: []string{"1.0.0"}, Endpoint: endpoint})
 	sock := bad.Path()
-	// The kubelet's side, the premise: it has seen the socket, refused it
-	// and told the plugin so, and holds it in its desired state only.
+	// The kubelet's side, the premise: it has seen the socket, failed to
+	// register it and told the plugin so, and holds it in its desired state
+	// only.
 	eventually(t, "the kubelet refusing the registration", func() (bool, string) {
 		st, ok := bad.Status()
-		return ok && !st.Registered, fmt.Sprintf("%+v %v", st, ok)
+		return ok && !st.Registered && st.Error != "", fmt.Sprintf("%+v %v", st, ok)
 	})
 	st, _ := bad.Status()
-	if !strings.Contains(st.Error, "validation failed") {
-		t.Errorf("the kubelet's registered=false says %q; want its validation's refusal", st.Error)
+	if !strings.Contains(st.Error, "ValidatingAdmissionPolicy") {
+		t.Errorf("the kubelet's registered=false says %q; want the policy's refusal of its CSINode write", st.Error)
 	}
 	t.Logf("the kubelet told the plugin: %s", st.Error)
 	eventually(t, "the kubelet's desired state with the socket, its actual state without", func() (bool, string) {
@@ -101,30 +105,22 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 	if !strings.Contains(c.Message, "its socket answers, but the kubelet has not registered it") || !strings.Contains(c.Message, "has seen "+sock) {
 		t.Errorf("the condition's message: %q", c.Message)
 	}
-	// The doctor: why (the versions, as the kubelet's parser reads them),
-	// and the finding that the kubelet has not registered the socket, with
-	// that why as its first likely cause, then the kubelet's refusal and
+	// The doctor: the finding that the kubelet has not registered the
+	// socket, with the kubelet's refusal first among the likely causes and
 	// where to read its reason.
-	var refused, notRegistered api.Finding
-	eventually(t, "plugctl doctor's versions-refused and kubelet-not-registered findings", func() (bool, string) {
+	var notRegistered api.Finding
+	eventually(t, "plugctl doctor's kubelet-not-registered finding", func() (bool, string) {
 		out, _ := plugctl(t, "--socket", pd.socket, "doctor", "-o", "json")
 		var l api.FindingList
 		decode(t, out, &l)
-		refused, notRegistered = api.Finding{}, api.Finding{}
+		notRegistered = api.Finding{}
 		for _, f := range l.Findings {
-			switch {
-			case f.Check == "versions-refused" && f.Socket == sock:
-				refused = f
-			case f.Check == "kubelet-not-registered" && f.Name == csiName:
+			if f.Check == "kubelet-not-registered" && f.Name == csiName {
 				notRegistered = f
 			}
 		}
-		return refused.Check != "" && notRegistered.Check != "", out
+		return notRegistered.Check != "", out
 	})
-	if refused.Severity != api.SeverityError || !strings.Contains(refused.Summary, "the kubelet refuses this CSI driver") ||
-		!slices.Contains(refused.Evidence, "versions: [1]") || !strings.Contains(refused.Remedy, "1.0.0") {
-		t.Errorf("versions-refused: %+v", refused)
-	}
 	var causes []string
 	for _, e := range notRegistered.Evidence {
 		if c, ok := strings.CutPrefix(e, "likely cause: "); ok {
@@ -132,14 +128,13 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		}
 	}
 	if notRegistered.Severity != api.SeverityWarning || notRegistered.Socket != sock || !strings.Contains(notRegistered.Remedy, "likely causes") ||
-		!slices.Contains(notRegistered.Evidence, "kubelet view: "+v.Message) || len(causes) < 2 ||
-		causes[0] != refused.Summary ||
-		!strings.HasPrefix(causes[1], "the kubelet has seen the socket and refused it, or cannot dial the plugin's endpoint") ||
-		!strings.Contains(causes[1], "journalctl -u kubelet | grep "+csiName) {
+		!slices.Contains(notRegistered.Evidence, "kubelet view: "+v.Message) || len(causes) < 1 ||
+		!strings.HasPrefix(causes[0], "the kubelet has seen the socket and refused it, or cannot dial the plugin's endpoint") ||
+		!strings.Contains(causes[0], "journalctl -u kubelet | grep "+csiName) {
 		t.Errorf("kubelet-not-registered: %+v", notRegistered)
 	}
 	out, _ := plugctl(t, "--socket", pd.socket, "doctor")
-	for _, want := range []string{"versions-refused", "kubelet-not-registered", "journalctl -u kubelet | grep " + csiName} {
+	for _, want := range []string{"kubelet-not-registered", "journalctl -u kubelet | grep " + csiName} {
 		if !strings.Contains(out, want) {
 			t.Errorf("plugctl doctor does not say %q:\n%s", want, out)
 		}
@@ -149,18 +144,16 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		t.Errorf("the refused plugin's socket: %v; notifications %d", err, bad.Notifications())
 	}
 
-	// A registration the kubelet takes, beside it: True, and nothing
+	// The policy goes, the cause is gone: the kubelet's next retry
+	// registers the socket, and the condition turns True, with nothing
 	// between.
-	good := testenv.StartPlugin(t, plugin.Config{Dir: k.RegistryDir, Socket: csiName + "-v1-reg.sock", Type: "CSIPlugin", Name: csiName,
-		Versions: []string{"1.0.0"}, Endpoint: endpoint})
+	dropPolicy()
 	waitCondition(t, node, csiCond, corev1.ConditionTrue, "PluginReady")
-	if _, registered, _ := kubeletPluginState(t, k, good.Path()); !registered {
-		t.Error("True while the kubelet does not hold the new socket")
+	if _, registered, _ := kubeletPluginState(t, k, sock); !registered {
+		t.Error("True while the kubelet does not hold the socket")
 	}
-	// The refused one goes; its view (one per plugin) is the one it held.
-	bad.Close()
 	v = pd.waitKubelet(t, csiName, api.KubeletRegistered, "")
-	if !strings.Contains(v.Message, "the kubelet's plugin manager holds "+good.Path()) {
+	if !strings.Contains(v.Message, "the kubelet's plugin manager holds "+sock) {
 		t.Errorf("view once registered: %+v", v)
 	}
 	// The watch of the Node may trail the GET that saw True.
@@ -175,4 +168,84 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 	if !slices.Equal(seq, []string{"False/KubeletNotRegistered", "True/PluginReady"}) {
 		t.Errorf("the condition went %v", seq)
 	}
+}
+
+// refuseCSINodeDriver makes the API server refuse any write of node's
+// CSINode that lists driver, with a ValidatingAdmissionPolicy and its
+// binding, as a cluster's policy engine could; it returns once a dry-run
+// of such a write is refused. The function it returns removes them and
+// returns once the write would be taken (or the kubelet has made it); it is
+// also a cleanup.
+func refuseCSINodeDriver(t *testing.T, node, driver string) (drop func()) {
+	t.Helper()
+	ctx := context.Background()
+	name := "refuse-" + node
+	fail := admissionregistrationv1.Fail
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{"storage.k8s.io"}, APIVersions: []string{"v1"}, Resources: []string{"csinodes"}},
+					},
+				}},
+			},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("object.metadata.name != %q || !has(object.spec.drivers) || !object.spec.drivers.exists(d, d.name == %q)", node, driver),
+				Message:    fmt.Sprintf("this test refuses %s on %s", driver, node),
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+	adm := admin.AdmissionregistrationV1()
+	if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adm.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A dry run of the kubelet's write: the CSINode (the kubelet made it at
+	// start) with the driver in it.
+	refused := func() (bool, string) {
+		n, err := admin.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if slices.ContainsFunc(n.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == driver }) {
+			return false, "listed" // the kubelet wrote it: the policy is gone
+		}
+		n.Spec.Drivers = append(n.Spec.Drivers, storagev1.CSINodeDriver{Name: driver, NodeID: node})
+		_, err = admin.StorageV1().CSINodes().Update(ctx, n, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
+			return false, "taken"
+		}
+		return strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), err.Error()
+	}
+	eventually(t, "the API server refusing "+driver+" in "+node+"'s CSINode", refused)
+	var once sync.Once
+	drop = func() {
+		once.Do(func() {
+			if err := adm.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+				t.Error(err)
+			}
+			if err := adm.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+				t.Error(err)
+			}
+			eventually(t, "the API server taking "+driver+" in "+node+"'s CSINode again", func() (bool, string) {
+				r, why := refused()
+				return !r && (why == "taken" || why == "listed"), why
+			})
+		})
+	}
+	t.Cleanup(drop)
+	return drop
 }
