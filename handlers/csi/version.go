@@ -21,8 +21,8 @@ const supportedMajor = 1
 func highestSupported(name string, versions []string) (raw string, v *utilversion.Version, err error) {
 	v, err = utilversion.HighestSupportedVersion(versions)
 	if err != nil {
-		return "", nil, fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x, "+
-			"as the kubelet reads it (two or more numbers: \"1.0.0\", \"1.2\", \"v1.5.0\"): %w", name, versions, supportedMajor, err)
+		return "", nil, fmt.Errorf("CSI driver %q offers versions %q, none of which plugd supports: it supports CSI %d.x; %s",
+			name, versions, supportedMajor, whyNone(versions))
 	}
 	for i := len(versions) - 1; i >= 0; i-- {
 		if w, err := utilversion.ParseGeneric(versions[i]); err == nil && w.EqualTo(v) {
@@ -31,4 +31,24 @@ func highestSupported(name string, versions []string) (raw string, v *utilversio
 	}
 	// Not reached: v was read from one of versions.
 	return v.String(), v, nil
+}
+
+// whyNone says why versions holds no version highestSupported takes: none
+// is one at all, as the kubelet reads them (naming the first and why), or
+// none of those that are is a 1.x.
+func whyNone(versions []string) string {
+	if len(versions) == 0 {
+		return "it offers none"
+	}
+	var first error
+	for _, s := range versions {
+		_, err := utilversion.ParseGeneric(s)
+		if err == nil {
+			return fmt.Sprintf("none of them is a %d.x", supportedMajor)
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return fmt.Sprintf("none is a version as the kubelet reads them, two or more numbers such as \"1.0.0\", \"1.2\" or \"v1.5.0\" (%v)", first)
 }
