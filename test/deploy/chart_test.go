@@ -477,8 +477,16 @@ func TestRenderings(t *testing.T) {
 	// release's DaemonSet and caretaker Deployment, not "plugd": an alert
 	// on a series that never exists would never fire.
 	t.Run("prometheusRule under another name", func(t *testing.T) {
-		m, _ := mustRender(t, "prometheusRule: {enabled: true}\nfullnameOverride: node-plugins")
+		m, _ := mustRender(t, "prometheusRule: {enabled: true}\nserviceMonitor: {enabled: true}\nfullnameOverride: node-plugins\nnameOverride: node-plugins")
 		o := decode(t, m)
+		// The series keep job="plugd", which every rule and the dashboard
+		// select, whatever the chart's names.
+		if len(o.serviceMonitors) != 1 || o.serviceMonitors[0].Spec.JobLabel != "" || !slices.ContainsFunc(o.serviceMonitors[0].Spec.Endpoints[0].RelabelConfigs,
+			func(r monitoringv1.RelabelConfig) bool {
+				return r.TargetLabel == "job" && len(r.SourceLabels) == 0 && r.Replacement != nil && *r.Replacement == "plugd"
+			}) {
+			t.Errorf("serviceMonitor under another name: %+v", o.serviceMonitors)
+		}
 		if len(o.prometheusRules) != 1 || len(o.daemonSets) != 1 || len(o.deployments) != 1 {
 			t.Fatalf("%d PrometheusRules, %d DaemonSets, %d Deployments", len(o.prometheusRules), len(o.daemonSets), len(o.deployments))
 		}
