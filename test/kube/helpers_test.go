@@ -49,7 +49,14 @@ const wait = 90 * time.Second
 // has no event of its own (the API's objects, plugd's kubelet view).
 func eventually(t *testing.T, what string, check func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
+	eventuallyWithin(t, wait, what, check)
+}
+
+// eventuallyWithin is eventually with another bound, for a wait whose
+// bound is someone else's pace (say the kubelet's longest backoff).
+func eventuallyWithin(t *testing.T, bound time.Duration, what string, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -58,7 +65,7 @@ func eventually(t *testing.T, what string, check func() (bool, string)) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s; last: %s", what, wait, last)
+			t.Fatalf("%s: not within %s; last: %s", what, bound, last)
 		}
 		<-tick.C
 	}
