@@ -71,17 +71,17 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		csi.RegisterIdentityServer(s, d)
 		csi.RegisterNodeServer(s, d)
 	})
-	bad := testenv.StartPlugin(t, plugin.Config{Dir: k.RegistryDir, Socket: csiName + "-reg.sock", Type: "CSIPlugin", Name: csiName,
+	reg := testenv.StartPlugin(t, plugin.Config{Dir: k.RegistryDir, Socket: csiName + "-reg.sock", Type: "CSIPlugin", Name: csiName,
 		Versions: []string{"1.0.0"}, Endpoint: endpoint})
-	sock := bad.Path()
+	sock := reg.Path()
 	// The kubelet's side, the premise: it has seen the socket, failed to
 	// register it and told the plugin so, and holds it in its desired state
 	// only.
 	eventually(t, "the kubelet refusing the registration", func() (bool, string) {
-		st, ok := bad.Status()
+		st, ok := reg.Status()
 		return ok && !st.Registered && st.Error != "", fmt.Sprintf("%+v %v", st, ok)
 	})
-	st, _ := bad.Status()
+	st, _ := reg.Status()
 	if !strings.Contains(st.Error, "ValidatingAdmissionPolicy") {
 		t.Errorf("the kubelet's registered=false says %q; want the policy's refusal of its CSINode write", st.Error)
 	}
@@ -142,8 +142,22 @@ func TestKubeletSeenNotRegistered(t *testing.T) {
 		}
 	}
 	// The refused plugin serves on: it was told false, and did not exit.
-	if _, err := os.Stat(sock); err != nil || bad.Notifications() == 0 {
-		t.Errorf("the refused plugin's socket: %v; notifications %d", err, bad.Notifications())
+	if _, err := os.Stat(sock); err != nil || reg.Notifications() == 0 {
+		t.Errorf("the refused plugin's socket: %v; notifications %d", err, reg.Notifications())
+	}
+
+	// Up to here the condition is False, and was written once: not True on
+	// the strength of a socket that answers plugd. (The watch may trail the
+	// GET: wait for it to deliver the first write.)
+	if c := condition(getNode(t, node), csiCond); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("while the kubelet refused the registration the condition is %+v", c)
+	}
+	eventually(t, "the watch seeing the condition False", func() (bool, string) {
+		seq := conds.since(csiCond, pd.started)
+		return len(seq) > 0, fmt.Sprint(seq)
+	})
+	if seq := conds.since(csiCond, pd.started); len(seq) != 1 || seq[0].String() != "False/KubeletNotRegistered" {
+		t.Errorf("while the kubelet refused the registration the condition went %v", seq)
 	}
 
 	// The policy goes, the cause is gone: the kubelet's next retry
