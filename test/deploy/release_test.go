@@ -277,7 +277,8 @@ func TestChartPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Metadata.Version != "1.2.3" || c.Metadata.AppVersion != "v1.2.3" || c.Schema == nil ||
-		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "files/rules.yaml" }) {
+		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "files/rules.yaml" }) ||
+		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "README.md" }) {
 		t.Errorf("the package: version %s, appVersion %s, schema %d bytes, files %v", c.Metadata.Version, c.Metadata.AppVersion, len(c.Schema), c.Files)
 	}
 }
