@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,5 +63,59 @@ func TestConfigRules(t *testing.T) {
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != list.String() {
 		t.Errorf("%s is not configRules (%v): go test ./cmd/plugd/internal/daemon -run TestConfigRules -update", rulesFile, err)
+	}
+}
+
+// refusalSites are the functions that refuse a configuration, and how many
+// errors each makes (errors.New and fmt.Errorf calls, wrappers included)
+// when configRules was last brought up to date with them. A new refusal
+// fails TestConfigRulesUpToDate until it has its rule in configRules and
+// its count here.
+var refusalSites = []struct {
+	file, fn string
+	errors   int
+}{
+	{"config.go", "WithDefaults", 14},
+	{"config.go", "checkKubernetes", 9},
+	{"config.go", "parseLevel", 1},
+	{"handlers.go", "checkHandler", 3},
+	{"paths.go", "checkRegistryDir", 3},
+	{"paths.go", "checkStatusSocket", 1},
+	{"paths.go", "statusTCP", 3},
+	{"bounds.go", "check", 2},
+	{"../kubenode/conditions.go", "WithDefaults", 7},
+	{"../kubenode/conditions.go", "DefaultCondition", 1},
+	{"../kubenode/conditions.go", "ParseTaint", 4},
+}
+
+// The refusals in the code are the ones configRules was written for: a
+// rule added to the code without its line in configRules fails here.
+func TestConfigRulesUpToDate(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, s := range refusalSites {
+		f, err := parser.ParseFile(fset, s.file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Name.Name != s.fn {
+				continue
+			}
+			ast.Inspect(fd, func(x ast.Node) bool {
+				if c, ok := x.(*ast.CallExpr); ok {
+					if sel, ok := c.Fun.(*ast.SelectorExpr); ok {
+						if id, ok := sel.X.(*ast.Ident); ok && (id.Name == "errors" && sel.Sel.Name == "New" || id.Name == "fmt" && sel.Sel.Name == "Errorf") {
+							n++
+						}
+					}
+				}
+				return true
+			})
+		}
+		if n != s.errors {
+			t.Errorf("%s %s makes %d errors, configRules was written for %d: give a new refusal its rule in configRules (rules.go), then set the count in refusalSites", s.file, s.fn, n, s.errors)
+		}
 	}
 }
