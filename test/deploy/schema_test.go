@@ -92,7 +92,7 @@ const (
 	setByChart = "the chart sets it itself (a flag or an environment variable of the DaemonSet: --mode, --status-tcp from status.port, " +
 		"NODE_NAME and NODE_IP from the pod), never from a value the schema lets through"
 	onlyExtra = "no value of the chart sets it: only extraConfig (plugd's own configuration, laid over the chart's) or extraArgs, " +
-		"which the schema takes as they are; plugd --check-config checks them (the extraConfig cases of badValues)"
+		"which the schema takes as they are; plugd --check-config refuses it (TestExtraConfigRefusedByPlugd)"
 	crossEntry = "two entries of a list may not share it: JSON Schema's uniqueItems compares whole entries, not one field; " +
 		"plugd --check-config refuses it (its case in badValues)"
 )
@@ -195,15 +195,9 @@ func TestBadValues(t *testing.T) {
 // (a case of badValues that the schema refuses) or a reason in
 // notInSchema; and both lists name only rules that exist.
 func TestSchemaCoversConfigRules(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(repo, "test", "deploy", "testdata", "config-rules.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	rules := map[string]bool{}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if line != "" && !strings.HasPrefix(line, "#") {
-			rules[line] = true
-		}
+	for _, r := range configRules(t) {
+		rules[r.name] = true
 	}
 	inSchema := map[string]bool{}
 	for _, tc := range badValues {
@@ -225,6 +219,52 @@ func TestSchemaCoversConfigRules(t *testing.T) {
 	for r := range rules {
 		if !inSchema[r] && notInSchema[r] == "" {
 			t.Errorf("plugd's rule %q has no counterpart in values.schema.json (a badValues case the schema refuses) and no reason in notInSchema", r)
+		}
+	}
+}
+
+// configRule is a line of testdata/config-rules.txt: a rule of plugd's
+// configuration, a configuration that breaks it, and what plugd says then.
+type configRule struct{ name, example, says string }
+
+// configRules reads testdata/config-rules.txt, which
+// cmd/plugd/internal/daemon's TestConfigRules writes from its table.
+func configRules(t *testing.T) []configRule {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo, "test", "deploy", "testdata", "config-rules.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []configRule
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			t.Fatalf("config-rules.txt: %q is not NAME<tab>EXAMPLE<tab>SAYS", line)
+		}
+		rules = append(rules, configRule{f[0], f[1], f[2]})
+	}
+	return rules
+}
+
+// A rule only extraConfig reaches is refused through it: its example, laid
+// over the chart's configuration as extraConfig, passes the schema and is
+// refused by plugd --check-config on the rendered ConfigMap.
+func TestExtraConfigRefusedByPlugd(t *testing.T) {
+	for _, r := range configRules(t) {
+		if notInSchema[r.name] != onlyExtra {
+			continue
+		}
+		values := "extraConfig: " + r.example
+		m, _, err := render(t, values)
+		if err != nil {
+			t.Errorf("rule %q: values %q: the schema refuses them: %v", r.name, values, err)
+			continue
+		}
+		if _, err := runConfig(t, decode(t, m)); err == nil || !strings.Contains(err.Error(), r.says) {
+			t.Errorf("rule %q: values %q: plugd --check-config says %v; want %q", r.name, values, err, r.says)
 		}
 	}
 }

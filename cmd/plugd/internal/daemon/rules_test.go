@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -24,7 +26,8 @@ func TestConfigRules(t *testing.T) {
 	dir := testenv.ShortDir(t, "pd")
 	var list strings.Builder
 	list.WriteString("# plugd's configuration rules (cmd/plugd/internal/daemon/rules.go), one a line:\n" +
-		"# FIELD CHECK. TestSchemaCoversConfigRules holds the chart's schema to them.\n" +
+		"# FIELD CHECK<tab>EXAMPLE (a configuration that breaks it, as JSON)<tab>WHAT PLUGD SAYS.\n" +
+		"# TestSchemaCoversConfigRules holds the chart's schema to them.\n" +
 		"# Written by: go test ./cmd/plugd/internal/daemon -run TestConfigRules -update\n")
 	seen := map[string]bool{}
 	for _, r := range configRules() {
@@ -32,7 +35,11 @@ func TestConfigRules(t *testing.T) {
 			t.Errorf("two rules are named %q", r.name())
 		}
 		seen[r.name()] = true
-		list.WriteString(r.name() + "\n")
+		example, err := yaml.YAMLToJSON([]byte(r.example))
+		if err != nil {
+			t.Fatalf("rule %q: %v", r.name(), err)
+		}
+		list.WriteString(r.name() + "\t" + string(example) + "\t" + r.says + "\n")
 		path := filepath.Join(dir, "c.yaml")
 		if err := os.WriteFile(path, []byte(r.example), 0o600); err != nil {
 			t.Fatal(err)
