@@ -10,6 +10,9 @@
 # bytes, so the checksums can be checked by building again.
 # PLATFORMS (space-separated OS/ARCH) narrows the plugin's platforms, and
 # the krew manifest to them; IMAGE_ARCHES (default amd64 arm64) the image's.
+# Each step says on standard error what it builds before it starts, and
+# how long it took: the first build on a cold cache compiles every module
+# for every platform (about 7 minutes on 2 cores), later ones take seconds.
 set -euo pipefail
 if [ $# -lt 1 ]; then
 	echo "usage: $0 VERSION [OUTDIR]" >&2
@@ -21,6 +24,18 @@ out=$(mkdir -p "${2:-dist}" && cd "${2:-dist}" && pwd)
 platforms=${PLATFORMS:-linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+# step N WHAT: says that step N of the total begins; done says it ended.
+total=$(($(wc -w <<<"$platforms") + $(wc -w <<<"${IMAGE_ARCHES:-amd64 arm64}") + 1))
+step() {
+	step_start=$SECONDS
+	echo "package.sh: [$1/$total] $2..." >&2
+}
+done_step() {
+	echo "package.sh:        done in $((SECONDS - step_start))s" >&2
+}
+echo "package.sh: release $version, $total steps; the first run on a cold cache compiles every module for each platform: minutes, not seconds" >&2
+n=0
 mkdir -p "$out/sbom"
 : >"$out/checksums.txt"
 
@@ -28,6 +43,8 @@ mkdir -p "$out/sbom"
 for p in $platforms; do
 	os=${p%/*} arch=${p#*/}
 	dir=$work/$os-$arch
+	n=$((n + 1))
+	step $n "kubectl-plugd for $os/$arch: build, SBOM, archive"
 	"$root/release/build.sh" "$dir" "$os" "$arch" "$version" kubectl-plugd
 	exe=kubectl-plugd
 	[ "$os" = windows ] && exe=kubectl-plugd.exe
@@ -35,19 +52,25 @@ for p in $platforms; do
 	archive=kubectl-plugd_${version}_${os}_${arch}.tar.gz
 	tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dir" -cf - "$exe" | gzip -n >"$out/$archive"
 	(cd "$out" && sha256sum "$archive" >>checksums.txt)
+	done_step
 done
 
 # The image's binaries, and what they are made of.
 for arch in ${IMAGE_ARCHES:-amd64 arm64}; do
+	n=$((n + 1))
+	step $n "plugd, plugctl, kubectl-plugd for the image's linux/$arch: build, SBOM"
 	"$root/release/build.sh" "$out/bin/linux_$arch" linux "$arch" "$version"
 	for b in plugd plugctl kubectl-plugd; do
 		go version -m "$out/bin/linux_$arch/$b" >"$out/sbom/${b}_linux_${arch}.txt"
 	done
+	done_step
 done
 
 # The krew manifest: each addURIAndSha line becomes the archive's uri and
 # sha256. A platform whose archive was not built is an error, unless
 # PLATFORMS left it out on purpose: then the manifest leaves it out too.
+n=$((n + 1))
+step $n "the krew manifest"
 partial=0
 [ -n "${PLATFORMS:-}" ] && partial=1
 awk -v version="$version" -v sums="$out/checksums.txt" -v partial="$partial" '
@@ -67,5 +90,7 @@ function flush() { if (keep) printf "%s", item; item = ""; keep = 1 }
 inItem { item = item $0 "\n"; next }
 { print }
 END { flush() }' "$root/.krew.yaml" >"$out/plugd.yaml"
+done_step
+echo "package.sh: done in $((SECONDS - start))s" >&2
 echo "release $version in $out:"
 (cd "$out" && ls -1 ./*.tar.gz checksums.txt plugd.yaml)

@@ -7,7 +7,11 @@
 // parsed, evaluated and unit-tested by Prometheus's rule manager and
 // PromQL engine, and its dashboard's queries checked against the metrics
 // plugd's code exports. A module of its own, so that the main module never
-// requires Helm or Prometheus.
+// requires Helm or Prometheus. The chart's values.schema.json is held to
+// plugd's configuration rules (testdata/config-rules.txt, written from
+// cmd/plugd/internal/daemon/rules.go): each bad value is refused by the
+// schema and by plugd --check-config, or by plugd alone for a reason
+// listed in notInSchema; its README to values.yaml's comments.
 //
 // go test . -update renders the generated files again.
 package deploy

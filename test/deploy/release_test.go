@@ -85,8 +85,17 @@ func TestRelease(t *testing.T) {
 	// One cross-compiled platform for both: each more costs CI a build of
 	// every dependency.
 	cmd.Env = append(os.Environ(), "PLATFORMS=linux/arm64", "IMAGE_ARCHES=arm64")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("release/package.sh: %v\n%s", err, b)
+	progress, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("release/package.sh: %v\n%s", err, progress)
+	}
+	// Minutes on a cold cache: it says what it builds before each step,
+	// and how long each took.
+	if !regexp.MustCompile(`(?s)package\.sh: release v0\.0\.0-test\.1, 3 steps; .*minutes.*` +
+		`\[1/3\] kubectl-plugd for linux/arm64.*done in \d+s.*` +
+		`\[2/3\] plugd, plugctl, kubectl-plugd for the image's linux/arm64.*done in \d+s.*` +
+		`\[3/3\] the krew manifest.*done in \d+s.*package\.sh: done in \d+s`).Match(progress) {
+		t.Errorf("release/package.sh does not say each step before it starts, with its time:\n%s", progress)
 	}
 
 	// The image's binaries: for linux/arm64, static, stamped, without cgo.
@@ -268,7 +277,8 @@ func TestChartPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Metadata.Version != "1.2.3" || c.Metadata.AppVersion != "v1.2.3" || c.Schema == nil ||
-		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "files/rules.yaml" }) {
+		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "files/rules.yaml" }) ||
+		!slices.ContainsFunc(c.Files, func(f *common.File) bool { return f.Name == "README.md" }) {
 		t.Errorf("the package: version %s, appVersion %s, schema %d bytes, files %v", c.Metadata.Version, c.Metadata.AppVersion, len(c.Schema), c.Files)
 	}
 }

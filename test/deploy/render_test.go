@@ -60,6 +60,19 @@ func loadChart(t testing.TB) *chart.Chart {
 // manifest and NOTES.txt rendered.
 func render(t testing.TB, values string) (manifest, notes string, err error) {
 	t.Helper()
+	return renderChart(t, values, false)
+}
+
+// renderUnchecked is render without values.schema.json: what plugd would
+// be given if the schema let values through.
+func renderUnchecked(t testing.TB, values string) (manifest string, err error) {
+	t.Helper()
+	manifest, _, err = renderChart(t, values, true)
+	return manifest, err
+}
+
+func renderChart(t testing.TB, values string, skipSchema bool) (manifest, notes string, err error) {
+	t.Helper()
 	vals := map[string]any{}
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatalf("values %q: %v", values, err)
@@ -72,6 +85,7 @@ func render(t testing.TB, values string) (manifest, notes string, err error) {
 	in.ReleaseName = releaseName
 	in.Namespace = namespace
 	in.Replace = true
+	in.SkipSchemaValidation = skipSchema
 	r, err := in.RunWithContext(context.Background(), loadChart(t), vals)
 	if err != nil {
 		return "", "", err

@@ -262,6 +262,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"kubernetes: {nodeName: n, disagreementGrace: -1s}\n", "kubernetes.disagreementGrace is -1s"},
 		{"kubernetes: {nodeName: n, removeTaintWhenReady: x}\n", `kubernetes.removeTaintWhenReady "x": write it as KEY:EFFECT`},
 		{"kubernetes: {nodeName: n, removeTaintWhenReady: 'k:NoSchedule'}\n", "expect lists no plugins"},
+		{"kubernetes: {nodeName: n, removeTaintWhenReady: 'node.kubernetes.io/unschedulable:NoSchedule'}\n", "Kubernetes reserves"},
 		{"kubernetes: {nodeNam: n}\n", `unknown field "nodeNam"`},
 		{"expect: [{type: CSIPlugin}]\n", "expect[0]: type and name are both needed"},
 		{"expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "expect[0]: minHealthyDevices applies to DevicePlugin"},

@@ -184,12 +184,16 @@ func run(ctx context.Context, out io.Writer, opts options) (err error) {
 		}
 	}()
 
+	// Said before anything starts, so that a slow start is never silent
+	// (go run's own compile, before this, is: the docs say so).
+	fmt.Fprintln(d.out, "plugd demo: starting plugd in this process...")
 	if err := d.startDaemon(ctx); err != nil {
 		return err
 	}
 	if err := d.openEvents(ctx); err != nil {
 		return err
 	}
+	fmt.Fprintf(d.out, "plugd demo: plugd answers on its status API, after %s.\n\n", time.Since(d.start).Round(time.Millisecond))
 	d.title()
 	if err := d.scenario(ctx); err != nil {
 		return err

@@ -55,6 +55,12 @@ func checkScenario(t *testing.T, output string) {
 		return len(lines)
 	}
 
+	// The first line is said before plugd starts; the second once it
+	// answers, with the time it took.
+	if len(lines) < 2 || lines[0] != "plugd demo: starting plugd in this process..." ||
+		!regexp.MustCompile(`^plugd demo: plugd answers on its status API, after [0-9.]+m?s\.$`).MatchString(lines[1]) {
+		t.Errorf("the demo does not say it is starting plugd, then after how long plugd answers:\n%s", strings.Join(lines[:min(3, len(lines))], "\n"))
+	}
 	find(0, "In another terminal: go run ./cmd/plugctl --socket ", "plugd.sock list")
 	find(0, "Registered", "CSIPlugin", "csi.example.com", "csi.sock", "versions 1.0.0")
 	find(0, "Registered", "DRAPlugin", "dra.example.com", "dra.sock", "versions v1.DRAPlugin")

@@ -24,8 +24,8 @@ func (d *demo) title() {
 	if logWhere == "" {
 		logWhere = "standard error (--verbose)"
 	}
-	fmt.Fprintf(d.out, `plugd demo: plugd runs in this process on a temporary directory, and example
-plugins come and go in it. Each line below is an event from plugd's status API
+	fmt.Fprintf(d.out, `plugd runs in this process on a temporary directory, and example plugins come
+and go in it. Each line below is an event from plugd's status API
 (GET /v1/events), printed as it happens; each table is its list of plugins
 (GET /v1/plugins).
 
@@ -35,6 +35,7 @@ plugins come and go in it. Each line below is an event from plugd's status API
   All of it is removed when the demo exits.
 
 In another terminal: go run ./cmd/plugctl --socket %s list
+(its first run compiles plugctl, silently: go run -v names each package it compiles)
 `, d.registry, d.socket, logWhere, d.socket)
 }
 

@@ -108,7 +108,10 @@ var kubeletConditions = []corev1.NodeConditionType{corev1.NodeReady, corev1.Node
 	corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeNetworkUnavailable}
 
 // ParseTaint reads KEY:EFFECT, the taint plugd removes once every expected
-// plugin is ready.
+// plugin is ready. A key in a domain Kubernetes reserves is refused: such a
+// taint belongs to Kubernetes (node.kubernetes.io/unschedulable is a cordon,
+// node.kubernetes.io/not-ready the node lifecycle controller's), and plugd,
+// which removes its taint whenever it comes back, would undo it each time.
 func ParseTaint(s string) (key string, effect corev1.TaintEffect, err error) {
 	k, e, ok := strings.Cut(s, ":")
 	effect = corev1.TaintEffect(e)
@@ -117,10 +120,31 @@ func ParseTaint(s string) (key string, effect corev1.TaintEffect, err error) {
 		return "", "", fmt.Errorf("%q: write it as KEY:EFFECT, such as example.com/plugins-not-ready:NoSchedule", s)
 	case len(content.IsLabelKey(k)) > 0:
 		return "", "", fmt.Errorf("%q: the key %q is not a valid taint key: %s", s, k, strings.Join(content.IsLabelKey(k), "; "))
+	case reservedTaintKey(k):
+		return "", "", fmt.Errorf("%q: the key %q is in a domain Kubernetes reserves for its own taints (kubernetes.io and k8s.io, and their subdomains, such as node.kubernetes.io, whose unschedulable taint is a cordon): plugd would remove it every time Kubernetes puts it back; use a key of your own, such as example.com/plugins-not-ready", s, k)
 	case !slices.Contains([]corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute}, effect):
 		return "", "", fmt.Errorf("%q: the effect %q must be NoSchedule, PreferNoSchedule or NoExecute", s, e)
 	}
 	return k, effect, nil
+}
+
+// reservedTaintKey says whether a taint key's prefix is kubernetes.io or
+// k8s.io, or a subdomain of either: the domains Kubernetes reserves for
+// its own labels, annotations and taints (node.kubernetes.io/*,
+// node-role.kubernetes.io/*, node-restriction.kubernetes.io/*,
+// node.cloudprovider.kubernetes.io/uninitialized, ...). A key without a
+// prefix is the user's.
+func reservedTaintKey(key string) bool {
+	prefix, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return false
+	}
+	for _, d := range []string{"kubernetes.io", "k8s.io"} {
+		if prefix == d || strings.HasSuffix(prefix, "."+d) {
+			return true
+		}
+	}
+	return false
 }
 
 // verdict is what an expected plugin's condition should say.

@@ -387,6 +387,23 @@ func TestParseTaint(t *testing.T) {
 			t.Errorf("ParseTaint(%q) accepted it", bad)
 		}
 	}
+	// Taints Kubernetes owns: plugd would remove each every time it came
+	// back (a cordon's unschedulable taint: plugd would uncordon the node).
+	for _, owned := range []string{"node.kubernetes.io/unschedulable:NoSchedule", "node.kubernetes.io/not-ready:NoExecute",
+		"node-role.kubernetes.io/control-plane:NoSchedule", "node-restriction.kubernetes.io/pci:NoSchedule",
+		"node.cloudprovider.kubernetes.io/uninitialized:NoSchedule", "kubernetes.io/x:NoSchedule", "k8s.io/x:NoSchedule",
+		"sub.k8s.io/x:NoSchedule"} {
+		if _, _, err := ParseTaint(owned); err == nil || !strings.Contains(err.Error(), "Kubernetes reserves") {
+			t.Errorf("ParseTaint(%q) = %v; want it refused as Kubernetes'", owned, err)
+		}
+	}
+	// Keys of one's own, also those that only look alike.
+	for _, own := range []string{"dedicated:NoSchedule", "example.com/plugins-not-ready:NoSchedule", "notkubernetes.io/x:NoSchedule",
+		"kubernetes.io.example.com/x:NoSchedule", "example.com/node.kubernetes.io:NoSchedule"} {
+		if _, _, err := ParseTaint(own); err != nil {
+			t.Errorf("ParseTaint(%q): %v", own, err)
+		}
+	}
 }
 
 // recorder keeps the events it is given, with their action.
