@@ -360,6 +360,13 @@ func (w *watcher) handleRootEvent(ev fsnotify.Event) {
 		w.log.Info("the registry directory is back", "dir", root)
 		w.forget(root) // a watch left on the old one, if its removal was not seen yet
 		w.resync()
+	case ev.Has(fsnotify.Chmod) && there:
+		// Its own mode or owner changed (chmod, chown): made unsafe, its
+		// plugins are let go before a socket made after the change is
+		// looked at (its Create comes after this event); made safe, its
+		// sockets are found again. Not left to the next resync, which may
+		// never come.
+		w.resync()
 	}
 }
 
