@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -22,6 +21,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
@@ -32,10 +32,6 @@ const (
 	ExitUsage    = 2 // the command line is wrong
 	ExitFindings = 4 // doctor found a warning or an error
 )
-
-// Version is the plugin's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/cmd/kubectl-plugd/internal/cli.Version=v1.2.3".
-var Version = "devel"
 
 // Main runs the plugin as a program: Ctrl-C (or SIGTERM) cancels what it
 // does. cmd/kubectl-plugd passes the result to os.Exit.
@@ -114,7 +110,7 @@ func (a *app) restConfig() (*rest.Config, error) {
 		return nil, fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}
 	rc = rest.CopyConfig(rc)
-	rc.UserAgent = "kubectl-plugd/" + version()
+	rc.UserAgent = "kubectl-plugd/" + version.String()
 	// Nodes are large: protobuf is about half the bytes of JSON, and
 	// faster to decode.
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
@@ -180,24 +176,13 @@ func oneOf(flag, value string, allowed ...string) (string, error) {
 	return "", usageErrorf("%s %q must be one of %s", flag, value, strings.Join(allowed, ", "))
 }
 
-// version is Version, or the module version Go recorded at 'go install'.
-func version() string {
-	if Version != "devel" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return Version
-}
-
 func (a *app) versionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the plugin's version",
 		Args:  cobra.NoArgs,
 		Run: func(*cobra.Command, []string) {
-			fmt.Fprintf(a.stdout, "kubectl-plugd %s\n", version())
+			fmt.Fprintln(a.stdout, version.Line("kubectl-plugd"))
 		},
 	}
 }

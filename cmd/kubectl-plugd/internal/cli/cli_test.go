@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/plugd/plugd/cmd/internal/version"
 )
 
 // run runs the plugin in-process and returns its exit code and output.
@@ -54,5 +56,13 @@ func TestUsageErrors(t *testing.T) {
 		if code == ExitUsage && !strings.Contains(out, "--help' for usage") {
 			t.Errorf("kubectl plugd %q: no hint at --help:\n%s", tc.args, out)
 		}
+	}
+}
+
+// Issue 33, item 12: kubectl plugd version prints its version as plugd
+// and plugctl do (version.Line): the name, the version, Go's.
+func TestVersion(t *testing.T) {
+	if code, out := run("version"); code != ExitOK || out != version.Line("kubectl-plugd")+"\n" {
+		t.Errorf("version: exit %d, %q; want %q", code, out, version.Line("kubectl-plugd"))
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 )
@@ -779,14 +779,14 @@ func TestUnreachable(t *testing.T) {
 		r := run(append([]string{"--socket", sock}, args...)...)
 		r.want(t, ExitError, "plugctl: cannot reach plugd at "+sock, "is plugd running?")
 	}
-	if r := run("--socket", sock, "version"); !strings.HasPrefix(r.stdout, "plugctl devel ("+runtime.Version()+")\n") {
+	if r := run("--socket", sock, "version"); !strings.HasPrefix(r.stdout, version.Line("plugctl")+"\n") {
 		t.Errorf("version without plugd should still print plugctl's: %q", r.stdout)
 	}
 }
 
 func TestVersion(t *testing.T) {
 	e := startDaemon(t)
-	want := "plugctl devel (" + runtime.Version() + ")\nplugd devel (" + runtime.Version() + ") at " + e.sock + ", watching " + e.dir + "\n"
+	want := version.Line("plugctl") + "\n" + version.Line("plugd") + " at " + e.sock + ", watching " + e.dir + "\n"
 	if out := e.mustRun(t, "version"); out != want {
 		t.Errorf("version:\n%s\nwant:\n%s", out, want)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
 
@@ -44,5 +45,17 @@ func TestCheckConfig(t *testing.T) {
 	}
 	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), `unknown field "nmae"`) {
 		t.Errorf("a misspelt field: %v", err)
+	}
+}
+
+// Issue 33, item 12: plugd version prints its version as plugctl and
+// kubectl plugd do (version.Line).
+func TestVersionCommand(t *testing.T) {
+	var out strings.Builder
+	cmd := daemon.Command()
+	cmd.SetArgs([]string{"version"})
+	cmd.SetOut(&out)
+	if err := cmd.Execute(); err != nil || out.String() != version.Line("plugd")+"\n" {
+		t.Errorf("plugd version: %q, %v; want %q", out.String(), err, version.Line("plugd"))
 	}
 }

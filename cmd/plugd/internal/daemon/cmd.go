@@ -7,13 +7,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
@@ -54,7 +54,7 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 		Short: "Print plugd's version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "plugd %s (%s)\n", Version, runtime.Version())
+			fmt.Fprintln(cmd.OutOrStdout(), version.Line("plugd"))
 		},
 	})
 	return cmd

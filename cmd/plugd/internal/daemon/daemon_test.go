@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/confine"
 
 	"github.com/spf13/pflag"
@@ -167,7 +168,7 @@ func TestStatusAPI(t *testing.T) {
 	}
 
 	v, err := r.client.Version(ctx)
-	if err != nil || v.Version != Version || v.RegistryDir != r.dir {
+	if err != nil || v.Version != version.String() || v.RegistryDir != r.dir {
 		t.Errorf("version = %+v, %v", v, err)
 	}
 	if err := r.client.Ready(ctx); err != nil {
