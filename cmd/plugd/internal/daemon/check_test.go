@@ -59,3 +59,29 @@ func TestVersionCommand(t *testing.T) {
 		t.Errorf("plugd version: %q, %v; want %q", out.String(), err, version.Line("plugd"))
 	}
 }
+
+// Issue 33, item 12: a wrong command line exits 2, as plugctl's and
+// kubectl plugd's do, with a hint at --help; an error of plugd running
+// (a configuration it refuses) exits 1.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--bogus"}, daemon.ExitUsage, "unknown flag: --bogus"},
+		{[]string{"extra"}, daemon.ExitUsage, `unknown command "extra"`},
+		{[]string{"--workers", "many"}, daemon.ExitUsage, "invalid argument"},
+		{[]string{"version", "x"}, daemon.ExitUsage, "unknown command"},
+		{[]string{"--check-config", "--config", "/nonexistent/plugd.yaml"}, daemon.ExitError, "/nonexistent/plugd.yaml"},
+	} {
+		var stderr strings.Builder
+		code := daemon.Execute(context.Background(), daemon.Command(), tc.args, &stderr)
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("plugd %q: exit %d, want %d saying %q:\n%s", tc.args, code, tc.code, tc.want, stderr.String())
+		}
+		if hint := strings.Contains(stderr.String(), "--help' for usage"); hint != (tc.code == daemon.ExitUsage) {
+			t.Errorf("plugd %q: a hint at --help %v:\n%s", tc.args, hint, stderr.String())
+		}
+	}
+}
