@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -162,7 +161,7 @@ plugd's pod where that reaches it.
 
  plugd's pod is looked for in the namespace -n (default plugd), by the label
 app.kubernetes.io/name=plugd. Exit status 4 when something at warning or
-above is found.`,
+above is found among the findings --min-severity shows; 0 otherwise.`,
 		Example: `  # What is wrong on node worker-1
   kubectl plugd doctor worker-1
 
@@ -185,25 +184,20 @@ above is found.`,
 			if err != nil {
 				return err
 			}
-			shown := []api.Finding{}
-			for _, f := range fs {
-				if printer.SeverityAtLeast(f.Severity, minSeverity) {
-					shown = append(shown, f)
-				}
-			}
+			shown := printer.AtLeast(fs, minSeverity)
 			switch output {
 			case "json":
 				err = printer.JSON(a.stdout, api.FindingList{Findings: shown})
 			case "yaml":
 				err = printer.YAML(a.stdout, api.FindingList{Findings: shown})
 			default:
-				err = printer.Findings(a.stdout, "kubectl plugd doctor", shown)
+				err = printer.FindingsAtLeast(a.stdout, "kubectl plugd doctor", fs, minSeverity)
 			}
 			if err != nil {
 				return err
 			}
-			if slices.ContainsFunc(fs, func(f api.Finding) bool { return printer.SeverityAtLeast(f.Severity, api.SeverityWarning) }) {
-				return &exitError{code: ExitFindings, err: fmt.Errorf("found %s on node %s", printer.CountFindings(fs), args[0])}
+			if printer.Serious(shown) {
+				return &exitError{code: ExitFindings, err: fmt.Errorf("found %s on node %s", printer.CountFindings(shown), args[0])}
 			}
 			return nil
 		}),

@@ -833,6 +833,28 @@ func TestDoctor(t *testing.T) {
 	e.run("doctor", "--min-severity", "loud").want(t, ExitUsage, `--min-severity "loud" must be one of info, warning, error`)
 }
 
+// Issue 33, item 12: --min-severity decides what is found, for the exit
+// code too: with only a warning found, --min-severity error prints that
+// nothing is at error or above (not an empty list alone, not "nothing
+// wrong") and exits 0; JSON is an empty list.
+func TestDoctorMinSeverity(t *testing.T) {
+	e := startDaemon(t)
+	testenv.DeadSocket(t, filepath.Join(e.dir, "dead.sock")) // a stale socket: a warning
+	e.mustRun(t, "wait", "--id", "dead.sock", "--for", "stale")
+	e.run("doctor").want(t, ExitFindings, "found 1 warning")
+	r := e.run("doctor", "--min-severity", "error")
+	r.want(t, ExitOK)
+	if !strings.Contains(r.stdout, "plugd found nothing at error or above (below it: 1 warning; --min-severity info shows them)") {
+		t.Errorf("doctor --min-severity error with a warning:\n%s", r.stdout)
+	}
+	r = e.run("doctor", "--min-severity", "error", "-o", "json")
+	r.want(t, ExitOK)
+	var list api.FindingList
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || list.Findings == nil || len(list.Findings) != 0 {
+		t.Errorf("doctor --min-severity error -o json: %v\n%s", err, r.stdout)
+	}
+}
+
 // With plugd connected to Kubernetes, the table has a KUBELET column; -o
 // wide gives its reason. Without, the table is as it always was.
 func TestKubeletColumn(t *testing.T) {
