@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/kubeconfig"
@@ -105,7 +106,11 @@ watches on every node, from the Node conditions plugd keeps in the API.
 func (a *app) restConfig() (*rest.Config, error) {
 	// The files the kubeconfig names (certificates, a token) are read as
 	// plugctl reads them: at most a few MiB, a FIFO or device refused.
-	rc, err := kubeconfig.RESTConfig(a.kube.ToRawKubeConfigLoader())
+	loader := a.kube.ToRawKubeConfigLoader()
+	if err := a.checkFound(loader); err != nil {
+		return nil, err
+	}
+	rc, err := kubeconfig.RESTConfig(loader)
 	if err != nil {
 		return nil, fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}
@@ -116,6 +121,18 @@ func (a *app) restConfig() (*rest.Config, error) {
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return rc, nil
+}
+
+// checkFound refuses to go on without an API server to talk to: no
+// kubeconfig, no --server, and not in a pod. kubectl's defaults would then
+// point at http://localhost:8080, and the user see only "connection
+// refused".
+func (a *app) checkFound(loader clientcmd.ClientConfig) error {
+	raw, err := loader.RawConfig()
+	if err != nil || len(raw.Clusters) > 0 || a.kube.APIServer != nil && *a.kube.APIServer != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return nil // an error in a kubeconfig is RESTConfig's to say
+	}
+	return errors.New("cannot find the Kubernetes API server: no kubeconfig ($KUBECONFIG, else ~/.kube/config), no --server, and not in a pod; give --kubeconfig (and --context)")
 }
 
 // namespace is plugd's namespace: -n, else plugd. The context's namespace

@@ -66,3 +66,18 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version: exit %d, %q; want %q", code, out, version.Line("kubectl-plugd"))
 	}
 }
+
+// Issue 33, item 12: with no kubeconfig, no --server and no pod around
+// it, kubectl plugd says what to give, as plugctl cluster does, instead
+// of trying http://localhost:8080 and printing "connection refused".
+func TestNoKubeconfig(t *testing.T) {
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, args := range [][]string{{"cluster"}, {"node", "a"}, {"doctor", "a"}} {
+		code, out := run(args...)
+		if code != ExitError || !strings.Contains(out, "cannot find the Kubernetes API server") || !strings.Contains(out, "give --kubeconfig") || strings.Contains(out, "localhost:8080") {
+			t.Errorf("kubectl plugd %q without a kubeconfig: exit %d:\n%s", args, code, out)
+		}
+	}
+}
