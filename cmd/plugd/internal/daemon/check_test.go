@@ -43,7 +43,7 @@ func TestCheckConfig(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "reg")); !os.IsNotExist(err) {
 		t.Errorf("--check-config created the registry directory: %v", err)
 	}
-	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), `unknown field "nmae"`) {
+	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), "unknown key expect[0].nmae") {
 		t.Errorf("a misspelt field: %v", err)
 	}
 }
