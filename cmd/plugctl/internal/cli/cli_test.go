@@ -612,7 +612,7 @@ func TestWatchWithoutAStream(t *testing.T) {
 		t.Errorf("no Discovered line before Registered:\n%s", strings.Join(seen, "\n"))
 	}
 	p.Close()
-	waitLine(t, b.stdout, eventRx("Removed", "CSIPlugin", "csi.example.com", csiID, `\w+`))
+	waitLine(t, b.stdout, eventRx("Removed", "CSIPlugin", "csi.example.com", csiID, "-"))
 	if code, _, _ := b.interrupt(t); code != ExitOK {
 		t.Errorf("exit code %d after Ctrl-C, want 0", code)
 	}
