@@ -154,6 +154,8 @@ doctor: {kubeletRoots: [%s], procDir: %s}
 	// Versions the kubelet refuses.
 	n.plugin(t, "-type", "CSIPlugin", "-name", "csi0.example.com", "-versions", "0.3.0")
 	n.plugin(t, "-type", "DRAPlugin", "-name", "v2.example.com", "-versions", "v2.DRAPlugin")
+	// A plugin of a type plugd has no handler for: Rejected.
+	n.plugin(t, "-type", "example.com/Greeter", "-name", "greeter.example.com", "-versions", "v1", "-socket", "greeter.sock")
 	// A registration socket that answers for an endpoint nobody serves.
 	testenv.DeadSocket(t, filepath.Join(dir, "dead.sock"))
 	testenv.StartPlugin(t, plugin.Config{Dir: n.reg, Socket: "dead-endpoint.sock", Type: "CSIPlugin", Name: "dead.example.com", Versions: []string{"1.0.0"}, Endpoint: filepath.Join(dir, "dead.sock")})
@@ -176,6 +178,7 @@ doctor: {kubeletRoots: [%s], procDir: %s}
 	for _, id := range []string{"gpu-new.sock", "csi0.example.com.sock", "v2.example.com.sock", "dead-endpoint.sock", "health.sock"} {
 		n.waitState(t, id, "Registered")
 	}
+	n.waitState(t, "greeter.sock", "Rejected")
 	n.waitState(t, "gone.sock", "Stale")
 	n.waitState(t, "gpu-old.sock", "Stale")
 	rel, _ := filepath.Rel(n.reg, longPath)
@@ -222,6 +225,7 @@ doctor: {kubeletRoots: [%s], procDir: %s}
 		{"health-service-missing", reg("health.sock"), api.SeverityWarning, []string{"Unimplemented"}},
 		{"socket-path-too-long", longPath, api.SeverityError, []string{fmt.Sprintf("%d bytes long", len(longPath))}},
 		{"expected-missing", "", api.SeverityError, []string{"missing.example.com"}},
+		{"plugin-rejected", reg("greeter.sock"), api.SeverityError, []string{"reason: no_handler", "--handler example.com/Greeter=accept"}},
 	}...) {
 		f := find(want.check, want.socket)
 		if f == nil {

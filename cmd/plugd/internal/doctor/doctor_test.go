@@ -350,3 +350,36 @@ func TestKubeletInAnotherMountNamespace(t *testing.T) {
 		})
 	}
 }
+
+// Issue 33, item 12: a plugin plugd rejected (plugctl list shows it
+// Rejected) is a finding, with plugd's reason and error and what to do
+// about that reason; one whose rejection another finding explains (refused
+// versions) is not reported twice.
+func TestRejectedPlugins(t *testing.T) {
+	dir := testenv.ShortDir(t, "rej")
+	p := func(name string) string { return filepath.Join(dir, name) }
+	for _, s := range []string{"greeter.sock", "bad.sock", "csi0.sock"} {
+		listen(t, p(s))
+	}
+	fs := Check(context.Background(), Input{RegistryDir: dir, KubeletRoots: []string{}, Plugins: []Plugin{
+		{Socket: p("greeter.sock"), Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonNoHandler, LastError: `no handler for plugin type "example.com/Greeter"`},
+		{Socket: p("bad.sock"), Type: "CSIPlugin", Name: "bad", Versions: []string{"1.0.0"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonValidate, LastError: "the name is not a valid CSI driver name"},
+		{Socket: p("csi0.sock"), Type: "CSIPlugin", Name: "csi0.example.com", Versions: []string{"0.3.0"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonValidate, LastError: "no 1.x version"},
+	}})
+	for _, want := range []struct{ socket, says string }{
+		{p("greeter.sock"), "--handler example.com/Greeter=accept"},
+		{p("bad.sock"), "the handler refused the plugin"},
+	} {
+		got := findings(fs, "plugin-rejected", want.socket)
+		if len(got) != 1 || got[0].Severity != api.SeverityError || !strings.Contains(got[0].Remedy, want.says) ||
+			!strings.Contains(strings.Join(got[0].Evidence, "\n"), "reason: ") || !strings.Contains(strings.Join(got[0].Evidence, "\n"), "error: ") {
+			t.Errorf("the rejected plugin at %s: %+v; want an error whose remedy says %q", want.socket, got, want.says)
+		}
+	}
+	if got := findings(fs, "plugin-rejected", p("csi0.sock")); len(got) != 0 || len(findings(fs, "versions-refused", p("csi0.sock"))) != 1 {
+		t.Errorf("the plugin whose versions are refused is reported twice: %+v", fs)
+	}
+}
