@@ -83,7 +83,7 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `Show the node plugins (CSI drivers, device plugins, DRA drivers) that plugd
 watches on every node, from the Node conditions plugd keeps in the API.
 
- Find more information at: https://github.com/plugd/plugd/blob/main/docs/kubernetes.md`,
+Find more information at: https://github.com/plugd/plugd/blob/main/docs/kubernetes.md`,
 		Annotations:       map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl plugd"},
 		SilenceErrors:     true,
 		SilenceUsage:      true,

@@ -25,7 +25,7 @@ func (a *app) clusterCommand() *cobra.Command {
 ready out of the nodes that expect it, read from the Node conditions plugd
 keeps (one per expected plugin).
 
- Nodes are read 500 at a time, so that a large cluster costs a few requests
+Nodes are read 500 at a time, so that a large cluster costs a few requests
 and little memory. -l counts only the nodes it selects. Reading needs list on
 nodes.`,
 		Example: `  # Every expected plugin, and on how many nodes it is ready
@@ -82,7 +82,7 @@ reason, since when), then what the kubelet wrote of the node's plugins: the
 CSI drivers in its CSINode, the device plugins' resources in its capacity,
 and the DRA drivers with ResourceSlices for it.
 
- With --watch, print the view again each time the Node changes.`,
+With --watch, print the view again each time the Node changes.`,
 		Example: `  # The plugins of node worker-1
   kubectl plugd node worker-1
 
@@ -159,7 +159,7 @@ plugctl doctor prints on the node: stale sockets, refused versions, sockets
 under another kubelet root...), asked through the API server's proxy to
 plugd's pod where that reaches it.
 
- plugd's pod is looked for in the namespace -n (default plugd), by the label
+plugd's pod is looked for in the namespace -n (default plugd), by the label
 app.kubernetes.io/name=plugd. Exit status 4 when something at warning or
 above is found among the findings --min-severity shows; 0 otherwise.`,
 		Example: `  # What is wrong on node worker-1

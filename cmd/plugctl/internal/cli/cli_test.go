@@ -28,6 +28,7 @@ import (
 	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
+	"github.com/spf13/cobra"
 )
 
 // plugd is the daemon the tests run plugctl against, built once by TestMain.
@@ -884,4 +885,24 @@ func TestKubeletColumn(t *testing.T) {
 // and its table are package fleet's, tested there and in test/kube.
 func TestClusterNoAPIServer(t *testing.T) {
 	run("cluster", "--kubeconfig", "/nonexistent/kubeconfig").want(t, ExitError, "cannot find the Kubernetes API server")
+}
+
+// Issue 33, item 12: no line of any command's help starts with a stray
+// space; indented blocks (two spaces or more) are fine.
+func TestHelpHasNoStraySpace(t *testing.T) {
+	a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	var check func(cmd *cobra.Command)
+	check = func(cmd *cobra.Command) {
+		for _, text := range []string{cmd.Short, cmd.Long, cmd.Example} {
+			for _, line := range strings.Split(text, "\n") {
+				if strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "  ") {
+					t.Errorf("%s: a line of its help starts with a stray space: %q", cmd.CommandPath(), line)
+				}
+			}
+		}
+		for _, sub := range cmd.Commands() {
+			check(sub)
+		}
+	}
+	check(a.rootCommand())
 }
