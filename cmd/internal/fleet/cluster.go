@@ -153,26 +153,36 @@ type page struct {
 	err         error
 }
 
+// Format is how a view is printed for people: Wide adds columns (and, to
+// the cluster view, each node where a plugin is not ready); NoHeaders
+// leaves out the tables' headers and the cluster's count of nodes, for
+// scripts (kubectl's --no-headers).
+type Format struct {
+	Wide, NoHeaders bool
+}
+
 // WriteCluster prints v for people: per plugin, on how many nodes it is
 // ready; wide adds each node where it is not, and why (the message cut at
 // nodecond.MaxMessage bytes: plugd's are no longer, and others' are not
 // bounded by the API).
-func WriteCluster(w io.Writer, v nodecond.ClusterView, wide bool, now time.Time) error {
+func WriteCluster(w io.Writer, v nodecond.ClusterView, f Format, now time.Time) error {
 	if len(v.Plugins) == 0 {
 		_, err := fmt.Fprintf(w, "no node has a condition of plugd's (%d nodes): no plugd expects a plugin, or none is connected to Kubernetes\n", v.Nodes)
 		return err
 	}
-	t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "EXPECTED", "CONDITION"}}
+	t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "EXPECTED", "CONDITION"}, NoHeader: f.NoHeaders}
 	for _, p := range v.Plugins {
 		t.Rows = append(t.Rows, []string{printer.Cell(p.Type), printer.Cell(p.Name), strconv.Itoa(p.Ready), strconv.Itoa(p.Expected), printer.Cell(p.Condition)})
 	}
 	if err := t.Write(w, 0); err != nil {
 		return err
 	}
-	if _, err := fmt.Fprintf(w, "%d nodes, %d with plugd's conditions\n", v.Nodes, v.NodesWithPlugd); err != nil {
-		return err
+	if !f.NoHeaders {
+		if _, err := fmt.Fprintf(w, "%d nodes, %d with plugd's conditions\n", v.Nodes, v.NodesWithPlugd); err != nil {
+			return err
+		}
 	}
-	if !wide {
+	if !f.Wide {
 		return nil
 	}
 	for _, p := range v.Plugins {
@@ -180,7 +190,7 @@ func WriteCluster(w io.Writer, v nodecond.ClusterView, wide bool, now time.Time)
 			continue
 		}
 		fmt.Fprintf(w, "\n%s %s: not ready on %d of %d nodes\n", printer.Cell(p.Type), printer.Cell(p.Name), len(p.NotReady), p.Expected)
-		nt := printer.Table{Header: []string{"NODE", "STATUS", "REASON", "SINCE", "MESSAGE"}}
+		nt := printer.Table{Header: []string{"NODE", "STATUS", "REASON", "SINCE", "MESSAGE"}, NoHeader: f.NoHeaders}
 		for _, n := range p.NotReady {
 			nt.Rows = append(nt.Rows, []string{printer.Cell(n.Node), printer.Cell(n.Status), printer.ShortCell(n.Reason, maxReason), printer.Since(n.Since, now), printer.ShortCell(n.Message, nodecond.MaxMessage)})
 		}

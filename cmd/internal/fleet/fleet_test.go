@@ -35,7 +35,7 @@ func TestWriteCluster(t *testing.T) {
 			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
 	}}
 	var b strings.Builder
-	if err := WriteCluster(&b, v, true, now); err != nil {
+	if err := WriteCluster(&b, v, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"TYPE        NAME              READY   EXPECTED   CONDITION", "CSIPlugin   csi.example.com   2       3          csi.example.com/CSIPluginReady",
@@ -45,7 +45,7 @@ func TestWriteCluster(t *testing.T) {
 		}
 	}
 	b.Reset()
-	WriteCluster(&b, nodecond.ClusterView{Nodes: 2}, false, now)
+	WriteCluster(&b, nodecond.ClusterView{Nodes: 2}, Format{}, now)
 	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
 		t.Errorf("empty cluster:\n%s", b.String())
 	}
@@ -186,13 +186,13 @@ func TestWideCutsForeignText(t *testing.T) {
 	var b strings.Builder
 	v := nodecond.ClusterView{Nodes: 1, NodesWithPlugd: 1, Plugins: []nodecond.ClusterPlugin{{Type: "CSIPlugin", Name: "c", Condition: "c/CSIPluginReady", Expected: 1,
 		NotReady: []nodecond.NodeCondition{{Node: "a", Status: "False", Reason: huge, Message: huge}}}}}
-	if err := WriteCluster(&b, v, true, now); err != nil {
+	if err := WriteCluster(&b, v, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	checkCut(t, "cluster -o wide", b.String(), 1024)
 	b.Reset()
 	if err := WriteNode(&b, NodeView{Node: "a", Ready: "True", Plugins: []NodePlugin{{Type: "CSIPlugin", Name: "c", Status: "False", Reason: huge, Message: huge}},
-		Unreadable: []string{huge}}, true, now); err != nil {
+		Unreadable: []string{huge}}, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	checkCut(t, "node -o wide", b.String(), 2048)

@@ -181,19 +181,19 @@ func pluginsOf(n *corev1.Node) []NodePlugin {
 
 // WriteNode prints v for people: plugd's conditions in a table, then what
 // the kubelet shows. wide adds each condition's message.
-func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
+func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Node %s: Ready %s\n", printer.Cell(v.Node), printer.Cell(v.Ready))
 	if len(v.Plugins) == 0 {
 		b.WriteString("no condition of plugd's: plugd does not run here, expects no plugin, or cannot reach the API server\n")
 	} else {
-		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}}
-		if wide {
+		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}, NoHeader: f.NoHeaders}
+		if f.Wide {
 			t.Header = append(t.Header, "CONDITION", "MESSAGE")
 		}
 		for _, p := range v.Plugins {
 			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.ShortCell(p.Reason, maxReason), printer.Since(p.Since, now)}
-			if wide {
+			if f.Wide {
 				row = append(row, printer.Cell(p.Condition), printer.ShortCell(p.Message, nodecond.MaxMessage))
 			}
 			t.Rows = append(t.Rows, row)

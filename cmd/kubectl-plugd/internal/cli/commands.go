@@ -14,12 +14,11 @@ import (
 	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
-var viewOutputs = []string{"table", "wide", "json", "yaml"}
-
 func (a *app) clusterCommand() *cobra.Command {
 	var selector, output string
+	var noHeaders bool
 	cmd := &cobra.Command{
-		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml]",
+		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers]",
 		Short: "Show on how many nodes each expected plugin is ready",
 		Long: `Show, for every plugin that plugd expects on some node, on how many nodes it is
 ready out of the nodes that expect it, read from the Node conditions plugd
@@ -38,11 +37,14 @@ nodes.`,
   kubectl plugd cluster -l nvidia.com/gpu.present=true --context prod
 
   # The plugins not ready everywhere, for a script
-  kubectl plugd cluster -o json | jq '.plugins[] | select(.ready < .expected)'`,
+  kubectl plugd cluster -o json | jq '.plugins[] | select(.ready < .expected)'
+
+  # Each plugin's name and on how many nodes it is ready, without jq
+  kubectl plugd cluster -o jsonpath='{range .plugins[*]}{.name}{"\t"}{.ready}{"\n"}{end}'`,
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+			out, err := parseOutput(output, noHeaders)
+			if err != nil {
 				return err
 			}
 			rc, err := a.restConfig()
@@ -57,25 +59,22 @@ nodes.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.Host, err)
 			}
-			switch output {
-			case "json":
-				return printer.JSON(a.stdout, v)
-			case "yaml":
-				return printer.YAML(a.stdout, v)
+			if done, err := out.machine(a.stdout, v); done {
+				return err
 			}
-			return fleet.WriteCluster(a.stdout, v, output == "wide", time.Now())
+			return fleet.WriteCluster(a.stdout, v, out.table(), time.Now())
 		}),
 	}
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Selector (label query) to filter nodes on, e.g. -l key1=value1,key2=value2")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	viewFlags(cmd, &output, &noHeaders)
 	return cmd
 }
 
 func (a *app) nodeCommand() *cobra.Command {
 	var output string
-	var watch bool
+	var watch, noHeaders bool
 	cmd := &cobra.Command{
-		Use:   "node NODE [-o table|wide|json|yaml] [-w]",
+		Use:   "node NODE [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers] [-w]",
 		Short: "Show one node's expected plugins, and what the kubelet shows of them",
 		Long: `Show one node's expected plugins: plugd's condition for each (ready or not, the
 reason, since when), then what the kubelet wrote of the node's plugins: the
@@ -90,8 +89,8 @@ With --watch, print the view again each time the Node changes.`,
   kubectl plugd node worker-1 -o wide --watch`,
 		Args: exactlyOneNode,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			var err error
-			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+			out, err := parseOutput(output, noHeaders)
+			if err != nil {
 				return err
 			}
 			c, err := a.clients()
@@ -100,13 +99,9 @@ With --watch, print the view again each time the Node changes.`,
 			}
 			render := func(v fleet.NodeView) ([]byte, error) {
 				var b bytes.Buffer
-				switch output {
-				case "json":
-					err = printer.JSON(&b, v)
-				case "yaml":
-					err = printer.YAML(&b, v)
-				default:
-					err = fleet.WriteNode(&b, v, output == "wide", time.Now())
+				done, err := out.machine(&b, v)
+				if !done {
+					err = fleet.WriteNode(&b, v, out.table(), time.Now())
 				}
 				return b.Bytes(), err
 			}
@@ -128,7 +123,7 @@ With --watch, print the view again each time the Node changes.`,
 				if err != nil || bytes.Equal(b, last) {
 					return err // the kubelet's heartbeats change nothing shown
 				}
-				if last != nil && output != "json" {
+				if last != nil && out.format != "json" && out.format != "jsonpath" {
 					fmt.Fprintln(a.stdout)
 				}
 				last = b
@@ -137,7 +132,7 @@ With --watch, print the view again each time the Node changes.`,
 			})
 		}),
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	viewFlags(cmd, &output, &noHeaders)
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "After printing the view, watch the Node and print it again when it changes.")
 	return cmd
 }
@@ -215,4 +210,11 @@ func (a *app) clients() (fleet.Clients, error) {
 		return fleet.Clients{}, err
 	}
 	return fleet.NewClients(rc)
+}
+
+// viewFlags are the output flags of a view, as kubectl's: -o and
+// --no-headers.
+func viewFlags(cmd *cobra.Command, output *string, noHeaders *bool) {
+	cmd.Flags().StringVarP(output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+"). See JSONPath template [https://kubernetes.io/docs/reference/kubectl/jsonpath/].")
+	cmd.Flags().BoolVar(noHeaders, "no-headers", false, "When using the table or wide output format, don't print headers (nor the cluster view's count of nodes).")
 }

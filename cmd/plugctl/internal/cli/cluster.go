@@ -88,5 +88,5 @@ func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector
 	case "yaml":
 		return printer.YAML(a.stdout, v)
 	}
-	return fleet.WriteCluster(a.stdout, v, output == "wide", time.Now())
+	return fleet.WriteCluster(a.stdout, v, fleet.Format{Wide: output == "wide"}, time.Now())
 }
