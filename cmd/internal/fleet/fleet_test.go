@@ -272,3 +272,27 @@ func TestClusterBoundsAnEndlessList(t *testing.T) {
 		})
 	}
 }
+
+// Issue 33, info: a node with thousands of CSI drivers is summed up in the
+// node view (ten names and a count), not printed on one line of hundreds
+// of kilobytes; -o wide lists them all.
+func TestNodeViewCountsManyDrivers(t *testing.T) {
+	v := NodeView{Node: "a", Ready: "True"}
+	for i := range 30000 {
+		v.Kubelet.CSIDrivers = append(v.Kubelet.CSIDrivers, CSIDriver{Name: fmt.Sprintf("csi-%05d.example.com", i)})
+	}
+	var b strings.Builder
+	if err := WriteNode(&b, v, Format{}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() > 2048 || !strings.Contains(b.String(), "csi-00009.example.com and 29990 more (30000 in all; -o wide or -o json lists them)") {
+		t.Errorf("the node view of 30,000 drivers: %d bytes:\n%.2048s", b.Len(), b.String())
+	}
+	b.Reset()
+	if err := WriteNode(&b, v, Format{Wide: true}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "csi-29999.example.com") {
+		t.Errorf("-o wide does not list every driver")
+	}
+}
