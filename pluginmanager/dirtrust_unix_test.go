@@ -366,3 +366,31 @@ func TestRegistryDirMadeUnsafeAtRunTime(t *testing.T) {
 		})
 	}
 }
+
+// Issue 33, info: the registry directory replaced by a symlink while the
+// manager runs (moved away, a symlink to it put at its path) is followed
+// at once, as one found at start is, with resync off: its plugin stays
+// registered, and a plugin started in it afterwards registers (its new
+// directory is watched). It was let go, and nothing in it seen, until a
+// resync.
+func TestRegistryDirSwappedForASymlink(t *testing.T) {
+	dir := filepath.Join(testenv.ShortDir(t, "sl"), "p")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Buffer
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil)), ResyncInterval: -1},
+		map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "moved.example.com"})
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+	if err := os.Rename(dir, dir+".real"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dir+".real", dir); err != nil {
+		t.Fatal(err)
+	}
+	logs.Wait(t, "the registry directory is a symlink now; following it", testenv.Timeout)
+	later := testenv.StartPlugin(t, plugin.Config{Dir: dir + ".real", Type: "CSIPlugin", Name: "later.example.com"})
+	h.WaitSocket(filepath.Join(dir, filepath.Base(later.Path())), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+}
