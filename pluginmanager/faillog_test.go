@@ -123,7 +123,7 @@ func TestFailureSummaryOfNoneIsInfo(t *testing.T) {
 	r.lock()
 	r.failedLocked(e, t0, "failed", "socket", "/f")
 	r.failedLocked(e, t0.Add(2*time.Second), "failed", "socket", "/f") // the same again: not logged one by one
-	e.status.State, e.status.Reason = StateRegistered, "" // recovered
+	e.status.State, e.status.Reason = StateRegistered, ""              // recovered
 	r.tickLocked(t0.Add(failureSummaryEvery))
 	r.unlock()
 	line := ""
