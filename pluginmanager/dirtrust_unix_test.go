@@ -341,6 +341,13 @@ func TestRegistryDirMadeUnsafeAtRunTime(t *testing.T) {
 				t.Fatal(err)
 			}
 			planted := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "planted.example.com"})
+			if tc.name == "chmod of its parent" {
+				// No event said so: the attempt finds it, and says why.
+				ev := h.WaitEvent(planted.Path(), pluginmanager.EventFailed)
+				if ev.Reason != pluginmanager.ReasonPolicy || !strings.Contains(ev.Error, "not registering: the registry directory") {
+					t.Errorf("the attempt in the unsafe directory: %+v; want it Failed, reason policy, saying why", ev)
+				}
+			}
 			warnings.Wait(t, "no longer safe from other users", testenv.Timeout)
 			h.WaitGone(first.Path())
 			h.WaitGone(planted.Path())
