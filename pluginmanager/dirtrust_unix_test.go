@@ -300,3 +300,104 @@ func TestObserverWarnsOfUnsafeSubdirectory(t *testing.T) {
 	mkdirOpen(t, open)
 	warnings.WaitN(t, "for the manager observed as for plugd", 2, testenv.Timeout)
 }
+
+// Issue 33, item 10: the registry directory made unsafe while the manager
+// runs, with no resync to notice it, registers nothing planted meanwhile.
+// A chmod of the directory itself is seen at once (its event): its plugins
+// are let go, and a socket made just after the chmod is not registered
+// nor told. A parent made writable (no watch sees that) is caught by the
+// check before each registration attempt, which records why the socket was
+// not registered. Made safe again, the sockets register.
+func TestRegistryDirMadeUnsafeAtRunTime(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		unsafe func(dir string) error
+		safe   func(dir string) error
+	}{
+		{"chmod of the directory", func(dir string) error { return os.Chmod(dir, 0o777) }, func(dir string) error { return os.Chmod(dir, 0o750) }},
+		{"chmod of its parent", func(dir string) error { return os.Chmod(filepath.Dir(dir), 0o777) }, func(dir string) error { return os.Chmod(filepath.Dir(dir), 0o750) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(testenv.ShortDir(t, "mu"), "p")
+			if err := os.Mkdir(dir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			log, warnings := testenv.WarnLogger()
+			var madeSafe atomic.Bool
+			var unsafeRegistrations atomic.Int32
+			h := start(t, pluginmanager.Options{Dir: dir, Logger: log, ResyncInterval: -1},
+				map[string]pluginmanager.Handler{"CSIPlugin": pluginmanager.HandlerFuncs{
+					RegisterFunc: func(_ context.Context, p pluginmanager.Plugin) error {
+						if p.Name == "planted.example.com" && !madeSafe.Load() {
+							unsafeRegistrations.Add(1)
+						}
+						return nil
+					},
+				}})
+			first := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "first.example.com"})
+			h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
+
+			if err := tc.unsafe(dir); err != nil {
+				t.Fatal(err)
+			}
+			planted := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "planted.example.com"})
+			if tc.name == "chmod of its parent" {
+				// No event said so: the attempt finds it, and says why.
+				ev := h.WaitEvent(planted.Path(), pluginmanager.EventFailed)
+				if ev.Reason != pluginmanager.ReasonPolicy || !strings.Contains(ev.Error, "not registering: the registry directory") {
+					t.Errorf("the attempt in the unsafe directory: %+v; want it Failed, reason policy, saying why", ev)
+				}
+			}
+			warnings.Wait(t, "no longer safe from other users", testenv.Timeout)
+			h.WaitGone(first.Path())
+			h.WaitGone(planted.Path())
+			if n := planted.Notifications(); n != 0 {
+				t.Errorf("the plugin planted in the unsafe directory was told %d times", n)
+			}
+
+			madeSafe.Store(true)
+			if err := tc.safe(dir); err != nil {
+				t.Fatal(err)
+			}
+			// A parent's chmod makes no event in the directory, and there is no
+			// resync: a chmod of the directory itself, to the mode it has, has
+			// the manager look again.
+			if err := os.Chmod(dir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			h.WaitSocket(planted.Path(), pluginmanager.StateRegistered)
+			h.WaitSocket(first.Path(), pluginmanager.StateRegistered)
+			if n := unsafeRegistrations.Load(); n != 0 {
+				t.Errorf("the planted plugin was registered %d times while its directory was unsafe", n)
+			}
+		})
+	}
+}
+
+// Issue 33, info: the registry directory replaced by a symlink while the
+// manager runs (moved away, a symlink to it put at its path) is followed
+// at once, as one found at start is, with resync off: its plugin stays
+// registered, and a plugin started in it afterwards registers (its new
+// directory is watched). It was let go, and nothing in it seen, until a
+// resync.
+func TestRegistryDirSwappedForASymlink(t *testing.T) {
+	dir := filepath.Join(testenv.ShortDir(t, "sl"), "p")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Buffer
+	h := start(t, pluginmanager.Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil)), ResyncInterval: -1},
+		map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: dir, Type: "CSIPlugin", Name: "moved.example.com"})
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+	if err := os.Rename(dir, dir+".real"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dir+".real", dir); err != nil {
+		t.Fatal(err)
+	}
+	logs.Wait(t, "the registry directory is a symlink now; following it", testenv.Timeout)
+	later := testenv.StartPlugin(t, plugin.Config{Dir: dir + ".real", Type: "CSIPlugin", Name: "later.example.com"})
+	h.WaitSocket(filepath.Join(dir, filepath.Base(later.Path())), pluginmanager.StateRegistered)
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+}

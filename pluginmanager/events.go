@@ -20,7 +20,7 @@ const (
 	EventAnswering    EventType = "Answering"    // observe mode: the plugin answers (again)
 	EventNotAnswering EventType = "NotAnswering" // observe mode: the plugin stopped answering (or is Stale)
 	EventLooked       EventType = "Looked"       // observe mode: a look found the plugin as the last one did
-	EventRemoved      EventType = "Removed"      // the socket file is gone and forgotten
+	EventRemoved      EventType = "Removed"      // the socket file is gone and forgotten (State: none)
 	EventLost         EventType = "Lost"         // this subscriber fell behind; Missed events were dropped
 )
 

@@ -180,7 +180,11 @@ func (r *registry) summaryLocked(now time.Time) {
 		}
 	}
 	n := sum(byState) + retrying
-	r.say(slog.LevelWarn, fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
+	level := slog.LevelWarn
+	if n == 0 {
+		level = slog.LevelInfo // the failures since the last summary are over: nothing to warn of
+	}
+	r.say(level, fmt.Sprintf("%d sockets still failing; their repeated failures are logged at debug level, and each is in plugctl list", n),
 		"failing", n, "byState", counts(byState), "retrying", retrying, "byReason", counts(byReason),
 		"failures", l.attempts, "notLoggedOneByOne", l.quiet, "since", l.since, "over", now.Sub(l.since).Round(time.Second))
 }

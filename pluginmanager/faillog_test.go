@@ -110,3 +110,29 @@ func TestFailureLogTick(t *testing.T) {
 		t.Errorf("%d summaries after ticks with no failure since the last, want %d", got, n)
 	}
 }
+
+// Issue 33, info: a summary that counts no socket still failing (the
+// failures since the last one all recovered) is logged at info, not as a
+// warning.
+func TestFailureSummaryOfNoneIsInfo(t *testing.T) {
+	var buf bytes.Buffer
+	r := &registry{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), entries: map[string]*entry{}}
+	t0 := time.Unix(1e9, 0)
+	e := &entry{status: PluginStatus{Plugin: Plugin{Socket: "/f"}, State: StateFailed, Reason: ReasonDial, LastError: "refused"}}
+	r.entries["/f"] = e
+	r.lock()
+	r.failedLocked(e, t0, "failed", "socket", "/f")
+	r.failedLocked(e, t0.Add(2*time.Second), "failed", "socket", "/f") // the same again: not logged one by one
+	e.status.State, e.status.Reason = StateRegistered, ""              // recovered
+	r.tickLocked(t0.Add(failureSummaryEvery))
+	r.unlock()
+	line := ""
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, "sockets still failing") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "0 sockets still failing") {
+		t.Errorf("the summary of none failing: %q, want it at INFO\n%s", line, buf.String())
+	}
+}

@@ -53,6 +53,9 @@ func (r *registrar) attempt(ctx context.Context, path string, e *entry, now time
 // register runs the attempt's steps, and records how it went. The first
 // probe is due a probe interval after the attempt started.
 func (r *registrar) register(ctx context.Context, t *try) result {
+	if v := r.dirVerdict(); v.failed {
+		return r.settle(ctx, t, nil, Plugin{Socket: t.path}, v, nil)
+	}
 	conn, p, v := r.handshake(ctx, t)
 	if v.failed {
 		return r.settle(ctx, t, conn, p, v, nil)

@@ -181,7 +181,11 @@ func (r *registry) forgetLocked(path string, e *entry, now time.Time) {
 		r.rescan()
 	}
 	delete(r.entries, path)
-	r.publishLocked(r.eventLocked(EventRemoved, e, now))
+	// The event says the state after it, as every event does: forgotten,
+	// the socket has none (not the Registered or Failed it was in).
+	ev := r.eventLocked(EventRemoved, e, now)
+	ev.State, ev.Reason, ev.NextRetry = "", "", time.Time{}
+	r.publishLocked(ev)
 	r.say(slog.LevelDebug, "socket removed", "socket", path)
 }
 

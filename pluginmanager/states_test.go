@@ -69,3 +69,19 @@ func TestRemoveStaleAfterCoversRejected(t *testing.T) {
 		t.Error("the socket of a rejected plugin that still listens was removed")
 	}
 }
+
+// Issue 33, item 12: every event carries the socket's state after it. A
+// registered plugin whose socket goes is Deregistered, with no state, and
+// Removed, with none either: not the Registered it was in.
+func TestRemovedCarriesNoState(t *testing.T) {
+	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": plugintest.NewRecorder()})
+	p := testenv.StartPlugin(t, plugin.Config{Dir: h.dir, Type: "CSIPlugin", Name: "gone.example.com"})
+	h.WaitSocket(p.Path(), pluginmanager.StateRegistered)
+	p.Close()
+	for _, typ := range []pluginmanager.EventType{pluginmanager.EventDeregistered, pluginmanager.EventRemoved} {
+		ev := h.WaitEvent(p.Path(), typ)
+		if ev.State != "" || ev.Reason != "" || ev.Plugin.Name != "gone.example.com" {
+			t.Errorf("%s: state %q, reason %q, plugin %+v; want no state, and the plugin it was", typ, ev.State, ev.Reason, ev.Plugin)
+		}
+	}
+}

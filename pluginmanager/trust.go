@@ -14,7 +14,9 @@ import (
 // plugd registers what is in them, as root, so users other than plugd's and
 // root must not be able to plant or replace a plugin there. Run checks the
 // registry directory (checkDirTrust); the watcher checks it again at every
-// resync (watcher.trusted) and each directory below it as it watches it
+// resync and at a change of its own mode or owner (watcher.trusted), the
+// registrar before each registration attempt (registrar.dirVerdict), and
+// each directory below it as it watches it
 // (watcher.take); the registrar checks a socket's directories at each look
 // (subdirsTrusted).
 
@@ -133,4 +135,23 @@ func subdirsTrusted(top, path string, allowWritable bool) bool {
 			return false
 		}
 	}
+}
+
+// dirVerdict checks the registry directory before a registration attempt:
+// made unsafe since the watcher last looked (a chmod of a directory above
+// it, which no watch sees, or one whose event is not handled yet), nothing
+// in it is registered. The attempt fails, not for good, saying why, and
+// the watcher is asked to look (watcher.trusted), which lets the
+// directory's plugins go until it is fixed. One lstat per directory up to
+// /, at an attempt, not at a probe.
+func (r *registrar) dirVerdict() verdict {
+	if r.opts.Observe || r.opts.AllowWritableDir {
+		return verdict{}
+	}
+	err, bad := checkDir(r.opts.Dir)
+	if !bad {
+		return verdict{}
+	}
+	r.reg.rescan()
+	return verdict{failed: true, reason: ReasonPolicy, err: fmt.Errorf("not registering: the registry directory %w", err)}
 }

@@ -342,6 +342,17 @@ func (w *watcher) handleRootEvent(ev fsnotify.Event) {
 	}
 	fi, err := os.Lstat(root)
 	there := err == nil && fi.IsDir()
+	if err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		// A symlink put in its place is followed, as one found at start
+		// is: the resync below checks who may change every directory and
+		// symlink on the way (watcher.trusted), and watches and walks the
+		// directory it leads to.
+		if st, err := os.Stat(root); err == nil && st.IsDir() {
+			target, _ := os.Readlink(root)
+			w.log.Info("the registry directory is a symlink now; following it, as at start", "dir", root, "symlinkTo", printable(target))
+			there = true
+		}
+	}
 	// Connections walk from the directory found at the path now, not the
 	// one held (see socket).
 	w.root.Reopen()
@@ -359,6 +370,13 @@ func (w *watcher) handleRootEvent(ev fsnotify.Event) {
 	case ev.Has(fsnotify.Create) && there:
 		w.log.Info("the registry directory is back", "dir", root)
 		w.forget(root) // a watch left on the old one, if its removal was not seen yet
+		w.resync()
+	case ev.Has(fsnotify.Chmod) && there:
+		// Its own mode or owner changed (chmod, chown): made unsafe, its
+		// plugins are let go before a socket made after the change is
+		// looked at (its Create comes after this event); made safe, its
+		// sockets are found again. Not left to the next resync, which may
+		// never come.
 		w.resync()
 	}
 }

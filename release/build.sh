@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 mod=github.com/plugd/plugd
 # Each program keeps its own version variable; -X for a package a binary
 # does not link is ignored.
-ldflags="-s -w -X $mod/cmd/plugd/internal/daemon.Version=$version -X $mod/cmd/plugctl/internal/cli.Version=$version -X $mod/cmd/kubectl-plugd/internal/cli.Version=$version"
+ldflags="-s -w -X $mod/cmd/internal/version.Stamped=$version"
 pkgs=()
 for c in "${commands[@]}"; do pkgs+=("./cmd/$c"); done
 mkdir -p "$out"

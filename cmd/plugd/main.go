@@ -3,7 +3,7 @@
 package main
 
 import (
-	"fmt"
+	"context"
 	"os"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
@@ -14,8 +14,5 @@ import (
 func main() {
 	cmd := daemon.Command()
 	cmd.AddCommand(demo.Command(), caretaker.Command())
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "plugd:", err)
-		os.Exit(1)
-	}
+	os.Exit(daemon.Execute(context.Background(), cmd, os.Args[1:], os.Stderr))
 }

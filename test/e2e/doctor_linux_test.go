@@ -49,40 +49,68 @@ func owner(t *testing.T) string {
 	return fmt.Sprintf("owner uid %s (%s), gid %s (%s)", u.Uid, u.Username, g.Gid, g.Name)
 }
 
-// kubelet runs a process that is a kubelet with --root-dir root to anyone
-// reading /proc: a shell whose argv[0] is "kubelet". With named, the shell
-// runs as a program named kubelet (a link to it, in a directory of its
-// own), as the test's user: the doctor takes it for the kubelet. Without,
-// it is /bin/sh, as anyone can start it: the doctor does not.
-func kubelet(t *testing.T, root string, named bool) *exec.Cmd {
+// privateKubelets runs, in a PID namespace of their own, two processes
+// that are kubelets to anyone reading their process table: a shell whose
+// argv[0] is "kubelet", with --root-dir fakeRoot (any user can start one;
+// the doctor does not take it), and a shell run as a program named
+// kubelet, as the test's user, with --root-dir root (the doctor takes
+// it). It returns a proc file system of that namespace, which shows them
+// and no other process of the machine (a kubelet running beside the test
+// would be one more finding), and their pids there. It needs root (a PID
+// namespace, a mount); without, it returns "".
+func privateKubelets(t *testing.T, fakeRoot, root string) (procDir string, fake, kubelet int) {
 	t.Helper()
-	path := "/bin/sh"
-	if named {
-		sh, err := filepath.EvalSymlinks(path)
+	if os.Geteuid() != 0 {
+		return "", 0, 0
+	}
+	sh, err := filepath.EvalSymlinks("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	named := filepath.Join(bin, "kubelet") // the shell under the kubelet's name
+	if err := os.Link(sh, named); err != nil {
+		b, err := os.ReadFile(sh)
 		if err != nil {
 			t.Fatal(err)
 		}
-		path = filepath.Join(t.TempDir(), "kubelet")
-		if err := os.Link(sh, path); err != nil {
-			b, err := os.ReadFile(sh)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, b, 0o755); err != nil {
-				t.Fatal(err)
-			}
+		if err := os.WriteFile(named, b, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
-	cmd := &exec.Cmd{Path: path, Args: []string{"kubelet", "-c", "sleep 600; :", "--root-dir=" + root},
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+	alias := filepath.Join(bin, "fake", "kubelet") // argv[0] kubelet; the kernel runs sh
+	if err := os.Mkdir(filepath.Dir(alias), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(sh, alias); err != nil {
+		t.Fatal(err)
+	}
+	procDir = t.TempDir()
+	t.Cleanup(func() { syscall.Unmount(procDir, syscall.MNT_DETACH) }) // before TempDir's removal
+	// pid 1 of the namespace mounts its proc, starts the two, says their
+	// pids, and waits; killed, it takes them with it.
+	const script = `mount -t proc proc "$1" || exit 1
+"$2" -c "sleep 600; :" --root-dir="$3" & echo $!
+"$4" -c "sleep 600; :" --root-dir="$5" & echo $!
+wait`
+	cmd := exec.Command("/bin/sh", "-c", script, "sh", procDir, alias, fakeRoot, named, root)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the shell and its sleep
+		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	return cmd
+	if _, err := fmt.Fscan(out, &fake, &kubelet); err != nil {
+		t.Fatalf("the kubelets in their PID namespace: %v", err)
+	}
+	return procDir, fake, kubelet
 }
 
 // Every broken setup plugctl doctor knows, each made for real: killed
@@ -101,14 +129,19 @@ func TestDoctor(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The doctor reads a process table of the test's own: with the
+	// machine's, a kubelet running beside the test is one more finding.
+	procDir, fake, kubeletPid := privateKubelets(t, filepath.Join(dir, "evil"), customRoot)
+	if procDir == "" {
+		t.Log("not root: no PID namespace of the test's own, so no kubelet processes and no search for them")
+		procDir = "none"
+	}
 	n := launchPlugd(t, fmt.Sprintf(`handlers: [{type: CSIPlugin, handler: accept}, {type: DRAPlugin, handler: accept}, {type: DevicePlugin, handler: accept}]
 liveness: {probeInterval: 100ms, unhealthyGrace: 100ms}
 expect: [{type: CSIPlugin, name: missing.example.com}]
-doctor: {kubeletRoots: [%s]}
-`, otherRoot), nil)
+doctor: {kubeletRoots: [%s], procDir: %s}
+`, otherRoot, procDir), nil)
 	n.waitReady(t, 10*time.Millisecond)
-	fake := kubelet(t, filepath.Join(dir, "evil"), false)
-	kubeletProc := kubelet(t, customRoot, true)
 
 	// Killed: their sockets stay.
 	gone := n.plugin(t, "-type", "CSIPlugin", "-name", "gone.example.com", "-versions", "1.0.0", "-socket", "gone.sock")
@@ -121,6 +154,8 @@ doctor: {kubeletRoots: [%s]}
 	// Versions the kubelet refuses.
 	n.plugin(t, "-type", "CSIPlugin", "-name", "csi0.example.com", "-versions", "0.3.0")
 	n.plugin(t, "-type", "DRAPlugin", "-name", "v2.example.com", "-versions", "v2.DRAPlugin")
+	// A plugin of a type plugd has no handler for: Rejected.
+	n.plugin(t, "-type", "example.com/Greeter", "-name", "greeter.example.com", "-versions", "v1", "-socket", "greeter.sock")
 	// A registration socket that answers for an endpoint nobody serves.
 	testenv.DeadSocket(t, filepath.Join(dir, "dead.sock"))
 	testenv.StartPlugin(t, plugin.Config{Dir: n.reg, Socket: "dead-endpoint.sock", Type: "CSIPlugin", Name: "dead.example.com", Versions: []string{"1.0.0"}, Endpoint: filepath.Join(dir, "dead.sock")})
@@ -143,6 +178,7 @@ doctor: {kubeletRoots: [%s]}
 	for _, id := range []string{"gpu-new.sock", "csi0.example.com.sock", "v2.example.com.sock", "dead-endpoint.sock", "health.sock"} {
 		n.waitState(t, id, "Registered")
 	}
+	n.waitState(t, "greeter.sock", "Rejected")
 	n.waitState(t, "gone.sock", "Stale")
 	n.waitState(t, "gpu-old.sock", "Stale")
 	rel, _ := filepath.Rel(n.reg, longPath)
@@ -167,10 +203,20 @@ doctor: {kubeletRoots: [%s]}
 		return nil
 	}
 	reg := func(id string) string { return filepath.Join(n.reg, id) }
-	for _, want := range []struct {
+	type wanted struct {
 		check, socket, severity string
 		says                    []string
-	}{
+	}
+	lost := wanted{"other-kubelet-root", filepath.Join(otherRoot, "plugins_registry", "lost.sock"), api.SeverityWarning, []string{"the plugin writes under the wrong kubelet root: set its kubelet directory to " + customRoot}}
+	kubelets := []wanted{
+		{"other-kubelet-root", "", api.SeverityError, []string{fmt.Sprintf("kubelet pid %d, --root-dir %s", kubeletPid, customRoot), "registryDir " + filepath.Join(customRoot, "plugins_registry"), fmt.Sprintf("kubelet pid %d in init's mount namespace", kubeletPid)}},
+		{"kubelet-process-ignored", "", api.SeverityInfo, []string{fmt.Sprintf("pid %d, named kubelet, --root-dir %s: not taken, as it runs ", fake, filepath.Join(dir, "evil")), "not a program named kubelet"}},
+	}
+	if procDir == "none" {
+		lost.says = []string{"if this node's kubelet uses " + otherRoot}
+		kubelets = nil
+	}
+	for _, want := range append(append(kubelets, lost), []wanted{
 		{"stale-socket", reg("gone.sock"), api.SeverityWarning, []string{"ago)", owner(t), "it was CSIPlugin gone.example.com when it last answered", "connection refused", "rm " + reg("gone.sock")}},
 		{"duplicate-dead", reg("gpu-old.sock"), api.SeverityWarning, []string{"vendor.example/gpu", "answering: " + reg("gpu-new.sock")}},
 		{"versions-refused", reg("csi0.example.com.sock"), api.SeverityError, []string{"no CSI 1.x version", "versions: [0.3.0]"}},
@@ -178,11 +224,9 @@ doctor: {kubeletRoots: [%s]}
 		{"endpoint-dead", reg("dead-endpoint.sock"), api.SeverityError, []string{filepath.Join(dir, "dead.sock"), "connection refused"}},
 		{"health-service-missing", reg("health.sock"), api.SeverityWarning, []string{"Unimplemented"}},
 		{"socket-path-too-long", longPath, api.SeverityError, []string{fmt.Sprintf("%d bytes long", len(longPath))}},
-		{"other-kubelet-root", filepath.Join(otherRoot, "plugins_registry", "lost.sock"), api.SeverityWarning, []string{"the plugin writes under the wrong kubelet root: set its kubelet directory to " + customRoot}},
-		{"other-kubelet-root", "", api.SeverityError, []string{fmt.Sprintf("kubelet pid %d, --root-dir %s", kubeletProc.Process.Pid, customRoot), "registryDir " + filepath.Join(customRoot, "plugins_registry")}},
-		{"kubelet-process-ignored", "", api.SeverityInfo, []string{fmt.Sprintf("pid %d, named kubelet, --root-dir %s: not taken, as it runs ", fake.Process.Pid, filepath.Join(dir, "evil")), "not a program named kubelet"}},
 		{"expected-missing", "", api.SeverityError, []string{"missing.example.com"}},
-	} {
+		{"plugin-rejected", reg("greeter.sock"), api.SeverityError, []string{"reason: no_handler", "--handler example.com/Greeter=accept"}},
+	}...) {
 		f := find(want.check, want.socket)
 		if f == nil {
 			t.Errorf("no %s finding for %q", want.check, want.socket)

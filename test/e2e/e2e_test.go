@@ -378,7 +378,7 @@ func TestBadConfigIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := start(t, "plugd", "--config", path)
-	if code := p.wait(t); code == 0 || !strings.Contains(p.out.String(), `unknown field "workrs"`) || !strings.Contains(p.out.String(), path) {
+	if code := p.wait(t); code == 0 || !strings.Contains(p.out.String(), "unknown key workrs") || !strings.Contains(p.out.String(), path) {
 		t.Errorf("plugd with a bad config: exit %d\n%s", code, p.out)
 	}
 	p = start(t, "plugd", "--registry-dir", dir, "--status-tcp", "0.0.0.0:1", "--status-socket", "none")

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode"
@@ -32,7 +35,7 @@ func TestWriteCluster(t *testing.T) {
 			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
 	}}
 	var b strings.Builder
-	if err := WriteCluster(&b, v, true, now); err != nil {
+	if err := WriteCluster(&b, v, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"TYPE        NAME              READY   EXPECTED   CONDITION", "CSIPlugin   csi.example.com   2       3          csi.example.com/CSIPluginReady",
@@ -42,7 +45,7 @@ func TestWriteCluster(t *testing.T) {
 		}
 	}
 	b.Reset()
-	WriteCluster(&b, nodecond.ClusterView{Nodes: 2}, false, now)
+	WriteCluster(&b, nodecond.ClusterView{Nodes: 2}, Format{}, now)
 	if !strings.Contains(b.String(), "no node has a condition of plugd's (2 nodes)") {
 		t.Errorf("empty cluster:\n%s", b.String())
 	}
@@ -84,11 +87,11 @@ func TestAddPage(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got nodecond.Census
-		cont, err := addPage(b.Bytes(), enc.name, &got)
+		cont, n, err := addPage(b.Bytes(), enc.name, &got)
 		g, _ := json.Marshal(got.View())
 		w, _ := json.Marshal(want.View())
 		tok, terr := continueToken(b.Bytes())
-		if err != nil || cont != "next-page" || tok != cont || terr != nil || !bytes.Equal(g, w) {
+		if err != nil || cont != "next-page" || n != 4 || tok != cont || terr != nil || !bytes.Equal(g, w) {
 			t.Errorf("%s: continue %q, %v:\n got %+v\nwant %+v", enc.name, cont, err, got.View(), want.View())
 		}
 		if enc.name != "protobuf" {
@@ -96,7 +99,7 @@ func TestAddPage(t *testing.T) {
 		}
 		for n := 5; n < b.Len(); n += 7 {
 			var c nodecond.Census
-			if _, err := addPage(b.Bytes()[:n], enc.name, &c); err == nil && n < b.Len()-1 {
+			if _, _, err := addPage(b.Bytes()[:n], enc.name, &c); err == nil && n < b.Len()-1 {
 				// A cut that falls between two fields parses; it must not
 				// count more than the whole.
 				if v := c.View(); v.Nodes > 4 {
@@ -105,7 +108,7 @@ func TestAddPage(t *testing.T) {
 			}
 		}
 	}
-	if _, err := addPage([]byte("<html>proxy error</html>"), "text/html", new(nodecond.Census)); err == nil {
+	if _, _, err := addPage([]byte("<html>proxy error</html>"), "text/html", new(nodecond.Census)); err == nil {
 		t.Error("an HTML page was taken for Nodes")
 	}
 }
@@ -183,13 +186,13 @@ func TestWideCutsForeignText(t *testing.T) {
 	var b strings.Builder
 	v := nodecond.ClusterView{Nodes: 1, NodesWithPlugd: 1, Plugins: []nodecond.ClusterPlugin{{Type: "CSIPlugin", Name: "c", Condition: "c/CSIPluginReady", Expected: 1,
 		NotReady: []nodecond.NodeCondition{{Node: "a", Status: "False", Reason: huge, Message: huge}}}}}
-	if err := WriteCluster(&b, v, true, now); err != nil {
+	if err := WriteCluster(&b, v, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	checkCut(t, "cluster -o wide", b.String(), 1024)
 	b.Reset()
 	if err := WriteNode(&b, NodeView{Node: "a", Ready: "True", Plugins: []NodePlugin{{Type: "CSIPlugin", Name: "c", Status: "False", Reason: huge, Message: huge}},
-		Unreadable: []string{huge}}, true, now); err != nil {
+		Unreadable: []string{huge}}, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	checkCut(t, "node -o wide", b.String(), 2048)
@@ -214,5 +217,82 @@ func checkCut(t *testing.T, what, out string, max int) {
 	}
 	if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && !unicode.IsPrint(r) && r != ' ' }); i >= 0 {
 		t.Errorf("%s lets %q through raw", what, out[i:min(i+4, len(out))])
+	}
+}
+
+// Issue 33, item 7: an API server whose list of Nodes never ends (a
+// continue token on every page) stops the read at a bound, with an error
+// that names the bound and what to do, after no more requests than the
+// bound allows; a list that ends within the bounds is read whole.
+func TestClusterBoundsAnEndlessList(t *testing.T) {
+	const nodesPerPage = 3
+	for _, tc := range []struct {
+		name     string
+		limits   listLimits
+		nodes    bool // pages hold Nodes, else they are empty
+		pages    int  // pages the list has (0: endless)
+		want     string
+		requests int32 // at most; the next page may be asked for while one is decoded
+	}{
+		{name: "empty pages", limits: defaultListLimits, want: fmt.Sprintf("%d pages of at most %d Nodes", MaxListPages, PageSize), requests: MaxListPages},
+		{name: "nodes", limits: listLimits{pages: 100, nodes: 10, bytes: 1 << 30}, nodes: true, want: "more than 10 Nodes", requests: 5},
+		{name: "bytes", limits: listLimits{pages: 100, nodes: 1000, bytes: 1 << 10}, nodes: true, want: "more than 0 MiB", requests: 3},
+		{name: "ends", limits: listLimits{pages: 3, nodes: 9, bytes: 1 << 20}, nodes: true, pages: 3, requests: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var requests atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				page := int(requests.Add(1))
+				l := corev1.NodeList{ListMeta: metav1.ListMeta{Continue: "again"}}
+				if tc.pages > 0 && page == tc.pages {
+					l.Continue = ""
+				}
+				for i := 0; tc.nodes && i < nodesPerPage; i++ {
+					l.Items = append(l.Items, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n-%d-%d", page, i), Labels: map[string]string{"pad": strings.Repeat("x", 60)}}})
+				}
+				w.Header().Set("Content-Type", "application/json")
+				json.NewEncoder(w).Encode(l)
+			}))
+			defer srv.Close()
+			c, err := NewClients(&rest.Config{Host: srv.URL, QPS: -1}) // no client-side rate limit
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := cluster(context.Background(), c.Core.RESTClient(), "", 0, tc.limits)
+			if tc.want == "" {
+				if err != nil || v.Nodes != tc.pages*nodesPerPage {
+					t.Fatalf("a list of %d pages: %d nodes, %v", tc.pages, v.Nodes, err)
+				}
+			} else if !errors.Is(err, ErrListTooLong) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-l") {
+				t.Fatalf("an endless list: %v; want ErrListTooLong naming %q and what to do", err, tc.want)
+			}
+			if n := requests.Load(); n > tc.requests {
+				t.Errorf("%d requests, want at most %d", n, tc.requests)
+			}
+		})
+	}
+}
+
+// Issue 33, info: a node with thousands of CSI drivers is summed up in the
+// node view (ten names and a count), not printed on one line of hundreds
+// of kilobytes; -o wide lists them all.
+func TestNodeViewCountsManyDrivers(t *testing.T) {
+	v := NodeView{Node: "a", Ready: "True"}
+	for i := range 30000 {
+		v.Kubelet.CSIDrivers = append(v.Kubelet.CSIDrivers, CSIDriver{Name: fmt.Sprintf("csi-%05d.example.com", i)})
+	}
+	var b strings.Builder
+	if err := WriteNode(&b, v, Format{}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() > 2048 || !strings.Contains(b.String(), "csi-00009.example.com and 29990 more (30000 in all; -o wide or -o json lists them)") {
+		t.Errorf("the node view of 30,000 drivers: %d bytes:\n%.2048s", b.Len(), b.String())
+	}
+	b.Reset()
+	if err := WriteNode(&b, v, Format{Wide: true}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "csi-29999.example.com") {
+		t.Errorf("-o wide does not list every driver")
 	}
 }

@@ -181,19 +181,19 @@ func pluginsOf(n *corev1.Node) []NodePlugin {
 
 // WriteNode prints v for people: plugd's conditions in a table, then what
 // the kubelet shows. wide adds each condition's message.
-func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
+func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Node %s: Ready %s\n", printer.Cell(v.Node), printer.Cell(v.Ready))
 	if len(v.Plugins) == 0 {
 		b.WriteString("no condition of plugd's: plugd does not run here, expects no plugin, or cannot reach the API server\n")
 	} else {
-		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}}
-		if wide {
+		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}, NoHeader: f.NoHeaders}
+		if f.Wide {
 			t.Header = append(t.Header, "CONDITION", "MESSAGE")
 		}
 		for _, p := range v.Plugins {
 			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.ShortCell(p.Reason, maxReason), printer.Since(p.Since, now)}
-			if wide {
+			if f.Wide {
 				row = append(row, printer.Cell(p.Condition), printer.ShortCell(p.Message, nodecond.MaxMessage))
 			}
 			t.Rows = append(t.Rows, row)
@@ -211,9 +211,9 @@ func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
 	for _, d := range v.Kubelet.Devices {
 		devs = append(devs, fmt.Sprintf("%s %d/%d allocatable", d.Resource, d.Allocatable, d.Capacity))
 	}
-	fmt.Fprintf(&b, "  CSI drivers (CSINode):       %s\n", list(csi))
-	fmt.Fprintf(&b, "  device plugins (capacity):   %s\n", list(devs))
-	fmt.Fprintf(&b, "  DRA drivers (ResourceSlices): %s\n", list(v.Kubelet.DRADrivers))
+	fmt.Fprintf(&b, "  CSI drivers (CSINode):       %s\n", list(csi, f.Wide))
+	fmt.Fprintf(&b, "  device plugins (capacity):   %s\n", list(devs, f.Wide))
+	fmt.Fprintf(&b, "  DRA drivers (ResourceSlices): %s\n", list(v.Kubelet.DRADrivers, f.Wide))
 	for _, u := range v.Unreadable {
 		fmt.Fprintf(&b, "  cannot read %s\n", printer.ShortCell(u, nodecond.MaxMessage))
 	}
@@ -221,16 +221,30 @@ func WriteNode(w io.Writer, v NodeView, wide bool, now time.Time) error {
 	return err
 }
 
-// list joins cells with commas, "none" for none.
-func list(s []string) string {
+// maxListed is how many names of a kind the node view prints before it
+// counts the rest: a node may have thousands (a line of 30,000 drivers was
+// 840 KB), and -o wide or -o json gives them all.
+const maxListed = 10
+
+// list joins cells with commas, "none" for none; beyond maxListed it
+// counts the others, unless all is set.
+func list(s []string, all bool) string {
 	if len(s) == 0 {
 		return "none"
 	}
-	out := make([]string, len(s))
-	for i, x := range s {
+	shown := s
+	if !all && len(s) > maxListed {
+		shown = s[:maxListed]
+	}
+	out := make([]string, len(shown))
+	for i, x := range shown {
 		out[i] = printer.Cell(x)
 	}
-	return strings.Join(out, ", ")
+	line := strings.Join(out, ", ")
+	if len(shown) < len(s) {
+		line += fmt.Sprintf(" and %d more (%d in all; -o wide or -o json lists them)", len(s)-len(shown), len(s))
+	}
+	return line
 }
 
 // WatchNode calls emit with the node's view now and again each time its

@@ -39,25 +39,26 @@ const (
 )
 
 // addPage adds the Nodes of one answer to a list of Nodes to c, and returns
-// the list's continue token. The answer is protobuf, or JSON from a server
-// that does not speak protobuf.
-func addPage(body []byte, contentType string, c *nodecond.Census) (string, error) {
+// the list's continue token and how many Nodes it held. The answer is
+// protobuf, or JSON from a server that does not speak protobuf.
+func addPage(body []byte, contentType string, c *nodecond.Census) (string, int, error) {
 	raw, ok := bytes.CutPrefix(body, k8sProtobuf)
 	if !ok {
 		var l corev1.NodeList
 		if err := json.Unmarshal(body, &l); err != nil {
-			return "", fmt.Errorf("an answer of type %q that is not a list of Nodes: %w", contentType, err)
+			return "", 0, fmt.Errorf("an answer of type %q that is not a list of Nodes: %w", contentType, err)
 		}
 		for i := range l.Items {
 			c.Add(&l.Items[i])
 		}
-		return l.Continue, nil
+		return l.Continue, len(l.Items), nil
 	}
 	list, err := lastField(raw, unknownRaw)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	var cont string
+	var nodes int
 	err = eachField(list, func(num protowire.Number, v []byte) error {
 		switch num {
 		case listMetadata:
@@ -70,10 +71,11 @@ func addPage(body []byte, contentType string, c *nodecond.Census) (string, error
 				return err
 			}
 			c.Add(&n)
+			nodes++
 		}
 		return nil
 	})
-	return cont, err
+	return cont, nodes, err
 }
 
 // continueToken is the continue token of an answer to a list of Nodes,

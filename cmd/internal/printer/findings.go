@@ -86,3 +86,34 @@ func plural(n int, s string) string {
 func SeverityAtLeast(s, min string) bool {
 	return slices.Index(api.Severities, s) >= slices.Index(api.Severities, min)
 }
+
+// AtLeast is the findings of fs of severity min or above, in their order
+// (never nil: -o json prints an empty list, not null).
+func AtLeast(fs []api.Finding, min string) []api.Finding {
+	out := []api.Finding{}
+	for _, f := range fs {
+		if SeverityAtLeast(f.Severity, min) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Serious reports whether a finding of fs is a warning or an error: what
+// makes a doctor exit 4. The caller passes the findings it shows, so that
+// --min-severity error with only warnings found exits 0.
+func Serious(fs []api.Finding) bool {
+	return slices.ContainsFunc(fs, func(f api.Finding) bool { return SeverityAtLeast(f.Severity, api.SeverityWarning) })
+}
+
+// FindingsAtLeast prints, as Findings does, the findings of fs of severity
+// min or above; when there are none but some below, it says so, and how
+// many, rather than that nothing is wrong.
+func FindingsAtLeast(w io.Writer, what string, fs []api.Finding, min string) error {
+	shown := AtLeast(fs, min)
+	if len(shown) == 0 && len(fs) > 0 {
+		_, err := fmt.Fprintf(w, "%s found nothing at %s or above (below it: %s; --min-severity %s shows them)\n", what, min, CountFindings(fs), api.SeverityInfo)
+		return err
+	}
+	return Findings(w, what, shown)
+}

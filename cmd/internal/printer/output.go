@@ -20,6 +20,9 @@ import (
 type Table struct {
 	Header []string
 	Rows   [][]string
+	// NoHeader leaves the header out (kubectl's --no-headers); the
+	// columns are as wide as with it, so that the rows line up alike.
+	NoHeader bool
 }
 
 // columnGap separates columns, as kubectl does.
@@ -49,7 +52,11 @@ func (t Table) Write(w io.Writer, width int) error {
 		last = max(width-used, minLastColumn)
 	}
 	var b strings.Builder
-	for _, r := range append([][]string{t.Header}, t.Rows...) {
+	rows := append([][]string{t.Header}, t.Rows...)
+	if t.NoHeader {
+		rows = rows[1:]
+	}
+	for _, r := range rows {
 		for i, c := range r {
 			if i == cols-1 {
 				b.WriteString(Truncate(c, last))

@@ -14,14 +14,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
@@ -32,10 +33,6 @@ const (
 	ExitUsage    = 2 // the command line is wrong
 	ExitFindings = 4 // doctor found a warning or an error
 )
-
-// Version is the plugin's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/cmd/kubectl-plugd/internal/cli.Version=v1.2.3".
-var Version = "devel"
 
 // Main runs the plugin as a program: Ctrl-C (or SIGTERM) cancels what it
 // does. cmd/kubectl-plugd passes the result to os.Exit.
@@ -86,7 +83,7 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `Show the node plugins (CSI drivers, device plugins, DRA drivers) that plugd
 watches on every node, from the Node conditions plugd keeps in the API.
 
- Find more information at: https://github.com/plugd/plugd/blob/main/docs/kubernetes.md`,
+Find more information at: https://github.com/plugd/plugd/blob/main/docs/kubernetes.md`,
 		Annotations:       map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl plugd"},
 		SilenceErrors:     true,
 		SilenceUsage:      true,
@@ -109,17 +106,33 @@ watches on every node, from the Node conditions plugd keeps in the API.
 func (a *app) restConfig() (*rest.Config, error) {
 	// The files the kubeconfig names (certificates, a token) are read as
 	// plugctl reads them: at most a few MiB, a FIFO or device refused.
-	rc, err := kubeconfig.RESTConfig(a.kube.ToRawKubeConfigLoader())
+	loader := a.kube.ToRawKubeConfigLoader()
+	if err := a.checkFound(loader); err != nil {
+		return nil, err
+	}
+	rc, err := kubeconfig.RESTConfig(loader)
 	if err != nil {
 		return nil, fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}
 	rc = rest.CopyConfig(rc)
-	rc.UserAgent = "kubectl-plugd/" + version()
+	rc.UserAgent = "kubectl-plugd/" + version.String()
 	// Nodes are large: protobuf is about half the bytes of JSON, and
 	// faster to decode.
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return rc, nil
+}
+
+// checkFound refuses to go on without an API server to talk to: no
+// kubeconfig, no --server, and not in a pod. kubectl's defaults would then
+// point at http://localhost:8080, and the user see only "connection
+// refused".
+func (a *app) checkFound(loader clientcmd.ClientConfig) error {
+	raw, err := loader.RawConfig()
+	if err != nil || len(raw.Clusters) > 0 || a.kube.APIServer != nil && *a.kube.APIServer != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return nil // an error in a kubeconfig is RESTConfig's to say
+	}
+	return errors.New("cannot find the Kubernetes API server: no kubeconfig ($KUBECONFIG, else ~/.kube/config), no --server, and not in a pod; give --kubeconfig (and --context)")
 }
 
 // namespace is plugd's namespace: -n, else plugd. The context's namespace
@@ -180,24 +193,13 @@ func oneOf(flag, value string, allowed ...string) (string, error) {
 	return "", usageErrorf("%s %q must be one of %s", flag, value, strings.Join(allowed, ", "))
 }
 
-// version is Version, or the module version Go recorded at 'go install'.
-func version() string {
-	if Version != "devel" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return Version
-}
-
 func (a *app) versionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the plugin's version",
 		Args:  cobra.NoArgs,
 		Run: func(*cobra.Command, []string) {
-			fmt.Fprintf(a.stdout, "kubectl-plugd %s\n", version())
+			fmt.Fprintln(a.stdout, version.Line("kubectl-plugd"))
 		},
 	}
 }

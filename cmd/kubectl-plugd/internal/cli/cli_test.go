@@ -2,8 +2,13 @@ package cli
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
+
+	"github.com/plugd/plugd/cmd/internal/version"
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 )
 
 // run runs the plugin in-process and returns its exit code and output.
@@ -54,5 +59,52 @@ func TestUsageErrors(t *testing.T) {
 		if code == ExitUsage && !strings.Contains(out, "--help' for usage") {
 			t.Errorf("kubectl plugd %q: no hint at --help:\n%s", tc.args, out)
 		}
+	}
+}
+
+// Issue 33, item 12: kubectl plugd version prints its version as plugd
+// and plugctl do (version.Line): the name, the version, Go's.
+func TestVersion(t *testing.T) {
+	if code, out := run("version"); code != ExitOK || out != version.Line("kubectl-plugd")+"\n" {
+		t.Errorf("version: exit %d, %q; want %q", code, out, version.Line("kubectl-plugd"))
+	}
+}
+
+// Issue 33, item 12: with no kubeconfig, no --server and no pod around
+// it, kubectl plugd says what to give, as plugctl cluster does, instead
+// of trying http://localhost:8080 and printing "connection refused".
+func TestNoKubeconfig(t *testing.T) {
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, args := range [][]string{{"cluster"}, {"node", "a"}, {"doctor", "a"}} {
+		code, out := run(args...)
+		if code != ExitError || !strings.Contains(out, "cannot find the Kubernetes API server") || !strings.Contains(out, "give --kubeconfig") || strings.Contains(out, "localhost:8080") {
+			t.Errorf("kubectl plugd %q without a kubeconfig: exit %d:\n%s", args, code, out)
+		}
+	}
+}
+
+// Issue 33, item 12: no line of any command's help starts with a stray
+// space (a paragraph's first word pushed in by one column); indented
+// blocks (two spaces or more) are fine.
+func TestHelpHasNoStraySpace(t *testing.T) {
+	a := &app{stdout: io.Discard, stderr: io.Discard, kube: genericclioptions.NewConfigFlags(true)}
+	checkHelp(t, a.rootCommand())
+}
+
+// checkHelp fails for each line of cmd's help texts, and its commands',
+// that starts with exactly one space.
+func checkHelp(t *testing.T, cmd *cobra.Command) {
+	t.Helper()
+	for _, text := range []string{cmd.Short, cmd.Long, cmd.Example} {
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "  ") {
+				t.Errorf("%s: a line of its help starts with a stray space: %q", cmd.CommandPath(), line)
+			}
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		checkHelp(t, sub)
 	}
 }

@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -15,18 +14,17 @@ import (
 	"github.com/plugd/plugd/cmd/internal/printer"
 )
 
-var viewOutputs = []string{"table", "wide", "json", "yaml"}
-
 func (a *app) clusterCommand() *cobra.Command {
 	var selector, output string
+	var noHeaders bool
 	cmd := &cobra.Command{
-		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml]",
+		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers]",
 		Short: "Show on how many nodes each expected plugin is ready",
 		Long: `Show, for every plugin that plugd expects on some node, on how many nodes it is
 ready out of the nodes that expect it, read from the Node conditions plugd
 keeps (one per expected plugin).
 
- Nodes are read 500 at a time, so that a large cluster costs a few requests
+Nodes are read 500 at a time, so that a large cluster costs a few requests
 and little memory. -l counts only the nodes it selects. Reading needs list on
 nodes.`,
 		Example: `  # Every expected plugin, and on how many nodes it is ready
@@ -39,11 +37,14 @@ nodes.`,
   kubectl plugd cluster -l nvidia.com/gpu.present=true --context prod
 
   # The plugins not ready everywhere, for a script
-  kubectl plugd cluster -o json | jq '.plugins[] | select(.ready < .expected)'`,
+  kubectl plugd cluster -o json | jq '.plugins[] | select(.ready < .expected)'
+
+  # Each plugin's name and on how many nodes it is ready, without jq
+  kubectl plugd cluster -o jsonpath='{range .plugins[*]}{.name}{"\t"}{.ready}{"\n"}{end}'`,
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+			out, err := parseOutput(output, noHeaders)
+			if err != nil {
 				return err
 			}
 			rc, err := a.restConfig()
@@ -58,32 +59,29 @@ nodes.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.Host, err)
 			}
-			switch output {
-			case "json":
-				return printer.JSON(a.stdout, v)
-			case "yaml":
-				return printer.YAML(a.stdout, v)
+			if done, err := out.machine(a.stdout, v); done {
+				return err
 			}
-			return fleet.WriteCluster(a.stdout, v, output == "wide", time.Now())
+			return fleet.WriteCluster(a.stdout, v, out.table(), time.Now())
 		}),
 	}
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Selector (label query) to filter nodes on, e.g. -l key1=value1,key2=value2")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	viewFlags(cmd, &output, &noHeaders)
 	return cmd
 }
 
 func (a *app) nodeCommand() *cobra.Command {
 	var output string
-	var watch bool
+	var watch, noHeaders bool
 	cmd := &cobra.Command{
-		Use:   "node NODE [-o table|wide|json|yaml] [-w]",
+		Use:   "node NODE [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers] [-w]",
 		Short: "Show one node's expected plugins, and what the kubelet shows of them",
 		Long: `Show one node's expected plugins: plugd's condition for each (ready or not, the
 reason, since when), then what the kubelet wrote of the node's plugins: the
 CSI drivers in its CSINode, the device plugins' resources in its capacity,
 and the DRA drivers with ResourceSlices for it.
 
- With --watch, print the view again each time the Node changes.`,
+With --watch, print the view again each time the Node changes.`,
 		Example: `  # The plugins of node worker-1
   kubectl plugd node worker-1
 
@@ -91,8 +89,8 @@ and the DRA drivers with ResourceSlices for it.
   kubectl plugd node worker-1 -o wide --watch`,
 		Args: exactlyOneNode,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			var err error
-			if output, err = oneOf("--output", output, viewOutputs...); err != nil {
+			out, err := parseOutput(output, noHeaders)
+			if err != nil {
 				return err
 			}
 			c, err := a.clients()
@@ -101,13 +99,9 @@ and the DRA drivers with ResourceSlices for it.
 			}
 			render := func(v fleet.NodeView) ([]byte, error) {
 				var b bytes.Buffer
-				switch output {
-				case "json":
-					err = printer.JSON(&b, v)
-				case "yaml":
-					err = printer.YAML(&b, v)
-				default:
-					err = fleet.WriteNode(&b, v, output == "wide", time.Now())
+				done, err := out.machine(&b, v)
+				if !done {
+					err = fleet.WriteNode(&b, v, out.table(), time.Now())
 				}
 				return b.Bytes(), err
 			}
@@ -129,7 +123,7 @@ and the DRA drivers with ResourceSlices for it.
 				if err != nil || bytes.Equal(b, last) {
 					return err // the kubelet's heartbeats change nothing shown
 				}
-				if last != nil && output != "json" {
+				if last != nil && out.format != "json" && out.format != "jsonpath" {
 					fmt.Fprintln(a.stdout)
 				}
 				last = b
@@ -138,7 +132,7 @@ and the DRA drivers with ResourceSlices for it.
 			})
 		}),
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+").")
+	viewFlags(cmd, &output, &noHeaders)
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "After printing the view, watch the Node and print it again when it changes.")
 	return cmd
 }
@@ -160,9 +154,9 @@ plugctl doctor prints on the node: stale sockets, refused versions, sockets
 under another kubelet root...), asked through the API server's proxy to
 plugd's pod where that reaches it.
 
- plugd's pod is looked for in the namespace -n (default plugd), by the label
+plugd's pod is looked for in the namespace -n (default plugd), by the label
 app.kubernetes.io/name=plugd. Exit status 4 when something at warning or
-above is found.`,
+above is found among the findings --min-severity shows; 0 otherwise.`,
 		Example: `  # What is wrong on node worker-1
   kubectl plugd doctor worker-1
 
@@ -185,25 +179,20 @@ above is found.`,
 			if err != nil {
 				return err
 			}
-			shown := []api.Finding{}
-			for _, f := range fs {
-				if printer.SeverityAtLeast(f.Severity, minSeverity) {
-					shown = append(shown, f)
-				}
-			}
+			shown := printer.AtLeast(fs, minSeverity)
 			switch output {
 			case "json":
 				err = printer.JSON(a.stdout, api.FindingList{Findings: shown})
 			case "yaml":
 				err = printer.YAML(a.stdout, api.FindingList{Findings: shown})
 			default:
-				err = printer.Findings(a.stdout, "kubectl plugd doctor", shown)
+				err = printer.FindingsAtLeast(a.stdout, "kubectl plugd doctor", fs, minSeverity)
 			}
 			if err != nil {
 				return err
 			}
-			if slices.ContainsFunc(fs, func(f api.Finding) bool { return printer.SeverityAtLeast(f.Severity, api.SeverityWarning) }) {
-				return &exitError{code: ExitFindings, err: fmt.Errorf("found %s on node %s", printer.CountFindings(fs), args[0])}
+			if printer.Serious(shown) {
+				return &exitError{code: ExitFindings, err: fmt.Errorf("found %s on node %s", printer.CountFindings(shown), args[0])}
 			}
 			return nil
 		}),
@@ -221,4 +210,11 @@ func (a *app) clients() (fleet.Clients, error) {
 		return fleet.Clients{}, err
 	}
 	return fleet.NewClients(rc)
+}
+
+// viewFlags are the output flags of a view, as kubectl's: -o and
+// --no-headers.
+func viewFlags(cmd *cobra.Command, output *string, noHeaders *bool) {
+	cmd.Flags().StringVarP(output, "output", "o", "table", "Output format. One of: ("+strings.Join(viewOutputs, ", ")+"). See JSONPath template [https://kubernetes.io/docs/reference/kubectl/jsonpath/].")
+	cmd.Flags().BoolVar(noHeaders, "no-headers", false, "When using the table or wide output format, don't print headers (nor the cluster view's count of nodes).")
 }

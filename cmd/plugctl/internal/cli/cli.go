@@ -15,7 +15,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -36,10 +35,6 @@ const (
 	// ExitFindings is doctor's: it found something at warning or above.
 	ExitFindings = 4
 )
-
-// Version is plugctl's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/cmd/plugctl/internal/cli.Version=v1.2.3".
-var Version = "devel"
 
 // Environment variables that stand in for the global flags, so that a shell
 // or a container can point every plugctl at one daemon.
@@ -239,16 +234,4 @@ func oneOf(flag, value string, allowed ...string) (string, error) {
 		}
 	}
 	return "", usageErrorf("%s %q must be one of %s", flag, value, strings.Join(allowed, ", "))
-}
-
-// cliVersion is Version, or the module version Go recorded when plugctl was
-// installed with 'go install ...@version'.
-func cliVersion() string {
-	if Version != "devel" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return Version
 }

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -26,8 +25,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
+	"github.com/spf13/cobra"
 )
 
 // plugd is the daemon the tests run plugctl against, built once by TestMain.
@@ -612,7 +613,7 @@ func TestWatchWithoutAStream(t *testing.T) {
 		t.Errorf("no Discovered line before Registered:\n%s", strings.Join(seen, "\n"))
 	}
 	p.Close()
-	waitLine(t, b.stdout, eventRx("Removed", "CSIPlugin", "csi.example.com", csiID, `\w+`))
+	waitLine(t, b.stdout, eventRx("Removed", "CSIPlugin", "csi.example.com", csiID, "-"))
 	if code, _, _ := b.interrupt(t); code != ExitOK {
 		t.Errorf("exit code %d after Ctrl-C, want 0", code)
 	}
@@ -779,14 +780,14 @@ func TestUnreachable(t *testing.T) {
 		r := run(append([]string{"--socket", sock}, args...)...)
 		r.want(t, ExitError, "plugctl: cannot reach plugd at "+sock, "is plugd running?")
 	}
-	if r := run("--socket", sock, "version"); !strings.HasPrefix(r.stdout, "plugctl devel ("+runtime.Version()+")\n") {
+	if r := run("--socket", sock, "version"); !strings.HasPrefix(r.stdout, version.Line("plugctl")+"\n") {
 		t.Errorf("version without plugd should still print plugctl's: %q", r.stdout)
 	}
 }
 
 func TestVersion(t *testing.T) {
 	e := startDaemon(t)
-	want := "plugctl devel (" + runtime.Version() + ")\nplugd devel (" + runtime.Version() + ") at " + e.sock + ", watching " + e.dir + "\n"
+	want := version.Line("plugctl") + "\n" + version.Line("plugd") + " at " + e.sock + ", watching " + e.dir + "\n"
 	if out := e.mustRun(t, "version"); out != want {
 		t.Errorf("version:\n%s\nwant:\n%s", out, want)
 	}
@@ -833,6 +834,28 @@ func TestDoctor(t *testing.T) {
 	e.run("doctor", "--min-severity", "loud").want(t, ExitUsage, `--min-severity "loud" must be one of info, warning, error`)
 }
 
+// Issue 33, item 12: --min-severity decides what is found, for the exit
+// code too: with only a warning found, --min-severity error prints that
+// nothing is at error or above (not an empty list alone, not "nothing
+// wrong") and exits 0; JSON is an empty list.
+func TestDoctorMinSeverity(t *testing.T) {
+	e := startDaemon(t)
+	testenv.DeadSocket(t, filepath.Join(e.dir, "dead.sock")) // a stale socket: a warning
+	e.mustRun(t, "wait", "--id", "dead.sock", "--for", "stale")
+	e.run("doctor").want(t, ExitFindings, "found 1 warning")
+	r := e.run("doctor", "--min-severity", "error")
+	r.want(t, ExitOK)
+	if !strings.Contains(r.stdout, "plugd found nothing at error or above (below it: 1 warning; --min-severity info shows them)") {
+		t.Errorf("doctor --min-severity error with a warning:\n%s", r.stdout)
+	}
+	r = e.run("doctor", "--min-severity", "error", "-o", "json")
+	r.want(t, ExitOK)
+	var list api.FindingList
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || list.Findings == nil || len(list.Findings) != 0 {
+		t.Errorf("doctor --min-severity error -o json: %v\n%s", err, r.stdout)
+	}
+}
+
 // With plugd connected to Kubernetes, the table has a KUBELET column; -o
 // wide gives its reason. Without, the table is as it always was.
 func TestKubeletColumn(t *testing.T) {
@@ -862,4 +885,24 @@ func TestKubeletColumn(t *testing.T) {
 // and its table are package fleet's, tested there and in test/kube.
 func TestClusterNoAPIServer(t *testing.T) {
 	run("cluster", "--kubeconfig", "/nonexistent/kubeconfig").want(t, ExitError, "cannot find the Kubernetes API server")
+}
+
+// Issue 33, item 12: no line of any command's help starts with a stray
+// space; indented blocks (two spaces or more) are fine.
+func TestHelpHasNoStraySpace(t *testing.T) {
+	a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	var check func(cmd *cobra.Command)
+	check = func(cmd *cobra.Command) {
+		for _, text := range []string{cmd.Short, cmd.Long, cmd.Example} {
+			for _, line := range strings.Split(text, "\n") {
+				if strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "  ") {
+					t.Errorf("%s: a line of its help starts with a stray space: %q", cmd.CommandPath(), line)
+				}
+			}
+		}
+		for _, sub := range cmd.Commands() {
+			check(sub)
+		}
+	}
+	check(a.rootCommand())
 }

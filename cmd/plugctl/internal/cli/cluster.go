@@ -11,6 +11,7 @@ import (
 
 	"github.com/plugd/plugd/cmd/internal/fleet"
 	"github.com/plugd/plugd/cmd/internal/printer"
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/kubeconfig"
 	"github.com/plugd/plugd/internal/nodecond"
 )
@@ -65,7 +66,7 @@ func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector
 	if err != nil {
 		return fmt.Errorf("cannot find the Kubernetes API server: %w; give --kubeconfig (and --context)", err)
 	}
-	rc.UserAgent = "plugctl/" + cliVersion()
+	rc.UserAgent = "plugctl/" + version.String()
 	rc.ContentType = "application/vnd.kubernetes.protobuf" // Nodes are large
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	client, err := corev1client.NewForConfig(rc)
@@ -87,5 +88,5 @@ func (a *app) cluster(ctx context.Context, kubeconfigPath, kubeContext, selector
 	case "yaml":
 		return printer.YAML(a.stdout, v)
 	}
-	return fleet.WriteCluster(a.stdout, v, output == "wide", time.Now())
+	return fleet.WriteCluster(a.stdout, v, fleet.Format{Wide: output == "wide"}, time.Now())
 }

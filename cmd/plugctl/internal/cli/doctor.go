@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -35,8 +34,9 @@ plugins that are missing; and, connected to Kubernetes, plugins that answer
 while the kubelet has not registered them (with the likely causes) and
 trouble with the API server.
 
-Exit codes: 0 nothing at warning or above, 4 a warning or an error was found,
-1 plugd could not be asked.`,
+Exit codes: 0 nothing at warning or above was found (of the findings
+--min-severity shows: with error, warnings alone exit 0), 4 a warning or an
+error was found, 1 plugd could not be asked.`,
 		Example: `  plugctl doctor
   plugctl doctor -o json | jq -r '.findings[] | select(.severity == "error") | .summary'`,
 		Args: noArgs,
@@ -68,25 +68,20 @@ func (a *app) doctor(ctx context.Context, output, minSeverity string) error {
 	if err != nil {
 		return a.explain(ctx, c, err)
 	}
-	shown := []api.Finding{}
-	for _, f := range fs {
-		if printer.SeverityAtLeast(f.Severity, minSeverity) {
-			shown = append(shown, f)
-		}
-	}
+	shown := printer.AtLeast(fs, minSeverity)
 	switch output {
 	case "json":
 		err = printer.JSON(a.stdout, api.FindingList{Findings: shown})
 	case "yaml":
 		err = printer.YAML(a.stdout, api.FindingList{Findings: shown})
 	default:
-		err = printer.Findings(a.stdout, "plugd", shown)
+		err = printer.FindingsAtLeast(a.stdout, "plugd", fs, minSeverity)
 	}
 	if err != nil {
 		return err
 	}
-	if slices.ContainsFunc(fs, func(f api.Finding) bool { return printer.SeverityAtLeast(f.Severity, api.SeverityWarning) }) {
-		return &exitError{code: ExitFindings, err: fmt.Errorf("found %s", printer.CountFindings(fs))}
+	if printer.Serious(shown) {
+		return &exitError{code: ExitFindings, err: fmt.Errorf("found %s", printer.CountFindings(shown))}
 	}
 	return nil
 }

@@ -3,8 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
-	"runtime"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/spf13/cobra"
 )
 
@@ -25,7 +25,7 @@ version is still printed, and the exit code is 1.`,
 func (a *app) version(ctx context.Context) error {
 	// Print our own version first: it is what a bug report needs even when
 	// the daemon is down.
-	fmt.Fprintf(a.stdout, "plugctl %s (%s)\n", cliVersion(), runtime.Version())
+	fmt.Fprintln(a.stdout, version.Line("plugctl"))
 	ctx, cancel := a.requestContext(ctx)
 	defer cancel()
 	c := a.client()

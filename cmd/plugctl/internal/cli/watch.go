@@ -187,7 +187,9 @@ func listEvents(before, now map[string]api.Plugin, at time.Time) []api.Event {
 	}
 	for _, id := range slices.Sorted(maps.Keys(before)) {
 		if _, ok := now[id]; !ok {
-			add(api.EventRemoved, before[id])
+			gone := before[id]
+			gone.State, gone.Reason = "", "" // forgotten: no state, as plugd's Removed says
+			add(api.EventRemoved, gone)
 		}
 	}
 	return out

@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
 
@@ -42,7 +43,45 @@ func TestCheckConfig(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "reg")); !os.IsNotExist(err) {
 		t.Errorf("--check-config created the registry directory: %v", err)
 	}
-	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), `unknown field "nmae"`) {
+	if _, err := check("expect: [{type: CSIPlugin, nmae: x}]\n"); err == nil || !strings.Contains(err.Error(), "unknown key expect[0].nmae") {
 		t.Errorf("a misspelt field: %v", err)
+	}
+}
+
+// Issue 33, item 12: plugd version prints its version as plugctl and
+// kubectl plugd do (version.Line).
+func TestVersionCommand(t *testing.T) {
+	var out strings.Builder
+	cmd := daemon.Command()
+	cmd.SetArgs([]string{"version"})
+	cmd.SetOut(&out)
+	if err := cmd.Execute(); err != nil || out.String() != version.Line("plugd")+"\n" {
+		t.Errorf("plugd version: %q, %v; want %q", out.String(), err, version.Line("plugd"))
+	}
+}
+
+// Issue 33, item 12: a wrong command line exits 2, as plugctl's and
+// kubectl plugd's do, with a hint at --help; an error of plugd running
+// (a configuration it refuses) exits 1.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--bogus"}, daemon.ExitUsage, "unknown flag: --bogus"},
+		{[]string{"extra"}, daemon.ExitUsage, `unknown command "extra"`},
+		{[]string{"--workers", "many"}, daemon.ExitUsage, "invalid argument"},
+		{[]string{"version", "x"}, daemon.ExitUsage, "unknown command"},
+		{[]string{"--check-config", "--config", "/nonexistent/plugd.yaml"}, daemon.ExitError, "/nonexistent/plugd.yaml"},
+	} {
+		var stderr strings.Builder
+		code := daemon.Execute(context.Background(), daemon.Command(), tc.args, &stderr)
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("plugd %q: exit %d, want %d saying %q:\n%s", tc.args, code, tc.code, tc.want, stderr.String())
+		}
+		if hint := strings.Contains(stderr.String(), "--help' for usage"); hint != (tc.code == daemon.ExitUsage) {
+			t.Errorf("plugd %q: a hint at --help %v:\n%s", tc.args, hint, stderr.String())
+		}
 	}
 }

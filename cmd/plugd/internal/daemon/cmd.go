@@ -2,18 +2,19 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
@@ -54,7 +55,7 @@ over the file. SIGHUP reloads the file; SIGTERM or SIGINT stops plugd cleanly.`,
 		Short: "Print plugd's version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "plugd %s (%s)\n", Version, runtime.Version())
+			fmt.Fprintln(cmd.OutOrStdout(), version.Line("plugd"))
 		},
 	})
 	return cmd
@@ -322,5 +323,56 @@ func (d *Daemon) reloadFrom(load func() (Config, error)) {
 	}
 	for _, n := range needsRestart {
 		d.log.Warn("reload cannot apply this change while running; restart plugd to apply it", "change", n)
+	}
+}
+
+// Exit codes of plugd, as plugctl and kubectl plugd use them.
+const (
+	ExitError = 1 // it could not run: a configuration refused, a failure while running
+	ExitUsage = 2 // the command line is wrong: unknown flag or command, a bad flag value
+)
+
+// Execute runs cmd (plugd, with the subcommands the caller added) on args
+// and returns the exit code: 0, ExitError for an error of a command
+// running, ExitUsage for one of the command line (cobra's or a flag's),
+// which is followed by a hint at --help. Errors are written to stderr.
+func Execute(ctx context.Context, cmd *cobra.Command, args []string, stderr io.Writer) int {
+	markRunErrors(cmd)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	cmd.SetArgs(args)
+	cmd.SetErr(stderr)
+	cmd.SilenceErrors, cmd.SilenceUsage = true, true
+	c, err := cmd.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "plugd: %s\n", strings.TrimRight(err.Error(), "\n"))
+	var re runError
+	if errors.As(err, &re) {
+		return ExitError
+	}
+	fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", c.CommandPath())
+	return ExitUsage
+}
+
+// runError is an error a command returned once running: anything else
+// Execute sees is cobra's, about the command line.
+type runError struct{ error }
+
+func (e runError) Unwrap() error { return e.error }
+
+// markRunErrors wraps the RunE of cmd and every command below it, so that
+// their errors are runError.
+func markRunErrors(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			if err := run(c, args); err != nil {
+				return runError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		markRunErrors(sub)
 	}
 }

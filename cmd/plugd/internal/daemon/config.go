@@ -373,7 +373,7 @@ func LoadConfig(path string) (Config, error) {
 		return c, err
 	}
 	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		return c, fmt.Errorf("config %s: %w", path, err)
+		return c, configError(path, b, err)
 	}
 	return c, nil
 }

@@ -23,16 +23,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
 	"github.com/plugd/plugd/pluginmanager"
 	"k8s.io/klog/v2"
 )
-
-// Version is plugd's version, set at build time with
-// -ldflags "-X github.com/plugd/plugd/cmd/plugd/internal/daemon.Version=v1.2.3".
-var Version = "devel"
 
 // Daemon is one plugd: a plugin manager and the status API in front of it.
 type Daemon struct {
@@ -96,7 +93,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 			expect = append(expect, e.expectation())
 		}
 		d.kube, err = kubenode.New(kubenode.Config{
-			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + Version,
+			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + version.String(),
 			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
 			HeartbeatInterval: time.Duration(k.HeartbeatInterval), Kubelet: k.kubeletConfig(),
 			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Scanned: d.m.Synced(), Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
@@ -295,7 +292,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		stop() // the manager is the daemon: if it stops, everything does
 	})
-	d.log.Info("plugd started", "version", Version, "registryDir", cfg.RegistryDir,
+	d.log.Info("plugd started", "version", version.String(), "registryDir", cfg.RegistryDir,
 		"statusSocket", cfg.Status.Socket, "statusTCP", cfg.Status.TCP, "handlers", handlerList(cfg.Handlers))
 
 	<-runCtx.Done()

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/internal/confine"
 
 	"github.com/spf13/pflag"
@@ -167,7 +168,7 @@ func TestStatusAPI(t *testing.T) {
 	}
 
 	v, err := r.client.Version(ctx)
-	if err != nil || v.Version != Version || v.RegistryDir != r.dir {
+	if err != nil || v.Version != version.String() || v.RegistryDir != r.dir {
 		t.Errorf("version = %+v, %v", v, err)
 	}
 	if err := r.client.Ready(ctx); err != nil {
@@ -237,7 +238,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	for _, tc := range []struct {
 		yaml, want string
 	}{
-		{"registryDir: /x\nworkrs: 3\n", `unknown field "workrs"`},
+		{"registryDir: /x\nworkrs: 3\n", "unknown key workrs: it is not a setting of plugd"},
 		{"handlers:\n- type: CSIPlugin\n  handler: magic\n", `handlers[0].handler is "magic": it must be one of accept`},
 		{"handlers:\n- handler: accept\n", "handlers[0].type is empty"},
 		{"handlers:\n- {type: A, handler: accept}\n- {type: A, handler: accept}\n", `handlers[1].type: "A" has a handler already`},
@@ -263,7 +264,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"kubernetes: {nodeName: n, removeTaintWhenReady: x}\n", `kubernetes.removeTaintWhenReady "x": write it as KEY:EFFECT`},
 		{"kubernetes: {nodeName: n, removeTaintWhenReady: 'k:NoSchedule'}\n", "expect lists no plugins"},
 		{"kubernetes: {nodeName: n, removeTaintWhenReady: 'node.kubernetes.io/unschedulable:NoSchedule'}\n", "Kubernetes reserves"},
-		{"kubernetes: {nodeNam: n}\n", `unknown field "nodeNam"`},
+		{"kubernetes: {nodeNam: n}\n", "unknown key kubernetes.nodeNam: it is not a setting of plugd (misspelt, or of another version?); the keys there are "},
+		{"expect: [{type: CSIPlugin, name: a}, {type: CSIPlugin, nmae: x}]\n", "unknown key expect[1].nmae"},
+		{"log:\n  format: json\n  levle: x\n", "unknown key log.levle"},
+		{"workers: 1\nworkers: 2\n", "is not valid YAML: unmarshal errors:\n  line 2: key \"workers\" already set in map"},
 		{"expect: [{type: CSIPlugin}]\n", "expect[0]: type and name are both needed"},
 		{"expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "expect[0]: minHealthyDevices applies to DevicePlugin"},
 		{"expect: [{type: CSIPlugin, name: a.example.com, condition: Ready}]\n", "the kubelet's"},

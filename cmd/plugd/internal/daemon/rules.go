@@ -28,7 +28,7 @@ func (r configRule) name() string { return r.field + " " + r.check }
 // who listens on a socket) is left out: it holds on one platform only.
 func configRules() []configRule {
 	rules := []configRule{
-		{"(any)", "known-field", "workrs: 3\n", `unknown field "workrs"`},
+		{"(any)", "known-field", "workrs: 3\n", "unknown key workrs"},
 		{"(any duration)", "syntax", "resyncInterval: 30\n", "a duration is written like"},
 		{"mode", "enum", "mode: watch\n", `mode is "watch"`},
 		{"registryDir", "not-system", "registryDir: /etc\n", "is a system directory"},

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/doctor"
 	"github.com/plugd/plugd/pluginmanager"
 )
@@ -51,7 +52,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/events", d.streamEvents)
 	mux.HandleFunc("GET /v1/findings", d.findings)
 	mux.HandleFunc("GET /v1/version", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, api.Version{Version: Version, GoVersion: runtime.Version(), RegistryDir: d.Config().RegistryDir})
+		writeJSON(w, http.StatusOK, api.Version{Version: version.String(), GoVersion: runtime.Version(), RegistryDir: d.Config().RegistryDir})
 	})
 	// Uncompressed: a gzip writer costs most of a megabyte while a slow
 	// client reads, and the metrics are a few kilobytes on a node.
@@ -144,7 +145,7 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 		kubelet := d.kubeletView(s)
 		s, remembered := identify(s)
 		in.Plugins = append(in.Plugins, doctor.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint,
-			Versions: s.Versions, State: string(s.State), Created: s.Created,
+			Versions: s.Versions, State: string(s.State), Reason: string(s.Reason), LastError: s.LastError, Created: s.Created,
 			Answering: answering(s), Remembered: remembered, Kubelet: kubelet})
 	}
 	if d.kube != nil {

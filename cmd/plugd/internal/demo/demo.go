@@ -63,7 +63,8 @@ behind, fails, and registers at once when it comes back.
 Each event from the status API is printed as it happens, and the table of all
 plugins after each step. Then plugd keeps running, and the table is redrawn on
 every event, so that you can point plugctl or your own plugins at it, until
-Ctrl-C. Everything the demo created is removed when it exits.`,
+Ctrl-C. Everything the demo created is removed when it exits, on Ctrl-C,
+SIGTERM or SIGHUP (its terminal closed) too.`,
 		Example: `  plugd demo
   plugd demo --once        # stop after the scenario, for scripts
   plugd demo --verbose     # with plugd's own log on standard error`,
@@ -89,7 +90,9 @@ Ctrl-C. Everything the demo created is removed when it exits.`,
 			if verbose {
 				opts.Log = cmd.ErrOrStderr()
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			// SIGHUP too: a closed terminal must not leave the demo's
+			// directory and sockets behind.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			// The first signal starts a clean shutdown; stop restores the
 			// default action, so a second one kills the demo at once.

@@ -34,9 +34,10 @@ import (
 type Plugin struct {
 	Socket, Type, Name, Endpoint string
 	Versions                     []string
-	// State is plugd's (api.Plugin's).
-	State   string
-	Created time.Time
+	// State is plugd's (api.Plugin's); Reason and LastError say why a
+	// socket is Failed or Rejected.
+	State, Reason, LastError string
+	Created                  time.Time
 	// Answering says the plugin answers GetInfo now.
 	Answering bool
 	// Remembered says Type, Name, Endpoint and Versions are what the socket
@@ -153,6 +154,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 		c.socket(&in.Plugins[i], c.looks[i])
 	}
 	c.duplicates()
+	c.rejected()
 	c.expected()
 	for i := range in.Plugins {
 		c.kubelet(&in.Plugins[i])

@@ -287,3 +287,99 @@ func TestKubeletTruth(t *testing.T) {
 		t.Errorf("findings about a kubelet plugd reads: %+v", fs)
 	}
 }
+
+// Issue 33, item 11: a root process running a program named kubelet is a
+// kubelet in a container when its mount namespace is not init's (a kind
+// node, a test cluster): not taken, with why. One in init's namespace is
+// taken, and its finding says what was assumed; where init's cannot be
+// read, plugd's own is the reference, and the finding says so. The
+// processes are made up: a directory per pid, its ns/mnt a symlink whose
+// text is the namespace, as the kernel's reads.
+func TestKubeletInAnotherMountNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		init, self string // the namespaces of pid 1 and of plugd; "" unreadable
+		taken      string // the pid taken for the kubelet
+		says       string
+		ignored    string
+	}{
+		{name: "init's readable", init: "mnt:[1]", self: "mnt:[9]", taken: "4242", says: "in init's mount namespace mnt:[1]: the host's",
+			ignored: "pid 4300, named kubelet, --root-dir /var/lib/kind/kubelet: not taken, as it runs in the mount namespace mnt:[2], not init's (mnt:[1]): a kubelet in a container"},
+		{name: "only plugd's readable", self: "mnt:[1]", taken: "4242", says: "in plugd's own mount namespace mnt:[1] (init's cannot be read): taken as the host's"},
+		{name: "none readable", taken: "4242", says: "its mount namespace cannot be read: taken as the host's"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := filepath.Join(t.TempDir(), "proc")
+			process := func(pid, cmdline, ns string) {
+				t.Helper()
+				d := filepath.Join(proc, pid)
+				if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				os.WriteFile(filepath.Join(d, "cmdline"), []byte(cmdline), 0o644)
+				os.WriteFile(filepath.Join(d, "status"), []byte("Name:\tx\nUid:\t0\t0\t0\t0\n"), 0o644)
+				os.Symlink("/usr/bin/kubelet", filepath.Join(d, "exe"))
+				if ns != "" {
+					os.Symlink(ns, filepath.Join(d, "ns", "mnt"))
+				}
+			}
+			process("1", "/sbin/init\x00", tc.init)
+			process("self", "plugd\x00", tc.self)
+			// The container's kubelet first: it may not hide the host's.
+			containerNS := "mnt:[2]"
+			hostNS := "mnt:[1]"
+			if tc.init == "" && tc.self == "" {
+				containerNS, hostNS = "", ""
+			}
+			if tc.ignored != "" {
+				process("4300", "kubelet\x00--root-dir=/var/lib/kind/kubelet\x00", containerNS)
+			}
+			process("4242", "/usr/bin/kubelet\x00--root-dir=/var/lib/custom\x00", hostNS)
+			fs := Check(context.Background(), Input{RegistryDir: "/var/lib/kubelet/plugins_registry", ProcDir: proc, KubeletRoots: []string{}})
+			got := findings(fs, "other-kubelet-root", "")
+			if len(got) != 1 || !strings.Contains(strings.Join(got[0].Evidence, "\n"), "kubelet pid "+tc.taken+" "+tc.says) {
+				t.Errorf("the kubelet's finding: %+v; want it to say %q", got, tc.says)
+			}
+			ignored := findings(fs, "kubelet-process-ignored", "")
+			switch {
+			case tc.ignored == "" && len(ignored) != 0:
+				t.Errorf("a process ignored: %+v", ignored)
+			case tc.ignored != "" && (len(ignored) != 1 || !strings.HasPrefix(ignored[0].Evidence[0], tc.ignored)):
+				t.Errorf("the kubelet in a container: %+v; want %q", ignored, tc.ignored)
+			}
+		})
+	}
+}
+
+// Issue 33, item 12: a plugin plugd rejected (plugctl list shows it
+// Rejected) is a finding, with plugd's reason and error and what to do
+// about that reason; one whose rejection another finding explains (refused
+// versions) is not reported twice.
+func TestRejectedPlugins(t *testing.T) {
+	dir := testenv.ShortDir(t, "rej")
+	p := func(name string) string { return filepath.Join(dir, name) }
+	for _, s := range []string{"greeter.sock", "bad.sock", "csi0.sock"} {
+		listen(t, p(s))
+	}
+	fs := Check(context.Background(), Input{RegistryDir: dir, KubeletRoots: []string{}, Plugins: []Plugin{
+		{Socket: p("greeter.sock"), Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonNoHandler, LastError: `no handler for plugin type "example.com/Greeter"`},
+		{Socket: p("bad.sock"), Type: "CSIPlugin", Name: "bad", Versions: []string{"1.0.0"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonValidate, LastError: "the name is not a valid CSI driver name"},
+		{Socket: p("csi0.sock"), Type: "CSIPlugin", Name: "csi0.example.com", Versions: []string{"0.3.0"}, Answering: true,
+			State: api.StateRejected, Reason: api.ReasonValidate, LastError: "no 1.x version"},
+	}})
+	for _, want := range []struct{ socket, says string }{
+		{p("greeter.sock"), "--handler example.com/Greeter=accept"},
+		{p("bad.sock"), "the handler refused the plugin"},
+	} {
+		got := findings(fs, "plugin-rejected", want.socket)
+		if len(got) != 1 || got[0].Severity != api.SeverityError || !strings.Contains(got[0].Remedy, want.says) ||
+			!strings.Contains(strings.Join(got[0].Evidence, "\n"), "reason: ") || !strings.Contains(strings.Join(got[0].Evidence, "\n"), "error: ") {
+			t.Errorf("the rejected plugin at %s: %+v; want an error whose remedy says %q", want.socket, got, want.says)
+		}
+	}
+	if got := findings(fs, "plugin-rejected", p("csi0.sock")); len(got) != 0 || len(findings(fs, "versions-refused", p("csi0.sock"))) != 1 {
+		t.Errorf("the plugin whose versions are refused is reported twice: %+v", fs)
+	}
+}

@@ -24,7 +24,8 @@ const (
 type runningKubelet struct {
 	pid     int
 	rootDir string
-	flag    bool // the root came from --root-dir, not the default
+	flag    bool   // the root came from --root-dir, not the default
+	mountNS string // what the doctor assumed of its mount namespace (checkMountNS)
 }
 
 func (k *runningKubelet) registry() string { return filepath.Join(k.rootDir, "plugins_registry") }
@@ -52,12 +53,16 @@ type namedKubelet struct {
 // Any local user can start a process with any argv[0] and any
 // --root-dir; only root (or plugd's user) can start one that passes.
 // Every process is looked at, so that one that is not the kubelet cannot
-// hide one that is by coming first.
+// hide one that is by coming first. A root process whose executable is
+// named kubelet may still be a kubelet in a container (kind, a test
+// cluster), whose root directory is not this host's: one in another mount
+// namespace than init's is not taken (checkMountNS).
 func findKubelets(procDir string, self int) []namedKubelet {
 	ents, err := os.ReadDir(procDir)
 	if err != nil {
 		return nil
 	}
+	host := hostMountNS{init: mountNS(filepath.Join(procDir, "1")), self: mountNS(filepath.Join(procDir, "self"))}
 	var out []namedKubelet
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -73,6 +78,9 @@ func findKubelets(procDir string, self int) []namedKubelet {
 		k.uid, k.why = checkOwner(dir, self)
 		if k.why == "" {
 			k.exe, k.why = checkExe(dir, k.program)
+		}
+		if k.why == "" {
+			k.mountNS, k.why = checkMountNS(mountNS(dir), host)
 		}
 		out = append(out, k)
 	}
@@ -151,6 +159,41 @@ func checkExe(dir, want string) (exe, why string) {
 		return exe, "it runs " + shown(exe) + ", not a program named " + want
 	}
 	return exe, ""
+}
+
+// hostMountNS is what the doctor compares a kubelet's mount namespace
+// with: init's (pid 1 of the process table read), the host's when the
+// table is the host's; and plugd's own, for when init's cannot be read
+// (a kernel or sandbox that hides pid 1's namespaces even from root).
+type hostMountNS struct{ init, self string }
+
+// mountNS is the mount namespace of the process in dir, as the kernel
+// names it ("mnt:[4026531841]"), or "" where it cannot be read.
+func mountNS(dir string) string {
+	ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt"))
+	if err != nil {
+		return ""
+	}
+	return ns
+}
+
+// checkMountNS says what the doctor assumes of a kubelet in the mount
+// namespace ns (assumed, shown in its findings), or why it is not taken:
+// in another namespace than init's, it is a kubelet in a container, and
+// the paths it names are in that container's view. Where the namespaces
+// cannot be compared it is taken as the host's, and says so.
+func checkMountNS(ns string, host hostMountNS) (assumed, why string) {
+	switch {
+	case ns == "":
+		return "its mount namespace cannot be read: taken as the host's", ""
+	case host.init == ns:
+		return "in init's mount namespace " + ns + ": the host's", ""
+	case host.init != "":
+		return "", "it runs in the mount namespace " + shown(ns) + ", not init's (" + shown(host.init) + "): a kubelet in a container, whose directories are not the host's"
+	case host.self == ns:
+		return "in plugd's own mount namespace " + ns + " (init's cannot be read): taken as the host's", ""
+	}
+	return "in the mount namespace " + shown(ns) + ", not plugd's (" + shown(host.self) + "), and init's cannot be read to tell the host's: taken as the host's", ""
 }
 
 // readUpTo reads at most max bytes of the file at path.

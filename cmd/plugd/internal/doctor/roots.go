@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/plugd/plugd/api"
@@ -118,7 +119,7 @@ func (c *checker) otherRoots() {
 		}
 		c.add(api.Finding{Severity: api.SeverityError, Check: "other-kubelet-root",
 			Summary:  fmt.Sprintf("the running kubelet registers plugins from %s, but plugd watches %s", k.shownRegistry(), c.in.RegistryDir),
-			Evidence: []string{fmt.Sprintf("kubelet pid %d, %s", k.pid, how)},
+			Evidence: []string{fmt.Sprintf("kubelet pid %d, %s", k.pid, how), "kubelet pid " + strconv.Itoa(k.pid) + " " + k.mountNS},
 			Remedy:   fmt.Sprintf("point plugd at the kubelet's directory: registryDir %s (and the DaemonSet's hostPath)", k.shownRegistry())})
 	}
 	c.impostors()
@@ -149,8 +150,8 @@ func (c *checker) impostors() {
 		return
 	}
 	f := api.Finding{Severity: api.SeverityInfo, Check: "kubelet-process-ignored",
-		Summary: fmt.Sprintf("%d processes call themselves the kubelet but are not taken for it: the kubelet runs as root (or plugd's user) a program named kubelet", len(im)),
-		Remedy:  "nothing, if they are yours (a test, a kubelet in a user namespace); otherwise see who started them: ps -o pid,user,args -p PID"}
+		Summary: fmt.Sprintf("%d processes call themselves the kubelet but are not taken for it: the kubelet runs as root (or plugd's user) a program named kubelet, in init's mount namespace", len(im)),
+		Remedy:  "nothing, if they are yours (a test, a kubelet in a user namespace or a container); otherwise see who started them: ps -o pid,user,args -p PID"}
 	for i, k := range im {
 		if i == maxImpostors {
 			f.Evidence = append(f.Evidence, fmt.Sprintf("and %d more", len(im)-i))
