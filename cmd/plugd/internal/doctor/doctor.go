@@ -217,14 +217,6 @@ func about(f api.Finding, p *Plugin) api.Finding {
 	return f
 }
 
-// who names a plugin for a person.
-func who(p *Plugin) string {
-	if p.Type == "" {
-		return p.Socket
-	}
-	return fmt.Sprintf("%s %s (%s)", p.Type, p.Name, p.Socket)
-}
-
 // lookAll takes each socket's own looks, a few at a time.
 func lookAll(ctx context.Context, ps []Plugin) []look {
 	out := make([]look, len(ps))
