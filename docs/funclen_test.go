@@ -26,8 +26,6 @@ const maxFuncLines = 80
 var longFuncs = map[string]int{
 	"cmd/plugd/internal/kubenode/loop.go loop.evaluate": 170, // issue 36: gather, decide, act
 	"internal/unaryconn/call.go call.handle":            103,
-	"test/interop/cmd/rawh2-server/main.go conn.handle": 97,
-	"test/interop/cmd/rawh2-server/main.go conn.serve":  92,
 }
 
 // Issue 36: no function of the main module's code (its tests aside) is
