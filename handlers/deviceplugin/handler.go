@@ -21,7 +21,7 @@ import (
 )
 
 // Type is the plugin type device plugins register with.
-const Type = "DevicePlugin"
+const Type = plugdapi.DevicePlugin
 
 // Options configure a Handler. The zero value of every field means the
 // default written beside it.

@@ -27,7 +27,7 @@ import (
 )
 
 // Type is the plugin type this handler is for.
-const Type = "DRAPlugin"
+const Type = api.DRAPlugin
 
 // ErrClosed is returned by Register once Close has been called.
 var ErrClosed = errors.New("dra: handler closed")
