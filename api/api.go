@@ -23,6 +23,16 @@ import (
 	"time"
 )
 
+// The plugin types the kubelet registers itself, as its plugin registration
+// API spells them (k8s.io/kubelet's pluginregistration/v1 constants): the
+// types plugd's built-in handlers serve. Any other type is a plugin type of
+// its own, such as example.com/Greeter.
+const (
+	CSIPlugin    = "CSIPlugin"
+	DRAPlugin    = "DRAPlugin"
+	DevicePlugin = "DevicePlugin"
+)
+
 // Plugin is one registration socket and what plugd knows of it.
 type Plugin struct {
 	// ID is the socket's path relative to the registry directory, e.g.

@@ -73,12 +73,13 @@ func TestPackageList(t *testing.T) {
 	}
 }
 
-// Issue 26: the floors of architecture.md hold. The basement (internal/)
-// imports no program's package; api, which plugd and plugctl share and
-// any Go program may import, needs the standard library only; and plugctl
-// and kubectl plugd, which read Node conditions but watch nothing, link
-// none of client-go's informer machinery. Each failure names the package
-// and the import that broke the rule.
+// Issues 26 and 36: the floors of architecture.md hold. Every import of
+// the module's own packages goes down a floor (floors_test.go has the
+// floors, and the few named exceptions); api, which plugd and plugctl
+// share and any Go program may import, needs the standard library only;
+// and plugctl and kubectl plugd, which read Node conditions but watch
+// nothing, link none of client-go's informer machinery. Each failure names
+// the package and the import that broke the rule.
 func TestLayout(t *testing.T) {
 	root := testenv.Root()
 	if err := openModuleDirs(root, true); err != nil {
@@ -86,19 +87,7 @@ func TestLayout(t *testing.T) {
 	}
 	mod := strings.TrimSpace(goList(t, root, "-m"))
 
-	t.Run("internal imports no program", func(t *testing.T) {
-		// Each package, what it imports directly or not, and what its
-		// tests import.
-		out := goList(t, root, "-f", `{{.ImportPath}} {{join .Deps " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./internal/...")
-		for line := range strings.Lines(out) {
-			f := strings.Fields(line)
-			for _, imp := range f[1:] {
-				if strings.HasPrefix(imp, mod+"/cmd/") {
-					t.Errorf("%s imports %s, a program's package: internal/ is the basement, below the programs; move what both need into internal/", f[0], imp)
-				}
-			}
-		}
-	})
+	t.Run("every import goes down a floor", func(t *testing.T) { testFloors(t, root, mod) })
 
 	t.Run("api imports the standard library only", func(t *testing.T) {
 		out := goList(t, root, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./api")
@@ -176,12 +165,20 @@ func openModuleDirs(root string, files bool) error {
 			}
 			return nil
 		}
-		if name == "testdata" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
-			return filepath.SkipDir
-		}
-		if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+		if skipDir(path, name) {
 			return filepath.SkipDir
 		}
 		return nil
 	})
+}
+
+// skipDir reports whether the directory at path, named name, is not one
+// of the main module's packages nor holds any: testdata, node_modules,
+// names starting with . or _, and another module (a go.mod of its own).
+func skipDir(path, name string) bool {
+	if name == "testdata" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(path, "go.mod"))
+	return err == nil
 }

@@ -26,8 +26,8 @@ const maxSocketPath = 108
 // gracePeriod bounds how long Close lets in-flight RPCs finish before it
 // forces the server down. Without a bound, a streaming RPC of a service added
 // through Config.Services (a device plugin's ListAndWatch, for instance)
-// would keep Close waiting forever. It is a variable so tests can shorten it.
-var gracePeriod = 5 * time.Second
+// would keep Close waiting forever. (A Server's grace, which tests shorten.)
+const gracePeriod = 5 * time.Second
 
 // Config describes a plugin and where its registration socket goes.
 type Config struct {

@@ -556,9 +556,6 @@ func TestServeInvalidConfig(t *testing.T) {
 }
 
 func TestServicesHook(t *testing.T) {
-	restore := plugin.SetGracePeriod(100 * time.Millisecond)
-	defer restore()
-
 	cfg := testConfig(t)
 	hs := health.NewServer()
 	cfg.Services = func(r grpc.ServiceRegistrar) { healthpb.RegisterHealthServer(r, hs) }
@@ -566,6 +563,7 @@ func TestServicesHook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.SetGrace(100 * time.Millisecond)
 	defer s.Close()
 
 	client := healthpb.NewHealthClient(dial(t, s.Path()))

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
 	"github.com/plugd/plugd/api"
 )
 
@@ -54,4 +56,14 @@ func strs[S ~string](ss []S) []string {
 func sameSet(a, b []string) bool {
 	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
 	return slices.Equal(a, b)
+}
+
+// api's plugin types are the kubelet's, as its registration API spells
+// them: api needs the standard library only, so it cannot use those.
+func TestAPIPluginTypesAreTheKubelets(t *testing.T) {
+	for got, want := range map[string]string{api.CSIPlugin: registerapi.CSIPlugin, api.DRAPlugin: registerapi.DRAPlugin, api.DevicePlugin: registerapi.DevicePlugin} {
+		if got != want {
+			t.Errorf("api has %q, the kubelet %q", got, want)
+		}
+	}
 }

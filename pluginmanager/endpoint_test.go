@@ -120,10 +120,7 @@ func TestEndpointDownIsUnhealthy(t *testing.T) {
 // that stops it as SIGKILL would: the socket file stays, nobody listening.
 func serveLeaving(t *testing.T, path string, impl registerapi.RegistrationServer) (kill func()) {
 	t.Helper()
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.ListenUnix(t, path)
 	l.SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, impl)

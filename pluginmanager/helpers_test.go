@@ -2,7 +2,6 @@ package pluginmanager_test
 
 import (
 	"errors"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -85,10 +84,7 @@ func calls(rec *plugintest.Recorder) []string {
 // not let us write: hanging, lying or not serving Registration at all.
 func serveRaw(t *testing.T, path string, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.Server {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.ListenUnix(t, path)
 	srv := grpc.NewServer(opts...)
 	if register != nil {
 		register(srv)

@@ -2,7 +2,6 @@ package pluginmanager_test
 
 import (
 	"context"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -95,10 +94,7 @@ func TestDeadPluginDeregisteredAfterGraceThenBack(t *testing.T) {
 
 	// A plugin process killed with SIGKILL leaves its socket file behind,
 	// with nobody listening: a listener closed without unlinking is that.
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.ListenUnix(t, path)
 	l.SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, &moody{info: info})

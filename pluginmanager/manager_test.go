@@ -507,10 +507,7 @@ func TestNotifyRedialsAfterSlowHandler(t *testing.T) {
 	}
 	h := start(t, pluginmanager.Options{}, map[string]pluginmanager.Handler{"CSIPlugin": handler})
 	path := filepath.Join(h.dir, "x.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.ListenUnix(t, path)
 	gs := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(gs, srv)
 	served := make(chan struct{})

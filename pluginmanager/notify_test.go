@@ -83,11 +83,7 @@ func (l *lastConn) drop() {
 // listenLast listens on a socket at path, keeping the last connection.
 func listenLast(t *testing.T, path string) *lastConn {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &lastConn{Listener: l}
+	return &lastConn{Listener: testenv.ListenUnix(t, path)}
 }
 
 // serveTeller serves s (a teller, or a server built on one) on lc.

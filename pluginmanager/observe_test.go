@@ -52,10 +52,7 @@ func TestObserverBesideARegisteringManager(t *testing.T) {
 
 	reg := &registrar{endpoint: filepath.Join(testenv.ShortDir(t, "csi"), "csi.sock")}
 	regPath := filepath.Join(owner.dir, "csi.example.com-reg.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: regPath, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.ListenUnix(t, regPath)
 	l.SetUnlinkOnClose(false) // killed below: its socket stays, as a crashed registrar's would
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, reg)

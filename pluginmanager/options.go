@@ -178,6 +178,11 @@ type Options struct {
 	// fall due, the periodic resync, and the times it reports. Tests set a
 	// fake one (k8s.io/utils/clock/testing) to make time pass exactly. The
 	// deadlines of RPCs and handler calls are real time whatever it is.
+	// So are the first 15 ms of connecting to a socket that just appeared
+	// and refuses (bound, not listening yet); its quiet retries after that
+	// are due by this clock, from 20 ms on: a test on a fake clock whose
+	// plugin binds its socket in place, then listens, must move the clock,
+	// or make the socket appear already listening, as the plugin SDK does.
 	// Nil means the real clock.
 	Clock clock.WithTickerAndDelayedExecution
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 // handlerTable is the handlers added, by plugin type, with the settings of
@@ -91,7 +93,7 @@ func (t *handlerTable) label(typ string) string {
 		return typ
 	}
 	switch typ {
-	case "CSIPlugin", "DRAPlugin", "DevicePlugin":
+	case registerapi.CSIPlugin, registerapi.DRAPlugin, registerapi.DevicePlugin:
 		return typ
 	}
 	return otherType

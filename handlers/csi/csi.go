@@ -22,7 +22,7 @@ import (
 )
 
 // Type is the plugin type CSI drivers register with, through node-driver-registrar.
-const Type = "CSIPlugin"
+const Type = api.CSIPlugin
 
 // Options configure a Handler. The zero value of each field means the default
 // written beside it.

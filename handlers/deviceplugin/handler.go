@@ -21,7 +21,7 @@ import (
 )
 
 // Type is the plugin type device plugins register with.
-const Type = "DevicePlugin"
+const Type = plugdapi.DevicePlugin
 
 // Options configure a Handler. The zero value of every field means the
 // default written beside it.
@@ -285,6 +285,15 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		return err
 	}
 
+	h.serveLocked(life, inst, s, devs)
+	return nil
+}
+
+// serveLocked makes inst, whose stream s is open with devs, an instance of
+// its resource, taking the resource over from one that deregistered within
+// the grace period (a restart), and runs its stream until life ends. h.mu
+// is locked.
+func (h *Handler) serveLocked(life context.Context, inst *instance, s *session, devs []Device) {
 	now := time.Now()
 	h.seq++
 	inst.seq = h.seq
@@ -292,6 +301,7 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	inst.options = s.options
 	inst.devices = devs
 	inst.since = now
+	p := inst.plugin
 	r := h.resources[p.Name]
 	if r == nil {
 		r = &resource{name: p.Name}
@@ -318,7 +328,6 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	default:
 		log.Info("device plugin registered", "devices", len(devs))
 	}
-	return nil
 }
 
 // Deregister stops the plugin's stream and forgets it. If it served its

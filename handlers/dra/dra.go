@@ -27,7 +27,7 @@ import (
 )
 
 // Type is the plugin type this handler is for.
-const Type = "DRAPlugin"
+const Type = api.DRAPlugin
 
 // ErrClosed is returned by Register once Close has been called.
 var ErrClosed = errors.New("dra: handler closed")
@@ -381,6 +381,19 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		done:          make(chan struct{}),
 	}
 
+	if err := h.join(ctx, ictx, in, p.Name); err != nil {
+		return err
+	}
+	h.log.Info("DRA driver instance registered", "driver", p.Name, "socket", p.Socket,
+		"endpoint", p.Endpoint, "service", service, "healthService", health)
+	return nil
+}
+
+// join makes in, connected, an instance of the driver name, and the newest,
+// which serves it; its goroutines run until ictx ends. An instance
+// registered before at its socket is stopped, and waited for until ctx is
+// done. It returns ErrClosed after Close.
+func (h *Handler) join(ctx, ictx context.Context, in *instance, name string) error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -389,14 +402,14 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 	}
 	// The manager deregisters a socket before registering it again; should a
 	// registration it abandoned have completed here anyway, the new one wins.
-	old := h.sockets[p.Socket]
+	old := h.sockets[in.socket]
 	if old != nil {
 		h.removeLocked(old)
 	}
-	d := h.drivers[p.Name]
+	d := h.drivers[name]
 	if d == nil {
-		d = &driver{name: p.Name, instances: make(map[string]*instance), available: true, devices: make(map[deviceKey]*device)}
-		h.drivers[p.Name] = d
+		d = &driver{name: name, instances: make(map[string]*instance), available: true, devices: make(map[deviceKey]*device)}
+		h.drivers[name] = d
 	}
 	h.seq++
 	in.seq = h.seq
@@ -416,8 +429,6 @@ func (h *Handler) Register(ctx context.Context, p pluginmanager.Plugin) error {
 		case <-ctx.Done():
 		}
 	}
-	h.log.Info("DRA driver instance registered", "driver", p.Name, "socket", p.Socket,
-		"endpoint", p.Endpoint, "service", service, "healthService", health)
 	return nil
 }
 

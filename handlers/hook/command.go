@@ -20,6 +20,31 @@ import (
 // run does not wait for it any longer than this.
 const killGrace = time.Second
 
+// cmd is the command of a run of the hook for event and the plugin p, with
+// payload on its stdin, writing to stdout and stderr, in a process group of
+// its own that is killed when ctx is done.
+func (h *Handler) cmd(ctx context.Context, event string, p pluginmanager.Plugin, payload []byte, stdout, stderr *os.File) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, h.program)
+	cmd.Args = h.command
+	cmd.Env = append(slices.Clip(h.env), // never into h.env's spare capacity, shared by concurrent runs
+		"PLUGD_EVENT="+event,
+		"PLUGD_PLUGIN_TYPE="+p.Type,
+		"PLUGD_PLUGIN_NAME="+p.Name,
+		"PLUGD_PLUGIN_ENDPOINT="+p.Endpoint,
+		"PLUGD_PLUGIN_VERSIONS="+strings.Join(p.Versions, ","),
+		"PLUGD_PLUGIN_SOCKET="+p.Socket,
+	)
+	cmd.Stdin = bytes.NewReader(payload)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	ownGroup(cmd)
+	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
+	// Bounds Wait's wait for the goroutine that writes stdin, should a process
+	// that left the group hold it open without reading.
+	cmd.WaitDelay = killGrace
+
+	return cmd
+}
+
 // exec runs the command once, with payload on stdin, and reads its answer from
 // its exit status.
 func (h *Handler) exec(ctx context.Context, outOfTime error, run *Run, p pluginmanager.Plugin, payload []byte) outcome {
@@ -38,24 +63,7 @@ func (h *Handler) exec(ctx context.Context, outOfTime error, run *Run, p pluginm
 	}
 	defer stderrR.Close()
 
-	cmd := exec.CommandContext(ctx, h.program)
-	cmd.Args = h.command
-	cmd.Env = append(slices.Clip(h.env), // never into h.env's spare capacity, shared by concurrent runs
-		"PLUGD_EVENT="+event,
-		"PLUGD_PLUGIN_TYPE="+p.Type,
-		"PLUGD_PLUGIN_NAME="+p.Name,
-		"PLUGD_PLUGIN_ENDPOINT="+p.Endpoint,
-		"PLUGD_PLUGIN_VERSIONS="+strings.Join(p.Versions, ","),
-		"PLUGD_PLUGIN_SOCKET="+p.Socket,
-	)
-	cmd.Stdin = bytes.NewReader(payload)
-	cmd.Stdout, cmd.Stderr = stdoutW, stderrW
-	ownGroup(cmd)
-	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
-	// Bounds Wait's wait for the goroutine that writes stdin, should a process
-	// that left the group hold it open without reading.
-	cmd.WaitDelay = killGrace
-
+	cmd := h.cmd(ctx, event, p, payload, stdoutW, stderrW)
 	err = cmd.Start()
 	// The child has its own copies; ours must go for the readers to see EOF.
 	stdoutW.Close()

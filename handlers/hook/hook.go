@@ -122,34 +122,8 @@ func New(cfg Config, opts Options) (*Handler, error) {
 		log:     opts.Logger,
 		records: make(map[string]*record),
 	}
-	if (len(cfg.Command) == 0) == (cfg.URL == "") {
-		return nil, errors.New("hook: set exactly one of command or url")
-	}
-	if len(cfg.Command) > 0 {
-		if cfg.Command[0] == "" {
-			return nil, errors.New("hook: command[0] is empty; it is the program to run")
-		}
-		program, err := exec.LookPath(cfg.Command[0])
-		if err != nil {
-			return nil, fmt.Errorf("hook: command[0]: %w", err)
-		}
-		h.command = slices.Clone(cfg.Command)
-		h.program = program
-	} else {
-		// The URL may carry a token: errors say what is wrong, not what it is.
-		u, err := url.Parse(cfg.URL)
-		if err != nil {
-			return nil, errors.New("hook: url does not parse")
-		}
-		if u.Scheme != "http" && u.Scheme != "https" {
-			return nil, errors.New("hook: url must be http or https")
-		}
-		if u.Host == "" {
-			return nil, errors.New("hook: url has no host")
-		}
-		if len(cfg.Env) > 0 {
-			return nil, errors.New("hook: env is for a command; this hook has a url")
-		}
+	if err := h.setTarget(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("hook: timeout %s is negative", cfg.Timeout)
@@ -199,6 +173,41 @@ func New(cfg Config, opts Options) (*Handler, error) {
 	}
 	h.metrics = m
 	return h, nil
+}
+
+// setTarget sets what the hook runs, cfg's command or its URL, or returns
+// an error naming the field that is wrong.
+func (h *Handler) setTarget(cfg Config) error {
+	if (len(cfg.Command) == 0) == (cfg.URL == "") {
+		return errors.New("hook: set exactly one of command or url")
+	}
+	if len(cfg.Command) > 0 {
+		if cfg.Command[0] == "" {
+			return errors.New("hook: command[0] is empty; it is the program to run")
+		}
+		program, err := exec.LookPath(cfg.Command[0])
+		if err != nil {
+			return fmt.Errorf("hook: command[0]: %w", err)
+		}
+		h.command = slices.Clone(cfg.Command)
+		h.program = program
+	} else {
+		// The URL may carry a token: errors say what is wrong, not what it is.
+		u, err := url.Parse(cfg.URL)
+		if err != nil {
+			return errors.New("hook: url does not parse")
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return errors.New("hook: url must be http or https")
+		}
+		if u.Host == "" {
+			return errors.New("hook: url has no host")
+		}
+		if len(cfg.Env) > 0 {
+			return errors.New("hook: env is for a command; this hook has a url")
+		}
+	}
+	return nil
 }
 
 // Validate runs the validate hook, if Config.Events has it. A refusal rejects

@@ -8,8 +8,8 @@
 // retried notification, gRPC reconnecting to an endpoint, a device plugin's
 // stream redialed). Anyone who may write where the socket is could replace
 // it, or a directory on the way, with a symlink after the check and lead a
-// later connection, made as root, to a socket of their choosing. Socket
-// walks to the socket from a descriptor of its directory one component at a
+// later connection, made as root, to a socket of their choosing.
+// Root.Socket walks to the socket from a descriptor of its directory one component at a
 // time, following no symlink, checks that what it found is a socket (and the
 // very file expected), and connects through that descriptor: what it checked
 // is what it connects to.
@@ -29,7 +29,7 @@ import (
 // allowed directory.
 var ErrOutside = errors.New("outside the directories endpoints must be in")
 
-// ErrChanged is returned, wrapped, by Socket when the path is not what was
+// ErrChanged is returned, wrapped, by Root.Socket when the path is not what was
 // checked any more: a component of it is a symlink (which is never
 // followed), or the file is not a socket, or not the socket expected.
 var ErrChanged = errors.New("changed since it was checked")
@@ -53,23 +53,6 @@ const MaxPath = len(syscall.RawSockaddrUnix{}.Path) - 1
 // and inode numbers. The zero Identity is any file.
 type Identity struct{ Dev, Ino uint64 }
 
-// Socket connects to the unix socket at root/rel, bounded by ctx. rel is
-// relative and inside root (root itself may be reached through symlinks: it
-// is the operator's choice); no component of rel may be a symlink, the last
-// must be a socket and, unless want is zero, that very file. Otherwise the
-// error wraps ErrChanged, and nothing was connected to.
-//
-// On Linux all of that holds at the moment of connecting (see dial_linux.go);
-// elsewhere the path is looked at just before connecting to it by name, and
-// a swap in between is not caught (see dial_other.go).
-func Socket(ctx context.Context, root, rel string, want Identity) (*net.UnixConn, error) {
-	clean, err := inside(root, rel)
-	if err != nil {
-		return nil, err
-	}
-	return socket(ctx, root, clean, want)
-}
-
 // inside is rel clean, if it is a relative path inside root.
 func inside(root, rel string) (string, error) {
 	clean := filepath.Clean(rel) // "a/../../x" is "../x": checked as it will be walked
@@ -79,11 +62,10 @@ func inside(root, rel string) (string, error) {
 	return clean, nil
 }
 
-// Root is a directory sockets below it are connected to, as Socket does,
-// through a descriptor of it held open (on Linux): a connection walks from
-// that descriptor, not from the directory opened again by its path, which
-// spares two system calls of every connection made there. The walk below
-// it, the checks and the connection are Socket's.
+// Root is a directory sockets below it are connected to through a
+// descriptor of it held open (on Linux): a connection walks from that
+// descriptor, not from the directory opened again by its path, which
+// spares two system calls of every connection made there.
 //
 // The directory at the path may be replaced (removed and made again, moved,
 // or the operator's symlink to it changed). A walk from the descriptor held
@@ -92,8 +74,8 @@ func inside(root, rel string) (string, error) {
 // the directory at the path again and, if that is another directory than
 // the one held, holds it and walks again, so that what is at the path now
 // is what a failure reports; so does Reopen, for a caller that knows of a
-// replacement. The zero Identity is connected to as Socket does, from the
-// directory opened again.
+// replacement. The zero Identity is connected to from the directory opened
+// again.
 //
 // Until Reopen, a socket left in a directory moved away is still reached
 // from the descriptor held: only that very file, found inside the registry
@@ -111,9 +93,17 @@ type Root struct {
 // until the first connection.
 func NewRoot(path string) *Root { return &Root{path: path} }
 
-// Socket connects to the unix socket at rel below the root, as
-// Socket(ctx, root, rel, want) does (see Root for the descriptor it walks
-// from).
+// Socket connects to the unix socket at rel below the root, bounded by ctx.
+// rel is relative and inside the root (the root itself may be reached
+// through symlinks: it is the operator's choice); no component of rel may
+// be a symlink, the last must be a socket and, unless want is zero, that
+// very file. Otherwise the error wraps ErrChanged, and nothing was
+// connected to.
+//
+// On Linux all of that holds at the moment of connecting (see
+// dial_linux.go, and Root for the descriptor it walks from); elsewhere the
+// path is looked at just before connecting to it by name, and a swap in
+// between is not caught (see dial_other.go).
 func (r *Root) Socket(ctx context.Context, rel string, want Identity) (*net.UnixConn, error) {
 	clean, err := inside(r.path, rel)
 	if err != nil {
@@ -130,7 +120,7 @@ func (r *Root) Socket(ctx context.Context, rel string, want Identity) (*net.Unix
 func (r *Root) Reopen() { r.held.release() }
 
 // Close lets go of the directory held. Connections may still be made; each
-// opens the directory again, as Socket does, and holds nothing.
+// opens the directory again, and holds nothing.
 func (r *Root) Close() { r.held.close() }
 
 // Dialer connects to endpoints (unix socket paths). Its zero value connects

@@ -61,19 +61,6 @@ func Maintained(c corev1.NodeCondition, now time.Time, maxAge time.Duration) boo
 	return now.Sub(c.LastHeartbeatTime.Time) <= maxAge
 }
 
-// Summarize tells, from the nodes' conditions, each expected plugin's
-// readiness across them, sorted by type and name. A condition is plugd's
-// when its message is in plugd's form ("plugd: TYPE NAME: ...") and the
-// Node's managedFields say plugd set it (Conditions); a node whose plugd
-// expects nothing does not count.
-func Summarize(nodes []corev1.Node) []ClusterPlugin {
-	var c Census
-	for i := range nodes {
-		c.Add(&nodes[i])
-	}
-	return c.View().Plugins
-}
-
 // Census builds a ClusterView one node at a time, so that a reader can page
 // through a large cluster and keep only what the view needs of each page.
 // The zero value is an empty census that takes every condition as it says.

@@ -27,9 +27,9 @@ func TestSummarize(t *testing.T) {
 		}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
 	}
-	got := Summarize(nodes)
+	got := summarize(nodes)
 	if len(got) != 2 {
-		t.Fatalf("Summarize = %+v", got)
+		t.Fatalf("summarize = %+v", got)
 	}
 	if c := got[0]; c.Type != "CSIPlugin" || c.Ready != 1 || c.Expected != 2 || len(c.NotReady) != 1 || c.NotReady[0].Node != "b" || c.NotReady[0].Reason != "SocketMissing" {
 		t.Errorf("csi: %+v", c)
@@ -43,7 +43,7 @@ func TestSummarize(t *testing.T) {
 // grace; a device plugin that went, whose capacity the kubelet keeps for its
 // own grace period with nothing allocatable, is no disagreement.
 
-// A census counts node by node what Summarize counts at once, and its view
+// A census counts node by node what summarize counts at once, and its view
 // is a copy: counting on does not change a view already taken.
 func TestCensus(t *testing.T) {
 	var c Census
@@ -181,4 +181,14 @@ func TestConditionsAreWhatPlugdSet(t *testing.T) {
 	if v := c.View(); len(v.Plugins) != 0 || v.NodesWithPlugd != 0 {
 		t.Errorf("a node where only another manager wrote plugd's form: %+v", v)
 	}
+}
+
+// summarize tells, from the nodes' conditions, each expected plugin's
+// readiness across them, as a census of them all at once does.
+func summarize(nodes []corev1.Node) []ClusterPlugin {
+	var c Census
+	for i := range nodes {
+		c.Add(&nodes[i])
+	}
+	return c.View().Plugins
 }

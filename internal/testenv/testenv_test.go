@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
@@ -50,4 +51,29 @@ func TestServeGRPCCountsOpenConnections(t *testing.T) {
 		t.Errorf("after Stop, the socket: %v, want it gone", err)
 	}
 	srv.Stop() // again: a no-op
+}
+
+// ListenUnix's socket appears at its path listening, leaves no hidden
+// name behind, and goes when closed unless told to stay.
+func TestListenUnix(t *testing.T) {
+	dir := ShortDir(t, "lu")
+	for _, leave := range []bool{false, true} {
+		path := filepath.Join(dir, fmt.Sprintf("p%t.sock", leave))
+		l := ListenUnix(t, path)
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatalf("connecting as soon as it is there: %v", err)
+		}
+		c.Close()
+		if names, _ := filepath.Glob(filepath.Join(dir, ".*")); len(names) > 0 {
+			t.Errorf("hidden names left: %q", names)
+		}
+		l.SetUnlinkOnClose(!leave)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(path); (err == nil) != leave {
+			t.Errorf("closed, SetUnlinkOnClose(%t): the socket file is there: %t", !leave, err == nil)
+		}
+	}
 }

@@ -30,9 +30,10 @@ import (
 // burst: in bench's burst of 1000 on 2 cores, 97% of registrations took two
 // writes with it, 79% with 5 ms.
 
-// ackDelay is how long an acknowledgement may wait for something to go with.
-// (A variable for the tests that need one to wait for the next call.)
-var ackDelay = 20 * time.Millisecond
+// ackDelay is how long an acknowledgement may wait for something to go with
+// (a Conn's ackDelay, which tests that need one to wait for the next call
+// set on their own connection).
+const ackDelay = 20 * time.Millisecond
 
 // maxOwedPings bounds the PING ACKs kept owed: a peer that PINGs faster is
 // answered as fast (and, while idle and watched, bounded as a flood).
@@ -89,7 +90,7 @@ func (c *Conn) oweLocked() {
 }
 
 // oweDue is when what is owed must have gone.
-func (c *Conn) oweDue() time.Time { return c.acks.since.Add(ackDelay) }
+func (c *Conn) oweDue() time.Time { return c.acks.since.Add(c.ackDelay) }
 
 // tooManyOwed reports whether the acknowledgements owed should go now,
 // whatever else is to come.

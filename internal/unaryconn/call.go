@@ -468,62 +468,78 @@ func (k *call) handle(f http2.Frame) (done bool, err error) {
 			return true, resetError(f.ErrCode)
 		}
 	case *http2.DataFrame:
-		c.credit += f.Length
-		if c.credit > connWindow {
-			return false, k.fail(protocolError("the peer sent more than the flow-control window allows"))
-		}
-		if f.StreamID != k.stream {
-			// Every call that ends before its stream does breaks the
-			// connection, so no earlier stream has anything left to say.
-			return false, k.fail(protocolError("the peer sent DATA on stream %d, which is not the call's", f.StreamID))
-		}
-		if !k.headers {
-			return false, k.fail(protocolError("DATA before the answer's headers"))
-		}
-		if len(k.data)+len(f.Data()) > 5+k.maxRecv {
-			return false, k.fail(newError(codes.ResourceExhausted, nil, "the answer is larger than the %d bytes allowed", k.maxRecv))
-		}
-		k.data = append(k.data, f.Data()...)
-		if f.StreamEnded() {
-			return true, protocolError("the peer ended the stream without trailers")
-		}
+		return k.takeData(f)
 	case *http2.MetaHeadersFrame:
-		if f.StreamID != k.stream {
-			return false, nil
-		}
-		if f.Truncated {
-			return true, k.fail(protocolError("the answer's headers are larger than %d bytes", maxHeaderListSize))
-		}
-		if !k.headers {
-			if st := f.PseudoValue("status"); len(st) == 3 && st[0] == '1' {
-				// An interim answer (103 Early Hints, say): the real one
-				// follows (RFC 9113 §8.1). grpc-go skips them too.
-				if f.StreamEnded() {
-					return true, protocolError("an informational answer (HTTP %s) ended the stream", st)
-				}
-				return false, nil
-			}
-			k.headers = true
-			enc, err := responseHeaders(f)
-			k.encoding = enc
-			if err != nil {
-				if !f.StreamEnded() {
-					c.broken = err // the rest of the stream would follow
-				}
-				return true, err
-			}
-			if !f.StreamEnded() {
-				return false, nil
-			}
-			// Trailers-only: the status is in these headers.
-		} else if !f.StreamEnded() {
-			return true, k.fail(protocolError("trailers without END_STREAM"))
-		}
-		return true, trailerStatus(f)
+		return k.takeHeaders(f)
 	case *http2.PushPromiseFrame:
 		return false, k.fail(protocolError("the peer sent PUSH_PROMISE, which we disabled"))
 	}
 	return false, nil
+}
+
+// takeData takes a DATA frame: the answer's message, within the
+// flow-control window and the size allowed. It reports done as handle does.
+func (k *call) takeData(f *http2.DataFrame) (done bool, err error) {
+	c := k.c
+	c.credit += f.Length
+	if c.credit > connWindow {
+		return false, k.fail(protocolError("the peer sent more than the flow-control window allows"))
+	}
+	if f.StreamID != k.stream {
+		// Every call that ends before its stream does breaks the
+		// connection, so no earlier stream has anything left to say.
+		return false, k.fail(protocolError("the peer sent DATA on stream %d, which is not the call's", f.StreamID))
+	}
+	if !k.headers {
+		return false, k.fail(protocolError("DATA before the answer's headers"))
+	}
+	if len(k.data)+len(f.Data()) > 5+k.maxRecv {
+		return false, k.fail(newError(codes.ResourceExhausted, nil, "the answer is larger than the %d bytes allowed", k.maxRecv))
+	}
+	k.data = append(k.data, f.Data()...)
+	if f.StreamEnded() {
+		return true, protocolError("the peer ended the stream without trailers")
+	}
+	return false, nil
+}
+
+// takeHeaders takes a header block of the call's stream: the answer's
+// headers (an interim one skipped), or its trailers, which end it. It
+// reports done as handle does.
+func (k *call) takeHeaders(f *http2.MetaHeadersFrame) (done bool, err error) {
+	c := k.c
+	if f.StreamID != k.stream {
+		return false, nil
+	}
+	if f.Truncated {
+		return true, k.fail(protocolError("the answer's headers are larger than %d bytes", maxHeaderListSize))
+	}
+	if !k.headers {
+		if st := f.PseudoValue("status"); len(st) == 3 && st[0] == '1' {
+			// An interim answer (103 Early Hints, say): the real one
+			// follows (RFC 9113 §8.1). grpc-go skips them too.
+			if f.StreamEnded() {
+				return true, protocolError("an informational answer (HTTP %s) ended the stream", st)
+			}
+			return false, nil
+		}
+		k.headers = true
+		enc, err := responseHeaders(f)
+		k.encoding = enc
+		if err != nil {
+			if !f.StreamEnded() {
+				c.broken = err // the rest of the stream would follow
+			}
+			return true, err
+		}
+		if !f.StreamEnded() {
+			return false, nil
+		}
+		// Trailers-only: the status is in these headers.
+	} else if !f.StreamEnded() {
+		return true, k.fail(protocolError("trailers without END_STREAM"))
+	}
+	return true, trailerStatus(f)
 }
 
 // answer is the message of a call that ended with status err.

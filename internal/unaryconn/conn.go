@@ -114,7 +114,8 @@ type Conn struct {
 
 	timers sync.WaitGroup // the acknowledgement timer's runs, armed or under way (acks.go)
 
-	now func() time.Time // the clock; tests set their own
+	now      func() time.Time // the clock; tests set their own
+	ackDelay time.Duration    // how long what is owed waits for a call (ackDelay); tests set their own
 }
 
 // Dial connects to the unix socket at path and opens an HTTP/2 connection on
@@ -195,6 +196,7 @@ func newConn(nc *net.UnixConn) *Conn {
 		// always allowed, and costs a byte.
 		tableUpdate: true,
 		now:         time.Now,
+		ackDelay:    ackDelay,
 	}
 	c.dec.SetMaxStringLength(maxHeaderListSize)
 	return c

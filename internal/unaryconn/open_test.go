@@ -33,21 +33,12 @@ func open(tb testing.TB, path string, handshake time.Duration) *Conn {
 	return c
 }
 
-// acksWaitForCalls makes the acknowledgements owed wait for the next call
-// until the test ends: what goes with what is then certain.
-func acksWaitForCalls(t *testing.T) {
-	was := ackDelay
-	ackDelay = time.Hour
-	t.Cleanup(func() { ackDelay = was })
-}
-
 // TestOpenPipelines: a connection from Open sends its first request with its
 // preface, before the peer has said anything (a peer that waits for the
 // request to send its SETTINGS is answered), and the acknowledgements owed
 // go with the next request: the SETTINGS ACK before its HEADERS, the PING
 // ACK after its DATA.
 func TestOpenPipelines(t *testing.T) {
-	acksWaitForCalls(t)
 	order := make(chan []string, 1)
 	path := rawPeer(t, func(p *peer) {
 		s := p.readRequest(getInfo, true) // before a word of ours
@@ -74,6 +65,7 @@ func TestOpenPipelines(t *testing.T) {
 		p.drain()
 	})
 	c := open(t, path, testenv.Timeout)
+	c.ackDelay = time.Hour // what is owed waits for the next call: what goes with what is certain
 	got, err := info(c, testenv.Timeout, 1<<16)
 	if err != nil {
 		t.Fatal(err)

@@ -546,9 +546,6 @@ func testPollerClose(t *testing.T, pl *Poller) {
 func TestWatchAckFails(t *testing.T) { eachWatch(t, testWatchAckFails) }
 
 func testWatchAckFails(t *testing.T, pl *Poller) {
-	was := ackDelay
-	ackDelay = 300 * time.Millisecond // after the watch has started
-	t.Cleanup(func() { ackDelay = was })
 	end := make(chan struct{})
 	path := rawPeer(t, func(p *peer) {
 		p.hello()
@@ -560,6 +557,7 @@ func testWatchAckFails(t *testing.T, pl *Poller) {
 	})
 	t.Cleanup(func() { close(end) })
 	c := dial(t, path)
+	c.ackDelay = 300 * time.Millisecond // after the watch has started
 	if _, err := info(c, testenv.Timeout, 1<<16); err != nil {
 		t.Fatal(err)
 	}

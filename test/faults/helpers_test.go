@@ -307,17 +307,6 @@ func (m *manager) find(what string, match func(pluginmanager.Event) bool) plugin
 	}
 }
 
-// events returns the events of the run so far that match accepts.
-func (m *manager) events(match func(pluginmanager.Event) bool) []pluginmanager.Event {
-	var out []pluginmanager.Event
-	for _, ev := range m.history {
-		if match(ev) {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 // on matches events of type typ for the socket at path.
 func on(path string, typ pluginmanager.EventType) func(pluginmanager.Event) bool {
 	return func(ev pluginmanager.Event) bool { return ev.Plugin.Socket == path && ev.Type == typ }

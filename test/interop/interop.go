@@ -45,6 +45,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -151,7 +152,7 @@ func Start(t testing.TB, stack Stack, opts Options) *Server {
 		opts.Socket = filepath.Join(testenv.ShortDir(t, "interop"), "plugin.sock")
 	}
 	if opts.Type == "" {
-		opts.Type = "CSIPlugin"
+		opts.Type = api.CSIPlugin
 	}
 	if opts.Name == "" {
 		opts.Name = "interop.example.com"

@@ -400,22 +400,8 @@ func (c Config) WithDefaults() (Config, error) {
 	if len(c.Handlers) == 0 {
 		c.Handlers = DefaultHandlers()
 	}
-	seen := map[string]bool{}
-	for i, h := range c.Handlers {
-		field := fmt.Sprintf("handlers[%d]", i)
-		if h.Type == "" {
-			return c, fmt.Errorf("%s.type is empty: name the plugin type, such as CSIPlugin or example.com/Greeter", field)
-		}
-		if seen[h.Type] {
-			return c, fmt.Errorf("%s.type: %q has a handler already; give each type one handler", field, h.Type)
-		}
-		seen[h.Type] = true
-		if !slices.Contains(builtinHandlers, h.Handler) {
-			return c, fmt.Errorf("%s.handler is %q: it must be one of %s", field, h.Handler, strings.Join(builtinHandlers, ", "))
-		}
-		if err := checkHandler(h); err != nil {
-			return c, fmt.Errorf("%s: %w", field, err)
-		}
+	if err := checkHandlers(c.Handlers); err != nil {
+		return c, err
 	}
 	if c.Status.Socket == "" {
 		c.Status.Socket = api.DefaultSocket()
@@ -437,25 +423,8 @@ func (c Config) WithDefaults() (Config, error) {
 	if err := c.checkBounds(); err != nil {
 		return c, err
 	}
-	if len(c.Policy.AllowedPeers) > 0 && runtime.GOOS == "windows" {
-		return c, errors.New("policy.allowedPeers cannot be enforced on Windows, which does not tell who listens on a unix socket: remove it, and restrict who may write to the registry directory (its ACL) instead")
-	}
-	seenPeers := map[string]bool{}
-	for i, r := range c.Policy.AllowedPeers {
-		switch {
-		case r.Type == "":
-			return c, fmt.Errorf("policy.allowedPeers[%d].type is empty: name a plugin type, or \"*\" for every type", i)
-		case seenPeers[r.Type]:
-			return c, fmt.Errorf("policy.allowedPeers[%d]: %q has a rule already", i, r.Type)
-		case len(r.UIDs) == 0 && len(r.GIDs) == 0:
-			return c, fmt.Errorf("policy.allowedPeers[%d] (%s) lists no uids or gids: it would refuse every plugin of the type", i, r.Type)
-		}
-		seenPeers[r.Type] = true
-	}
-	for i, root := range c.Policy.EndpointRoots {
-		if !filepath.IsAbs(root) {
-			return c, fmt.Errorf("policy.endpointRoots[%d] %q is not an absolute path", i, root)
-		}
+	if err := c.Policy.check(); err != nil {
+		return c, err
 	}
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
@@ -472,29 +441,89 @@ func (c Config) WithDefaults() (Config, error) {
 	if err := c.checkKubernetes(); err != nil {
 		return c, err
 	}
-	if p := c.Doctor.ProcDir; p != "" && p != "none" {
-		if err := checkProcDir(p); err != nil {
-			return c, fmt.Errorf("doctor.procDir %s %w; \"none\" skips the search for a running kubelet", p, err)
-		}
-	}
 	c.applyNumberDefaults()
-	if c.Doctor.ProcDir == "" && runtime.GOOS == "linux" {
-		c.Doctor.ProcDir = "/proc"
+	doctor, err := c.Doctor.withDefaults()
+	if err != nil {
+		return c, err
 	}
-	if len(c.Doctor.KubeletRoots) == 0 {
-		c.Doctor.KubeletRoots = nil // an empty list is the default
-	}
-	for i, r := range c.Doctor.KubeletRoots {
-		if !filepath.IsAbs(r) {
-			return c, fmt.Errorf("doctor.kubeletRoots[%d] %q is not an absolute path", i, r)
-		}
-	}
+	c.Doctor = doctor
 	// The manager checks the rest of its options the same way; let it, so the
 	// rules live in one place, and translate its option names to ours.
 	if _, err := pluginmanager.New(c.managerOptions(nil, nil)); err != nil {
 		return c, errors.New(configFieldNames.Replace(err.Error()))
 	}
 	return c, nil
+}
+
+// withDefaults returns a copy of d with its zero fields set to their
+// defaults, or an error naming the first field whose value is not allowed.
+func (d DoctorConfig) withDefaults() (DoctorConfig, error) {
+	if p := d.ProcDir; p != "" && p != "none" {
+		if err := checkProcDir(p); err != nil {
+			return d, fmt.Errorf("doctor.procDir %s %w; \"none\" skips the search for a running kubelet", p, err)
+		}
+	}
+	if d.ProcDir == "" && runtime.GOOS == "linux" {
+		d.ProcDir = "/proc"
+	}
+	if len(d.KubeletRoots) == 0 {
+		d.KubeletRoots = nil // an empty list is the default
+	}
+	for i, r := range d.KubeletRoots {
+		if !filepath.IsAbs(r) {
+			return d, fmt.Errorf("doctor.kubeletRoots[%d] %q is not an absolute path", i, r)
+		}
+	}
+	return d, nil
+}
+
+// checkHandlers returns an error naming the first of hs that is not
+// allowed: a type without a name or with a handler already, an unknown
+// handler, or a handler's settings.
+func checkHandlers(hs []HandlerConfig) error {
+	seen := map[string]bool{}
+	for i, h := range hs {
+		field := fmt.Sprintf("handlers[%d]", i)
+		if h.Type == "" {
+			return fmt.Errorf("%s.type is empty: name the plugin type, such as CSIPlugin or example.com/Greeter", field)
+		}
+		if seen[h.Type] {
+			return fmt.Errorf("%s.type: %q has a handler already; give each type one handler", field, h.Type)
+		}
+		seen[h.Type] = true
+		if !slices.Contains(builtinHandlers, h.Handler) {
+			return fmt.Errorf("%s.handler is %q: it must be one of %s", field, h.Handler, strings.Join(builtinHandlers, ", "))
+		}
+		if err := checkHandler(h); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+	}
+	return nil
+}
+
+// check returns an error naming the first rule of p that is not allowed.
+func (p PolicyConfig) check() error {
+	if len(p.AllowedPeers) > 0 && runtime.GOOS == "windows" {
+		return errors.New("policy.allowedPeers cannot be enforced on Windows, which does not tell who listens on a unix socket: remove it, and restrict who may write to the registry directory (its ACL) instead")
+	}
+	seenPeers := map[string]bool{}
+	for i, r := range p.AllowedPeers {
+		switch {
+		case r.Type == "":
+			return fmt.Errorf("policy.allowedPeers[%d].type is empty: name a plugin type, or \"*\" for every type", i)
+		case seenPeers[r.Type]:
+			return fmt.Errorf("policy.allowedPeers[%d]: %q has a rule already", i, r.Type)
+		case len(r.UIDs) == 0 && len(r.GIDs) == 0:
+			return fmt.Errorf("policy.allowedPeers[%d] (%s) lists no uids or gids: it would refuse every plugin of the type", i, r.Type)
+		}
+		seenPeers[r.Type] = true
+	}
+	for i, root := range p.EndpointRoots {
+		if !filepath.IsAbs(root) {
+			return fmt.Errorf("policy.endpointRoots[%d] %q is not an absolute path", i, root)
+		}
+	}
+	return nil
 }
 
 // checkKubernetes checks the kubernetes and expect sections, and fills in

@@ -211,37 +211,9 @@ func run(ctx context.Context, out io.Writer, opts options) (err error) {
 // startDaemon starts plugd on the demo's directory and returns once its
 // status API answers.
 func (d *demo) startDaemon(ctx context.Context) error {
-	logOut := d.opts.Log
-	if logOut == nil {
-		d.logPath = filepath.Join(d.root, "plugd.log")
-		f, err := os.Create(d.logPath)
-		if err != nil {
-			return fmt.Errorf("creating plugd's log file in the demo's directory: %w", err)
-		}
-		d.logFile, logOut = f, f
-	}
-	dm, err := daemon.New(daemon.Config{
-		RegistryDir: d.registry,
-		Status:      daemon.StatusConfig{Socket: d.socket},
-		// The built-in types, and example.com/Greeter to show that a type of
-		// your own is just one more handler; example.com/Unknown has none on
-		// purpose.
-		Handlers: []daemon.HandlerConfig{
-			{Type: typeCSI, Handler: "accept"},
-			{Type: typeDRA, Handler: "accept"},
-			{Type: typeDevice, Handler: "accept"},
-			{Type: typeGreeter, Handler: "accept"},
-		},
-		// The default backoff starts at 500ms and grows to 2m; these let the
-		// crashed plugin's retries show within a second, and a plugin of yours
-		// that fails in the live phase be retried at least every 5s.
-		Backoff: daemon.BackoffConfig{
-			Initial: daemon.Duration(200 * time.Millisecond),
-			Max:     daemon.Duration(5 * time.Second),
-		},
-	}, logOut)
+	dm, err := d.newDaemon()
 	if err != nil {
-		return fmt.Errorf("configuring plugd: %w", err)
+		return err
 	}
 
 	// Watch the directory before plugd starts, so that the status socket's
@@ -295,6 +267,44 @@ func (d *demo) startDaemon(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// newDaemon configures plugd for the demo's directory, logging to
+// Options.Log, or to plugd.log in the directory.
+func (d *demo) newDaemon() (*daemon.Daemon, error) {
+	logOut := d.opts.Log
+	if logOut == nil {
+		d.logPath = filepath.Join(d.root, "plugd.log")
+		f, err := os.Create(d.logPath)
+		if err != nil {
+			return nil, fmt.Errorf("creating plugd's log file in the demo's directory: %w", err)
+		}
+		d.logFile, logOut = f, f
+	}
+	dm, err := daemon.New(daemon.Config{
+		RegistryDir: d.registry,
+		Status:      daemon.StatusConfig{Socket: d.socket},
+		// The built-in types, and example.com/Greeter to show that a type of
+		// your own is just one more handler; example.com/Unknown has none on
+		// purpose.
+		Handlers: []daemon.HandlerConfig{
+			{Type: typeCSI, Handler: "accept"},
+			{Type: typeDRA, Handler: "accept"},
+			{Type: typeDevice, Handler: "accept"},
+			{Type: typeGreeter, Handler: "accept"},
+		},
+		// The default backoff starts at 500ms and grows to 2m; these let the
+		// crashed plugin's retries show within a second, and a plugin of yours
+		// that fails in the live phase be retried at least every 5s.
+		Backoff: daemon.BackoffConfig{
+			Initial: daemon.Duration(200 * time.Millisecond),
+			Max:     daemon.Duration(5 * time.Second),
+		},
+	}, logOut)
+	if err != nil {
+		return nil, fmt.Errorf("configuring plugd: %w", err)
+	}
+	return dm, nil
 }
 
 // openEvents opens the status API's event stream, and starts the goroutine

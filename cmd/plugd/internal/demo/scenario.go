@@ -16,9 +16,9 @@ import (
 
 // Plugin types: the kubelet's three, and two of the demo's own.
 const (
-	typeCSI     = "CSIPlugin"
-	typeDRA     = "DRAPlugin"
-	typeDevice  = "DevicePlugin"
+	typeCSI     = api.CSIPlugin
+	typeDRA     = api.DRAPlugin
+	typeDevice  = api.DevicePlugin
 	typeGreeter = "example.com/Greeter" // a custom type, which plugd is configured to accept
 	typeUnknown = "example.com/Unknown" // no handler, on purpose
 )

@@ -219,14 +219,6 @@ func about(f api.Finding, p *Plugin) api.Finding {
 	return f
 }
 
-// who names a plugin for a person.
-func who(p *Plugin) string {
-	if p.Type == "" {
-		return p.Socket
-	}
-	return fmt.Sprintf("%s %s (%s)", p.Type, p.Name, p.Socket)
-}
-
 // lookAll takes each socket's own looks, a few at a time.
 func lookAll(ctx context.Context, ps []Plugin) []look {
 	out := make([]look, len(ps))
@@ -417,14 +409,14 @@ func (c *checker) kubelet(p *Plugin) {
 		causes = append(causes, "the kubelet has seen the socket and refused it, or cannot dial the plugin's endpoint; it retries with backoff, and its log says why (journalctl -u kubelet | grep "+p.Name+")")
 	}
 	switch p.Type {
-	case "CSIPlugin":
+	case api.CSIPlugin:
 		causes = append(causes,
 			"node-driver-registrar's --kubelet-registration-path is not the driver socket's path on the host: the kubelet dials that path",
 			"the kubelet refused it (a same-named driver with a higher version is registered): its log says why (journalctl -u kubelet | grep "+p.Name+")")
 		if v.Reason == "NotInCSINode" || strings.HasPrefix(v.Message, "CSINode") {
 			causes = append(causes, "the Node or its CSINode was re-created after the driver registered: restart the driver's pod so node-driver-registrar registers it again")
 		}
-	case "DevicePlugin":
+	case api.DevicePlugin:
 		causes = append(causes,
 			"the kubelet refused it or cannot dial its endpoint: its log says why (journalctl -u kubelet | grep "+p.Name+")")
 	default:
@@ -477,13 +469,13 @@ func (c *checker) kubeletAccess() {
 func (c *checker) staleEntries() {
 	for _, e := range c.in.StaleCSINode {
 		if e.More > 0 {
-			c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: "CSIPlugin",
+			c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: api.CSIPlugin,
 				Summary:  fmt.Sprintf("CSINode lists %d more drivers that the running kubelet holds no registration of", e.More),
 				Evidence: []string{"plugd tells of the first few one by one; a CSINode with this many entries nobody holds was written by someone other than the kubelet"},
 				Remedy:   "kubectl get csinode NODE -o yaml, and remove the entries of drivers that do not run on the node"})
 			continue
 		}
-		c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: "CSIPlugin", Name: e.Driver,
+		c.add(api.Finding{Severity: api.SeverityWarning, Check: "stale-csinode-entry", Type: api.CSIPlugin, Name: e.Driver,
 			Summary:  fmt.Sprintf("CSINode lists the driver %s, but the running kubelet holds no registration of it", e.Driver),
 			Evidence: []string{fmt.Sprintf("CSINode entry: name %s, nodeID %q", e.Driver, e.NodeID), "the kubelet removes an entry once, when it deregisters the driver; an API outage at that moment leaves it for good, and the scheduler still counts the driver on this node"},
 			Remedy:   "remove the entry: " + e.Remedy + "; or start the driver so that the kubelet registers it again"})

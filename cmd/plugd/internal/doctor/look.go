@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+
+	"github.com/plugd/plugd/api"
 )
 
 // look is what Check saw of one socket itself.
@@ -68,7 +70,7 @@ func lookAt(ctx context.Context, p *Plugin) look {
 	if p.Endpoint != "" && p.Endpoint != p.Socket {
 		l.endpoint = dialUnix(ctx, p.Endpoint)
 	}
-	if p.Type == "DRAPlugin" && l.endpoint.kind != dialRefused && l.endpoint.kind != dialGone {
+	if p.Type == api.DRAPlugin && l.endpoint.kind != dialRefused && l.endpoint.kind != dialGone {
 		l.health = missingHealth(ctx, p)
 	}
 	return l

@@ -18,20 +18,20 @@ func refusedVersions(p *Plugin) (api.Finding, bool) {
 	f := api.Finding{Severity: api.SeverityError, Check: "versions-refused",
 		Evidence: []string{"versions: [" + strings.Join(p.Versions, ", ") + "]"}}
 	switch p.Type {
-	case "CSIPlugin":
+	case api.CSIPlugin:
 		// The kubelet takes the highest version up to 1.x, and speaks CSI 1.
 		if v, err := utilversion.HighestSupportedVersion(p.Versions); err == nil && v.Major() == 1 {
 			return f, false
 		}
 		f.Summary = "the kubelet refuses this CSI driver: it offers no CSI 1.x version"
 		f.Remedy = "upgrade the driver (or node-driver-registrar) to one that speaks CSI 1.x; its GetInfo must list a version such as 1.0.0"
-	case "DRAPlugin":
+	case api.DRAPlugin:
 		if slices.Contains(p.Versions, drav1.DRAPluginService) || slices.Contains(p.Versions, drav1beta1.DRAPluginService) {
 			return f, false
 		}
 		f.Summary = fmt.Sprintf("the kubelet refuses this DRA driver: it offers neither %s nor %s", drav1.DRAPluginService, drav1beta1.DRAPluginService)
 		f.Remedy = "build the driver with a k8s.io/dynamic-resource-allocation/kubeletplugin that serves " + drav1.DRAPluginService
-	case "DevicePlugin":
+	case api.DevicePlugin:
 		if slices.Contains(p.Versions, "v1beta1") {
 			return f, false
 		}

@@ -179,19 +179,6 @@ func (c *kubeletClient) close() {
 	}
 }
 
-// read reads the kubelet's metrics and, if configured, its devices.
-func (c *kubeletClient) read(ctx context.Context, now time.Time, devices bool) (kubeletState, error) {
-	s, err := c.readMetrics(ctx)
-	s.at = now
-	if err != nil {
-		return s, err
-	}
-	if devices && c.pr != nil {
-		s.devices, s.devicesErr = c.readDevices(ctx)
-	}
-	return s, nil
-}
-
 // readMetrics GETs /metrics and keeps the samples plugd needs.
 func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 	s := kubeletState{registered: map[string]bool{}, seen: map[string]bool{}}

@@ -17,9 +17,9 @@ import (
 
 // The plugin types the kubelet registers itself.
 const (
-	TypeCSI    = "CSIPlugin"
-	TypeDRA    = "DRAPlugin"
-	TypeDevice = "DevicePlugin"
+	TypeCSI    = api.CSIPlugin
+	TypeDRA    = api.DRAPlugin
+	TypeDevice = api.DevicePlugin
 )
 
 // key names a plugin across its sockets, as the kubelet knows it.

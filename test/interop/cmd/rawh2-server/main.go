@@ -159,7 +159,9 @@ type request struct {
 	body    []byte
 }
 
-func (c *conn) serve() error {
+// hello reads the client's preface and sends the server's SETTINGS, as the
+// scenario has them.
+func (c *conn) hello() error {
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c.nc, preface); err != nil {
 		return err
@@ -183,6 +185,13 @@ func (c *conn) serve() error {
 		if err := c.write(func(fr *http2.Framer) error { return fr.WritePing(false, [8]byte{'r', 'a', 'i', 's', 'e'}) }); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func (c *conn) serve() error {
+	if err := c.hello(); err != nil {
+		return err
 	}
 	var req *request
 	for {
@@ -367,6 +376,12 @@ func (c *conn) handle(r *request) error {
 		return c.headers(r.stream, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "12", "grpc-message", "unknown method "+r.path)
 	}
 
+	return c.answer(r, answer, status, message)
+}
+
+// answer writes the answer to r: its headers, the message, and the
+// trailers with status and message.
+func (c *conn) answer(r *request, answer proto.Message, status, message string) error {
 	if *scenario == "interim-103" {
 		if err := c.headers(r.stream, false, ":status", "103", "link", "</registration>; rel=preload"); err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/plugd/plugd/api"
 )
 
 // Config is what the command line says.
@@ -27,7 +29,7 @@ type Config struct {
 // Config.
 func Flags() func() Config {
 	socket := flag.String("socket", "", "unix socket to listen on")
-	typ := flag.String("type", "CSIPlugin", "PluginInfo.type")
+	typ := flag.String("type", api.CSIPlugin, "PluginInfo.type")
 	name := flag.String("name", "interop.example.com", "PluginInfo.name")
 	endpoint := flag.String("endpoint", "", "PluginInfo.endpoint")
 	versions := flag.String("versions", "", "PluginInfo.supported_versions, comma-separated")
