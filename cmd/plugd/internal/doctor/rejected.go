@@ -44,3 +44,11 @@ func rejectedRemedy(p *Plugin) string {
 	}
 	return "see the error; restart the plugin once it is fixed (its socket made again is tried afresh)"
 }
+
+// who names a plugin for a person.
+func who(p *Plugin) string {
+	if p.Type == "" {
+		return p.Socket
+	}
+	return fmt.Sprintf("%s %s (%s)", p.Type, p.Name, p.Socket)
+}
