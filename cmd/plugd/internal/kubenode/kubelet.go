@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/rest"
 	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
 // KubeletConfig says where plugd reads what the running kubelet holds: its
@@ -128,7 +130,14 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	switch {
 	case cfg.InsecureSkipVerify:
 	case cfg.CAFile != "":
-		rc.TLSClientConfig.CAFile = cfg.CAFile
+		// Read here, bounded and without blocking, as the kubeconfig's
+		// files are: client-go would read /dev/zero until memory ran out,
+		// and wait on a FIFO for ever.
+		pem, err := kubeconfig.ReadFile(cfg.CAFile, "a PEM file (the kubelet's kubelet.crt)")
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes.kubelet.caFile: %w", err)
+		}
+		rc.TLSClientConfig.CAData = pem
 	default:
 		rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = api.CAFile, api.CAData
 	}
