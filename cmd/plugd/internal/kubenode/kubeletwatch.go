@@ -210,15 +210,17 @@ func (w *kubeletWatch) lastRead() time.Time {
 func (w *kubeletWatch) due(now time.Time, forced bool) (metrics, devices bool, next time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// A wish is "a read no earlier than": one a read at or after it
+	// served is no wish any more, until the loop says its next.
 	nextMetrics := w.lastMetrics.Add(w.resync)
-	if !w.wantMetrics.IsZero() && w.wantMetrics.Before(nextMetrics) {
+	if w.wantMetrics.After(w.lastMetrics) && w.wantMetrics.Before(nextMetrics) {
 		nextMetrics = w.wantMetrics
 	}
 	if !w.retryAt.IsZero() && w.retryAt.Before(nextMetrics) {
 		nextMetrics = w.retryAt
 	}
 	nextDevices := nextMetrics
-	if !w.wantDevices.IsZero() && w.wantDevices.Before(nextDevices) {
+	if w.wantDevices.After(w.lastDevices) && w.wantDevices.Before(nextDevices) {
 		nextDevices = w.wantDevices
 	}
 	if w.c.pr == nil {
@@ -387,13 +389,16 @@ type kubeletNow struct {
 	retrying     map[string]time.Time
 	dropped      map[string]time.Time
 	reads        uint64
+	// devicesAt is the last read of pod-resources (with the metrics, or
+	// alone).
+	devicesAt time.Time
 }
 
 func (w *kubeletWatch) now() kubeletNow {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince),
-		retrying: maps.Clone(w.retrying), dropped: maps.Clone(w.dropped), reads: w.reads}
+		retrying: maps.Clone(w.retrying), dropped: maps.Clone(w.dropped), reads: w.reads, devicesAt: w.lastDevices}
 	if k.problem != nil {
 		p := *k.problem
 		k.problem = &p

@@ -462,7 +462,10 @@ func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]
 		for _, e := range l.n.cfg.Expect {
 			v := views[key{e.Type, e.Name}]
 			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
-				devices = kn.state.at.Add(devicesPoll)
+				// A poll from the last read of the devices: the last read
+				// of the metrics is up to a resync old, and a wish from it
+				// is in the past at once, every time (issue 33, item 4).
+				devices = latest(kn.state.at, kn.devicesAt).Add(devicesPoll)
 			}
 		}
 	}
