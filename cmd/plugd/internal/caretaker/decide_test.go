@@ -119,7 +119,7 @@ func TestLook(t *testing.T) {
 				cond("a", corev1.ConditionTrue, 12*time.Minute), cond("b", corev1.ConditionTrue, 30*time.Minute)),
 			stale: []int{0, 1}},
 		{name: "first seen, the record of the write later than now (the caretaker's clock behind the API server's): now",
-			n: node([]metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), t0.Add(time.Hour))}, cond("a", corev1.ConditionTrue, time.Hour)),
+			n:    node([]metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), t0.Add(time.Hour))}, cond("a", corev1.ConditionTrue, time.Hour)),
 			next: bound + time.Nanosecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
