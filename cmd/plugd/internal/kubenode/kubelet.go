@@ -66,7 +66,8 @@ type KubeletConfig struct {
 
 // Bounds of the reads of the kubelet.
 const (
-	kubeletTimeout = 10 * time.Second
+	kubeletTimeout   = 10 * time.Second
+	kubeletKeepAlive = 30 * time.Second
 	// maxMetricsWire and maxMetricsText bound the kubelet's /metrics as
 	// sent (gzipped) and as text; a kubelet with many pods serves a few
 	// MB of text. An answer larger is an error, not cut.
@@ -117,6 +118,9 @@ type kubeletClient struct {
 	pr       *grpc.ClientConn
 	toPlugd  func(string) (string, bool)
 	insecure bool
+	// trusted says which owners of a listening socket at the address may
+	// be the kubelet (kubeletpeer.go): kubeletUID; tests narrow it.
+	trusted func(uid uint32) bool
 }
 
 // newKubeletClient builds the client from the API's client configuration
@@ -150,6 +154,11 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	default:
 		rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = api.CAFile, api.CAData
 	}
+	c := &kubeletClient{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID}
+	// Who listens is checked before TLS, and so before the token.
+	rc.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
+		return dialKubelet(ctx, addr, c.insecure, c.trusted)
+	}
 	rt, err := rest.TransportFor(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes.kubelet: %w", err)
@@ -165,8 +174,7 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	// HTTP/1.1 only on the held connection: an HTTP/2 server closes a
 	// connection that sends no preface within seconds.
 	tc.NextProtos = []string{"http/1.1"}
-	c := &kubeletClient{cfg: cfg, url: rc.Host, tls: tc, insecure: cfg.InsecureSkipVerify,
-		hc: &http.Client{Transport: rt, Timeout: kubeletTimeout}}
+	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: kubeletTimeout}
 	from := cmpOr(cfg.RegistryDir, registryDir)
 	c.toPlugd = func(p string) (string, bool) {
 		rel, err := filepath.Rel(from, p)
@@ -406,14 +414,18 @@ func (c *kubeletClient) readDevices(ctx context.Context) (map[string]int, error)
 // It returns when the connection ends or ctx is done, with why; connected
 // says the connection was made (and verified).
 func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
-	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: kubeletTimeout, KeepAlive: 30 * time.Second}, Config: c.tls}
 	dctx, cancel := context.WithTimeout(ctx, kubeletTimeout)
-	conn, err := d.DialContext(dctx, "tcp", c.cfg.Address)
-	cancel()
+	defer cancel()
+	raw, err := dialKubelet(dctx, c.cfg.Address, c.insecure, c.trusted)
 	if err != nil {
 		return err
 	}
+	conn := tls.Client(raw, c.tls)
 	defer conn.Close()
+	if err := conn.HandshakeContext(dctx); err != nil {
+		return err
+	}
+	cancel()
 	connected()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -466,7 +478,14 @@ func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
 	var ci x509.CertificateInvalidError
 	var tlsErr *tls.CertificateVerificationError
 	var ne net.Error
+	var nk *notKubeletError
 	switch {
+	case errors.As(err, &nk):
+		p.Reason = ReasonKubeletNotRunning
+		p.Message = nk.Error() + ": the kubelet is not running, or another process took its port; see who listens with ss -ltnp"
+	case errors.Is(err, errUnverifiable):
+		p.Reason = ReasonKubeletTLS
+		p.Message = msg
 	case errors.Is(err, syscall.ECONNREFUSED):
 		p.Reason = ReasonKubeletNotRunning
 		p.Message = fmt.Sprintf("nothing listens at %s: the kubelet is not running (or kubernetes.kubelet.address is not its secure port): %s", cfg.Address, msg)
