@@ -167,11 +167,11 @@ func TestCaretaker(t *testing.T) {
 	setCondition(t, others, "kubectl-edit", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
 	setCondition(t, behind, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
 	setCondition(t, ahead, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(20*time.Minute)))
-	written := time.Now()
 	before := map[string]*corev1.Node{}
 	for _, n := range []string{ahead, behind, others} {
 		before[n] = getNode(t, n)
 	}
+	written := nodecond.LastWrite(before[ahead], "plugd") // the API server's record of the write
 	behindLog := watchConditions(t, behind, nil)
 	// (b)'s plugd: a heartbeat of a clock 20 minutes behind, every second.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -216,7 +216,7 @@ func TestCaretaker(t *testing.T) {
 		}
 		// The bound is on the caretaker's clock, from the write the API
 		// server recorded (whole seconds), not 20 minutes on.
-		due := written.Truncate(time.Second).Add(bound)
+		due := written.Add(bound)
 		if c.LastTransitionTime.Before(&metav1.Time{Time: due}) || c.LastTransitionTime.After(due.Add(caretakerLatency)) {
 			t.Errorf("marked at %v; want between %v and %v", c.LastTransitionTime, due, due.Add(caretakerLatency))
 		}
