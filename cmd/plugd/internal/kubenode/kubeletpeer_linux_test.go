@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -164,4 +165,28 @@ func selfSigned(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// Addresses as a little-endian kernel prints them in /proc/net/tcp and
+// tcp6.
+func TestParseProcAddr(t *testing.T) {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		t.Skip("the samples are a little-endian kernel's")
+	}
+	for _, tc := range []struct{ in, ip string }{
+		{"0100007F:2812", "127.0.0.1"},
+		{"00000000:2812", "0.0.0.0"},
+		{"00000000000000000000000001000000:2812", "::1"},
+		{"00000000000000000000000000000000:2812", "::"},
+		{"0000000000000000FFFF00000100007F:2812", "127.0.0.1"}, // IPv4-mapped, on a dual-stack socket
+		{"B80D0120000000000000000001000000:2812", "2001:db8::1"},
+	} {
+		ip, port, ok := parseProcAddr(tc.in)
+		if !ok || ip.String() != tc.ip || port != 10258 {
+			t.Errorf("parseProcAddr(%s) = %v, %d, %v; want %s, 10258", tc.in, ip, port, ok, tc.ip)
+		}
+	}
+	if _, _, ok := parseProcAddr("zz:1"); ok {
+		t.Error("parsed a bad address")
+	}
 }
