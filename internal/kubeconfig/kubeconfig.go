@@ -56,12 +56,25 @@ func RESTConfig(cc clientcmd.ClientConfig) (*rest.Config, error) {
 		if f.path == "" {
 			continue
 		}
-		if _, err := smallfile.Read(f.path, MaxSize); err != nil {
-			return nil, fmt.Errorf("the kubeconfig's %s: %w", f.what, explain(err, "a PEM file"))
+		if _, err := ReadFile(f.path, "a PEM file"); err != nil {
+			return nil, fmt.Errorf("the kubeconfig's %s: %w", f.what, err)
 		}
 	}
 	Bound(rc)
 	return rc, nil
+}
+
+// ReadFile reads a file a configuration names beside a kubeconfig (a
+// certificate authority such as plugd's kubernetes.kubelet.caFile) by the
+// kubeconfig's rule: a regular file of at most MaxSize, opened without
+// blocking (smallfile.Read). A refusal says what was refused and that want
+// ("a PEM file") is what the path should name.
+func ReadFile(path, want string) ([]byte, error) {
+	b, err := smallfile.Read(path, MaxSize)
+	if err != nil {
+		return nil, explain(err, want)
+	}
+	return b, nil
 }
 
 // loader is client-go's loading rules, with each file checked first.

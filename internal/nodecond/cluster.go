@@ -52,23 +52,31 @@ const MaxHeartbeatAge = 11 * time.Minute
 // its MaxAge.
 const ReasonNotMaintained = "NotMaintained"
 
-// Maintained says plugd has written c within maxAge of now (zero:
-// MaxHeartbeatAge).
-func Maintained(c corev1.NodeCondition, now time.Time, maxAge time.Duration) bool {
+// Maintained says plugd has written the status of a Node within maxAge
+// (zero: MaxHeartbeatAge) of now: written is LastWrite of the Node, by the
+// API server's clock. A condition's lastHeartbeatTime is not the judge: it
+// is the node's clock, and a node 20 minutes behind would have every
+// condition of its live plugd called unmaintained, one 20 minutes ahead a
+// dead plugd's maintained 20 minutes too long. A reader without history
+// (plugctl cluster) holds the API server's record against its own clock,
+// as kubectl's AGE column does; written zero (no record) is unknown, and
+// counts as maintained: nothing says otherwise.
+func Maintained(written, now time.Time, maxAge time.Duration) bool {
 	if maxAge <= 0 {
 		maxAge = MaxHeartbeatAge
 	}
-	return now.Sub(c.LastHeartbeatTime.Time) <= maxAge
+	return written.IsZero() || now.Sub(written) <= maxAge
 }
 
 // Census builds a ClusterView one node at a time, so that a reader can page
 // through a large cluster and keep only what the view needs of each page.
 // The zero value is an empty census that takes every condition as it says.
 type Census struct {
-	// Now, if set, is the time a condition's heartbeat is held against: one
-	// plugd has not written within MaxAge (zero: MaxHeartbeatAge) is not
-	// maintained, and counts as not ready, Unknown/NotMaintained, whatever
-	// it says.
+	// Now, if set, is the time plugd's last write of a Node's status (the
+	// API server's record of it, Maintained) is held against: a condition
+	// on a Node plugd has not written within MaxAge (zero:
+	// MaxHeartbeatAge) is not maintained, and counts as not ready,
+	// Unknown/NotMaintained, whatever it says.
 	Now    time.Time
 	MaxAge time.Duration
 
@@ -81,6 +89,7 @@ type Census struct {
 func (c *Census) Add(n *corev1.Node) {
 	c.nodes++
 	mine := Conditions(n)
+	written := LastWrite(n, FieldManager)
 	for _, cond := range mine {
 		typ, name, _ := Parse(cond.Message)
 		k := [3]string{typ, name, string(cond.Type)}
@@ -93,10 +102,10 @@ func (c *Census) Add(n *corev1.Node) {
 			c.byKey[k] = cp
 		}
 		cp.Expected++
-		if !c.Now.IsZero() && !Maintained(cond, c.Now, c.MaxAge) {
+		if !c.Now.IsZero() && cond.Status != corev1.ConditionUnknown && !Maintained(written, c.Now, c.MaxAge) {
 			cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(corev1.ConditionUnknown), Reason: ReasonNotMaintained,
-				Message: fmt.Sprintf("plugd has not written it since %s (it says %s, %s): is plugd running on this node?", cond.LastHeartbeatTime.UTC().Format(time.RFC3339), cond.Status, cond.Reason),
-				Since:   cond.LastHeartbeatTime.Time})
+				Message: fmt.Sprintf("plugd has not written this Node's status since %s, by the API server's record (it says %s, %s): is plugd running on this node?", written.UTC().Format(time.RFC3339), cond.Status, cond.Reason),
+				Since:   written})
 			continue
 		}
 		if cond.Status == corev1.ConditionTrue {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -58,4 +60,20 @@ func ManagedTypes(n *corev1.Node, manager string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// LastWrite is when manager last changed what it holds of n's status, as
+// the API server records it in n's managedFields (its own clock, whole
+// seconds): plugd's heartbeat changes a field it holds at every write.
+// Zero when n's managedFields say nothing of it. Unlike a condition's
+// lastHeartbeatTime, which is the writer's clock, it is not off by the
+// node's clock skew.
+func LastWrite(n *corev1.Node, manager string) time.Time {
+	var last time.Time
+	for _, mf := range n.ManagedFields {
+		if mf.Manager == manager && mf.Subresource == "status" && mf.Time != nil && mf.Time.After(last) {
+			last = mf.Time.Time
+		}
+	}
+	return last
 }

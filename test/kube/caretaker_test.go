@@ -143,78 +143,108 @@ func ownsCondition(n *corev1.Node, manager, typ string) bool {
 }
 
 // Issue 24: a condition of plugd's that nobody maintains does not go on
-// saying True. The caretaker (the shipped RBAC, its default bound) marks
-// Unknown/NotMaintained, as plugd's field manager, a condition plugd last
-// wrote 20 minutes ago, and one that passes the bound while it runs, when
-// it does; it leaves a fresh one and one in plugd's form written by
-// another field manager untouched.
+// saying True; issue 33, item 3: the caretaker judges by when it saw the
+// heartbeat change, on its own clock, not by the heartbeat (the node's
+// clock). The caretaker (the shipped RBAC, its bound shortened to 5s)
+// marks Unknown/NotMaintained, as plugd's field manager, a condition
+// whose heartbeat says 20 minutes in the future (a node clock ahead) and
+// that nobody writes again, at the bound after the API server recorded
+// its write; it leaves alone one whose heartbeat says 20 minutes ago (a
+// node clock behind) that plugd keeps writing, and one in plugd's form
+// written by another field manager.
 func TestCaretaker(t *testing.T) {
 	const (
-		stale  = "caretaker-stale"  // (a)
-		fresh  = "caretaker-fresh"  // (b)
+		ahead  = "caretaker-ahead"  // (a)
+		behind = "caretaker-behind" // (b)
 		others = "caretaker-others" // (c)
-		later  = "caretaker-later"  // (d)
+		bound  = 5 * time.Second
 	)
-	for _, n := range []string{stale, fresh, others, later} {
+	for _, n := range []string{ahead, behind, others} {
 		createTrackedNode(t, n)
 	}
 	typ := "csi.example.com/CSIPluginReady"
 	now := time.Now().Truncate(time.Second)
-	setCondition(t, stale, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
-	setCondition(t, fresh, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now))
 	setCondition(t, others, "kubectl-edit", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
-	// Stale a few seconds after the caretaker starts.
-	laterBeat := now.Add(-nodecond.MaxHeartbeatAge + 8*time.Second)
-	setCondition(t, later, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, laterBeat))
+	setCondition(t, behind, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(-20*time.Minute)))
+	setCondition(t, ahead, "plugd", plugdCondition("csi.example.com", corev1.ConditionTrue, now.Add(20*time.Minute)))
 	before := map[string]*corev1.Node{}
-	for _, n := range []string{stale, fresh, others, later} {
+	for _, n := range []string{ahead, behind, others} {
 		before[n] = getNode(t, n)
 	}
+	written := nodecond.LastWrite(before[ahead], "plugd") // the API server's record of the write
+	behindLog := watchConditions(t, behind, nil)
+	// (b)'s plugd: a heartbeat of a clock 20 minutes behind, every second.
+	ctx, cancel := context.WithCancel(context.Background())
+	beating := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				beating <- nil
+				return
+			case at := <-tick.C:
+				c := plugdCondition("csi.example.com", corev1.ConditionTrue, at.Truncate(time.Second).Add(-20*time.Minute))
+				patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
+				if _, err := admin.CoreV1().Nodes().Patch(ctx, behind, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "plugd"}, "status"); err != nil && ctx.Err() == nil {
+					beating <- err
+					return
+				}
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		if err := <-beating; err != nil {
+			t.Errorf("(b)'s heartbeat: %v", err)
+		}
+	}()
+	started := time.Now()
+	startCaretaker(t, testenv.ShortDir(t, "kube"), "--stale-after", bound.String())
 
-	startCaretaker(t, testenv.ShortDir(t, "kube"))
-
-	checkMarked := func(t *testing.T, node string) *corev1.NodeCondition {
-		t.Helper()
-		c := waitCondition(t, node, typ, corev1.ConditionUnknown, nodecond.ReasonNotMaintained)
-		was := condition(before[node], typ)
-		n := getNode(t, node)
+	t.Run("(a) a clock 20 minutes ahead, nobody writing: marked at the bound", func(t *testing.T) {
+		c := waitCondition(t, ahead, typ, corev1.ConditionUnknown, nodecond.ReasonNotMaintained)
+		was := condition(before[ahead], typ)
+		n := getNode(t, ahead)
 		if pt, name, ok := nodecond.Parse(c.Message); !ok || pt != "CSIPlugin" || name != "csi.example.com" ||
-			!strings.Contains(c.Message, "since "+was.LastHeartbeatTime.UTC().Format(time.RFC3339)+" (it said True, PluginReady)") {
+			!strings.Contains(c.Message, "(it said True, PluginReady; its last heartbeat, by the node's clock, "+was.LastHeartbeatTime.UTC().Format(time.RFC3339)+")") {
 			t.Errorf("message %q", c.Message)
 		}
-		if !c.LastHeartbeatTime.Equal(&was.LastHeartbeatTime) || !c.LastTransitionTime.After(was.LastTransitionTime.Time) {
-			t.Errorf("times: heartbeat %v (was %v), transition %v", c.LastHeartbeatTime, was.LastHeartbeatTime, c.LastTransitionTime)
+		if !c.LastHeartbeatTime.Equal(&was.LastHeartbeatTime) {
+			t.Errorf("heartbeat %v (was %v)", c.LastHeartbeatTime, was.LastHeartbeatTime)
+		}
+		// The bound is on the caretaker's clock, from the write the API
+		// server recorded (whole seconds), not 20 minutes on.
+		due := written.Add(bound)
+		if c.LastTransitionTime.Before(&metav1.Time{Time: due}) || c.LastTransitionTime.After(due.Add(caretakerLatency)) {
+			t.Errorf("marked at %v; want between %v and %v", c.LastTransitionTime, due, due.Add(caretakerLatency))
 		}
 		if !ownsCondition(n, "plugd", typ) {
 			t.Errorf("plugd's field manager does not own the marked condition: %+v", n.ManagedFields)
 		}
 		for _, other := range []string{"Ready", "example.com/KernelDeadlock"} {
-			if got, want := condition(n, other), condition(before[node], other); fmt.Sprint(got) != fmt.Sprint(want) {
+			if got, want := condition(n, other), condition(before[ahead], other); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("%s changed: %+v, was %+v", other, got, want)
 			}
 		}
-		return c
-	}
-
-	t.Run("(a) 20 minutes old: marked", func(t *testing.T) {
-		checkMarked(t, stale)
 	})
-	t.Run("(d) goes stale later: marked when it does", func(t *testing.T) {
-		c := checkMarked(t, later)
-		due := laterBeat.Add(nodecond.MaxHeartbeatAge)
-		seen := time.Now()
-		if c.LastTransitionTime.Before(&metav1.Time{Time: due}) {
-			t.Errorf("marked at %v, before it went stale at %v", c.LastTransitionTime, due)
+	t.Run("(b) a clock 20 minutes behind, plugd writing: never marked", func(t *testing.T) {
+		// Three bounds of the caretaker running, and every heartbeat
+		// looked at.
+		if d := 3*bound - time.Since(started); d > 0 {
+			time.Sleep(d) // the time the caretaker is given to get it wrong, not a synchronisation
 		}
-		t.Logf("stale at %s; marked at %s (transition time, whole seconds), seen by the test %s after", due.Format(time.RFC3339Nano),
-			c.LastTransitionTime.Format(time.RFC3339), seen.Sub(due).Round(time.Millisecond))
-	})
-	// By now the caretaker has looked at every Node more than once.
-	t.Run("(b) fresh and (c) another's: untouched", func(t *testing.T) {
-		for _, n := range []string{fresh, others} {
-			if got := getNode(t, n); got.ResourceVersion != before[n].ResourceVersion {
-				t.Errorf("%s was written: %+v", n, condition(got, typ))
+		for _, tr := range behindLog.since(typ, started) {
+			if tr.String() != "True/PluginReady" {
+				t.Errorf("the condition went %v", behindLog.since(typ, started))
+				break
 			}
+		}
+	})
+	t.Run("(c) another's: untouched", func(t *testing.T) {
+		if got := getNode(t, others); got.ResourceVersion != before[others].ResourceVersion {
+			t.Errorf("%s was written: %+v", others, condition(got, typ))
 		}
 	})
 }

@@ -1,7 +1,9 @@
 // Package caretaker marks the Node conditions that plugd wrote and no
 // longer maintains: plugd rewrites its conditions at least every 5 minutes
-// (their lastHeartbeatTime), so one whose heartbeat is older than
-// nodecond.MaxHeartbeatAge is left from a plugd that no longer runs. Its
+// (their lastHeartbeatTime), so one whose heartbeat the caretaker has not
+// seen change for nodecond.MaxHeartbeatAge, on its own clock, is left from
+// a plugd that no longer runs (the heartbeat's value is the node's clock,
+// and is only compared). Its
 // status says nothing of now, and node-readiness-controller reads the
 // status only: the caretaker sets it to Unknown, reason NotMaintained, as
 // the node lifecycle controller does for the kubelet's Ready.
@@ -79,6 +81,9 @@ type Caretaker struct {
 	// trouble is, by Node name, the last failure to mark one of its
 	// conditions, so each is logged once; only the worker touches it.
 	trouble map[string]string
+	// seen is, by Node name, look's record of when the caretaker saw each
+	// of plugd's heartbeats there change; only the worker touches it.
+	seen map[string]map[string]sighting
 	// readTrouble is the informer's, logged on change.
 	readMu      sync.Mutex
 	readTrouble string // guarded by readMu
@@ -127,7 +132,7 @@ func restConfig(path string) (*rest.Config, error) {
 // it when that is a fake one (tests), which cannot stream a watch's
 // initial list.
 func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk clock.WithTicker) *Caretaker {
-	c := &Caretaker{nodes: nodes, staleAfter: cfg.StaleAfter, clock: clk, log: cfg.Logger, trouble: map[string]string{}}
+	c := &Caretaker{nodes: nodes, staleAfter: cfg.StaleAfter, clock: clk, log: cfg.Logger, trouble: map[string]string{}, seen: map[string]map[string]sighting{}}
 	if c.staleAfter <= 0 {
 		c.staleAfter = nodecond.MaxHeartbeatAge
 	}
@@ -255,10 +260,11 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 	if !ok || !isNode {
 		c.queue.Forget(name)
 		delete(c.trouble, name)
+		delete(c.seen, name)
 		return
 	}
 	now := c.clock.Now()
-	stale, next := look(n, now, c.staleAfter)
+	stale, next := look(n, now, c.staleAfter, c.sightings(name))
 	c.log.Debug("caretaker: looked at a Node", "node", name, "conditions", len(n.Status.Conditions), "stale", len(stale), "next", next)
 	if len(stale) > 0 {
 		if err := c.mark(ctx, name, now); err != nil {
@@ -303,12 +309,13 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 		if err != nil {
 			return err
 		}
-		stale, _ := look(n, now, c.staleAfter)
+		seen := c.sightings(name)
+		stale, _ := look(n, now, c.staleAfter, seen)
 		if len(stale) == 0 {
 			return nil // plugd wrote meanwhile
 		}
 		var patch []byte
-		if patch, err = markPatch(n, stale, now); err != nil {
+		if patch, err = markPatch(n, stale, now, seen); err != nil {
 			return err
 		}
 		pctx, cancel := context.WithTimeoutCause(ctx, requestTimeout, fmt.Errorf("the API server did not answer within %s", requestTimeout))
@@ -321,7 +328,8 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 			for _, i := range stale {
 				was := n.Status.Conditions[i]
 				c.log.Info("Node condition marked Unknown: plugd has not maintained it", "node", name, "condition", was.Type,
-					"was", was.Status, "reason", was.Reason, "lastHeartbeat", was.LastHeartbeatTime.UTC().Format(time.RFC3339))
+					"was", was.Status, "reason", was.Reason, "unchangedSince", seen[string(was.Type)].at.UTC().Format(time.RFC3339),
+					"lastHeartbeat", was.LastHeartbeatTime.UTC().Format(time.RFC3339))
 			}
 			return nil
 		}
@@ -332,6 +340,16 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 		}
 	}
 	return err
+}
+
+// sightings is look's record for the Node name.
+func (c *Caretaker) sightings(name string) map[string]sighting {
+	s := c.seen[name]
+	if s == nil {
+		s = map[string]sighting{}
+		c.seen[name] = s
+	}
+	return s
 }
 
 // get reads the Node whole, with a deadline.

@@ -25,17 +25,22 @@ type looked struct {
 	next time.Time
 }
 
-// Run on a fake clock: a condition stale at start is marked at once; one
+// Run on a fake clock: a condition stale at start (by the API server's
+// record of plugd's last write) is marked at once; one
 // that goes stale later is looked at again when it does, by a timer on the
 // clock, and marked then; another's condition in plugd's form is never
 // written. Each write is one patch of nodes/status, as plugd's field
 // manager.
 func TestRun(t *testing.T) {
 	clk := testclock.NewFakeClock(t0)
-	mine := []metav1.ManagedFieldsEntry{managed("plugd", "a/Ready")}
+	// plugd's, written (by the API server's record) as long ago as the
+	// heartbeat says.
+	mine := func(age time.Duration) []metav1.ManagedFieldsEntry {
+		return []metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), t0.Add(-age))}
+	}
 	nodes := []runtime.Object{
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "old", ManagedFields: mine}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "later", ManagedFields: mine}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 5*time.Minute)}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "old", ManagedFields: mine(20 * time.Minute)}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "later", ManagedFields: mine(5 * time.Minute)}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 5*time.Minute)}}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other", ManagedFields: []metav1.ManagedFieldsEntry{managed("kubectl-edit", "a/Ready")}},
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}},
 	}

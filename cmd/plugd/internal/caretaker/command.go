@@ -21,9 +21,11 @@ func Command() *cobra.Command {
 		Use:   "caretaker",
 		Short: "Mark the Node conditions that plugd no longer maintains Unknown (one per cluster)",
 		Long: `plugd caretaker watches every Node and marks each condition plugd wrote whose
-heartbeat (lastHeartbeatTime) is older than --stale-after: Unknown, reason
-NotMaintained. plugd heartbeats its conditions at least every 5 minutes, so
-such a condition is left from a plugd that no longer runs. Run one per
+heartbeat (lastHeartbeatTime) it has not seen change for --stale-after, on
+its own clock: Unknown, reason NotMaintained. plugd heartbeats its
+conditions at least every 5 minutes, so such a condition is left from a
+plugd that no longer runs; the heartbeat is the node's clock, and only its
+changes count. Run one per
 cluster (the chart's Deployment plugd-caretaker); it needs get, list and
 watch on nodes and patch on nodes/status, and no registry directory.
 SIGTERM or SIGINT stops it.`,
@@ -66,7 +68,7 @@ SIGTERM or SIGINT stops it.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file to reach the Kubernetes API with (default: in-cluster)")
-	f.DurationVar(&cfg.StaleAfter, "stale-after", nodecond.MaxHeartbeatAge, "mark a condition of plugd's whose heartbeat is older than this; shorter than plugd's heartbeat interval (kubernetes.heartbeatInterval), it marks conditions plugd maintains: for tests")
+	f.DurationVar(&cfg.StaleAfter, "stale-after", nodecond.MaxHeartbeatAge, "mark a condition of plugd's whose heartbeat has not changed for this long (the caretaker's clock); shorter than plugd's heartbeat interval (kubernetes.heartbeatInterval), it marks conditions plugd maintains: for tests")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd

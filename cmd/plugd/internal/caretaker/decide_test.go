@@ -39,7 +39,22 @@ func managed(manager string, types ...string) metav1.ManagedFieldsEntry {
 		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: raw}}
 }
 
+// node is node-a with conditions conds and managedFields mf; an entry of
+// mf without a time gets, as the API server's record of plugd's last
+// write, the newest heartbeat of conds: the node's clock and the API
+// server's agree.
 func node(mf []metav1.ManagedFieldsEntry, conds ...corev1.NodeCondition) *corev1.Node {
+	var last time.Time
+	for _, c := range conds {
+		if c.LastHeartbeatTime.After(last) {
+			last = c.LastHeartbeatTime.Time
+		}
+	}
+	for i := range mf {
+		if mf[i].Time == nil && !last.IsZero() {
+			mf[i].Time = &metav1.Time{Time: last}
+		}
+	}
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", ManagedFields: mf}, Status: corev1.NodeStatus{Conditions: conds}}
 }
 
@@ -54,6 +69,7 @@ func TestLook(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		n     *corev1.Node
+		seen  map[string]sighting
 		stale []int
 		next  time.Duration // after t0; 0: none
 	}{
@@ -90,14 +106,28 @@ func TestLook(t *testing.T) {
 				c.LastHeartbeatTime = metav1.Time{}
 				return c
 			}())},
-		{name: "among others': the stale ones by index, the next of the fresh ones",
+		{name: "among others': the stale ones by index, the next of the fresh ones, as the caretaker saw them change",
 			n: node([]metav1.ManagedFieldsEntry{managed("plugd", "a/Ready", "b/Ready", "c/Ready", "d/Ready"), managed("kubelet", "Ready")},
 				kubelet, cond("a", corev1.ConditionTrue, 12*time.Minute), cond("b", corev1.ConditionTrue, 2*time.Minute),
 				cond("c", corev1.ConditionFalse, 3*time.Minute), cond("d", corev1.ConditionTrue, time.Hour)),
+			seen: map[string]sighting{"a/Ready": {t0.Add(-12 * time.Minute), t0.Add(-12 * time.Minute)},
+				"b/Ready": {t0.Add(-2 * time.Minute), t0.Add(-2 * time.Minute)}, "c/Ready": {t0.Add(-3 * time.Minute), t0.Add(-3 * time.Minute)},
+				"d/Ready": {t0.Add(-time.Hour), t0.Add(-time.Hour)}},
 			stale: []int{1, 4}, next: bound - 3*time.Minute + time.Nanosecond},
+		{name: "first seen: as written when the API server recorded plugd's last write",
+			n: node([]metav1.ManagedFieldsEntry{managed("plugd", "a/Ready", "b/Ready")},
+				cond("a", corev1.ConditionTrue, 12*time.Minute), cond("b", corev1.ConditionTrue, 30*time.Minute)),
+			stale: []int{0, 1}},
+		{name: "first seen, the record of the write later than now (the caretaker's clock behind the API server's): now",
+			n:    node([]metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), t0.Add(time.Hour))}, cond("a", corev1.ConditionTrue, time.Hour)),
+			next: bound + time.Nanosecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			stale, next := look(tc.n, t0, bound)
+			seen := tc.seen
+			if seen == nil {
+				seen = map[string]sighting{}
+			}
+			stale, next := look(tc.n, t0, bound, seen)
 			if !slices.Equal(stale, tc.stale) {
 				t.Errorf("stale = %v, want %v", stale, tc.stale)
 			}
@@ -122,11 +152,13 @@ func TestMarkPatch(t *testing.T) {
 	n := node([]metav1.ManagedFieldsEntry{managed("plugd", "a/Ready", "vendor.example/gpu/Ready")}, kubelet,
 		cond("a", corev1.ConditionTrue, time.Minute), cond("vendor.example/gpu", corev1.ConditionTrue, 20*time.Minute))
 	now := t0.Add(time.Second)
-	stale, _ := look(n, t0, nodecond.MaxHeartbeatAge)
+	seen := map[string]sighting{"a/Ready": {t0.Add(-time.Minute), t0.Add(-time.Minute)},
+		"vendor.example/gpu/Ready": {t0.Add(-20 * time.Minute), t0.Add(-20 * time.Minute)}}
+	stale, _ := look(n, t0, nodecond.MaxHeartbeatAge, seen)
 	if !slices.Equal(stale, []int{2}) {
 		t.Fatalf("stale = %v", stale)
 	}
-	patch, err := markPatch(n, stale, now)
+	patch, err := markPatch(n, stale, now, seen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +182,7 @@ func TestMarkPatch(t *testing.T) {
 	typ, name, ok := nodecond.Parse(c.Message)
 	if c.Type != "vendor.example/gpu/Ready" || c.Status != corev1.ConditionUnknown || c.Reason != nodecond.ReasonNotMaintained ||
 		!ok || typ != "DevicePlugin" || name != "vendor.example/gpu" ||
-		!strings.Contains(c.Message, "since "+t0.Add(-20*time.Minute).Format(time.RFC3339)+" (it said True, PluginReady)") ||
+		!strings.Contains(c.Message, "since "+t0.Add(-20*time.Minute).Format(time.RFC3339)+" by the caretaker's clock (it said True, PluginReady; its last heartbeat, by the node's clock, "+t0.Add(-20*time.Minute).Format(time.RFC3339)+")") ||
 		!c.LastHeartbeatTime.Equal(&n.Status.Conditions[2].LastHeartbeatTime) || !c.LastTransitionTime.Time.Equal(now.Truncate(time.Second)) {
 		t.Errorf("marked: %+v", c)
 	}
@@ -191,11 +223,70 @@ func TestSlim(t *testing.T) {
 		len(s.ManagedFields) != 1 || s.ManagedFields[0].Manager != "plugd" || len(s.Status.Images) != 0 || s.Labels != nil {
 		t.Errorf("slim: %+v", s)
 	}
-	if stale, _ := look(s, t0, nodecond.MaxHeartbeatAge); !slices.Equal(stale, []int{0}) {
+	if stale, _ := look(s, t0, nodecond.MaxHeartbeatAge, map[string]sighting{}); !slices.Equal(stale, []int{0}) {
 		t.Errorf("look at the slim copy: %v", stale)
 	}
 	tomb := cache.DeletedFinalStateUnknown{Key: "node-a"}
 	if got, _ := slim(tomb); got != any(tomb) {
 		t.Errorf("a tombstone changed: %v", got)
+	}
+}
+
+func withTime(mf metav1.ManagedFieldsEntry, at time.Time) metav1.ManagedFieldsEntry {
+	mf.Time = &metav1.Time{Time: at}
+	return mf
+}
+
+// Issue 33, item 3: the caretaker judges a heartbeat by when it saw it
+// change, on its own clock, as the node lifecycle controller judges the
+// kubelet's. Each case runs an hour of the caretaker's clock in steps of a
+// second: plugd, if it runs, writes every 5 minutes a heartbeat of its
+// node's clock (skew off the caretaker's), which the API server records
+// on its own clock (the caretaker's). Before, a node 20 minutes behind had
+// its live plugd's conditions marked at every write (the two overwrote
+// each other), and one 20 minutes ahead kept a dead plugd's True for 31
+// minutes.
+func TestLookClockSkew(t *testing.T) {
+	const (
+		bound = nodecond.MaxHeartbeatAge
+		never = -1
+	)
+	for _, tc := range []struct {
+		name    string
+		skew    time.Duration // the node's clock minus the caretaker's
+		stopped time.Duration // plugd's last write, after the start; 0: it keeps writing
+		marked  time.Duration // when the condition is first stale, after the start
+	}{
+		{name: "20 minutes behind, plugd writing: never marked", skew: -20 * time.Minute, marked: never},
+		{name: "20 minutes ahead, plugd writing: never marked", skew: 20 * time.Minute, marked: never},
+		{name: "20 minutes ahead, plugd stopped: marked at the bound", skew: 20 * time.Minute, stopped: 10 * time.Minute, marked: 10*time.Minute + bound + time.Second},
+		{name: "20 minutes behind, plugd stopped: marked at the bound, not at once", skew: -20 * time.Minute, stopped: 10 * time.Minute, marked: 10*time.Minute + bound + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n *corev1.Node
+			write := func(at time.Time) {
+				n = node([]metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), at)}, cond("a", corev1.ConditionTrue, t0.Sub(at.Add(tc.skew))))
+			}
+			write(t0)
+			seen := map[string]sighting{}
+			marked := time.Duration(never)
+			for d := time.Duration(0); d <= time.Hour; d += time.Second {
+				now := t0.Add(d)
+				if d%(5*time.Minute) == 0 && (tc.stopped == 0 || d <= tc.stopped) {
+					write(now)
+				}
+				stale, next := look(n, now, bound, seen)
+				if len(stale) > 0 {
+					marked = d
+					break
+				}
+				if next.IsZero() || !next.After(now) {
+					t.Fatalf("at %s: next look %v", d, next)
+				}
+			}
+			if marked != tc.marked {
+				t.Errorf("marked %s after the start; want %s (-1ns: never)", marked, tc.marked)
+			}
+		})
 	}
 }

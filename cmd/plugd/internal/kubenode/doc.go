@@ -19,7 +19,8 @@
 // manager's snapshot has it, with its handler's details, the types of
 // package api from which it reads a CSI driver's node id and topology and a
 // device plugin's healthy devices), kubelet.go reads the kubelet,
-// kubeletwatch.go says when (a held connection, reads that follow change, a
+// kubeletpeer.go establishes that what answers at its address is the
+// kubelet, kubeletwatch.go says when (a held connection, reads that follow change, a
 // slow resync), view.go says what the kubelet made of a plugin,
 // conditions.go what its condition says, loop.go evaluates and writes,
 // events.go records events and disagreements, source.go reads the API's

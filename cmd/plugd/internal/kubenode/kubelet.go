@@ -18,12 +18,16 @@ import (
 	"syscall"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/rest"
 	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/plugd/plugd/internal/kubeconfig"
+	"github.com/plugd/plugd/internal/smallfile"
 )
 
 // KubeletConfig says where plugd reads what the running kubelet holds: its
@@ -62,14 +66,22 @@ type KubeletConfig struct {
 
 // Bounds of the reads of the kubelet.
 const (
-	kubeletTimeout = 10 * time.Second
-	// maxMetricsBytes bounds the kubelet's /metrics as plugd reads it; a
-	// kubelet with many pods serves a few MB.
-	maxMetricsBytes = 64 << 20
+	kubeletTimeout   = 10 * time.Second
+	kubeletKeepAlive = 30 * time.Second
+	// maxMetricsWire and maxMetricsText bound the kubelet's /metrics as
+	// sent (gzipped) and as text; a kubelet with many pods serves a few
+	// MB of text. An answer larger is an error, not cut.
+	maxMetricsWire = 16 << 20
+	maxMetricsText = 64 << 20
 	// maxMetricsLine bounds one line of it; longer ones are skipped.
 	maxMetricsLine = 64 << 10
-	// maxKubeletSockets bounds the sockets taken from its metrics.
+	// maxMetricsChunk is how much of the text of the metrics plugd reads
+	// is parsed at once (scanMetrics).
+	maxMetricsChunk = 256 << 10
+	// maxKubeletSockets bounds the sockets taken from its metrics;
+	// maxPluginSamples the plugin manager's samples parsed, two a socket.
 	maxKubeletSockets = 20000
+	maxPluginSamples  = 2 * maxKubeletSockets
 )
 
 // The metric names plugd reads. The kubelet's plugin manager's gauge is
@@ -106,6 +118,9 @@ type kubeletClient struct {
 	pr       *grpc.ClientConn
 	toPlugd  func(string) (string, bool)
 	insecure bool
+	// trusted says which owners of a listening socket at the address may
+	// be the kubelet (kubeletpeer.go): kubeletUID; tests narrow it.
+	trusted func(uid uint32) bool
 }
 
 // newKubeletClient builds the client from the API's client configuration
@@ -128,9 +143,21 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	switch {
 	case cfg.InsecureSkipVerify:
 	case cfg.CAFile != "":
-		rc.TLSClientConfig.CAFile = cfg.CAFile
+		// Read here, bounded and without blocking, as the kubeconfig's
+		// files are: client-go would read /dev/zero until memory ran out,
+		// and wait on a FIFO for ever.
+		pem, err := kubeconfig.ReadFile(cfg.CAFile, "a PEM file (the kubelet's kubelet.crt)")
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes.kubelet.caFile: %w", err)
+		}
+		rc.TLSClientConfig.CAData = pem
 	default:
 		rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = api.CAFile, api.CAData
+	}
+	c := &kubeletClient{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID}
+	// Who listens is checked before TLS, and so before the token.
+	rc.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
+		return dialKubelet(ctx, addr, c.insecure, c.trusted)
 	}
 	rt, err := rest.TransportFor(rc)
 	if err != nil {
@@ -147,8 +174,7 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	// HTTP/1.1 only on the held connection: an HTTP/2 server closes a
 	// connection that sends no preface within seconds.
 	tc.NextProtos = []string{"http/1.1"}
-	c := &kubeletClient{cfg: cfg, url: rc.Host, tls: tc, insecure: cfg.InsecureSkipVerify,
-		hc: &http.Client{Transport: rt, Timeout: kubeletTimeout}}
+	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: kubeletTimeout}
 	from := cmpOr(cfg.RegistryDir, registryDir)
 	c.toPlugd = func(p string) (string, bool) {
 		rel, err := filepath.Rel(from, p)
@@ -198,7 +224,7 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 		return s, err
 	}
 	defer resp.Body.Close()
-	counted := &countingReader{r: io.LimitReader(resp.Body, maxMetricsBytes)}
+	counted := &countingReader{r: resp.Body, max: maxMetricsWire, what: "as sent"}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(counted, 512))
 		return s, &kubeletHTTPError{code: resp.StatusCode, body: strings.TrimSpace(string(b))}
@@ -209,27 +235,30 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 		if err != nil {
 			return s, fmt.Errorf("the kubelet's /metrics: %w", err)
 		}
-		body = io.LimitReader(zr, maxMetricsBytes)
+		body = zr
 	}
-	text, err := keepMetrics(body)
+	body = &countingReader{r: body, max: maxMetricsText, what: "uncompressed"}
+	err = scanMetrics(body, func(families map[string]*dto.MetricFamily) { c.fold(&s, families) })
 	s.bytes = counted.n
 	if err != nil {
 		return s, fmt.Errorf("reading the kubelet's /metrics: %w", err)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(text))
-	if err != nil {
-		return s, fmt.Errorf("the kubelet's /metrics: %w", err)
+	if s.started.IsZero() {
+		return s, errors.New("the kubelet's /metrics has no process_start_time_seconds")
 	}
-	if f := families["process_start_time_seconds"]; f != nil && len(f.Metric) > 0 {
+	return s, nil
+}
+
+// fold takes into s what families, one chunk's parse of the kubelet's
+// metrics, say: the first start time, and the sockets of its plugin
+// manager, at most maxKubeletSockets of them.
+func (c *kubeletClient) fold(s *kubeletState, families map[string]*dto.MetricFamily) {
+	if f := families["process_start_time_seconds"]; f != nil && len(f.Metric) > 0 && s.started.IsZero() {
 		v := f.Metric[0].GetGauge().GetValue()
 		if v > 0 && v < math.MaxInt32 {
 			sec, frac := math.Modf(v)
 			s.started = time.Unix(int64(sec), int64(frac*1e9))
 		}
-	}
-	if s.started.IsZero() {
-		return s, errors.New("the kubelet's /metrics has no process_start_time_seconds")
 	}
 	for name, f := range families {
 		if !strings.HasSuffix(name, "plugin_manager_total_plugins") {
@@ -257,15 +286,35 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 			}
 		}
 	}
-	return s, nil
 }
 
-// keepMetrics is the text of the metrics plugd reads, out of r: their
-// samples and their # TYPE lines. Lines longer than maxMetricsLine are
-// skipped.
-func keepMetrics(r io.Reader) ([]byte, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var out bytes.Buffer
+// scanMetrics reads the exposition text r and hands the metrics plugd reads
+// to fold, parsed by expfmt a chunk of at most maxMetricsChunk bytes at a
+// time, each chunk headed by the # TYPE lines seen so far. The parser's
+// objects are about 11 times the text they come from: parsed whole, a
+// kubelet's (or an impostor's) answer of 64 MiB took gigabytes; a chunk at
+// a time, memory stays within a few MiB whatever the answer's size. Lines
+// of other metrics are skipped unparsed, and so are lines longer than
+// maxMetricsLine and the plugin manager's samples past maxPluginSamples
+// (each socket is at most two: plugd takes maxKubeletSockets).
+func scanMetrics(r io.Reader, fold func(map[string]*dto.MetricFamily)) error {
+	br := bufio.NewReaderSize(r, maxMetricsLine)
+	var types, chunk bytes.Buffer
+	typed := map[string]bool{}
+	samples := 0
+	flush := func() error {
+		if chunk.Len() == 0 {
+			return nil
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(io.MultiReader(bytes.NewReader(types.Bytes()), &chunk))
+		chunk.Reset()
+		if err != nil {
+			return err
+		}
+		fold(families)
+		return nil
+	}
 	skipping := false
 	for {
 		line, err := br.ReadSlice('\n')
@@ -278,32 +327,56 @@ func keepMetrics(r io.Reader) ([]byte, error) {
 			if err == nil {
 				continue
 			}
-		case len(line) > 0 && len(line) <= maxMetricsLine && wanted(line):
-			out.Write(line)
-			if line[len(line)-1] != '\n' {
-				out.WriteByte('\n')
+		case len(line) > 0:
+			keepLine(line, &types, &chunk, typed, &samples)
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if chunk.Len() >= maxMetricsChunk || err != nil {
+			if ferr := flush(); ferr != nil {
+				return ferr
 			}
 		}
-		if errors.Is(err, io.EOF) {
-			return out.Bytes(), nil
-		}
 		if err != nil {
-			return nil, err
+			return nil
 		}
 	}
 }
 
-// wanted says a line of exposition text is about a metric plugd reads.
-func wanted(line []byte) bool {
+// keepLine puts line, if it is about a metric plugd reads, where
+// scanMetrics wants it: a family's first # TYPE line in types, a sample in
+// chunk (a plugin manager's up to maxPluginSamples of them).
+func keepLine(line []byte, types, chunk *bytes.Buffer, typed map[string]bool, samples *int) {
 	if rest, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
 		name, _, _ := bytes.Cut(rest, []byte(" "))
-		return kubeletMetrics[string(name)]
+		if kubeletMetrics[string(name)] && !typed[string(name)] {
+			typed[string(name)] = true
+			writeLine(types, line)
+		}
+		return
 	}
-	if len(line) == 0 || line[0] == '#' {
-		return false
+	if line[0] == '#' {
+		return
 	}
 	end := bytes.IndexAny(line, "{ ")
-	return end > 0 && kubeletMetrics[string(line[:end])]
+	if end <= 0 || !kubeletMetrics[string(line[:end])] {
+		return
+	}
+	if bytes.HasSuffix(line[:end], []byte("plugin_manager_total_plugins")) {
+		if *samples >= maxPluginSamples {
+			return
+		}
+		*samples++
+	}
+	writeLine(chunk, line)
+}
+
+func writeLine(b *bytes.Buffer, line []byte) {
+	b.Write(line)
+	if line[len(line)-1] != '\n' {
+		b.WriteByte('\n')
+	}
 }
 
 // readDevices asks pod-resources for the devices the kubelet can
@@ -328,14 +401,18 @@ func (c *kubeletClient) readDevices(ctx context.Context) (map[string]int, error)
 // It returns when the connection ends or ctx is done, with why; connected
 // says the connection was made (and verified).
 func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
-	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: kubeletTimeout, KeepAlive: 30 * time.Second}, Config: c.tls}
 	dctx, cancel := context.WithTimeout(ctx, kubeletTimeout)
-	conn, err := d.DialContext(dctx, "tcp", c.cfg.Address)
-	cancel()
+	defer cancel()
+	raw, err := dialKubelet(dctx, c.cfg.Address, c.insecure, c.trusted)
 	if err != nil {
 		return err
 	}
+	conn := tls.Client(raw, c.tls)
 	defer conn.Close()
+	if err := conn.HandshakeContext(dctx); err != nil {
+		return err
+	}
+	cancel()
 	connected()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -388,7 +465,14 @@ func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
 	var ci x509.CertificateInvalidError
 	var tlsErr *tls.CertificateVerificationError
 	var ne net.Error
+	var nk *notKubeletError
 	switch {
+	case errors.As(err, &nk):
+		p.Reason = ReasonKubeletNotRunning
+		p.Message = nk.Error() + ": the kubelet is not running, or another process took its port; see who listens with ss -ltnp"
+	case errors.Is(err, errUnverifiable):
+		p.Reason = ReasonKubeletTLS
+		p.Message = msg
 	case errors.Is(err, syscall.ECONNREFUSED):
 		p.Reason = ReasonKubeletNotRunning
 		p.Message = fmt.Sprintf("nothing listens at %s: the kubelet is not running (or kubernetes.kubelet.address is not its secure port): %s", cfg.Address, msg)
@@ -412,14 +496,23 @@ func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
 	return p
 }
 
-// countingReader counts the bytes read through it.
+// countingReader counts the bytes read through it, and fails a read past
+// max of them (zero: no bound) with an error that says which bound (what).
 type countingReader struct {
-	r io.Reader
-	n int64
+	r    io.Reader
+	n    int64
+	max  int64
+	what string
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.max > 0 && int64(len(p)) > c.max+1-c.n {
+		p = p[:c.max+1-c.n]
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if c.max > 0 && c.n > c.max {
+		return n, fmt.Errorf("the answer is larger than %s %s, more than a kubelet's /metrics: is kubernetes.kubelet.address the kubelet's?", smallfile.Size(int(c.max)), c.what)
+	}
 	return n, err
 }

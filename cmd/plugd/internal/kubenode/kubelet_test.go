@@ -1,6 +1,7 @@
 package kubenode
 
 import (
+	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/pem"
@@ -10,7 +11,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,7 +134,7 @@ process_start_time_seconds 1.76722e+09
 // token "good" alone, gzipped when asked.
 func kubeletServer(t *testing.T, body string) (*httptest.Server, string) {
 	t.Helper()
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Header.Get("Authorization") {
 		case "Bearer good":
 		case "Bearer weak":
@@ -153,6 +157,13 @@ func kubeletServer(t *testing.T, body string) (*httptest.Server, string) {
 		}
 		fmt.Fprint(w, body)
 	}))
+}
+
+// tlsServer serves h over TLS on loopback, and writes its certificate to
+// a file, to be kubernetes.kubelet.caFile.
+func tlsServer(t *testing.T, h http.Handler) (*httptest.Server, string) {
+	t.Helper()
+	srv := httptest.NewTLSServer(h)
 	t.Cleanup(srv.Close)
 	ca := filepath.Join(t.TempDir(), "kubelet.crt")
 	if err := os.WriteFile(ca, pemCert(srv), 0o600); err != nil {
@@ -282,5 +293,74 @@ func TestHoldEndsWithTheKubelet(t *testing.T) {
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Errorf("hold after cancel: %v", err)
+	}
+}
+
+// gzipped is text as a kubelet sends it, compressed.
+func gzipped(t *testing.T, text []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&b, gzip.BestSpeed)
+	if _, err := zw.Write(text); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// Issue 33, item 5: a large /metrics, of the samples plugd reads, is read
+// with bounded memory, and one past the bounds is an error that names
+// the bound. Before, the text of every wanted line was kept, then parsed
+// whole at about 11 times its size: 24 MB of text, 0.3 MB gzipped, took
+// over 300 MB, and a pod limited to 128 MiB was killed. The bodies are
+// gzip members repeated (a gzip stream may hold several), so that the
+// test compresses 1 MB, not 88.
+func TestReadLargeKubeletMetrics(t *testing.T) {
+	var text bytes.Buffer
+	for i := 0; text.Len() < 1<<20; i++ {
+		fmt.Fprintf(&text, "plugin_manager_total_plugins{socket_path=\"/var/lib/kubelet/plugins_registry/p%07d.sock\",state=\"desired_state_of_world\"} 1\n", i)
+	}
+	sockets := bytes.Count(text.Bytes(), []byte("\n"))
+	member := gzipped(t, text.Bytes())
+	big := slices.Concat(gzipped(t, []byte("# TYPE plugin_manager_total_plugins gauge\n")), bytes.Repeat(member, 24),
+		gzipped(t, []byte("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.76722e+09\n")))
+	bomb := bytes.Repeat(gzipped(t, bytes.Repeat([]byte("x"), 1<<20)), maxMetricsText>>20+1)
+	var serve atomic.Pointer[[]byte]
+	srv, ca := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Write(*serve.Load())
+	}))
+	c, err := newKubeletClient(KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: ca, RegistryDir: "/var/lib/kubelet/plugins_registry"},
+		&rest.Config{}, "example.com", "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+
+	serve.Store(&big)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s, err := c.readMetrics(context.Background())
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.seen) != sockets || s.started.IsZero() {
+		t.Errorf("%d sockets seen, started %v; want %d and the start time", len(s.seen), s.started, sockets)
+	}
+	const bound = 128 << 20 // the chart's memory limit
+	if got := after.TotalAlloc - before.TotalAlloc; got > bound {
+		t.Errorf("reading 24 MB of metrics allocated %d MB; want less than %d MB", got>>20, bound>>20)
+	} else {
+		t.Logf("allocated %d MB", got>>20)
+	}
+
+	serve.Store(&bomb)
+	_, err = c.readMetrics(context.Background())
+	if want := "larger than 64 MiB uncompressed"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a gzip bomb: %v; want an error that says %q", err, want)
 	}
 }

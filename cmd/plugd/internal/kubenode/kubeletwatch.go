@@ -67,6 +67,9 @@ type kubeletWatch struct {
 	// Guarded by mu:
 	state   *kubeletState // the last good read; nil while none, or the kubelet is down
 	problem *Problem      // why the last read failed; nil after a good one
+	// impostor says, when the last read found a listener at the kubelet's
+	// address that is not the kubelet, who it is.
+	impostor string
 	// started is the kubelet's start time at the last good read, kept
 	// across its downtime, to tell a restart; restarted says plugd saw one.
 	started   time.Time
@@ -156,7 +159,7 @@ func (w *kubeletWatch) run(ctx context.Context) {
 	}
 	defer w.c.close()
 	if w.cfg.InsecureSkipVerify {
-		w.log.Warn("kubernetes.kubelet.insecureSkipTLSVerify is set: plugd reads the kubelet without verifying who answers; set kubernetes.kubelet.caFile instead", "address", w.cfg.Address)
+		w.log.Warn("kubernetes.kubelet.insecureSkipTLSVerify is set: plugd reads the kubelet without verifying its certificate, and so only where it sees the listening socket, owned by root, in its own network namespace (node network); set kubernetes.kubelet.caFile instead", "address", w.cfg.Address)
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -210,15 +213,17 @@ func (w *kubeletWatch) lastRead() time.Time {
 func (w *kubeletWatch) due(now time.Time, forced bool) (metrics, devices bool, next time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// A wish is "a read no earlier than": one a read at or after it
+	// served is no wish any more, until the loop says its next.
 	nextMetrics := w.lastMetrics.Add(w.resync)
-	if !w.wantMetrics.IsZero() && w.wantMetrics.Before(nextMetrics) {
+	if w.wantMetrics.After(w.lastMetrics) && w.wantMetrics.Before(nextMetrics) {
 		nextMetrics = w.wantMetrics
 	}
 	if !w.retryAt.IsZero() && w.retryAt.Before(nextMetrics) {
 		nextMetrics = w.retryAt
 	}
 	nextDevices := nextMetrics
-	if !w.wantDevices.IsZero() && w.wantDevices.Before(nextDevices) {
+	if w.wantDevices.After(w.lastDevices) && w.wantDevices.Before(nextDevices) {
 		nextDevices = w.wantDevices
 	}
 	if w.c.pr == nil {
@@ -270,9 +275,11 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 		return
 	}
 	w.cut = 0
+	w.impostor = ""
 	if err != nil {
 		was := w.problem
 		p := classifyKubelet(w.cfg, err, now)
+		w.impostor = impostor(err, p, !w.started.IsZero(), w.cfg.Address)
 		if was != nil && was.Reason == p.Reason {
 			p.Since = was.Since
 		}
@@ -305,6 +312,24 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 		s.devices, s.devicesErr = w.state.devices, w.state.devicesErr
 	}
 	w.state = &s
+}
+
+// impostor says who answers at addr, when a read's failure err (classified
+// as p) shows that it is not the kubelet: a listener whose owner the
+// kubelet does not run as, or, once plugd has read the kubelet (known), a
+// server whose certificate does not verify. The kubelet's certificate
+// does not change while it runs; a listener that cannot show it after the
+// kubelet exited is anyone's, and says nothing of what the kubelet
+// registered (before, plugd inferred True from the API's objects then).
+func impostor(err error, p *Problem, known bool, addr string) string {
+	var nk *notKubeletError
+	switch {
+	case errors.As(err, &nk):
+		return nk.Error()
+	case known && p.Reason == ReasonKubeletTLS && !errors.Is(err, errUnverifiable):
+		return "what answers at " + addr + " cannot show the certificate of the kubelet plugd read before: it is not the kubelet, and plugd sent it nothing"
+	}
+	return ""
 }
 
 // track records what a read at now showed of each socket path: the
@@ -387,13 +412,17 @@ type kubeletNow struct {
 	retrying     map[string]time.Time
 	dropped      map[string]time.Time
 	reads        uint64
+	// devicesAt is the last read of pod-resources (with the metrics, or
+	// alone).
+	devicesAt time.Time
+	impostor  string
 }
 
 func (w *kubeletWatch) now() kubeletNow {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	k := kubeletNow{state: w.state, problem: w.problem, restarted: w.restarted, presentSince: maps.Clone(w.presentSince),
-		retrying: maps.Clone(w.retrying), dropped: maps.Clone(w.dropped), reads: w.reads}
+		retrying: maps.Clone(w.retrying), dropped: maps.Clone(w.dropped), reads: w.reads, devicesAt: w.lastDevices, impostor: w.impostor}
 	if k.problem != nil {
 		p := *k.problem
 		k.problem = &p
@@ -405,9 +434,9 @@ func (w *kubeletWatch) now() kubeletNow {
 // counts as registered once the kubelet registered it, not an older
 // socket at its path.
 func (k kubeletNow) facts(address string, socks map[key][]Plugin) kubeletFacts {
-	kf := kubeletFacts{problem: k.problem, restarted: k.restarted, address: address}
+	kf := kubeletFacts{problem: k.problem, restarted: k.restarted, address: address, impostor: k.impostor}
 	switch {
-	case k.problem != nil && k.problem.Reason == ReasonKubeletNotRunning:
+	case k.problem != nil && (k.problem.Reason == ReasonKubeletNotRunning || k.impostor != ""):
 		kf.down = true
 		return kf
 	case k.problem != nil || k.state == nil:

@@ -95,6 +95,10 @@ type loop struct {
 	// cache is the last views and what they were made of.
 	cache viewCache
 
+	// fights are, by condition type, the overwrites of plugd's conditions
+	// by another writer (overwritten).
+	fights map[string]*fight
+
 	// writeDelay is the backoff of writes after a failure, reset by a
 	// success; nextWrite is when the next may be made.
 	writeDelay backoff.Backoff
@@ -103,7 +107,7 @@ type loop struct {
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
 	return &loop{n: n, rec: rec, written: map[string]written{}, disagree: map[disagreementKey]*disagreement{},
-		held: map[string]*heldVerdict{}, mem: map[key]remembered{}, registered: map[string]time.Time{},
+		held: map[string]*heldVerdict{}, mem: map[key]remembered{}, registered: map[string]time.Time{}, fights: map[string]*fight{},
 		writeDelay: backoff.New(writeBackoffMin, writeBackoffMax, writeJitter)}
 }
 
@@ -204,6 +208,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if sameVerdict(cur, v) {
 			delete(l.written, e.Condition)
 			delete(l.held, e.Condition)
+			l.confirmed(e.Condition, v, now)
 			if beat {
 				set = append(set, nodeCondition(e.Condition, v, cur, now))
 			}
@@ -217,6 +222,10 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == seq {
 			continue // written; the informer has not brought it back yet
+		}
+		if due := l.overwritten(e, k, v, cur, now, snap.node); now.Before(due) {
+			next = earliest(next, due)
+			continue
 		}
 		if cur != nil && cur.Status == v.status {
 			if due := l.hold(e.Condition, v, now); now.Before(due) {
@@ -462,7 +471,10 @@ func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]
 		for _, e := range l.n.cfg.Expect {
 			v := views[key{e.Type, e.Name}]
 			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
-				devices = kn.state.at.Add(devicesPoll)
+				// A poll from the last read of the devices: the last read
+				// of the metrics is up to a resync old, and a wish from it
+				// is in the past at once, every time (issue 33, item 4).
+				devices = latest(kn.state.at, kn.devicesAt).Add(devicesPoll)
 			}
 		}
 	}
@@ -606,4 +618,89 @@ func closed(c <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// Overwrites. A condition plugd wrote and saw on the Node as it wrote it,
+// then finds changed by another writer while plugd's verdict is the same,
+// was overwritten: a caretaker that judges plugd's heartbeat on a clock
+// skewed from the node's, an operator's script, a second plugd. Writing it
+// back at once, every time, is a fight that neither side wins (two PATCHes
+// a second, the condition flipping, in issue 33). After fightUndos
+// overwrites within fightWindow, plugd writes it back only after a delay
+// doubling from fightDelayMin to fightDelayMax, and says so once (a
+// warning in its log, a Warning event ConditionOverwritten on the Node);
+// every overwrite counts in plugd_node_condition_overwritten_total. A
+// condition left as plugd wrote it for fightWindow ends the fight.
+const (
+	fightUndos    = 3
+	fightWindow   = 10 * time.Minute
+	fightDelayMin = 10 * time.Second
+	fightDelayMax = 5 * time.Minute
+)
+
+// fight is what plugd knows of the overwrites of one condition.
+type fight struct {
+	seen    verdict   // plugd's verdict, as last seen on the Node
+	shown   bool      // the Node shows seen now
+	shownAt time.Time // since when
+	undos   int       // overwrites since first
+	first   time.Time
+	delay   backoff.Backoff
+	due     time.Time // no write back before
+}
+
+// confirmed notes that the Node shows plugd's verdict v for cond at now.
+func (l *loop) confirmed(cond string, v verdict, now time.Time) {
+	f := l.fights[cond]
+	if f == nil {
+		f = &fight{delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter)}
+		l.fights[cond] = f
+	}
+	if !f.shown || f.seen != v {
+		f.seen, f.shown, f.shownAt = v, true, now
+	}
+	if f.undos > 0 && now.Sub(f.shownAt) >= fightWindow {
+		if f.undos >= fightUndos {
+			l.n.log.Info("Node condition: no longer overwritten", "node", l.n.cfg.NodeName, "condition", cond)
+		}
+		l.fights[cond] = &fight{seen: v, shown: true, shownAt: now, delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter)}
+	}
+}
+
+// overwritten says when plugd may write its verdict v of e's condition
+// again, now that the Node shows cur instead: at once, unless another
+// writer has overwritten it (above) fightUndos times within fightWindow.
+func (l *loop) overwritten(e Expectation, k key, v verdict, cur *corev1.NodeCondition, now time.Time, node *corev1.Node) time.Time {
+	f := l.fights[e.Condition]
+	if f == nil {
+		return time.Time{}
+	}
+	switch {
+	case f.seen != v:
+		return time.Time{} // not an overwrite: plugd's verdict changed
+	case !f.shown:
+		return f.due // this overwrite is counted: wait out its delay
+	}
+	f.shown = false
+	l.n.m.overwritten.WithLabelValues(e.Condition).Inc()
+	if f.undos == 0 || now.Sub(f.first) > fightWindow {
+		f.undos, f.first = 0, now
+	}
+	f.undos++
+	if f.undos < fightUndos {
+		return time.Time{}
+	}
+	wait := f.delay.Next()
+	f.due = now.Add(wait)
+	if f.undos == fightUndos {
+		was := "it is gone"
+		if cur != nil {
+			was = fmt.Sprintf("it says %s, %s: %s", cur.Status, cur.Reason, cur.Message)
+		}
+		msg := fmt.Sprintf("another writer overwrote plugd's condition %s %d times within %s (%s); plugd writes it back after a delay, from %s up to %s, instead of at once: is plugd's caretaker older than this plugd, or does another program write this condition?",
+			e.Condition, f.undos, fightWindow, was, fightDelayMin, fightDelayMax)
+		l.n.log.Warn("Node condition overwritten again and again: backing off", "node", l.n.cfg.NodeName, "condition", e.Condition, "detail", msg)
+		l.record(node, event{corev1.EventTypeWarning, "ConditionOverwritten", k, "", msg})
+	}
+	return f.due
 }

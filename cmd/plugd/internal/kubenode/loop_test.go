@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"strings"
@@ -10,9 +11,11 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
@@ -516,5 +519,82 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True once the registration held: %+v", c)
+	}
+}
+
+// Issue 33, item 3: another writer that overwrites plugd's condition again
+// and again (a caretaker judging plugd's heartbeat on a skewed clock set it
+// Unknown 2.7 times a second) is not fought at its pace: plugd writes its
+// verdict back at once the first fightUndos-1 times, then only after a
+// delay that doubles, and says so once (a warning event; the counter
+// counts each overwrite).
+func TestOverwrittenBacksOff(t *testing.T) {
+	b := newBench(t)
+	started := b.clock.Now().Add(-time.Hour)
+	sock := csiSocket(started, true)
+	b.setPlugins(sock)
+	b.setKubelet(started, sock.Socket)
+	b.step(0)
+	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
+		t.Fatalf("condition at start: %+v", c)
+	}
+	// overwrite sets the condition Unknown, as another field manager.
+	overwrite := func() {
+		t.Helper()
+		c := *b.condition()
+		c.Status, c.Reason = corev1.ConditionUnknown, "NotMaintained"
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
+		if _, err := b.cs.CoreV1().Nodes().Patch(context.Background(), "node-a", types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "other"}, "status"); err != nil {
+			t.Fatal(err)
+		}
+		b.waitFor("the informer delivering the overwrite", func() bool { return b.condition().Status == corev1.ConditionUnknown })
+	}
+	// For a minute, the other writer overwrites the condition a second
+	// after every write of plugd's, and the loop looks every 100ms.
+	written := func() int { // plugd's writes of True; the overwrites are patches too
+		n := 0
+		for _, w := range b.writes() {
+			if w == "True/PluginReady" {
+				n++
+			}
+		}
+		return n
+	}
+	before := written()
+	var at []time.Duration
+	start := b.clock.Now()
+	overwrite()
+	for b.clock.Now().Sub(start) < time.Minute {
+		if n := written(); n > before {
+			before = n
+			at = append(at, b.clock.Now().Sub(start))
+			b.step(time.Second)
+			overwrite()
+		}
+		b.step(100 * time.Millisecond)
+	}
+	t.Logf("plugd wrote back at %v", at)
+	// Three at once; then after 10s, 20s, 40s (each ±50%): four to six in
+	// a minute rather than 55.
+	if len(at) < 3 || len(at) > 6 {
+		t.Errorf("plugd wrote its condition back %d times in a minute (at %v); want 3 at once, then fewer and fewer", len(at), at)
+	}
+	lo := time.Duration(float64(fightDelayMin) * (1 - writeJitter))
+	for i := 3; i < len(at); i++ {
+		if gap := at[i] - at[i-1]; gap < lo {
+			t.Errorf("write back %d came %s after the one before; want at least %s", i+1, gap, lo)
+		}
+	}
+	var warned int
+	for _, e := range b.rec.got {
+		if strings.Contains(e, "ConditionOverwritten") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d ConditionOverwritten events; want 1: %q", warned, b.rec.got)
+	}
+	if got := testutil.ToFloat64(b.n.m.overwritten.WithLabelValues(csiCond)); int(got) != len(at) {
+		t.Errorf("plugd_node_condition_overwritten_total = %v; want %d", got, len(at))
 	}
 }

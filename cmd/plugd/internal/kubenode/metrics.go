@@ -19,6 +19,7 @@ import (
 //	plugd_kubelet_registration_seconds{type}            socket made -> the running kubelet registered it
 //	plugd_kubelet_registration_after_start_seconds{type} kubelet started -> it registered a socket that was there before
 //	plugd_expected_plugin_not_ready_seconds{type}       how long a condition was not True before it turned True
+//	plugd_node_condition_overwritten_total{condition}   plugd's condition, seen on the Node, overwritten by another writer
 //
 // The gauges are read from the Node at scrape time. The registration
 // times are as plugd's reads of the kubelet show them: while a socket
@@ -31,6 +32,7 @@ type metrics struct {
 	registration *prometheus.HistogramVec
 	afterStart   *prometheus.HistogramVec
 	notReady     *prometheus.HistogramVec
+	overwritten  *prometheus.CounterVec
 }
 
 var (
@@ -66,9 +68,11 @@ func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 		notReady: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "plugd_expected_plugin_not_ready_seconds",
 			Help:    "Time an expected plugin's condition was not True before it turned True, by plugin type.",
 			Buckets: registrationBuckets}, []string{"type"}),
+		overwritten: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_node_condition_overwritten_total",
+			Help: "Times plugd's condition, once seen on the Node as plugd wrote it, was found overwritten by another writer while plugd's verdict stayed the same, by condition type."}, []string{"condition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, collector{n})
+		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, m.overwritten, collector{n})
 	}
 	return m
 }

@@ -92,8 +92,9 @@ type kubeletFacts struct {
 	// problem is why the kubelet cannot be read (nil while it can, or
 	// before the first read).
 	problem *Problem
-	// address is where it is read, for messages.
-	address string
+	// address is where it is read, for messages; impostor, with down,
+	// says who listens there that is not the kubelet.
+	address, impostor string
 }
 
 // remembered is what plugd last knew of a CSI driver's NodeGetInfo, from
@@ -135,6 +136,9 @@ func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remem
 			Message: fmt.Sprintf("the kubelet registers only %s, %s and %s plugins; it refuses type %s", TypeCSI, TypeDRA, TypeDevice, k.typ)}}
 	}
 	switch {
+	case kf.down && kf.impostor != "":
+		return notRegistered(k, socks, s, mem, ReasonKubeletNotRunning,
+			"the kubelet is not running: "+kf.impostor+", so the kubelet has registered nothing")
 	case kf.down:
 		return notRegistered(k, socks, s, mem, ReasonKubeletNotRunning,
 			fmt.Sprintf("the kubelet is not running: nothing listens at %s, so it has registered nothing", kf.address))

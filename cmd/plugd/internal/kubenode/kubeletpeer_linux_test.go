@@ -1,0 +1,192 @@
+package kubenode
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// Issue 33, item 6: once the kubelet has exited, any local user may
+// listen on its port. A listener there whose owner the kubelet does not
+// run as is not the kubelet: plugd sends it nothing (no token, with
+// verified TLS or with insecureSkipTLSVerify), and the kubelet counts as
+// not running (before, the condition went from False "the kubelet is not
+// running" to True/Inferred, and with insecureSkipTLSVerify the listener
+// got plugd's token). The listener is the test's own TLS server on
+// loopback; the owners taken for the kubelet's are narrowed to exclude
+// the test's user, since a listener of another user needs root to start.
+func TestKubeletImpostor(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string // the Authorization headers the listener got
+	srv, ca := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprint(w, metricsText)
+	}))
+	addr := srv.Listener.Addr().String()
+	me := uint32(os.Geteuid())
+	notMe := func(uid uint32) bool { return uid != me }
+	for _, cfg := range []KubeletConfig{{Address: addr, CAFile: ca}, {Address: addr, InsecureSkipVerify: true}} {
+		c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.close()
+		c.trusted = notMe
+		if _, err = c.readMetrics(context.Background()); err == nil {
+			t.Errorf("insecure %v: read what is not the kubelet", cfg.InsecureSkipVerify)
+			continue
+		}
+		p := classifyKubelet(cfg, err, time.Now())
+		if want := fmt.Sprintf("runs as uid %d", me); p.Reason != ReasonKubeletNotRunning || !strings.Contains(p.Message, want) {
+			t.Errorf("insecure %v: read: %v: %s: %s; want %s saying %q", cfg.InsecureSkipVerify, err, p.Reason, p.Message, ReasonKubeletNotRunning, want)
+		}
+		connected := false
+		if err := c.hold(context.Background(), func() { connected = true }); connected || err == nil {
+			t.Errorf("insecure %v: the held connection was made (%v)", cfg.InsecureSkipVerify, err)
+		}
+
+		// What plugd makes of it: not running, and why.
+		b := newBench(t)
+		w := b.n.kubelet
+		w.c, w.cfg = c, cfg
+		w.read(context.Background(), b.clock.Now(), true, false)
+		kf := w.now().facts(addr, nil)
+		v := kubeletViewOf(key{TypeCSI, "csi.example.com"}, []Plugin{csiSocket(b.clock.Now(), true)}, snapshot{nodeName: "node-a"}, kf, remembered{})
+		if !kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "is not the kubelet") {
+			t.Errorf("insecure %v: view %+v (down %v)", cfg.InsecureSkipVerify, v.KubeletView, kf.down)
+		}
+	}
+	mu.Lock()
+	if len(seen) != 0 {
+		t.Errorf("the listener that is not the kubelet got %d requests, with Authorization %q", len(seen), seen)
+	}
+	mu.Unlock()
+
+	// The same listener, owned by a user the kubelet may run as: read, with
+	// the token.
+	c, err := newKubeletClient(KubeletConfig{Address: addr, InsecureSkipVerify: true}, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	if _, err := c.readMetrics(context.Background()); err != nil {
+		t.Fatalf("a listener of a trusted user: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0] != "Bearer secret" {
+		t.Errorf("a listener of a trusted user got %q", seen)
+	}
+}
+
+// Where plugd cannot see the listener (plugd in a pod of its own network),
+// a server whose certificate does not verify, after plugd has read the
+// kubelet, is not the kubelet: the kubelet counts as not running, not as
+// unreadable (from which plugd would infer True). Before plugd has read
+// any kubelet, it is a certificate plugd was not given: unreadable.
+func TestKubeletImpostorUnverified(t *testing.T) {
+	kubeletCA := filepath.Join(t.TempDir(), "kubelet.crt") // the kubelet that exited: its own certificate
+	if err := os.WriteFile(kubeletCA, selfSigned(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
+	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: kubeletCA}
+	for _, known := range []bool{false, true} {
+		c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.close()
+		b := newBench(t)
+		w := b.n.kubelet
+		w.c, w.cfg = c, cfg
+		if known {
+			w.started = b.clock.Now().Add(-time.Hour)
+		}
+		w.read(context.Background(), b.clock.Now(), true, false)
+		kf := w.now().facts(cfg.Address, nil)
+		v := kubeletViewOf(key{TypeCSI, "csi.example.com"}, []Plugin{csiSocket(b.clock.Now(), true)}, snapshot{nodeName: "node-a"}, kf, remembered{})
+		switch {
+		case known && (!kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "cannot show the certificate of the kubelet")):
+			t.Errorf("after a kubelet was read: view %+v", v.KubeletView)
+		case !known && (kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS):
+			t.Errorf("before any kubelet was read: down %v, problem %+v", kf.down, kf.problem)
+		}
+	}
+}
+
+// The owners of the listening sockets at an address are read from the
+// kernel's tables; an address nobody listens on has none.
+func TestListenerUIDs(t *testing.T) {
+	srv, _ := tlsServer(t, http.NotFoundHandler())
+	uids, local := listenerUIDs(srv.Listener.Addr())
+	if !local || len(uids) != 1 || uids[0] != uint32(os.Geteuid()) {
+		t.Errorf("listenerUIDs(%s) = %v, %v; want [%d], true", srv.Listener.Addr(), uids, local, os.Geteuid())
+	}
+	a := *srv.Listener.Addr().(*net.TCPAddr)
+	srv.Close()
+	if uids, local := listenerUIDs(&a); local || len(uids) != 0 {
+		t.Errorf("a closed port: %v, %v", uids, local)
+	}
+}
+
+// selfSigned is a new self-signed certificate for example.com, PEM, as a
+// kubelet makes its kubelet.crt (httptest's servers share one).
+func selfSigned(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "example.com"}, DNSNames: []string{"example.com"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// Addresses as a little-endian kernel prints them in /proc/net/tcp and
+// tcp6.
+func TestParseProcAddr(t *testing.T) {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		t.Skip("the samples are a little-endian kernel's")
+	}
+	for _, tc := range []struct{ in, ip string }{
+		{"0100007F:2812", "127.0.0.1"},
+		{"00000000:2812", "0.0.0.0"},
+		{"00000000000000000000000001000000:2812", "::1"},
+		{"00000000000000000000000000000000:2812", "::"},
+		{"0000000000000000FFFF00000100007F:2812", "127.0.0.1"}, // IPv4-mapped, on a dual-stack socket
+		{"B80D0120000000000000000001000000:2812", "2001:db8::1"},
+	} {
+		ip, port, ok := parseProcAddr(tc.in)
+		if !ok || ip.String() != tc.ip || port != 10258 {
+			t.Errorf("parseProcAddr(%s) = %v, %d, %v; want %s, 10258", tc.in, ip, port, ok, tc.ip)
+		}
+	}
+	if _, _, ok := parseProcAddr("zz:1"); ok {
+		t.Error("parsed a bad address")
+	}
+}
