@@ -223,17 +223,10 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == seq {
 			continue // written; the informer has not brought it back yet
 		}
-		if due := l.overwritten(e, k, v, cur, now, snap.node); now.Before(due) {
+		if due := l.writeDue(e, k, v, cur, now, snap.node); now.Before(due) {
 			next = earliest(next, due)
 			continue
 		}
-		if cur != nil && cur.Status == v.status {
-			if due := l.hold(e.Condition, v, now); now.Before(due) {
-				next = earliest(next, due)
-				continue
-			}
-		}
-		delete(l.held, e.Condition)
 		set = append(set, nodeCondition(e.Condition, v, cur, now))
 		switch {
 		case v.status == corev1.ConditionTrue && (cur == nil || cur.Status != corev1.ConditionTrue):
@@ -361,6 +354,23 @@ func (l *loop) hold(typ string, v verdict, now time.Time) time.Time {
 		h.v, h.since = v, now
 	}
 	return earliest(h.since.Add(coalesce), h.first.Add(maxCoalesce))
+}
+
+// writeDue says when plugd may write its verdict v of e's condition, which
+// the Node shows as cur: not before another writer's overwrites have been
+// waited out (overwritten), nor, where only the reason or message changed,
+// before the change has held for a moment (hold).
+func (l *loop) writeDue(e Expectation, k key, v verdict, cur *corev1.NodeCondition, now time.Time, node *corev1.Node) time.Time {
+	if due := l.overwritten(e, k, v, cur, now, node); now.Before(due) {
+		return due
+	}
+	if cur != nil && cur.Status == v.status {
+		if due := l.hold(e.Condition, v, now); now.Before(due) {
+			return due
+		}
+	}
+	delete(l.held, e.Condition)
+	return time.Time{}
 }
 
 // beatDue is when plugd's conditions are due a heartbeat: heartbeat after
