@@ -91,7 +91,6 @@ func labels(o options) map[string]string {
 		"org.opencontainers.image.version":  o.version,
 		"org.opencontainers.image.revision": o.revision,
 		"org.opencontainers.image.title":    "plugd",
-		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 }
 
