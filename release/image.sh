@@ -24,7 +24,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(cd "${2:-dist}" && pwd)
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct)}
 revision=${REVISION:-$(git -C "$root" rev-parse HEAD)}
-echo "image.sh: plugd $version for linux/${IMAGE_ARCHES:-amd64 arm64} from $out/bin (the first run compiles go-containerregistry: a minute)..." >&2
+platforms=$(printf 'linux/%s ' ${IMAGE_ARCHES:-amd64 arm64})
+echo "image.sh: plugd $version for ${platforms% } from $out/bin (the first run compiles go-containerregistry: a minute)..." >&2
 start=$SECONDS
 mkdir -p "$out/image"
 # The builder is a module of its own (release/image/go.mod): plugd's main

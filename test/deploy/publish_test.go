@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/rhysd/actionlint"
 	yamlv3 "go.yaml.in/yaml/v3"
@@ -35,8 +36,9 @@ func TestReleasePublish(t *testing.T) {
 	host := strings.TrimPrefix(reg.URL, "http://")
 	repository := host + "/plugd/plugd"
 
-	_, ref := buildImage(t, "IMAGE_PUSH="+repository+":"+imageVersion)
+	dir, ref := buildImage(t, "IMAGE_PUSH="+repository+":"+imageVersion)
 	digest := ref[strings.Index(ref, "@")+1:]
+	cranePushLayout(t, filepath.Join(dir, "image", "oci"), host+"/crane/plugd:"+imageVersion, digest)
 
 	// helm package charts/plugd --version ${VERSION#v} --app-version
 	// $VERSION; helm push to oci://HOST/charts.
@@ -86,6 +88,33 @@ func TestReleasePublish(t *testing.T) {
 			checkResolves(t, img, digest)
 		}
 	}
+}
+
+// cranePushLayout pushes the OCI layout in dir to ref as crane push DIR
+// REF does (its one entry, the image index), and checks that ref then
+// resolves to digest.
+func cranePushLayout(t *testing.T, dir, ref, digest string) {
+	t.Helper()
+	l, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := l.IndexManifest()
+	if err != nil || len(m.Manifests) != 1 {
+		t.Fatalf("the layout's index.json: %v, %v; crane push wants one entry", m, err)
+	}
+	idx, err := l.ImageIndex(m.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(r, idx); err != nil {
+		t.Fatalf("pushing the layout to %s: %v", ref, err)
+	}
+	checkResolves(t, ref, digest)
 }
 
 // podImages are the images of every container of the DaemonSets and
