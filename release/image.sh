@@ -21,6 +21,10 @@ if [ $# -lt 1 ]; then
 fi
 version=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
+if [ ! -d "${2:-dist}/bin" ]; then
+	echo "image.sh: no ${2:-dist}/bin: run release/package.sh $version ${2:-dist} first; it builds the image's binaries there" >&2
+	exit 1
+fi
 out=$(cd "${2:-dist}" && pwd)
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct)}
 revision=${REVISION:-$(git -C "$root" rev-parse HEAD)}

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"debug/buildinfo"
 	"fmt"
 	"io"
 	"io/fs"
@@ -46,7 +47,7 @@ func buildIndex(o options) (v1.ImageIndex, error) {
 // config that runs plugd as root (the Dockerfile says why) with the OCI
 // labels.
 func buildImage(o options, arch string) (v1.Image, error) {
-	layerTar, err := binariesTar(filepath.Join(o.binDir, "linux_"+arch), o)
+	layerTar, err := binariesTar(filepath.Join(o.binDir, "linux_"+arch), arch, o)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +98,7 @@ func labels(o options) map[string]string {
 // binariesTar is the layer's tar: usr/local/bin/ and the binaries from
 // dir, owned by root, every time o.created, so that the same binaries
 // give the same bytes.
-func binariesTar(dir string, o options) ([]byte, error) {
+func binariesTar(dir, arch string, o options) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
@@ -109,6 +110,9 @@ func binariesTar(dir string, o options) ([]byte, error) {
 		data, err := os.ReadFile(filepath.Join(dir, b))
 		if err != nil {
 			return nil, fmt.Errorf("%w (build it with release/package.sh, or release/build.sh DIR/linux_ARCH linux ARCH VERSION plugd plugctl)", err)
+		}
+		if err := checkBinary(filepath.Join(dir, b), b, arch); err != nil {
+			return nil, err
 		}
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: "usr/local/bin/" + b, Mode: 0o755, Size: int64(len(data)), ModTime: o.created, Format: tar.FormatPAX}
 		if err := tw.WriteHeader(h); err != nil {
@@ -122,6 +126,26 @@ func binariesTar(dir string, o options) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// checkBinary refuses a binary that is not the program name built by
+// release/build.sh for linux/arch: another program, another platform, or
+// one that needs libc (the image has none).
+func checkBinary(path, name, arch string) error {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("%s: not a Go binary: %w", path, err)
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	want := "github.com/plugd/plugd/cmd/" + name
+	if bi.Path != want || settings["GOOS"] != "linux" || settings["GOARCH"] != arch || settings["CGO_ENABLED"] != "0" {
+		return fmt.Errorf("%s is %s for %s/%s with CGO_ENABLED=%s; the image wants %s for linux/%s with CGO_ENABLED=0: build it with release/build.sh",
+			path, bi.Path, settings["GOOS"], settings["GOARCH"], settings["CGO_ENABLED"], want, arch)
+	}
+	return nil
 }
 
 // writeLayout writes idx as the OCI layout OUT/oci, its one entry named

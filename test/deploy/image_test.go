@@ -292,3 +292,29 @@ func checkArchiveIsLayout(t *testing.T, archive, dir string) {
 		t.Errorf("the archive holds %q, the layout %q", names, want)
 	}
 }
+
+// release/image.sh refuses binaries the image cannot run, saying which
+// and what to do: here the amd64 binaries where the arm64 ones belong.
+func TestImageRefusesOtherPlatforms(t *testing.T) {
+	dist, err := releaseDist()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dist, "bin", "linux_amd64"), filepath.Join(dir, "bin", "linux_arm64")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(repo, "release", "image.sh"), imageVersion, dir)
+	cmd.Env = append(os.Environ(), "IMAGE_ARCHES=arm64", "SOURCE_DATE_EPOCH="+imageEpoch, "REVISION="+imageRevision)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "cmd/plugd for linux/amd64 with CGO_ENABLED=0; the image wants github.com/plugd/plugd/cmd/plugd for linux/arm64") ||
+		!strings.Contains(string(out), "release/build.sh") {
+		t.Errorf("release/image.sh with amd64 binaries for arm64: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "image", "oci", "index.json")); !os.IsNotExist(err) {
+		t.Errorf("release/image.sh wrote an image all the same: %v", err)
+	}
+}
