@@ -11,7 +11,13 @@
 // plugd's configuration rules (testdata/config-rules.txt, written from
 // cmd/plugd/internal/daemon/rules.go): each bad value is refused by the
 // schema and by plugd --check-config, or by plugd alone for a reason
-// listed in notInSchema; its README to values.yaml's comments.
+// listed in notInSchema; its README to values.yaml's comments. The
+// release: release/package.sh's archives and release/image.sh's image
+// (built without Docker, its config, platforms and binaries checked, run,
+// rebuilt to the same digest, imported into a real containerd and run
+// there), pushed with the chart to a registry on loopback
+// (go-containerregistry's) and installed from it by Helm's library; the release workflow linted by actionlint's; the module used
+// from a clone, as the docs say, before it is published.
 //
 // go test . -update renders the generated files again.
 package deploy

@@ -77,6 +77,17 @@ func renderChart(t testing.TB, values string, skipSchema bool) (manifest, notes 
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatalf("values %q: %v", values, err)
 	}
+	rel, err := installDryRun(t, loadChart(t), vals, skipSchema)
+	if err != nil {
+		return "", "", err
+	}
+	return strings.TrimSpace(rel.Manifest) + "\n", rel.Info.Notes, nil
+}
+
+// installDryRun installs c with vals as helm install --dry-run=client
+// does: rendered, no server.
+func installDryRun(t testing.TB, c *chart.Chart, vals map[string]any, skipSchema bool) (*release.Release, error) {
+	t.Helper()
 	cfg := action.NewConfiguration()
 	cfg.Releases = storage.Init(driver.NewMemory())
 	cfg.KubeClient = &kubefake.PrintingKubeClient{Out: io.Discard, LogOutput: io.Discard}
@@ -86,15 +97,15 @@ func renderChart(t testing.TB, values string, skipSchema bool) (manifest, notes 
 	in.Namespace = namespace
 	in.Replace = true
 	in.SkipSchemaValidation = skipSchema
-	r, err := in.RunWithContext(context.Background(), loadChart(t), vals)
+	r, err := in.RunWithContext(context.Background(), c, vals)
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
 	rel, ok := r.(*release.Release)
 	if !ok {
 		t.Fatalf("helm returned a %T, not a v1 release", r)
 	}
-	return strings.TrimSpace(rel.Manifest) + "\n", rel.Info.Notes, nil
+	return rel, nil
 }
 
 // mustRender is render that fails the test on an error.
