@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	kubefake "helm.sh/helm/v4/pkg/kube/fake"
@@ -54,12 +55,27 @@ func loadChart(t testing.TB) *chart.Chart {
 	return c
 }
 
+// kubeVersion is the Kubernetes version the chart is rendered for: the
+// one test/kube runs. (helm template assumes a version of its own; helm
+// install, the cluster's.)
+const kubeVersion = "v1.37.2"
+
 // render renders the chart with values (YAML) as helm template does:
 // client-side, values checked against values.schema.json, the objects in
 // helm's install order, each after a "# Source:" comment. It returns the
 // manifest and NOTES.txt rendered.
 func render(t testing.TB, values string) (manifest, notes string, err error) {
 	t.Helper()
+	return renderFor(t, values, kubeVersion)
+}
+
+// renderFor is render for the Kubernetes version kube.
+func renderFor(t testing.TB, values, kube string) (manifest, notes string, err error) {
+	t.Helper()
+	kv, err := common.ParseKubeVersion(kube)
+	if err != nil {
+		t.Fatal(err)
+	}
 	vals := map[string]any{}
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatalf("values %q: %v", values, err)
@@ -72,6 +88,7 @@ func render(t testing.TB, values string) (manifest, notes string, err error) {
 	in.ReleaseName = releaseName
 	in.Namespace = namespace
 	in.Replace = true
+	in.KubeVersion = kv
 	r, err := in.RunWithContext(context.Background(), loadChart(t), vals)
 	if err != nil {
 		return "", "", err
