@@ -38,9 +38,13 @@ type Confinement struct {
 // stores nothing even where no policy refuses it.
 const probeCondition = "plugd.invalid/AdmissionPolicyProbe"
 
-// confinementInterval is how often plugd probes again: policies come and
-// go with the cluster's administrators, not with plugd.
-const confinementInterval = 10 * time.Minute
+// How long a probe's answer holds: policies come and go with the
+// cluster's administrators, not with plugd, and the doctor (which asks)
+// may be run in a loop. An answer that told nothing holds for less.
+const (
+	confinementInterval = 10 * time.Minute
+	confinementRetry    = time.Minute
+)
 
 // probeConfinement asks the API server, in a dry run, to add a condition
 // that is not plugd's to its Node's status, and reads the answer.
@@ -52,7 +56,8 @@ func (n *Node) probeConfinement(ctx context.Context) Confinement {
 	if err != nil {
 		return Confinement{Message: err.Error()}
 	}
-	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	// The doctor waits for it: a few seconds, not a write's bound.
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	_, err = n.core.Nodes().Patch(wctx, n.cfg.NodeName, types.StrategicMergePatchType, patch,
 		metav1.PatchOptions{FieldManager: fieldManager, DryRun: []string{metav1.DryRunAll}}, "status")
@@ -77,41 +82,33 @@ func confinementOf(err error, now time.Time) Confinement {
 	return c
 }
 
-// watchConfinement probes at once and every confinementInterval until ctx
-// ends, keeping the last answer for Confinement.
-func (n *Node) watchConfinement(ctx context.Context) {
-	for {
-		c := n.probeConfinement(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		n.mu.Lock()
-		was := n.confinement
-		n.confinement = c
-		n.mu.Unlock()
-		if c.Known && (!was.Known || was.Confined != c.Confined || was.NoClaim != c.NoClaim) {
-			switch {
-			case c.NoClaim:
-				n.log.Error("Kubernetes: plugd's token carries no node name, and the admission policies refuse every write plugd makes to its Node", "node", n.cfg.NodeName, "answer", c.Message)
-			case !c.Confined:
-				n.log.Warn("Kubernetes: no admission policy confines plugd's ServiceAccount to its own Node (docs/security.md)", "node", n.cfg.NodeName)
-			default:
-				n.log.Info("Kubernetes: admission policies confine plugd's ServiceAccount to its own Node", "node", n.cfg.NodeName)
-			}
-		}
-		t := n.clock.NewTimer(confinementInterval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C():
+// Confinement is what the API server answered the last probe, probing
+// again (bounded by ctx) when that answer is older than it holds. Only the
+// doctor asks: plugd makes no probe of its own accord, so that a quiet
+// plugd stays quiet.
+func (n *Node) Confinement(ctx context.Context) Confinement {
+	n.probeMu.Lock()
+	defer n.probeMu.Unlock()
+	n.mu.Lock()
+	was := n.confinement
+	n.mu.Unlock()
+	age := n.clock.Since(was.At)
+	if !was.At.IsZero() && (was.Known && age < confinementInterval || !was.Known && age < confinementRetry) {
+		return was
+	}
+	c := n.probeConfinement(ctx)
+	n.mu.Lock()
+	n.confinement = c
+	n.mu.Unlock()
+	if c.Known && (!was.Known || was.Confined != c.Confined || was.NoClaim != c.NoClaim) {
+		switch {
+		case c.NoClaim:
+			n.log.Error("Kubernetes: plugd's token carries no node name, and the admission policies refuse every write plugd makes to its Node", "node", n.cfg.NodeName, "answer", c.Message)
+		case !c.Confined:
+			n.log.Warn("Kubernetes: no admission policy confines plugd's ServiceAccount to its own Node (docs/security.md)", "node", n.cfg.NodeName)
+		default:
+			n.log.Info("Kubernetes: admission policies confine plugd's ServiceAccount to its own Node", "node", n.cfg.NodeName)
 		}
 	}
-}
-
-// Confinement is the last probe's answer.
-func (n *Node) Confinement() Confinement {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.confinement
+	return c
 }

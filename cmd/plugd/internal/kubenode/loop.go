@@ -32,9 +32,6 @@ func (n *Node) Run(ctx context.Context) error {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	wg.Go(func() { n.kubelet.run(ctx) })
-	if n.fakeAPI == nil { // a fake clientset stores a dry run's write
-		wg.Go(func() { n.watchConfinement(ctx) })
-	}
 	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {

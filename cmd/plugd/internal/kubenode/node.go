@@ -120,8 +120,10 @@ type Node struct {
 	ready    map[string]bool         // by condition type; guarded by mu
 	conds    []ConditionState        // by expectation; guarded by mu
 	stale    []StaleEntry            // guarded by mu
-	// confinement is the last probe of the admission policies; guarded by mu.
+	// confinement is the last probe of the admission policies; guarded by
+	// mu. probeMu makes one probe at a time.
 	confinement Confinement
+	probeMu     sync.Mutex
 	staleMore   int // stale entries beyond stale; guarded by mu
 }
 
