@@ -41,6 +41,10 @@ var renderings = []struct {
 # Look:  kubectl plugd cluster          # the kubectl plugin, from anywhere with a kubeconfig
 #        kubectl plugd doctor NODE
 #        kubectl -n plugd exec POD -- plugctl --socket /run/plugd/plugd.sock list
+#
+# The admission policies (Kubernetes 1.30 and later) let plugd write only
+# the conditions the ConfigMap plugd-admission lists: when you add to
+# expect in the ConfigMap plugd, add each condition type there too.
 `},
 	{path: "deploy/kubernetes/namespace.yaml", values: "namespace: {create: true}", templates: []string{"namespace.yaml"}, header: `# The namespace of deploy/kubernetes/daemonset.yaml, with the Pod Security
 # level plugd's hostPath volumes need: the chart's namespace.create.
@@ -49,7 +53,9 @@ var renderings = []struct {
 	{path: "deploy/kubernetes/remove-taint-rbac.yaml", values: "kubernetes: {removeTaintWhenReady: example.com/plugins-not-ready:NoSchedule}",
 		templates: []string{"remove-taint-rbac.yaml"}, header: `# Only for kubernetes.removeTaintWhenReady (set it in the ConfigMap of
 # daemonset.yaml): the permission to remove the startup taint, which the
-# chart grants when the value is set. Rendered from charts/plugd; do not edit.
+# chart grants when the value is set, and the taint the admission policy
+# plugd-node lets plugd add or remove (ConfigMap plugd-remove-taint: set it
+# to the same KEY:EFFECT). Rendered from charts/plugd; do not edit.
 #
 # Apply: kubectl apply -f deploy/kubernetes/remove-taint-rbac.yaml
 `},
