@@ -86,10 +86,19 @@ func (o policyObjects) configMap(t *testing.T, name string) *corev1.ConfigMap {
 
 // installPolicies creates the policies, their bindings and the parameters
 // params (replacing ConfigMaps of the same names) as the admin, and
-// removes the policies and bindings when the test ends.
-func installPolicies(t *testing.T, o policyObjects, params ...*corev1.ConfigMap) {
+// removes the policies and bindings when the test ends. The API server
+// takes them up (and lets them go) a moment later: refusals counts how
+// many writes that they refuse are refused (n of all), and each step
+// waits for all or none, so that no later test meets them.
+func installPolicies(t *testing.T, o policyObjects, refusals func() (n, all int, last string), params ...*corev1.ConfigMap) {
 	t.Helper()
 	ctx := context.Background()
+	t.Cleanup(func() { // after the deletions below
+		eventually(t, "the policies no longer in force", func() (bool, string) {
+			n, all, last := refusals()
+			return n == 0, fmt.Sprintf("%d of %d refused; last: %s", n, all, last)
+		})
+	})
 	for _, c := range params {
 		admin.CoreV1().ConfigMaps(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{})
 		if _, err := admin.CoreV1().ConfigMaps(c.Namespace).Create(ctx, c, metav1.CreateOptions{}); err != nil {
@@ -109,6 +118,10 @@ func installPolicies(t *testing.T, o policyObjects, params ...*corev1.ConfigMap)
 		}
 		t.Cleanup(func() { api.ValidatingAdmissionPolicyBindings().Delete(ctx, b.Name, metav1.DeleteOptions{}) })
 	}
+	eventually(t, "the policies in force", func() (bool, string) {
+		n, all, last := refusals()
+		return n == all, fmt.Sprintf("%d of %d refused; last: %s", n, all, last)
+	})
 }
 
 // write is one request of a table: its name and how to make it, dry run
@@ -272,7 +285,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 	nodeEvent := func(node, controller string) eventsv1.Event {
 		return eventsv1.Event{Regarding: corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node}, ReportingController: controller,
-			ReportingInstance: controller + "-" + node, Action: "Check CSIPlugin csi.example.com", Reason: "PluginReady", Type: corev1.EventTypeNormal, Note: "test"}
+			ReportingInstance: controller + "-" + node, Action: "Check CSIPlugin csi.example.com", Reason: "PolicyTest", Type: corev1.EventTypeNormal, Note: "test"}
 	}
 	strategic, jsonPatch, merge := types.StrategicMergePatchType, types.JSONPatchType, types.MergePatchType
 
@@ -369,13 +382,18 @@ doctor: {kubeletRoots: [], procDir: none}
 		}
 	})
 
-	installPolicies(t, shipped, conditions, taint)
-	// The API server takes the policies up a moment later: a refusal says
-	// they are in force.
-	eventually(t, "the policies in force", func() (bool, string) {
-		err := refused[0].do(ctx, []string{metav1.DryRunAll})
-		return statusCode(err) == 422, fmt.Sprint(err)
-	})
+	// How many writes of the table the API server refuses, in a dry run:
+	// all with the policies in force, none without.
+	refusals := func() (n, all int, last string) {
+		for _, w := range refused {
+			if err := w.do(ctx, []string{metav1.DryRunAll}); statusCode(err) == 422 {
+				n++
+				last = err.Error()
+			}
+		}
+		return n, len(refused), last
+	}
+	installPolicies(t, shipped, refusals, conditions, taint)
 
 	t.Run("refused", func(t *testing.T) {
 		before := map[string]*corev1.Node{a: getNode(t, a), b: getNode(t, b)}
@@ -406,7 +424,8 @@ doctor: {kubeletRoots: [], procDir: none}
 			{"its taint removed from A", patchNode(onA, a, jsonPatch, removeTaint(a, 0, taintKey))},
 			{"its taint added to A", patchNode(onA, a, jsonPatch, addTaint(taintKey, "NoSchedule"))},
 			{"its event about A", recordEvent(onA, "default", nodeEvent(a, "plugd"))},
-			{"an event in its namespace", recordEvent(onA, "plugd", nodeEvent(b, "plugd"))},
+			{"an event in its namespace", recordEvent(onA, "plugd", eventsv1.Event{Regarding: corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "plugd", Name: "plugd-" + a},
+				ReportingController: "plugd", ReportingInstance: "plugd-" + a, Action: "Test", Reason: "PolicyTest", Type: corev1.EventTypeNormal, Note: "test"})},
 			{"caretaker: plugd's condition Unknown on B", patchNode(caretaker, b, strategic, statusConditions(t, mine(corev1.ConditionUnknown)), "status")},
 		} {
 			if err := w.do(ctx, nil); err != nil {
