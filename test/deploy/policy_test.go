@@ -115,6 +115,25 @@ caretaker: {enabled: false}`)
 		}
 	})
 
+	// Against a cluster that lists its kinds, the policy's kind decides:
+	// a 1.30 whose API server serves no such policy gets none.
+	t.Run("a cluster without the kind", func(t *testing.T) {
+		m, notes, err := renderWith(t, "", kubeVersion, "v1/ConfigMap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := decode(t, m); len(o.policies) != 0 || !strings.Contains(notes, "WARNING: no admission policy") {
+			t.Errorf("%d policies; NOTES.txt:\n%s", len(o.policies), notes)
+		}
+		m, _, err = renderWith(t, "", "v1.29.0", "v1/ConfigMap", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := decode(t, m); len(o.policies) != 4 {
+			t.Errorf("with the kind listed: %d policies", len(o.policies))
+		}
+	})
+
 	for _, tc := range []struct{ name, values, kube, warns string }{
 		{"off", "admissionPolicy: {enabled: false}", kubeVersion, "admissionPolicy.enabled\nis false"},
 		{"Kubernetes 1.29", "kubernetes: {removeTaintWhenReady: example.com/t:NoSchedule}\nexpect: [{type: CSIPlugin, name: csi.example.com}]", "v1.29.4", "has no\nadmissionregistration.k8s.io/v1 ValidatingAdmissionPolicy"},

@@ -72,6 +72,14 @@ func render(t testing.TB, values string) (manifest, notes string, err error) {
 // renderFor is render for the Kubernetes version kube.
 func renderFor(t testing.TB, values, kube string) (manifest, notes string, err error) {
 	t.Helper()
+	return renderWith(t, values, kube)
+}
+
+// renderWith is render for the Kubernetes version kube whose API server
+// serves apis too (helm install --api-versions: "v1/ConfigMap", as helm
+// lists a cluster's kinds).
+func renderWith(t testing.TB, values, kube string, apis ...string) (manifest, notes string, err error) {
+	t.Helper()
 	kv, err := common.ParseKubeVersion(kube)
 	if err != nil {
 		t.Fatal(err)
@@ -89,6 +97,7 @@ func renderFor(t testing.TB, values, kube string) (manifest, notes string, err e
 	in.Namespace = namespace
 	in.Replace = true
 	in.KubeVersion = kv
+	in.APIVersions = apis
 	r, err := in.RunWithContext(context.Background(), loadChart(t), vals)
 	if err != nil {
 		return "", "", err

@@ -93,8 +93,11 @@ DefaultCondition). expect in extraConfig wins, as in the ConfigMap. */}}
 
 {{/* "true" when the admission policies are rendered: admissionPolicy.enabled
 and an API server that has them (admissionregistration.k8s.io/v1
-ValidatingAdmissionPolicy: Kubernetes 1.30 and later; helm template knows
-versions, not kinds). */}}
+ValidatingAdmissionPolicy, Kubernetes 1.30 and later). Against a cluster
+helm knows its kinds; helm template without one knows only versions (no
+v1/ConfigMap), and goes by the Kubernetes version. */}}
 {{- define "plugd.admissionPolicy" -}}
-{{- if and .Values.admissionPolicy.enabled (or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
+{{- $api := .Capabilities.APIVersions }}
+{{- $has := or ($api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (and (not ($api.Has "v1/ConfigMap")) (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)) }}
+{{- if and .Values.admissionPolicy.enabled $has }}true{{ end }}
 {{- end }}
