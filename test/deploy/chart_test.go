@@ -13,6 +13,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -40,6 +41,10 @@ var renderings = []struct {
 # Look:  kubectl plugd cluster          # the kubectl plugin, from anywhere with a kubeconfig
 #        kubectl plugd doctor NODE
 #        kubectl -n plugd exec POD -- plugctl --socket /run/plugd/plugd.sock list
+#
+# The admission policies (Kubernetes 1.30 and later) let plugd write only
+# the conditions the ConfigMap plugd-admission lists: when you add to
+# expect in the ConfigMap plugd, add each condition type there too.
 `},
 	{path: "deploy/kubernetes/namespace.yaml", values: "namespace: {create: true}", templates: []string{"namespace.yaml"}, header: `# The namespace of deploy/kubernetes/daemonset.yaml, with the Pod Security
 # level plugd's hostPath volumes need: the chart's namespace.create.
@@ -48,7 +53,9 @@ var renderings = []struct {
 	{path: "deploy/kubernetes/remove-taint-rbac.yaml", values: "kubernetes: {removeTaintWhenReady: example.com/plugins-not-ready:NoSchedule}\nexpect: [{type: CSIPlugin, name: csi.example.com}]",
 		templates: []string{"remove-taint-rbac.yaml"}, header: `# Only for kubernetes.removeTaintWhenReady (set it in the ConfigMap of
 # daemonset.yaml): the permission to remove the startup taint, which the
-# chart grants when the value is set. Rendered from charts/plugd; do not edit.
+# chart grants when the value is set, and the taint the admission policy
+# plugd-node lets plugd add or remove (ConfigMap plugd-remove-taint: set it
+# to the same KEY:EFFECT). Rendered from charts/plugd; do not edit.
 #
 # Apply: kubectl apply -f deploy/kubernetes/remove-taint-rbac.yaml
 `},
@@ -107,6 +114,7 @@ priorityClassName: ""
 tolerations: []
 goMemLimit: ""
 caretaker: {enabled: false}
+admissionPolicy: {enabled: false}
 `
 
 // The generated files are the chart's renderings, byte for byte, and the
@@ -165,6 +173,8 @@ type objects struct {
 	networkPolicies []networkingv1.NetworkPolicy
 	serviceMonitors []monitoringv1.ServiceMonitor
 	prometheusRules []monitoringv1.PrometheusRule
+	policies        []admissionv1.ValidatingAdmissionPolicy
+	policyBindings  []admissionv1.ValidatingAdmissionPolicyBinding
 }
 
 // decode decodes every document of manifest by its apiVersion and kind,
@@ -210,6 +220,10 @@ func decode(t *testing.T, manifest string) objects {
 			obj = add(&o.serviceMonitors)
 		case "monitoring.coreos.com/v1 PrometheusRule":
 			obj = add(&o.prometheusRules)
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+			obj = add(&o.policies)
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+			obj = add(&o.policyBindings)
 		default:
 			t.Fatalf("document %d: unknown kind %q of apiVersion %q", i+1, tm.Kind, tm.APIVersion)
 		}
@@ -233,12 +247,15 @@ func decode(t *testing.T, manifest string) objects {
 // with --config pointing at the ConfigMap's config.yaml, and its env.
 func runConfig(t *testing.T, o objects) (map[string]any, error) {
 	t.Helper()
-	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 {
-		t.Fatalf("want one DaemonSet and one ConfigMap, have %d and %d", len(o.daemonSets), len(o.configMaps))
+	// plugd's is the ConfigMap with a config.yaml; the others are the
+	// admission policies' parameters.
+	configs := slices.DeleteFunc(slices.Clone(o.configMaps), func(c corev1.ConfigMap) bool { _, ok := c.Data["config.yaml"]; return !ok })
+	if len(o.daemonSets) != 1 || len(configs) != 1 {
+		t.Fatalf("want one DaemonSet and one ConfigMap of plugd's, have %d and %d", len(o.daemonSets), len(configs))
 	}
 	c := o.daemonSets[0].Spec.Template.Spec.Containers[0]
 	local := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(local, []byte(o.configMaps[0].Data["config.yaml"]), 0o600); err != nil {
+	if err := os.WriteFile(local, []byte(configs[0].Data["config.yaml"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := slices.Clone(c.Args)
@@ -404,9 +421,9 @@ func TestRenderings(t *testing.T) {
 	t.Run("minimal", func(t *testing.T) {
 		m, _ := mustRender(t, minimalValues)
 		o := decode(t, m)
-		if len(o.serviceAccounts)+len(o.clusterRoles)+len(o.bindings)+len(o.networkPolicies)+len(o.deployments) != 0 {
-			t.Errorf("with everything off: %d ServiceAccounts, %d ClusterRoles, %d bindings, %d NetworkPolicies, %d Deployments",
-				len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.networkPolicies), len(o.deployments))
+		if len(o.serviceAccounts)+len(o.clusterRoles)+len(o.bindings)+len(o.networkPolicies)+len(o.deployments)+len(o.policies)+len(o.policyBindings) != 0 {
+			t.Errorf("with everything off: %d ServiceAccounts, %d ClusterRoles, %d bindings, %d NetworkPolicies, %d Deployments, %d admission policies, %d of their bindings",
+				len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.networkPolicies), len(o.deployments), len(o.policies), len(o.policyBindings))
 		}
 		pod := o.daemonSets[0].Spec.Template.Spec
 		if pod.ServiceAccountName != "node-agents" || pod.PriorityClassName != "" || len(pod.Tolerations) != 0 ||

@@ -80,7 +80,7 @@ func TestReleasePublish(t *testing.T) {
 		{"repository": repository},
 		{"repository": repository, "digest": digest},
 	} {
-		rel, err := installDryRun(t, c, map[string]any{"image": image}, false)
+		rel, err := installDryRun(t, c, map[string]any{"image": image}, dryRun{kube: kubeVersion})
 		if err != nil {
 			t.Fatalf("installing the chart pulled with image %v: %v", image, err)
 		}

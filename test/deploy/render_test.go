@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	kubefake "helm.sh/helm/v4/pkg/kube/fake"
@@ -54,30 +55,58 @@ func loadChart(t testing.TB) *chart.Chart {
 	return c
 }
 
+// kubeVersion is the Kubernetes version the chart is rendered for: the
+// one test/kube runs. (helm template assumes a version of its own; helm
+// install, the cluster's.)
+const kubeVersion = "v1.37.2"
+
 // render renders the chart with values (YAML) as helm template does:
 // client-side, values checked against values.schema.json, the objects in
 // helm's install order, each after a "# Source:" comment. It returns the
 // manifest and NOTES.txt rendered.
 func render(t testing.TB, values string) (manifest, notes string, err error) {
 	t.Helper()
-	return renderChart(t, values, false)
+	return renderWith(t, values, kubeVersion)
+}
+
+// renderFor is render for the Kubernetes version kube.
+func renderFor(t testing.TB, values, kube string) (manifest, notes string, err error) {
+	t.Helper()
+	return renderWith(t, values, kube)
+}
+
+// renderWith is render for the Kubernetes version kube whose API server
+// serves apis too (helm install --api-versions: "v1/ConfigMap", as helm
+// lists a cluster's kinds).
+func renderWith(t testing.TB, values, kube string, apis ...string) (manifest, notes string, err error) {
+	t.Helper()
+	return renderChart(t, values, dryRun{kube: kube, apis: apis})
 }
 
 // renderUnchecked is render without values.schema.json: what plugd would
 // be given if the schema let values through.
 func renderUnchecked(t testing.TB, values string) (manifest string, err error) {
 	t.Helper()
-	manifest, _, err = renderChart(t, values, true)
+	manifest, _, err = renderChart(t, values, dryRun{kube: kubeVersion, skipSchema: true})
 	return manifest, err
 }
 
-func renderChart(t testing.TB, values string, skipSchema bool) (manifest, notes string, err error) {
+// dryRun is how a chart is installed without a server: for the
+// Kubernetes version kube whose API server serves apis too, the values
+// checked against values.schema.json unless skipSchema.
+type dryRun struct {
+	kube       string
+	apis       []string
+	skipSchema bool
+}
+
+func renderChart(t testing.TB, values string, o dryRun) (manifest, notes string, err error) {
 	t.Helper()
 	vals := map[string]any{}
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatalf("values %q: %v", values, err)
 	}
-	rel, err := installDryRun(t, loadChart(t), vals, skipSchema)
+	rel, err := installDryRun(t, loadChart(t), vals, o)
 	if err != nil {
 		return "", "", err
 	}
@@ -86,7 +115,7 @@ func renderChart(t testing.TB, values string, skipSchema bool) (manifest, notes 
 
 // installDryRun installs c with vals as helm install --dry-run=client
 // does: rendered, no server.
-func installDryRun(t testing.TB, c *chart.Chart, vals map[string]any, skipSchema bool) (*release.Release, error) {
+func installDryRun(t testing.TB, c *chart.Chart, vals map[string]any, o dryRun) (*release.Release, error) {
 	t.Helper()
 	cfg := action.NewConfiguration()
 	cfg.Releases = storage.Init(driver.NewMemory())
@@ -96,7 +125,15 @@ func installDryRun(t testing.TB, c *chart.Chart, vals map[string]any, skipSchema
 	in.ReleaseName = releaseName
 	in.Namespace = namespace
 	in.Replace = true
-	in.SkipSchemaValidation = skipSchema
+	in.SkipSchemaValidation = o.skipSchema
+	in.APIVersions = o.apis
+	if o.kube != "" {
+		kv, err := common.ParseKubeVersion(o.kube)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.KubeVersion = kv
+	}
 	r, err := in.RunWithContext(context.Background(), c, vals)
 	if err != nil {
 		return nil, err

@@ -543,9 +543,12 @@ func auditCountOf(user, resource string, from, to time.Time) (map[string]int, er
 			User     struct{ Username string } `json:"user"`
 			Received time.Time                 `json:"requestReceivedTimestamp"`
 			Object   struct{ Resource string } `json:"objectRef"`
+			URI      string                    `json:"requestURI"`
 		}
+		// A dry run (the doctor's probe of the admission policies) changes
+		// nothing, and is not counted.
 		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != user || seen[ev.AuditID] || ev.Received.Before(from) || ev.Received.After(to) ||
-			resource != "" && ev.Object.Resource != resource {
+			resource != "" && ev.Object.Resource != resource || strings.Contains(ev.URI, "dryRun=") {
 			continue
 		}
 		seen[ev.AuditID] = true

@@ -74,3 +74,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- required "caretaker.serviceAccountName: with serviceAccount.create false, name the ServiceAccount the caretaker runs as (or set caretaker.enabled false)" .Values.caretaker.serviceAccountName }}
 {{- end }}
 {{- end }}
+
+{{/* The Node condition types plugd writes, one a line: each expected
+plugin's condition, or its default NAME/TYPEReady (kubenode's
+DefaultCondition). expect in extraConfig wins, as in the ConfigMap. */}}
+{{- define "plugd.conditionTypes" -}}
+{{- $types := list }}
+{{- range (dig "expect" .Values.expect .Values.extraConfig) }}
+{{- $cond := .condition }}
+{{- if not $cond }}
+{{- $last := last (splitList "/" .type) }}
+{{- if contains "/" .name }}{{ $cond = printf "%s-%sReady" .name $last }}{{ else }}{{ $cond = printf "%s/%sReady" .name $last }}{{ end }}
+{{- end }}
+{{- $types = append $types $cond }}
+{{- end }}
+{{- join "\n" ($types | uniq) }}
+{{- end }}
+
+{{/* "true" when the admission policies are rendered: admissionPolicy.enabled
+and an API server that has them (admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy, Kubernetes 1.30 and later). Against a cluster
+helm knows its kinds; helm template without one knows only versions (no
+v1/ConfigMap), and goes by the Kubernetes version. */}}
+{{- define "plugd.admissionPolicy" -}}
+{{- $api := .Capabilities.APIVersions }}
+{{- $has := or ($api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (and (not ($api.Has "v1/ConfigMap")) (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)) }}
+{{- if and .Values.admissionPolicy.enabled $has }}true{{ end }}
+{{- end }}

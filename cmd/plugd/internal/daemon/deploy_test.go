@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -78,6 +79,12 @@ type manifests struct {
 	bindings        []rbacv1.ClusterRoleBinding
 	daemonSets      []appsv1.DaemonSet
 	networkPolicies []networkingv1.NetworkPolicy
+	// The admission policies that confine plugd's and the caretaker's
+	// ServiceAccounts, their bindings, and their parameters (ConfigMaps);
+	// test/deploy and test/kube check them.
+	policies       []admissionv1.ValidatingAdmissionPolicy
+	policyBindings []admissionv1.ValidatingAdmissionPolicyBinding
+	policyParams   []corev1.ConfigMap
 	// caretaker are the objects of plugd caretaker (named
 	// plugd-caretaker), kept apart from the node agent's.
 	caretaker struct {
@@ -131,6 +138,15 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 		case kind == "v1 ServiceAccount":
 			m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
 			obj = &m.serviceAccounts[len(m.serviceAccounts)-1]
+		case kind == "v1 ConfigMap" && (strings.HasSuffix(meta.Metadata.Name, "-admission") || strings.HasSuffix(meta.Metadata.Name, "-remove-taint")):
+			m.policyParams = append(m.policyParams, corev1.ConfigMap{})
+			obj = &m.policyParams[len(m.policyParams)-1]
+		case kind == "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+			m.policies = append(m.policies, admissionv1.ValidatingAdmissionPolicy{})
+			obj = &m.policies[len(m.policies)-1]
+		case kind == "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+			m.policyBindings = append(m.policyBindings, admissionv1.ValidatingAdmissionPolicyBinding{})
+			obj = &m.policyBindings[len(m.policyBindings)-1]
 		case kind == "v1 ConfigMap":
 			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
 			obj = &m.configMaps[len(m.configMaps)-1]

@@ -154,6 +154,9 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 				Message: p.Message, Permission: p.Permission, Since: p.Since})
 		}
 		in.Kubelet, in.Conditions, in.StaleCSINode = d.kubeletTruth()
+		if cf := d.kube.Confinement(ctx); cf.Known {
+			in.Confinement = &doctor.Confinement{Confined: cf.Confined, NoClaim: cf.NoClaim, Message: cf.Message, At: cf.At}
+		}
 	}
 	list := api.FindingList{Findings: doctor.Check(ctx, in)}
 	if list.Findings == nil {

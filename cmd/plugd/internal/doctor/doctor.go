@@ -58,6 +58,16 @@ type KubernetesProblem struct {
 	Since                                  time.Time
 }
 
+// Confinement is what the API server answered when plugd asked it, in a
+// dry run, to change a condition of its Node that is not plugd's.
+type Confinement struct {
+	// Confined says an admission policy refused it; NoClaim that it did
+	// because plugd's token carries no node name.
+	Confined, NoClaim bool
+	Message           string
+	At                time.Time
+}
+
 // KubeletAccess is how plugd reads the running kubelet's own state.
 type KubeletAccess struct {
 	// Address is its secure port.
@@ -117,6 +127,10 @@ type Input struct {
 	Conditions []Condition
 	// StaleCSINode are CSINode entries the running kubelet does not hold.
 	StaleCSINode []StaleEntry
+	// Confinement is what plugd's probe found of the admission policies
+	// that confine its ServiceAccount to its Node; nil without Kubernetes
+	// or before the probe told.
+	Confinement *Confinement
 	// Now is the time ages are counted to.
 	Now time.Time
 }
@@ -162,6 +176,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.otherRoots()
 	c.unsafeSubdirs()
 	c.kubernetes()
+	c.confinement()
 	c.kubeletAccess()
 	c.staleEntries()
 	c.pendingConditions()
@@ -554,12 +569,41 @@ func (c *checker) kubernetes() {
 			if k.Permission == "patch nodes" { // only kubernetes.removeTaintWhenReady needs it, and has a file of its own
 				f.Remedy = "bind the ClusterRole of deploy/kubernetes/remove-taint-rbac.yaml to plugd's ServiceAccount (kubectl apply -f deploy/kubernetes/remove-taint-rbac.yaml), or unset kubernetes.removeTaintWhenReady"
 			}
+		case "RefusedByPolicy":
+			f.Severity = api.SeverityError
+			f.Summary = fmt.Sprintf("an admission policy refuses plugd's write: %s", k.Operation)
+			f.Remedy = "the policy's message says what it refuses: list plugd's condition types in the ConfigMap RELEASE-admission (key conditions) and its taint in " +
+				"RELEASE-remove-taint (key taints) as plugd's configuration has them (the chart renders both from its values), and run plugd with its Pod-bound token; see docs/security.md"
 		case "Unauthorized":
 			f.Severity = api.SeverityError
 			f.Remedy = "plugd's credentials are refused: check its kubeconfig, or that its ServiceAccount token is mounted and current"
 		}
 		c.add(f)
 	}
+}
+
+// confinement reports a ServiceAccount that no admission policy confines
+// to its Node, and a token the policies refuse whole.
+func (c *checker) confinement() {
+	cf := c.in.Confinement
+	if cf == nil || cf.Confined && !cf.NoClaim {
+		return
+	}
+	evidence := []string{cf.Message, "probed at " + cf.At.Format(time.RFC3339)}
+	if cf.NoClaim {
+		c.add(api.Finding{Severity: api.SeverityError, Check: "admission-policy",
+			Summary:  "plugd's token carries no node name (claim authentication.kubernetes.io/node-name): the admission policies refuse every write plugd makes to its Node",
+			Evidence: evidence,
+			Remedy: "run plugd with the Pod-bound ServiceAccount token the kubelet mounts (the DaemonSet's default, not a long-lived Secret token or a kubeconfig), " +
+				"on Kubernetes 1.30 or later with the feature ServiceAccountTokenPodNodeInfo on; see docs/security.md"})
+		return
+	}
+	c.add(api.Finding{Severity: api.SeverityWarning, Check: "admission-policy",
+		Summary: "no admission policy confines plugd's ServiceAccount to its Node: with RBAC alone, plugd's token may change the status of every Node " +
+			"(and, with removeTaintWhenReady, every Node's taints and labels) and record events in any namespace",
+		Evidence: evidence,
+		Remedy: "install the chart's admission policies (value admissionPolicy.enabled, on by default; Kubernetes 1.30 or later: admissionregistration.k8s.io/v1 " +
+			"ValidatingAdmissionPolicy), or kubectl apply -f deploy/kubernetes/daemonset.yaml; see docs/security.md"})
 }
 
 // unsafeSubdirs reports the directories below the registry directory that

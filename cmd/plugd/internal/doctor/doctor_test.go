@@ -383,3 +383,45 @@ func TestRejectedPlugins(t *testing.T) {
 		t.Errorf("the plugin whose versions are refused is reported twice: %+v", fs)
 	}
 }
+
+// Issue 33: a ServiceAccount no admission policy confines to its Node is a
+// warning that says how to install the policies; a token the policies
+// refuse whole (no node name) is an error; a confined one is nothing to
+// report; a write a policy refuses names the policy's parameters.
+func TestConfinement(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name     string
+		in       Input
+		severity string
+		says     []string
+	}{
+		{"not confined", Input{Confinement: &Confinement{Message: "accepted", At: now}}, api.SeverityWarning,
+			[]string{"no admission policy confines plugd's ServiceAccount", "admissionPolicy.enabled", "kubectl apply -f deploy/kubernetes/daemonset.yaml"}},
+		{"no claim", Input{Confinement: &Confinement{Confined: true, NoClaim: true, Message: "carries no node name", At: now}}, api.SeverityError,
+			[]string{"carries no node name", "Pod-bound ServiceAccount token", "1.30"}},
+		{"confined", Input{Confinement: &Confinement{Confined: true, At: now}}, "", nil},
+		{"not probed", Input{}, "", nil},
+		{"a write refused", Input{Kubernetes: []KubernetesProblem{{Operation: "patch nodes/status of n", Reason: "RefusedByPolicy", Message: "ValidatingAdmissionPolicy 'plugd-node-status' ...", Since: now}}},
+			api.SeverityError, []string{"an admission policy refuses plugd's write", "RELEASE-admission (key conditions)"}},
+	} {
+		tc.in.RegistryDir, tc.in.KubeletRoots, tc.in.Now = t.TempDir(), []string{}, now
+		fs := Check(context.Background(), tc.in)
+		if tc.severity == "" {
+			if len(fs) != 0 {
+				t.Errorf("%s: %+v", tc.name, fs)
+			}
+			continue
+		}
+		if len(fs) != 1 || fs[0].Severity != tc.severity {
+			t.Errorf("%s: %+v, want one %s", tc.name, fs, tc.severity)
+			continue
+		}
+		text := fs[0].Summary + " " + fs[0].Remedy
+		for _, s := range tc.says {
+			if !strings.Contains(text, s) {
+				t.Errorf("%s: %q does not say %q", tc.name, text, s)
+			}
+		}
+	}
+}

@@ -114,13 +114,17 @@ type Node struct {
 
 	statusWrite, taintWrite, eventWrite writeOp
 
-	mu        sync.Mutex
-	views     map[key]api.KubeletView // by plugin, with Since; guarded by mu
-	problems  map[string]*Problem     // of writes, by operation; guarded by mu
-	ready     map[string]bool         // by condition type; guarded by mu
-	conds     []ConditionState        // by expectation; guarded by mu
-	stale     []StaleEntry            // guarded by mu
-	staleMore int                     // stale entries beyond stale; guarded by mu
+	mu       sync.Mutex
+	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
+	problems map[string]*Problem     // of writes, by operation; guarded by mu
+	ready    map[string]bool         // by condition type; guarded by mu
+	conds    []ConditionState        // by expectation; guarded by mu
+	stale    []StaleEntry            // guarded by mu
+	// confinement is the last probe of the admission policies; guarded by
+	// mu. probeMu makes one probe at a time.
+	confinement Confinement
+	probeMu     sync.Mutex
+	staleMore   int // stale entries beyond stale; guarded by mu
 }
 
 // How often the plugins are compared with the API's view when nothing

@@ -49,6 +49,9 @@ const (
 	ReasonUnauthorized   = "Unauthorized"   // the credentials are not accepted
 	ReasonNotServed      = "NotServed"      // the API server does not serve the resource
 	ReasonNotSynced      = "NotSynced"      // not read yet since plugd started
+	// ReasonRefusedByPolicy: an admission policy (the chart's, that
+	// confines plugd to its own Node) refuses the write.
+	ReasonRefusedByPolicy = "RefusedByPolicy"
 )
 
 // classify is the reason and a message for err, from an operation that
@@ -57,6 +60,9 @@ func classify(op, perm string, err error, since time.Time) *Problem {
 	p := &Problem{Operation: op, Since: since}
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "ValidatingAdmissionPolicy") && (apierrors.IsInvalid(err) || apierrors.IsForbidden(err)):
+		p.Reason = ReasonRefusedByPolicy
+		p.Message = fmt.Sprintf("cannot %s: an admission policy refuses it (are plugd's condition types and taint the ones its parameters list, and does plugd's token carry its node name? docs/security.md): %s", op, msg)
 	case apierrors.IsForbidden(err):
 		p.Reason, p.Permission = ReasonForbidden, perm
 		p.Message = fmt.Sprintf("cannot %s: plugd lacks the permission %q (the ClusterRole plugd in deploy/kubernetes grants it; is it bound to plugd's ServiceAccount?): %s", op, perm, msg)
