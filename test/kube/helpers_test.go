@@ -79,24 +79,10 @@ func applyManifest(t *testing.T, rel string) []runtime.Object {
 		// Its namespace is a file of its own (the chart's namespace.create).
 		applyManifest(t, "deploy/kubernetes/namespace.yaml")
 	}
-	b, err := os.ReadFile(filepath.Join(dirs.Repo, rel))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	var objs []runtime.Object
-	for _, doc := range bytes.Split(b, []byte("\n---\n")) {
-		j, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
-		}
-		if string(j) == "null" {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(j, nil, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
-		}
+	for _, obj := range manifestObjects(t, rel) {
+		var err error
 		switch o := obj.(type) {
 		case *corev1.Namespace:
 			_, err = admin.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
@@ -113,6 +99,36 @@ func applyManifest(t *testing.T, rel string) []runtime.Object {
 		}
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("%s: creating %T: %v", rel, obj, err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+// manifestObjects decodes every object of a deploy/ manifest with
+// client-go's own scheme, as kubectl would; kinds it does not know (the
+// Prometheus Operator's) are left out.
+func manifestObjects(t *testing.T, rel string) []runtime.Object {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dirs.Repo, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	for _, doc := range bytes.Split(b, []byte("\n---\n")) {
+		j, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("%s: %v", rel, err)
+		}
+		if string(j) == "null" {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(j, nil, nil)
+		if runtime.IsNotRegisteredError(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", rel, err)
 		}
 		objs = append(objs, obj)
 	}

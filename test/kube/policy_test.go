@@ -3,7 +3,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,11 +20,8 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/nodecond"
@@ -44,26 +40,8 @@ type policyObjects struct {
 // the ConfigMaps among the objects of rel, as kubectl would.
 func readPolicyObjects(t *testing.T, rel string) policyObjects {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dirs.Repo, rel))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var o policyObjects
-	for _, doc := range bytes.Split(b, []byte("\n---\n")) {
-		j, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
-		}
-		if string(j) == "null" {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(j, nil, nil)
-		if runtime.IsNotRegisteredError(err) {
-			continue // the Prometheus Operator's kinds
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
-		}
+	for _, obj := range manifestObjects(t, rel) {
 		switch x := obj.(type) {
 		case *admissionv1.ValidatingAdmissionPolicy:
 			o.policies = append(o.policies, x)
