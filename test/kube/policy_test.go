@@ -456,4 +456,41 @@ doctor: {kubeletRoots: [], procDir: none}
 			t.Errorf("plugctl doctor's admission-policy finding: %+v, %v", f, ok)
 		}
 	})
+	// Everyone else's writes of Nodes pass under the policies (here the
+	// admin's, as a cordon, a label, a kubelet's Ready would), and still
+	// pass once the policies' ConfigMaps are gone: the API server looks a
+	// binding's parameter up before it reads matchConditions, so a
+	// parameter that refused when missing would refuse every kubelet's
+	// heartbeat. Without them plugd is confined by RBAC alone: that its
+	// write to B passes is the sign the API server saw them go.
+	t.Run("others' writes pass, with the parameters and without", func(t *testing.T) {
+		others := []write{
+			{"cordon B", patchNode(admin, b, strategic, `{"spec":{"unschedulable":true}}`)},
+			{"label B", patchNode(admin, b, strategic, `{"metadata":{"labels":{"example.com/policy-test":"x"}}}`)},
+			{"a kubelet's Ready on B", patchNode(admin, b, strategic, statusConditions(t, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}), "status")},
+		}
+		passing := func(ws ...write) (bool, string) {
+			for _, w := range ws {
+				if err := w.do(ctx, []string{metav1.DryRunAll}); err != nil {
+					return false, w.name + ": " + err.Error()
+				}
+			}
+			return true, "all pass"
+		}
+		if ok, why := passing(others...); !ok {
+			t.Fatalf("under the policies, %s", why)
+		}
+		for _, c := range []*corev1.ConfigMap{conditions, taint} {
+			if err := admin.CoreV1().ConfigMaps(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sign := []write{
+			{"plugd's condition on B", patchNode(onA, b, strategic, statusConditions(t, mine(corev1.ConditionTrue)), "status")},
+			{"plugd's taint on B", patchNode(onA, b, jsonPatch, addTaint("example.com/policy-test", "NoExecute"))},
+		}
+		eventually(t, "the parameters gone, and every write of the others passing", func() (bool, string) {
+			return passing(append(others, sign...)...)
+		})
+	})
 }
