@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Issue 33, item 6: once the kubelet has exited, any local user may
@@ -147,17 +149,7 @@ func TestKubeletImpostorUnverified(t *testing.T) {
 func TestKubeletCARotated(t *testing.T) {
 	oldPEM, oldCert := selfSignedPair(t)
 	newPEM, newCert := selfSignedPair(t)
-	var mu sync.Mutex
-	serving := &oldCert
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
-	srv.TLS = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return serving, nil
-	}}
-	srv.Config.SetKeepAlivesEnabled(false) // each read a new connection, and a handshake
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv, serve := certServer(t, &oldCert)
 	caFile := filepath.Join(t.TempDir(), "kubelet.crt")
 	if err := os.WriteFile(caFile, oldPEM, 0o600); err != nil {
 		t.Fatal(err)
@@ -179,9 +171,7 @@ func TestKubeletCARotated(t *testing.T) {
 	if kf := read(); !kf.live {
 		t.Fatalf("the kubelet not read: %+v", kf.problem)
 	}
-	mu.Lock()
-	serving = &newCert
-	mu.Unlock()
+	serve(&newCert)
 	if kf := read(); kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS {
 		t.Errorf("a certificate rotated while the kubelet runs: down %v (%s), problem %+v; want the kubelet unverified, not gone", kf.down, kf.impostor, kf.problem)
 	}
@@ -205,6 +195,79 @@ func TestListenerUIDs(t *testing.T) {
 	srv.Close()
 	if uids, local := listenerUIDs(&a); local || len(uids) != 0 {
 		t.Errorf("a closed port: %v, %v", uids, local)
+	}
+}
+
+// certServer is a kubelet's /metrics on loopback, serving cert until
+// serve says another; each request on a new connection.
+func certServer(t *testing.T, cert *tls.Certificate) (*httptest.Server, func(*tls.Certificate)) {
+	t.Helper()
+	var mu sync.Mutex
+	serving := cert
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
+	srv.TLS = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return serving, nil
+	}}
+	srv.Config.SetKeepAlivesEnabled(false) // each read a new connection, and a handshake
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, func(c *tls.Certificate) {
+		mu.Lock()
+		defer mu.Unlock()
+		serving = c
+	}
+}
+
+// The held connection ending says the kubelet went: a server at its
+// address whose certificate does not verify after that is not the
+// kubelet, though the last read verified one and no read found the port
+// closed (another process took it at once).
+func TestKubeletGoneByHeldConnection(t *testing.T) {
+	kubeletPEM, kubeletCert := selfSignedPair(t)
+	_, otherCert := selfSignedPair(t)
+	srv, serve := certServer(t, &kubeletCert)
+	caFile := filepath.Join(t.TempDir(), "kubelet.crt")
+	if err := os.WriteFile(caFile, kubeletPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: caFile}
+	c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	b := newBench(t)
+	w := b.n.kubelet
+	w.c, w.cfg = c, cfg
+	w.read(context.Background(), b.clock.Now(), true, false)
+	if kf := w.now().facts(cfg.Address, nil); !kf.live {
+		t.Fatalf("the kubelet not read: %+v", kf.problem)
+	}
+	select {
+	case <-w.kick: // the bench's informers asked for a read
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.holdLoop(ctx) }()
+	defer func() { cancel(); <-done }()
+	kicked := func(what string) {
+		t.Helper()
+		select {
+		case <-w.kick:
+		case <-time.After(testenv.Timeout):
+			t.Fatal(what)
+		}
+	}
+	kicked("the held connection not made")
+	serve(&otherCert)
+	srv.CloseClientConnections()
+	kicked("the held connection's end not told")
+	w.read(context.Background(), b.clock.Now(), true, false)
+	if kf := w.now().facts(cfg.Address, nil); !kf.down || kf.impostor == "" {
+		t.Errorf("after the held connection ended, a certificate that does not verify: down %v, impostor %q, problem %+v", kf.down, kf.impostor, kf.problem)
 	}
 }
 
