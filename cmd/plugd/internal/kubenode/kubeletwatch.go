@@ -243,17 +243,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	var s kubeletState
 	var err error
 	if metrics {
-		s, err = w.c.readMetrics(ctx)
-		if err != nil && unverified(w.cfg, err) {
-			// A kubelet.crt regenerated or rotated while plugd runs:
-			// caFile may hold the new one now.
-			if changed, rerr := w.c.reloadCA(); rerr != nil {
-				w.log.Debug("cannot read the kubelet's CA file again", "err", rerr)
-			} else if changed {
-				w.log.Info("the kubelet's certificate did not verify, and its CA file changed: reading the kubelet with the new one", "caFile", w.cfg.CAFile)
-				s, err = w.c.readMetrics(ctx)
-			}
-		}
+		s, err = w.readMetrics(ctx)
 		s.at = now
 		w.m.kubeletReads.WithLabelValues("metrics", result(err)).Inc()
 		w.m.kubeletBytes.Add(float64(s.bytes))
@@ -328,6 +318,25 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 		s.devices, s.devicesErr = w.state.devices, w.state.devicesErr
 	}
 	w.state = &s
+}
+
+// readMetrics reads the kubelet's /metrics; if its certificate does not
+// verify, with caFile read again when that changed it: a kubelet.crt
+// regenerated or rotated while plugd runs.
+func (w *kubeletWatch) readMetrics(ctx context.Context) (kubeletState, error) {
+	s, err := w.c.readMetrics(ctx)
+	if err == nil || !unverified(w.cfg, err) {
+		return s, err
+	}
+	changed, rerr := w.c.reloadCA()
+	if rerr != nil {
+		w.log.Debug("cannot read the kubelet's CA file again", "err", rerr)
+	}
+	if !changed {
+		return s, err
+	}
+	w.log.Info("the kubelet's certificate did not verify, and its CA file changed: reading the kubelet with the new one", "caFile", w.cfg.CAFile)
+	return w.c.readMetrics(ctx)
 }
 
 // impostor says who answers at addr, when a read's failure err (classified
