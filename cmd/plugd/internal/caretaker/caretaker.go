@@ -295,9 +295,11 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 	}
 }
 
-// mark reads the Node afresh and marks what is still stale in it; a patch
-// refused because the Node changed between the read and the write (its
-// tests failed) is tried again from a new read, at most markTries times.
+// mark reads the Node afresh and marks what is still stale in it, one
+// condition a patch, so that one refused leaves the others marked. A
+// patch refused because the Node changed between the read and the write
+// (its tests failed) is tried again from a new read, at most markTries
+// times; the error returned is the last refusal, naming its condition.
 func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error {
 	var err error
 	for range markTries {
@@ -312,34 +314,53 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 		seen := c.sightings(name)
 		stale, _ := look(n, now, c.staleAfter, seen)
 		if len(stale) == 0 {
-			return nil // plugd wrote meanwhile
+			return nil // plugd wrote meanwhile, or every mark is made
 		}
-		var patch []byte
-		if patch, err = markPatch(n, stale, now, seen); err != nil {
-			return err
-		}
-		pctx, cancel := context.WithTimeoutCause(ctx, requestTimeout, fmt.Errorf("the API server did not answer within %s", requestTimeout))
-		_, err = c.nodes.Patch(pctx, name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
-		if pctx.Err() != nil && err != nil {
-			err = fmt.Errorf("%w (%w)", err, context.Cause(pctx))
-		}
-		cancel()
-		if err == nil {
-			for _, i := range stale {
-				was := n.Status.Conditions[i]
-				c.log.Info("Node condition marked Unknown: plugd has not maintained it", "node", name, "condition", was.Type,
-					"was", was.Status, "reason", was.Reason, "unchangedSince", seen[string(was.Type)].at.UTC().Format(time.RFC3339),
-					"lastHeartbeat", was.LastHeartbeatTime.UTC().Format(time.RFC3339))
+		err = nil
+		again := false
+		for _, i := range stale {
+			perr := c.markOne(ctx, n, i, now, seen)
+			if perr == nil {
+				continue
 			}
-			return nil
+			if ctx.Err() != nil {
+				return perr
+			}
+			err = perr
+			// A failed test is 422 Invalid; a conflict the API server
+			// could not resolve itself, 409. Both may say the Node moved
+			// on: read again. (A policy's refusal is 422 too: it is
+			// refused again, markTries times.)
+			again = again || apierrors.IsInvalid(perr) || apierrors.IsConflict(perr)
 		}
-		// A failed test is 422 Invalid; a conflict the API server could
-		// not resolve itself, 409. Both say the Node moved on: read again.
-		if !apierrors.IsInvalid(err) && !apierrors.IsConflict(err) {
+		if err == nil || !again {
 			return err
 		}
 	}
 	return err
+}
+
+// markOne patches the condition at index i of n (the Node as read) to
+// unmaintained, and logs it marked.
+func (c *Caretaker) markOne(ctx context.Context, n *corev1.Node, i int, now time.Time, seen map[string]sighting) error {
+	was := n.Status.Conditions[i]
+	patch, err := markPatch(n, i, now, seen)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeoutCause(ctx, requestTimeout, fmt.Errorf("the API server did not answer within %s", requestTimeout))
+	defer cancel()
+	_, err = c.nodes.Patch(pctx, n.Name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+	if pctx.Err() != nil && err != nil {
+		err = fmt.Errorf("%w (%w)", err, context.Cause(pctx))
+	}
+	if err != nil {
+		return fmt.Errorf("condition %s: %w", was.Type, err)
+	}
+	c.log.Info("Node condition marked Unknown: plugd has not maintained it", "node", n.Name, "condition", was.Type,
+		"was", was.Status, "reason", was.Reason, "unchangedSince", seen[string(was.Type)].at.UTC().Format(time.RFC3339),
+		"lastHeartbeat", was.LastHeartbeatTime.UTC().Format(time.RFC3339))
+	return nil
 }
 
 // sightings is look's record for the Node name.

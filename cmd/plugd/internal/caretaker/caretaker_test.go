@@ -2,14 +2,20 @@ package caretaker
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
@@ -146,4 +152,131 @@ func waitLook(t *testing.T, ch <-chan looked) looked {
 		t.Fatal("no look")
 		return looked{}
 	}
+}
+
+// A condition whose mark an admission policy refuses (its type no longer
+// listed as plugd's: dropped from expect while plugd was down) leaves the
+// others marked: one patch a condition. The refusal is logged once, with
+// the condition and the policy's reason, however often it is retried.
+func TestMarkRefusedOne(t *testing.T) {
+	clk := testclock.NewFakeClock(t0)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+		ManagedFields: []metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready", "gone/Ready"), t0.Add(-20*time.Minute))}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			cond("gone", corev1.ConditionTrue, 20*time.Minute), cond("a", corev1.ConditionTrue, 20*time.Minute)}}}
+	// The simple fake: NewClientset's field manager would take gone/Ready
+	// out of plugd's managedFields at the first mark of another, where
+	// the API server keeps what an Update's manager held.
+	cs := fake.NewSimpleClientset() //nolint:staticcheck // see above
+	if err := cs.Tracker().Add(n); err != nil {
+		t.Fatal(err)
+	}
+	const reason = "the caretaker may set only plugd's conditions"
+	refused := make(chan struct{}, 100)
+	cs.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), "gone/Ready") {
+			return false, nil, nil // the tracker applies it
+		}
+		select {
+		case refused <- struct{}{}:
+		default:
+		}
+		err := apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, "n", nil)
+		err.ErrStatus.Message = "ValidatingAdmissionPolicy 'plugd-caretaker' with binding 'plugd-caretaker' denied request: " + reason
+		return true, nil, err
+	})
+	logs := &lines{wrote: make(chan struct{}, 100)}
+	c := newCaretaker(cs.CoreV1().Nodes(), cs, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	wait := func(k int) {
+		t.Helper()
+		for range k {
+			select {
+			case <-refused:
+			case <-time.After(testenv.Timeout):
+				t.Fatal("no refused patch")
+			}
+		}
+	}
+	wait(markTries)
+	select {
+	case <-logs.wrote:
+	case <-time.After(testenv.Timeout):
+		t.Fatal("the refusal not logged")
+	}
+	// Again, not after the backoff (on the fake clock) but at a change of
+	// plugd's conditions; the first refusal of a third look says the second is
+	// decided, logged or not.
+	touched := 0
+	touch := func() {
+		t.Helper()
+		m, err := cs.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		touched++
+		m.Status.Conditions[1].Reason = fmt.Sprint("Touched", touched) // a/Ready, marked already
+		m.ResourceVersion = ""
+		if err := cs.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, m, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	touch()
+	wait(markTries)
+	touch()
+	wait(1)
+	got, err := cs.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := got.Status.Conditions[1]; a.Type != "a/Ready" || a.Status != corev1.ConditionUnknown || !strings.Contains(a.Message, "marked by plugd's caretaker") {
+		t.Errorf("a/Ready not marked beside the refused one: %+v", a)
+	}
+	if g := got.Status.Conditions[0]; g.Status != corev1.ConditionTrue {
+		t.Errorf("gone/Ready changed: %+v", g)
+	}
+	warned := 0
+	for _, l := range logs.get() {
+		if strings.Contains(l, "cannot mark") {
+			warned++
+			if !strings.Contains(l, "gone/Ready") || !strings.Contains(l, reason) {
+				t.Errorf("the warning names neither the condition nor the reason: %s", l)
+			}
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d warnings of the refusal, want 1: %q", warned, logs.get())
+	}
+}
+
+// lines is a log's output, a line a record.
+type lines struct {
+	mu    sync.Mutex
+	l     []string
+	wrote chan struct{} // told of each line
+}
+
+func (w *lines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.l = append(w.l, string(p))
+	select {
+	case w.wrote <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (w *lines) get() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.l)
 }

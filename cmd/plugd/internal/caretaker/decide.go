@@ -108,25 +108,22 @@ func unmaintained(c corev1.NodeCondition, since, now time.Time) corev1.NodeCondi
 	}
 }
 
-// markPatch is the JSON patch of n's status that marks the conditions at
-// the indexes in stale unmaintained (seen: look's), and touches nothing
-// else. For each, it first tests that the entry at that index is still
-// the one read: the same type, status and heartbeat. A heartbeat plugd
-// wrote meanwhile, or a list reordered, fails the patch as a whole
-// instead of overwriting it.
-func markPatch(n *corev1.Node, stale []int, now time.Time, seen map[string]sighting) ([]byte, error) {
-	var ops []map[string]any
-	for _, i := range stale {
-		c := n.Status.Conditions[i]
-		path := fmt.Sprintf("/status/conditions/%d", i)
-		ops = append(ops,
-			map[string]any{"op": "test", "path": path + "/type", "value": c.Type},
-			map[string]any{"op": "test", "path": path + "/status", "value": c.Status},
-			map[string]any{"op": "test", "path": path + "/lastHeartbeatTime", "value": c.LastHeartbeatTime},
-			map[string]any{"op": "replace", "path": path, "value": unmaintained(c, seen[string(c.Type)].at, now)},
-		)
-	}
-	return json.Marshal(ops)
+// markPatch is the JSON patch of n's status that marks the condition at
+// index i unmaintained (seen: look's), and touches nothing else. It first
+// tests that the entry at that index is still the one read: the same
+// type, status and heartbeat. A heartbeat plugd wrote meanwhile, or a list
+// reordered, fails the patch instead of overwriting it. One condition a
+// patch: an admission policy that refuses one (its type no longer listed
+// as plugd's) refuses that mark alone, not the others with it.
+func markPatch(n *corev1.Node, i int, now time.Time, seen map[string]sighting) ([]byte, error) {
+	c := n.Status.Conditions[i]
+	path := fmt.Sprintf("/status/conditions/%d", i)
+	return json.Marshal([]map[string]any{
+		{"op": "test", "path": path + "/type", "value": c.Type},
+		{"op": "test", "path": path + "/status", "value": c.Status},
+		{"op": "test", "path": path + "/lastHeartbeatTime", "value": c.LastHeartbeatTime},
+		{"op": "replace", "path": path, "value": unmaintained(c, seen[string(c.Type)].at, now)},
+	})
 }
 
 // slim is the part of a Node the caretaker keeps in its cache: its name,

@@ -158,7 +158,7 @@ func TestMarkPatch(t *testing.T) {
 	if !slices.Equal(stale, []int{2}) {
 		t.Fatalf("stale = %v", stale)
 	}
-	patch, err := markPatch(n, stale, now, seen)
+	patch, err := markPatch(n, stale[0], now, seen)
 	if err != nil {
 		t.Fatal(err)
 	}

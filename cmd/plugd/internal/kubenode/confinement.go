@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -64,6 +65,25 @@ func (n *Node) probeConfinement(ctx context.Context) Confinement {
 	return confinementOf(err, n.clock.Now())
 }
 
+// nodeStatusPolicySuffix ends the name of plugd's policy for its Node's
+// status: the chart names it <fullname>-node-status.
+const nodeStatusPolicySuffix = "-node-status"
+
+// refusingPolicy is the name of the ValidatingAdmissionPolicy that err says
+// refused a request ("ValidatingAdmissionPolicy 'NAME' with binding ...
+// denied request: ..."), or "" when it names none.
+func refusingPolicy(err error) string {
+	_, rest, ok := strings.Cut(err.Error(), "ValidatingAdmissionPolicy '")
+	if !ok {
+		return ""
+	}
+	name, _, ok := strings.Cut(rest, "'")
+	if !ok {
+		return ""
+	}
+	return name
+}
+
 // confinementOf reads the answer err to the probe, given at now.
 func confinementOf(err error, now time.Time) Confinement {
 	c := Confinement{At: now}
@@ -72,10 +92,15 @@ func confinementOf(err error, now time.Time) Confinement {
 	case err == nil:
 		c.Known = true
 		c.Message = "the API server accepted (dry run) a change of a Node condition that is not plugd's"
-	case errors.As(err, &status) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
+	case errors.As(err, &status) && strings.HasSuffix(refusingPolicy(err), nodeStatusPolicySuffix):
 		c.Known, c.Confined = true, true
 		c.NoClaim = strings.Contains(err.Error(), "carries no node name")
 		c.Message = err.Error()
+	case errors.As(err, &status) && refusingPolicy(err) != "":
+		// Another policy refused it before plugd's was asked, or plugd's
+		// is not installed: the answer says nothing of plugd's.
+		c.Message = fmt.Sprintf("the probe was refused by the ValidatingAdmissionPolicy %q, not plugd's (named RELEASE%s), so whether plugd's confines its token is unknown: %s",
+			refusingPolicy(err), nodeStatusPolicySuffix, err)
 	default:
 		c.Message = err.Error()
 	}

@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,15 +12,16 @@ import (
 
 // The probe's answer: accepted (nothing confines plugd), refused by a
 // policy (confined; without the node-name claim, refused whole), or
-// anything else (unknown: RBAC, an unreachable API server).
+// anything else (unknown: another policy, RBAC, an unreachable API server).
 func TestConfinementOf(t *testing.T) {
 	now := time.Now()
 	nodes := schema.GroupResource{Resource: "nodes"}
-	policy := func(msg string) error {
-		err := apierrors.NewForbidden(nodes, "a", errors.New("ValidatingAdmissionPolicy 'plugd-node-status' with binding 'plugd-node-status' denied request: "+msg))
+	named := func(name, msg string) error {
+		err := apierrors.NewForbidden(nodes, "a", errors.New("ValidatingAdmissionPolicy '"+name+"' with binding '"+name+"' denied request: "+msg))
 		err.ErrStatus.Code, err.ErrStatus.Reason = 422, "Invalid"
 		return err
 	}
+	policy := func(msg string) error { return named("plugd-node-status", msg) }
 	for _, tc := range []struct {
 		name                       string
 		err                        error
@@ -28,6 +30,8 @@ func TestConfinementOf(t *testing.T) {
 		{"accepted", nil, true, false, false},
 		{"refused by the policy", policy("plugd may change only its own Node conditions"), true, true, false},
 		{"refused for want of the claim", policy("plugd's token carries no node name (the claim ...)"), true, true, true},
+		{"refused by another policy", named("site-nodes-readonly", "nodes are read-only"), false, false, false},
+		{"refused by a policy that failed", named("plugd-events", "expression 'x' resulted in error"), false, false, false},
 		{"refused by RBAC", apierrors.NewForbidden(nodes, "a", errors.New("cannot patch resource")), false, false, false},
 		{"unreachable", errors.New("connection refused"), false, false, false},
 	} {
@@ -35,6 +39,9 @@ func TestConfinementOf(t *testing.T) {
 		if c.Known != tc.known || c.Confined != tc.confined || c.NoClaim != tc.claimless || !c.At.Equal(now) || c.Message == "" {
 			t.Errorf("%s: %+v", tc.name, c)
 		}
+	}
+	if c := confinementOf(named("site-nodes-readonly", "no"), now); !strings.Contains(c.Message, `"site-nodes-readonly"`) {
+		t.Errorf("another policy's refusal does not say which: %s", c.Message)
 	}
 	if p := classify("patch nodes/status of a", "patch nodes/status", policy("x"), now); p.Reason != ReasonRefusedByPolicy || p.Permission != "" {
 		t.Errorf("a write a policy refuses: %+v", p)

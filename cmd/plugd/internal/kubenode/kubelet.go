@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -113,14 +114,20 @@ type kubeletState struct {
 type kubeletClient struct {
 	cfg      KubeletConfig
 	url      string
-	hc       *http.Client
-	tls      *tls.Config // for the held connection
 	pr       *grpc.ClientConn
 	toPlugd  func(string) (string, bool)
 	insecure bool
 	// trusted says which owners of a listening socket at the address may
 	// be the kubelet (kubeletpeer.go): kubeletUID; tests narrow it.
 	trusted func(uid uint32) bool
+	// rc is the client configuration the transport is built from; its
+	// CAData is replaced when kubernetes.kubelet.caFile changes.
+	rc *rest.Config
+
+	mu  sync.Mutex
+	hc  *http.Client // guarded by mu
+	tls *tls.Config  // guarded by mu: for the held connection
+	ca  []byte       // guarded by mu: caFile's content as last read
 }
 
 // newKubeletClient builds the client from the API's client configuration
@@ -140,41 +147,29 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	if rc.TLSClientConfig.ServerName == "" {
 		rc.TLSClientConfig.ServerName = nodeName
 	}
+	c := &kubeletClient{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID, rc: rc}
 	switch {
 	case cfg.InsecureSkipVerify:
 	case cfg.CAFile != "":
 		// Read here, bounded and without blocking, as the kubeconfig's
 		// files are: client-go would read /dev/zero until memory ran out,
-		// and wait on a FIFO for ever.
+		// and wait on a FIFO for ever. Read again when the kubelet's
+		// certificate does not verify (reloadCA).
 		pem, err := kubeconfig.ReadFile(cfg.CAFile, "a PEM file (the kubelet's kubelet.crt)")
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes.kubelet.caFile: %w", err)
 		}
-		rc.TLSClientConfig.CAData = pem
+		rc.TLSClientConfig.CAData, c.ca = pem, pem
 	default:
 		rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = api.CAFile, api.CAData
 	}
-	c := &kubeletClient{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID}
 	// Who listens is checked before TLS, and so before the token.
 	rc.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
 		return dialKubelet(ctx, addr, c.insecure, c.trusted)
 	}
-	rt, err := rest.TransportFor(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes.kubelet: %w", err)
+	if err := c.buildTransport(rc); err != nil {
+		return nil, err
 	}
-	tc, err := rest.TLSConfigFor(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes.kubelet: %w", err)
-	}
-	if tc == nil {
-		tc = &tls.Config{}
-	}
-	tc = tc.Clone()
-	// HTTP/1.1 only on the held connection: an HTTP/2 server closes a
-	// connection that sends no preface within seconds.
-	tc.NextProtos = []string{"http/1.1"}
-	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: kubeletTimeout}
 	from := cmpOr(cfg.RegistryDir, registryDir)
 	c.toPlugd = func(p string) (string, bool) {
 		rel, err := filepath.Rel(from, p)
@@ -184,11 +179,77 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 		return filepath.Join(registryDir, rel), true
 	}
 	if cfg.PodResources != "" {
+		var err error
 		if c.pr, err = grpc.NewClient("unix://"+cfg.PodResources, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 			return nil, fmt.Errorf("kubernetes.kubelet.podResources: %w", err)
 		}
 	}
 	return c, nil
+}
+
+// buildTransport makes the HTTP client and the held connection's TLS
+// configuration from rc.
+func (c *kubeletClient) buildTransport(rc *rest.Config) error {
+	rt, err := rest.TransportFor(rc)
+	if err != nil {
+		return fmt.Errorf("kubernetes.kubelet: %w", err)
+	}
+	tc, err := rest.TLSConfigFor(rc)
+	if err != nil {
+		return fmt.Errorf("kubernetes.kubelet: %w", err)
+	}
+	if tc == nil {
+		tc = &tls.Config{}
+	}
+	tc = tc.Clone()
+	// HTTP/1.1 only on the held connection: an HTTP/2 server closes a
+	// connection that sends no preface within seconds.
+	tc.NextProtos = []string{"http/1.1"}
+	c.mu.Lock()
+	old := c.hc
+	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: kubeletTimeout}
+	c.mu.Unlock()
+	if old != nil {
+		old.CloseIdleConnections()
+	}
+	return nil
+}
+
+// transport is the HTTP client and the held connection's TLS
+// configuration in use.
+func (c *kubeletClient) transport() (*http.Client, *tls.Config) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hc, c.tls
+}
+
+// reloadCA reads kubernetes.kubelet.caFile again, as a certificate of the
+// kubelet's failed to verify: the kubelet's kubelet.crt, regenerated or
+// rotated while plugd runs, would otherwise never verify again. It says
+// whether the file changed, and the transport with it.
+func (c *kubeletClient) reloadCA() (bool, error) {
+	if c.cfg.CAFile == "" || c.insecure {
+		return false, nil
+	}
+	pem, err := kubeconfig.ReadFile(c.cfg.CAFile, "a PEM file (the kubelet's kubelet.crt)")
+	if err != nil {
+		return false, fmt.Errorf("kubernetes.kubelet.caFile: %w", err)
+	}
+	c.mu.Lock()
+	same := bytes.Equal(pem, c.ca)
+	c.mu.Unlock()
+	if same {
+		return false, nil
+	}
+	rc := rest.CopyConfig(c.rc)
+	rc.TLSClientConfig.CAData = pem
+	if err := c.buildTransport(rc); err != nil {
+		return false, err
+	}
+	c.mu.Lock()
+	c.ca = pem
+	c.mu.Unlock()
+	return true, nil
 }
 
 func cmpOr(a, b string) string {
@@ -199,7 +260,8 @@ func cmpOr(a, b string) string {
 }
 
 func (c *kubeletClient) close() {
-	c.hc.CloseIdleConnections()
+	hc, _ := c.transport()
+	hc.CloseIdleConnections()
 	if c.pr != nil {
 		c.pr.Close()
 	}
@@ -216,7 +278,8 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 	}
 	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	req.Header.Set("Accept-Encoding", "gzip") // set by hand, so that the wire size can be counted
-	resp, err := c.hc.Do(req)
+	hc, _ := c.transport()
+	resp, err := hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
@@ -407,7 +470,8 @@ func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
 	if err != nil {
 		return err
 	}
-	conn := tls.Client(raw, c.tls)
+	_, tc := c.transport()
+	conn := tls.Client(raw, tc)
 	defer conn.Close()
 	if err := conn.HandshakeContext(dctx); err != nil {
 		return err

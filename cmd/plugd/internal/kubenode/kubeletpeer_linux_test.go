@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
@@ -13,6 +14,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +23,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // Issue 33, item 6: once the kubelet has exited, any local user may
@@ -98,11 +102,12 @@ func TestKubeletImpostor(t *testing.T) {
 	}
 }
 
-// Where plugd cannot see the listener (plugd in a pod of its own network),
-// a server whose certificate does not verify, after plugd has read the
-// kubelet, is not the kubelet: the kubelet counts as not running, not as
-// unreadable (from which plugd would infer True). Before plugd has read
-// any kubelet, it is a certificate plugd was not given: unreadable.
+// A server at the kubelet's address whose certificate does not verify is
+// taken for an impostor (the kubelet not running) only once plugd has
+// seen the kubelet go and verified none since; while the kubelet runs
+// (plugd read it, nothing said it went), it is the kubelet's certificate
+// that plugd cannot verify (expired, rotated, a new CA): the kubelet
+// unreadable, as before any kubelet was read.
 func TestKubeletImpostorUnverified(t *testing.T) {
 	kubeletCA := filepath.Join(t.TempDir(), "kubelet.crt") // the kubelet that exited: its own certificate
 	if err := os.WriteFile(kubeletCA, selfSigned(t), 0o600); err != nil {
@@ -110,7 +115,10 @@ func TestKubeletImpostorUnverified(t *testing.T) {
 	}
 	srv, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
 	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: kubeletCA}
-	for _, known := range []bool{false, true} {
+	for _, tc := range []struct {
+		name       string
+		read, gone bool
+	}{{"never read", false, false}, {"read, running", true, false}, {"read, then gone", true, true}} {
 		c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 		if err != nil {
 			t.Fatal(err)
@@ -119,18 +127,59 @@ func TestKubeletImpostorUnverified(t *testing.T) {
 		b := newBench(t)
 		w := b.n.kubelet
 		w.c, w.cfg = c, cfg
-		if known {
+		if tc.read {
 			w.started = b.clock.Now().Add(-time.Hour)
 		}
+		w.gone = tc.gone
 		w.read(context.Background(), b.clock.Now(), true, false)
 		kf := w.now().facts(cfg.Address, nil)
 		v := kubeletViewOf(key{TypeCSI, "csi.example.com"}, []Plugin{csiSocket(b.clock.Now(), true)}, snapshot{nodeName: "node-a"}, kf, remembered{})
 		switch {
-		case known && (!kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "cannot show the certificate of the kubelet")):
-			t.Errorf("after a kubelet was read: view %+v", v.KubeletView)
-		case !known && (kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS):
-			t.Errorf("before any kubelet was read: down %v, problem %+v", kf.down, kf.problem)
+		case tc.gone && (!kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "cannot show a certificate plugd verifies")):
+			t.Errorf("%s: view %+v", tc.name, v.KubeletView)
+		case !tc.gone && (kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS || v.Reason == ReasonKubeletNotRunning):
+			t.Errorf("%s: down %v, problem %+v, view %+v", tc.name, kf.down, kf.problem, v.KubeletView)
 		}
+	}
+}
+
+// A kubelet whose serving certificate is regenerated while it runs: plugd
+// cannot verify it (the kubelet unreadable, not gone) until caFile holds
+// the new one, which plugd reads again when verification fails.
+func TestKubeletCARotated(t *testing.T) {
+	oldPEM, oldCert := selfSignedPair(t)
+	newPEM, newCert := selfSignedPair(t)
+	srv, serve := certServer(t, &oldCert)
+	caFile := filepath.Join(t.TempDir(), "kubelet.crt")
+	if err := os.WriteFile(caFile, oldPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: caFile}
+	c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	b := newBench(t)
+	w := b.n.kubelet
+	w.c, w.cfg = c, cfg
+	read := func() kubeletFacts {
+		t.Helper()
+		w.read(context.Background(), b.clock.Now(), true, false)
+		return w.now().facts(cfg.Address, nil)
+	}
+	if kf := read(); !kf.live {
+		t.Fatalf("the kubelet not read: %+v", kf.problem)
+	}
+	serve(&newCert)
+	if kf := read(); kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS {
+		t.Errorf("a certificate rotated while the kubelet runs: down %v (%s), problem %+v; want the kubelet unverified, not gone", kf.down, kf.impostor, kf.problem)
+	}
+	if err := os.WriteFile(caFile, newPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if kf := read(); !kf.live {
+		t.Errorf("the new certificate in caFile not used: %+v", kf.problem)
 	}
 }
 
@@ -149,9 +198,89 @@ func TestListenerUIDs(t *testing.T) {
 	}
 }
 
+// certServer is a kubelet's /metrics on loopback, serving cert until
+// serve says another; each request on a new connection.
+func certServer(t *testing.T, cert *tls.Certificate) (*httptest.Server, func(*tls.Certificate)) {
+	t.Helper()
+	var mu sync.Mutex
+	serving := cert
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
+	srv.TLS = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return serving, nil
+	}}
+	srv.Config.SetKeepAlivesEnabled(false) // each read a new connection, and a handshake
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, func(c *tls.Certificate) {
+		mu.Lock()
+		defer mu.Unlock()
+		serving = c
+	}
+}
+
+// The held connection ending says the kubelet went: a server at its
+// address whose certificate does not verify after that is not the
+// kubelet, though the last read verified one and no read found the port
+// closed (another process took it at once).
+func TestKubeletGoneByHeldConnection(t *testing.T) {
+	kubeletPEM, kubeletCert := selfSignedPair(t)
+	_, otherCert := selfSignedPair(t)
+	srv, serve := certServer(t, &kubeletCert)
+	caFile := filepath.Join(t.TempDir(), "kubelet.crt")
+	if err := os.WriteFile(caFile, kubeletPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: caFile}
+	c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	b := newBench(t)
+	w := b.n.kubelet
+	w.c, w.cfg = c, cfg
+	w.read(context.Background(), b.clock.Now(), true, false)
+	if kf := w.now().facts(cfg.Address, nil); !kf.live {
+		t.Fatalf("the kubelet not read: %+v", kf.problem)
+	}
+	select {
+	case <-w.kick: // the bench's informers asked for a read
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.holdLoop(ctx) }()
+	defer func() { cancel(); <-done }()
+	kicked := func(what string) {
+		t.Helper()
+		select {
+		case <-w.kick:
+		case <-time.After(testenv.Timeout):
+			t.Fatal(what)
+		}
+	}
+	kicked("the held connection not made")
+	serve(&otherCert)
+	srv.CloseClientConnections()
+	kicked("the held connection's end not told")
+	w.read(context.Background(), b.clock.Now(), true, false)
+	if kf := w.now().facts(cfg.Address, nil); !kf.down || kf.impostor == "" {
+		t.Errorf("after the held connection ended, a certificate that does not verify: down %v, impostor %q, problem %+v", kf.down, kf.impostor, kf.problem)
+	}
+}
+
 // selfSigned is a new self-signed certificate for example.com, PEM, as a
 // kubelet makes its kubelet.crt (httptest's servers share one).
 func selfSigned(t *testing.T) []byte {
+	t.Helper()
+	p, _ := selfSignedPair(t)
+	return p
+}
+
+// selfSignedPair is selfSigned, and the certificate with its key to serve.
+func selfSignedPair(t *testing.T) ([]byte, tls.Certificate) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -164,7 +293,7 @@ func selfSigned(t *testing.T) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // Addresses as a little-endian kernel prints them in /proc/net/tcp and

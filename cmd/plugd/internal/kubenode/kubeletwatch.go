@@ -74,6 +74,10 @@ type kubeletWatch struct {
 	// across its downtime, to tell a restart; restarted says plugd saw one.
 	started   time.Time
 	restarted bool
+	// gone says plugd saw the kubelet go (it was judged not running, or
+	// its held connection ended) and has read none since: a certificate
+	// that does not verify then is not the kubelet's (impostor).
+	gone bool
 	// presentSince is, by socket path, the first read of the current run
 	// of reads in which the kubelet's actual state held it.
 	presentSince map[string]time.Time
@@ -239,7 +243,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	var s kubeletState
 	var err error
 	if metrics {
-		s, err = w.c.readMetrics(ctx)
+		s, err = w.readMetrics(ctx)
 		s.at = now
 		w.m.kubeletReads.WithLabelValues("metrics", result(err)).Inc()
 		w.m.kubeletBytes.Add(float64(s.bytes))
@@ -279,7 +283,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	if err != nil {
 		was := w.problem
 		p := classifyKubelet(w.cfg, err, now)
-		w.impostor = impostor(err, p, !w.started.IsZero(), w.cfg.Address)
+		w.impostor = impostor(err, p, w.gone, w.cfg.Address)
 		if was != nil && was.Reason == p.Reason {
 			p.Since = was.Since
 		}
@@ -289,6 +293,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 			// next one starts afresh.
 			w.state = nil
 			w.forget()
+			w.gone = true
 		}
 		if was == nil || was.Reason != p.Reason {
 			w.log.Warn("cannot read the kubelet", "address", w.cfg.Address, "reason", p.Reason, "err", p.Message)
@@ -299,6 +304,7 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 		w.log.Info("reading the kubelet again", "address", w.cfg.Address, "troubleSince", w.problem.Since)
 	}
 	w.problem = nil
+	w.gone = false
 	if !w.started.IsZero() && !s.started.Equal(w.started) {
 		w.restarted = true
 		w.forget()
@@ -314,22 +320,48 @@ func (w *kubeletWatch) read(ctx context.Context, now time.Time, metrics, devices
 	w.state = &s
 }
 
+// readMetrics reads the kubelet's /metrics; if its certificate does not
+// verify, with caFile read again when that changed it: a kubelet.crt
+// regenerated or rotated while plugd runs.
+func (w *kubeletWatch) readMetrics(ctx context.Context) (kubeletState, error) {
+	s, err := w.c.readMetrics(ctx)
+	if err == nil || !unverified(w.cfg, err) {
+		return s, err
+	}
+	changed, rerr := w.c.reloadCA()
+	if rerr != nil {
+		w.log.Debug("cannot read the kubelet's CA file again", "err", rerr)
+	}
+	if !changed {
+		return s, err
+	}
+	w.log.Info("the kubelet's certificate did not verify, and its CA file changed: reading the kubelet with the new one", "caFile", w.cfg.CAFile)
+	return w.c.readMetrics(ctx)
+}
+
 // impostor says who answers at addr, when a read's failure err (classified
 // as p) shows that it is not the kubelet: a listener whose owner the
-// kubelet does not run as, or, once plugd has read the kubelet (known), a
-// server whose certificate does not verify. The kubelet's certificate
-// does not change while it runs; a listener that cannot show it after the
-// kubelet exited is anyone's, and says nothing of what the kubelet
-// registered (before, plugd inferred True from the API's objects then).
-func impostor(err error, p *Problem, known bool, addr string) string {
+// kubelet does not run as, or, once plugd has seen the kubelet go (gone)
+// and has verified none since, a server whose certificate does not
+// verify: a listener that cannot show it after the kubelet exited is
+// anyone's, and says nothing of what the kubelet registered (before,
+// plugd inferred True from the API's objects then). A certificate that
+// stops verifying while the kubelet runs (expired, rotated, a new CA) is
+// the kubelet's that plugd cannot verify, not a kubelet gone.
+func impostor(err error, p *Problem, gone bool, addr string) string {
 	var nk *notKubeletError
 	switch {
 	case errors.As(err, &nk):
 		return nk.Error()
-	case known && p.Reason == ReasonKubeletTLS && !errors.Is(err, errUnverifiable):
-		return "what answers at " + addr + " cannot show the certificate of the kubelet plugd read before: it is not the kubelet, and plugd sent it nothing"
+	case gone && p.Reason == ReasonKubeletTLS && !errors.Is(err, errUnverifiable):
+		return "what answers at " + addr + " since the kubelet went cannot show a certificate plugd verifies: it is not the kubelet, and plugd sent it nothing"
 	}
 	return ""
+}
+
+// unverified says err is a failure to verify the kubelet's certificate.
+func unverified(cfg KubeletConfig, err error) bool {
+	return !errors.Is(err, errUnverifiable) && classifyKubelet(cfg, err, time.Time{}).Reason == ReasonKubeletTLS
 }
 
 // track records what a read at now showed of each socket path: the
@@ -385,6 +417,11 @@ func (w *kubeletWatch) holdLoop(ctx context.Context) {
 		})
 		if ctx.Err() != nil {
 			return
+		}
+		if up {
+			w.mu.Lock()
+			w.gone = true // until a read verifies the kubelet again
+			w.mu.Unlock()
 		}
 		w.request()
 		if up {

@@ -518,6 +518,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 	}
 	for _, c := range set {
 		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
+		l.wrote(string(c.Type), verdict{c.Status, c.Reason, c.Message})
 		if cur := findCondition(node, string(c.Type)); cur == nil || !sameVerdict(cur, verdict{c.Status, c.Reason, c.Message}) {
 			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
 		}
@@ -630,9 +631,9 @@ func closed(c <-chan struct{}) bool {
 	}
 }
 
-// Overwrites. A condition plugd wrote and saw on the Node as it wrote it,
-// then finds changed by another writer while plugd's verdict is the same,
-// was overwritten: a caretaker that judges plugd's heartbeat on a clock
+// Overwrites. A condition plugd wrote (or saw on the Node as it would
+// write it), then finds changed by another writer while plugd's verdict is
+// the same, was overwritten: a caretaker that judges plugd's heartbeat on a clock
 // skewed from the node's, an operator's script, a second plugd. Writing it
 // back at once, every time, is a fight that neither side wins (two PATCHes
 // a second, the condition flipping, in issue 33). After fightUndos
@@ -653,52 +654,97 @@ type fight struct {
 	seen    verdict   // plugd's verdict, as last seen on the Node
 	shown   bool      // the Node shows seen now
 	shownAt time.Time // since when
-	undos   int       // overwrites since first
-	first   time.Time
-	delay   backoff.Backoff
-	due     time.Time // no write back before
+	// mine is the verdict plugd stands by on the Node: the last it wrote
+	// or saw there. Only a change of it by another counts.
+	mine verdict
+	// pending are the verdicts plugd wrote since the Node last showed the
+	// latest of them: a Node that shows one of them shows plugd's own
+	// write, come back late, not another writer's.
+	pending []verdict
+	// answered says plugd wrote its verdict back (or saw it back) since
+	// the last overwrite it counted: the next is another overwrite, seen
+	// or not the write back.
+	answered bool
+	undos    int // overwrites since first
+	first    time.Time
+	delay    backoff.Backoff
+	due      time.Time // no write back before
+}
+
+// maxPending bounds fight.pending: a verdict that flips faster than the
+// informer echoes it has a write or two in flight, not more.
+const maxPending = 4
+
+// fightOf is the record of the overwrites of cond, made if need be.
+func (l *loop) fightOf(cond string) *fight {
+	f := l.fights[cond]
+	if f == nil {
+		f = &fight{delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter), answered: true}
+		l.fights[cond] = f
+	}
+	return f
 }
 
 // confirmed notes that the Node shows plugd's verdict v for cond at now.
 func (l *loop) confirmed(cond string, v verdict, now time.Time) {
-	f := l.fights[cond]
-	if f == nil {
-		f = &fight{delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter)}
-		l.fights[cond] = f
-	}
+	f := l.fightOf(cond)
 	if !f.shown || f.seen != v {
 		f.seen, f.shown, f.shownAt = v, true, now
+	}
+	f.mine, f.answered = v, true
+	if len(f.pending) > 0 && f.pending[len(f.pending)-1] == v {
+		f.pending = nil // the latest write is back: the others are past
 	}
 	if f.undos > 0 && now.Sub(f.shownAt) >= fightWindow {
 		if f.undos >= fightUndos {
 			l.n.log.Info("Node condition: no longer overwritten", "node", l.n.cfg.NodeName, "condition", cond)
 		}
-		l.fights[cond] = &fight{seen: v, shown: true, shownAt: now, delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter)}
+		l.fights[cond] = &fight{seen: v, shown: true, shownAt: now, mine: v, answered: true, delay: backoff.New(fightDelayMin, fightDelayMax, writeJitter)}
+	}
+}
+
+// wrote notes that plugd wrote its verdict v for cond: the write back of
+// an overwrite, or a change of its own.
+func (l *loop) wrote(cond string, v verdict) {
+	f := l.fightOf(cond)
+	f.mine, f.answered = v, true
+	if len(f.pending) == 0 || f.pending[len(f.pending)-1] != v {
+		if len(f.pending) == maxPending {
+			f.pending = f.pending[1:]
+		}
+		f.pending = append(f.pending, v)
 	}
 }
 
 // overwritten says when plugd may write its verdict v of e's condition
 // again, now that the Node shows cur instead: at once, unless another
 // writer has overwritten it (above) fightUndos times within fightWindow.
+// An overwrite is counted once plugd has written its verdict back, not
+// once it has seen that write on the Node: another writer quicker than
+// plugd's informer is still counted. A Node that shows a verdict plugd
+// wrote itself (a quick flip, echoed late) is no overwrite.
 func (l *loop) overwritten(e Expectation, k key, v verdict, cur *corev1.NodeCondition, now time.Time, node *corev1.Node) time.Time {
 	f := l.fights[e.Condition]
 	if f == nil {
 		return time.Time{}
 	}
 	switch {
-	case f.seen != v:
+	case f.mine != v:
 		return time.Time{} // not an overwrite: plugd's verdict changed
-	case !f.shown:
+	case cur != nil && slices.ContainsFunc(f.pending, func(p verdict) bool { return sameVerdict(cur, p) }):
+		return time.Time{} // plugd's own write, come back late
+	case !f.answered:
 		return f.due // this overwrite is counted: wait out its delay
 	}
-	f.shown = false
+	f.shown, f.answered = false, false
 	l.n.m.overwritten.WithLabelValues(e.Condition).Inc()
 	if f.undos == 0 || now.Sub(f.first) > fightWindow {
 		f.undos, f.first = 0, now
 	}
 	f.undos++
 	if f.undos < fightUndos {
-		return time.Time{}
+		f.due = time.Time{}
+		return f.due
 	}
 	wait := f.delay.Next()
 	f.due = now.Add(wait)
