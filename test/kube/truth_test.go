@@ -819,7 +819,10 @@ func TestKubeletTruth(t *testing.T) {
 			var l api.FindingList
 			decode(t, out, &l)
 			for _, f := range l.Findings {
-				if f.Severity != api.SeverityInfo {
+				// This cluster has none of the chart's admission policies
+				// (TestAdmissionPolicies installs them for itself), so the
+				// doctor rightly warns that none confines plugd's token.
+				if f.Severity != api.SeverityInfo && f.Check != "admission-policy" {
 					return false, fmt.Sprintf("%+v", f)
 				}
 			}
