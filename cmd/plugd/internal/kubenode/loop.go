@@ -116,6 +116,7 @@ func newLoop(n *Node, rec events.EventRecorder) *loop {
 type written struct {
 	v   verdict
 	seq uint64
+	c   corev1.NodeCondition // as written; no Type for a deletion
 }
 
 // heldVerdict is a verdict waiting to be written: first is when the
@@ -220,7 +221,8 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if !readable {
 			continue
 		}
-		if w, ok := l.written[e.Condition]; ok && w.v == v && w.seq == seq {
+		var written bool
+		if cur, written = l.asWritten(e.Condition, v, cur, seq); written {
 			continue // written; the informer has not brought it back yet
 		}
 		if due := l.writeDue(e, k, v, cur, now, snap.node); now.Before(due) {
@@ -354,6 +356,25 @@ func (l *loop) hold(typ string, v verdict, now time.Time) time.Time {
 		h.v, h.since = v, now
 	}
 	return earliest(h.since.Add(coalesce), h.first.Add(maxCoalesce))
+}
+
+// asWritten is the condition cond to judge verdict v against: the Node's,
+// cur, unless plugd wrote cond since the Node updates seq the informer has
+// delivered. Then the Node holds plugd's write, which the informer has not
+// brought back (its watch can lag seconds behind an API server that came
+// back): written says it is v already; otherwise v is judged against that
+// write, so that a new reason is held as any is and a transition is told
+// once.
+func (l *loop) asWritten(cond string, v verdict, cur *corev1.NodeCondition, seq uint64) (*corev1.NodeCondition, bool) {
+	w, ok := l.written[cond]
+	if !ok || w.seq != seq || w.c.Type == "" {
+		return cur, false
+	}
+	if w.v == v {
+		return cur, true
+	}
+	c := w.c
+	return &c, false
 }
 
 // writeDue says when plugd may write its verdict v of e's condition, which
@@ -517,7 +538,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 		return false
 	}
 	for _, c := range set {
-		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq}
+		l.written[string(c.Type)] = written{verdict{c.Status, c.Reason, c.Message}, seq, c}
 		l.wrote(string(c.Type), verdict{c.Status, c.Reason, c.Message})
 		if cur := findCondition(node, string(c.Type)); cur == nil || !sameVerdict(cur, verdict{c.Status, c.Reason, c.Message}) {
 			n.log.Info("Node condition set", "node", n.cfg.NodeName, "condition", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
