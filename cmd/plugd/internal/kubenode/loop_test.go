@@ -660,3 +660,41 @@ func (b *bench) delivered(msg string) bool {
 	w, ok := b.l.written[csiCond]
 	return !ok || b.n.nodeEvents.Load() > w.seq
 }
+
+// A verdict is judged against plugd's own write of its condition until the
+// informer delivers a Node update after it: after an API outage the watch
+// lags, and the Node's older condition (True) would make a new reason of a
+// False plugd just wrote look like a transition, written at once and told
+// twice (test/kube's "the API server away while a registrar goes").
+func TestAsWritten(t *testing.T) {
+	const cond = "csi.example.com/CSIPluginReady"
+	old := &corev1.NodeCondition{Type: cond, Status: corev1.ConditionTrue, Reason: ReasonReady}
+	missing := verdict{corev1.ConditionFalse, "SocketMissing", "m"}
+	notRegistered := verdict{corev1.ConditionFalse, "KubeletNotRegistered", "n"}
+	wrote := corev1.NodeCondition{Type: cond, Status: missing.status, Reason: missing.reason, Message: missing.message}
+	for _, tc := range []struct {
+		name    string
+		w       *written
+		v       verdict
+		seq     uint64
+		want    *corev1.NodeCondition
+		already bool
+	}{
+		{name: "nothing written", v: notRegistered, seq: 3, want: old},
+		{name: "written and brought back", w: &written{missing, 3, wrote}, v: notRegistered, seq: 4, want: old},
+		{name: "written, not brought back, the same", w: &written{missing, 3, wrote}, v: missing, seq: 3, want: old, already: true},
+		{name: "written, not brought back, another", w: &written{missing, 3, wrote}, v: notRegistered, seq: 3, want: &wrote},
+		{name: "deleted, not brought back", w: &written{seq: 3}, v: notRegistered, seq: 3, want: old},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &loop{written: map[string]written{}}
+			if tc.w != nil {
+				l.written[cond] = *tc.w
+			}
+			got, already := l.asWritten(cond, tc.v, old, tc.seq)
+			if already != tc.already || got == nil || got.Status != tc.want.Status || got.Reason != tc.want.Reason {
+				t.Errorf("asWritten: %+v, %v; want %+v, %v", got, already, tc.want, tc.already)
+			}
+		})
+	}
+}
