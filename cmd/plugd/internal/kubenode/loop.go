@@ -131,25 +131,7 @@ type heldVerdict struct {
 // wants to run again (zero: no need before the next change).
 func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	n := l.n
-	socks := map[key][]Plugin{}
-	// unasked: the directory not walked yet, or a socket found whose
-	// plugin has not said who it is. Any expected plugin without a socket
-	// may be behind it, so none is called missing until it has answered
-	// (or failed to, within the manager's deadlines).
-	unasked := !closed(n.cfg.Scanned)
-	for _, p := range n.cfg.Plugins() {
-		if p.Type != "" && p.Name != "" {
-			k := key{p.Type, p.Name}
-			socks[k] = append(socks[k], p)
-		} else if p.Unsettled {
-			unasked = true
-		}
-	}
-	for _, e := range n.cfg.Expect {
-		if k := (key{e.Type, e.Name}); socks[k] == nil {
-			socks[k] = nil
-		}
-	}
+	socks, unasked := l.sockets()
 	l.remember(socks)
 	// seq is the Node updates delivered before the snapshot: one delivered
 	// while it is read may be in it or not, and counts as not yet seen.
@@ -170,27 +152,76 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	// While the Node cannot be read, the verdicts are still held against
 	// the last Node read (for the doctor), and nothing is written.
 	readable := snap.nodeProblem == nil && snap.node != nil
-	var drop []string
+	var p plan
 	if readable {
 		for _, typ := range unexpected(snap.node, n.cfg.Expect) {
 			if w, ok := l.written[typ]; !ok || w.seq != seq {
-				drop = append(drop, typ) // not already deleted and not yet seen so
+				p.drop = append(p.drop, typ) // not already deleted and not yet seen so
 			}
 		}
 	}
-	var extra []entry
 	if readable && (!l.removed || l.removedSeq != seq) {
-		extra = extras(snap.node, n.cfg.Expect) // not already removed and not yet seen so
+		p.extra = extras(snap.node, n.cfg.Expect) // not already removed and not yet seen so
 	}
-	allReady := true
-	var set []corev1.NodeCondition
-	var notes []event
-	var states []ConditionState
 	beatDue := l.beatDue(snap.node)
-	beat := !beatDue.IsZero() && !now.Before(beatDue)
+	p.beat = !beatDue.IsZero() && !now.Before(beatDue)
+	next = earliest(next, l.judgeAll(now, snap.node, socks, unasked, views, readable, seq, &p))
+	n.setConditions(p.states)
+	if !readable {
+		return next
+	}
+	return l.act(ctx, now, snap.node, p, beatDue, next)
+}
+
+// sockets are the manager's plugins by their (type, name), each expected
+// one there (nil without a socket). unasked: the directory not walked yet,
+// or a socket found whose plugin has not said who it is. Any expected
+// plugin without a socket may be behind it, so none is called missing
+// until it has answered (or failed to, within the manager's deadlines).
+func (l *loop) sockets() (map[key][]Plugin, bool) {
+	n := l.n
+	socks := map[key][]Plugin{}
+	unasked := !closed(n.cfg.Scanned)
+	for _, p := range n.cfg.Plugins() {
+		if p.Type != "" && p.Name != "" {
+			k := key{p.Type, p.Name}
+			socks[k] = append(socks[k], p)
+		} else if p.Unsettled {
+			unasked = true
+		}
+	}
+	for _, e := range n.cfg.Expect {
+		if k := (key{e.Type, e.Name}); socks[k] == nil {
+			socks[k] = nil
+		}
+	}
+	return socks, unasked
+}
+
+// plan is what one evaluation decided: the conditions to set and the types
+// to drop, extra entries to remove, the events to tell once the conditions
+// are written, each expectation's state for the status API, whether every
+// expected plugin is ready and whether this is a heartbeat.
+type plan struct {
+	set      []corev1.NodeCondition
+	drop     []string
+	extra    []entry
+	notes    []event
+	states   []ConditionState
+	allReady bool
+	beat     bool
+}
+
+// judgeAll judges each expected plugin's condition against the Node's
+// (node) and fills p; it returns when to look again for a change it holds
+// back. Nothing is to be written while the Node is not readable.
+func (l *loop) judgeAll(now time.Time, node *corev1.Node, socks map[key][]Plugin, unasked bool, views map[key]view, readable bool, seq uint64, p *plan) time.Time {
+	n := l.n
+	var next time.Time
+	p.allReady = true
 	for _, e := range n.cfg.Expect {
 		k := key{e.Type, e.Name}
-		cur := findCondition(snap.node, e.Condition)
+		cur := findCondition(node, e.Condition)
 		st := ConditionState{Expectation: e}
 		if cur != nil {
 			c := *cur
@@ -198,26 +229,26 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		}
 		v, ok := judge(e, socks[k], unasked, views[k], n.cfg.RegistryDir)
 		if !ok {
-			allReady = false
+			p.allReady = false
 			delete(l.held, e.Condition)
-			states = append(states, st)
+			p.states = append(p.states, st)
 			continue
 		}
 		st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
 		n.setReady(e, v.status == corev1.ConditionTrue)
-		allReady = allReady && v.status == corev1.ConditionTrue
+		p.allReady = p.allReady && v.status == corev1.ConditionTrue
 		if sameVerdict(cur, v) {
 			delete(l.written, e.Condition)
 			delete(l.held, e.Condition)
 			l.confirmed(e.Condition, v, now)
-			if beat {
-				set = append(set, nodeCondition(e.Condition, v, cur, now))
+			if p.beat {
+				p.set = append(p.set, nodeCondition(e.Condition, v, cur, now))
 			}
-			states = append(states, st)
+			p.states = append(p.states, st)
 			continue
 		}
 		st.Pending = true
-		states = append(states, st)
+		p.states = append(p.states, st)
 		if !readable {
 			continue
 		}
@@ -225,39 +256,45 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		if cur, written = l.asWritten(e.Condition, v, cur, seq); written {
 			continue // written; the informer has not brought it back yet
 		}
-		if due := l.writeDue(e, k, v, cur, now, snap.node); now.Before(due) {
+		if due := l.writeDue(e, k, v, cur, now, node); now.Before(due) {
 			next = earliest(next, due)
 			continue
 		}
-		set = append(set, nodeCondition(e.Condition, v, cur, now))
+		p.set = append(p.set, nodeCondition(e.Condition, v, cur, now))
 		switch {
 		case v.status == corev1.ConditionTrue && (cur == nil || cur.Status != corev1.ConditionTrue):
 			cause := ""
 			if v.reason != ReasonReady {
 				cause = v.reason
 			}
-			notes = append(notes, event{corev1.EventTypeNormal, "PluginReady", k, cause, v.message})
+			p.notes = append(p.notes, event{corev1.EventTypeNormal, "PluginReady", k, cause, v.message})
 			if cur != nil {
 				n.m.notReady.WithLabelValues(e.Type).Observe(now.Sub(cur.LastTransitionTime.Time).Seconds())
 			}
 		case v.status != corev1.ConditionTrue && cur != nil && cur.Status == corev1.ConditionTrue:
-			notes = append(notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.reason, v.message + " (" + v.reason + ")"})
+			p.notes = append(p.notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.reason, v.message + " (" + v.reason + ")"})
 		}
 	}
-	n.setConditions(states)
-	if !readable {
-		return next
-	}
+	return next
+}
+
+// act writes what p says, in order: the extra entries removed, the
+// conditions set and dropped (then their events), the startup taint
+// removed. A write that fails stops the rest until the write backoff lets
+// them go again. It returns when to look again.
+func (l *loop) act(ctx context.Context, now time.Time, node *corev1.Node, p plan, beatDue, next time.Time) time.Time {
+	n := l.n
+	set, drop, extra, beat := p.set, p.drop, p.extra, p.beat
 	if beat && len(set) == 0 {
 		l.lastBeat = now // nothing plugd can vouch for now; the next look is a heartbeat away
 	}
 	if !beatDue.IsZero() {
 		next = earliest(next, beatDue)
 	}
-	allReady = allReady && len(n.cfg.Expect) > 0
+	allReady := p.allReady && len(n.cfg.Expect) > 0
 	var taint []byte // the patch that removes the startup taint, when it is due
 	if allReady && n.taintKey != "" {
-		if p, has, err := taintPatch(snap.node, n.taintKey, n.taintEffect); has && err == nil {
+		if p, has, err := taintPatch(node, n.taintKey, n.taintEffect); has && err == nil {
 			taint = p
 		}
 	}
@@ -279,7 +316,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 		return earliest(next, l.nextWrite)
 	}
 	if len(set) > 0 || len(drop) > 0 {
-		if !l.writeConditions(ctx, now, snap.node, set, drop, notes) {
+		if !l.writeConditions(ctx, now, node, set, drop, p.notes) {
 			return earliest(next, l.nextWrite)
 		}
 		if beat {
