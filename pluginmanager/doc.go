@@ -116,7 +116,7 @@
 // kept connections of pluginmanager/internal/connset), the table of
 // handlers and observers (read without a lock), and the sandbox handler
 // calls run in. What a look does is decided by pure functions of what it
-// knows (nextStep, stepVerdict, decideFailure, judgeHealth, observeStep,
+// knows (nextStep, stepOutcomeOf, decideFailure, judgeHealth, observeStep,
 // lookVerdict), and done by the callers around them. Options.Clock is the
 // time of all of it, so tests on a fake clock are exact; the deadlines of
 // RPCs and handler calls are real time.

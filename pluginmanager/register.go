@@ -18,7 +18,7 @@ import (
 // A registration attempt, in steps: connect to the registration socket, ask
 // GetInfo, check the answer and the options' rules, find the type's
 // handler, Validate, Register, and tell the plugin. A step that fails comes
-// to a verdict (stepVerdict: from the step and its error only), which
+// to an outcome (stepOutcomeOf: from the step and its error only), which
 // settle carries out: let the socket go, refuse the plugin (telling it),
 // or record the failure (fail, whose outcome decideFailure decides from
 // the facts). Each function here holds one step, so that a worker's stack
@@ -84,8 +84,8 @@ const (
 	atRegister                    // the handler's Register
 )
 
-// verdict is what a failed step of an attempt comes to.
-type verdict struct {
+// stepOutcome is what a failed step of an attempt comes to.
+type stepOutcome struct {
 	failed   bool
 	reason   Reason
 	err      error // what to record
@@ -96,7 +96,7 @@ type verdict struct {
 	endpoint bool  // the handler may have failed for want of the plugin's endpoint: see awaits
 }
 
-// stepVerdict is the verdict of step at failing with err. A plugin that
+// stepOutcomeOf is the outcome of step at failing with err. A plugin that
 // cannot be reached, or does not answer, is not told (it is not listening
 // to anything); one that answered is told, unless its socket changed. What
 // retrying cannot fix is terminal: an answer over the size cap or that
@@ -108,11 +108,11 @@ type verdict struct {
 // Register that failed, but not for good, may have failed for want of the
 // plugin's endpoint (a CSI driver not up yet): the plugin is told only if
 // that endpoint takes connections (awaits).
-func stepVerdict(at attemptStep, err error) verdict {
-	v := verdict{failed: true, err: err, tell: at > atGetInfo}
+func stepOutcomeOf(at attemptStep, err error) stepOutcome {
+	v := stepOutcome{failed: true, err: err, tell: at > atGetInfo}
 	switch {
 	case at <= atGetInfo && errors.Is(err, confine.ErrChanged):
-		return verdict{failed: true, err: err, gone: true}
+		return stepOutcome{failed: true, err: err, gone: true}
 	case at == atDial:
 		v.reason = ReasonDial
 	case at == atGetInfo && status.Code(err) == codes.ResourceExhausted:
@@ -144,29 +144,29 @@ func stepVerdict(at attemptStep, err error) verdict {
 }
 
 // handshake connects to the plugin and asks it who it is. It returns the
-// connection the answer came on, open, and the plugin, or the verdict of
+// connection the answer came on, open, and the plugin, or the outcome of
 // the step that failed (with the connection, if one is open).
-func (r *registrar) handshake(ctx context.Context, t *try) (*unaryconn.Conn, Plugin, verdict) {
+func (r *registrar) handshake(ctx context.Context, t *try) (*unaryconn.Conn, Plugin, stepOutcome) {
 	dial := r.client.dial
 	if t.fresh {
 		dial = r.client.dialNew
 	}
 	conn, err := dial(ctx, t.e, t.path)
 	if err != nil {
-		return nil, Plugin{Socket: t.path}, stepVerdict(atDial, replacedDuring(t.path, t.e, err))
+		return nil, Plugin{Socket: t.path}, stepOutcomeOf(atDial, replacedDuring(t.path, t.e, err))
 	}
 	// From here, refuse takes conn, to tell the plugin; a registration keeps
 	// it for the liveness watch.
 	conn, info, err := r.askInfo(ctx, t, conn)
 	if err != nil {
-		return conn, Plugin{Socket: t.path}, stepVerdict(atGetInfo, replacedDuring(t.path, t.e, err))
+		return conn, Plugin{Socket: t.path}, stepOutcomeOf(atGetInfo, replacedDuring(t.path, t.e, err))
 	}
 	p, err := pluginFromInfo(info, t.path)
 	if err != nil {
 		// Keep none of what it said: the error says what was wrong, bounded.
-		return conn, Plugin{Socket: t.path}, stepVerdict(atInfo, err)
+		return conn, Plugin{Socket: t.path}, stepOutcomeOf(atInfo, err)
 	}
-	return conn, p, verdict{}
+	return conn, p, stepOutcome{}
 }
 
 // askInfo is GetInfo on conn, with its deadline. If the server closed the
@@ -193,45 +193,45 @@ func (r *registrar) askInfo(ctx context.Context, t *try, conn *unaryconn.Conn) (
 
 // admit applies the options' rules to p, finds its type's handler, and asks
 // it whether p may register (Validate).
-func (r *registrar) admit(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin) (*handlerEntry, verdict) {
+func (r *registrar) admit(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin) (*handlerEntry, stepOutcome) {
 	t.e.answer.Store(&p)
 	he := r.table.get(p.Type)
 	who := func() peer { return r.client.peerOf(ctx, t.e, conn, t.path) }
 	if err := r.policy.check(p, who, he); err != nil {
-		return nil, stepVerdict(atPolicy, err)
+		return nil, stepOutcomeOf(atPolicy, err)
 	}
 	if he == nil {
-		return nil, stepVerdict(atHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type))
+		return nil, stepOutcomeOf(atHandler, fmt.Errorf("%w %q: the manager has none for it", errNoHandler, p.Type))
 	}
 	h := he.h
 	if err := r.sandbox.call(ctx, t.path, "Validate", func(ctx context.Context) error { return h.Validate(ctx, p) }); err != nil {
-		return nil, stepVerdict(atValidate, err)
+		return nil, stepOutcomeOf(atValidate, err)
 	}
-	return he, verdict{}
+	return he, stepOutcome{}
 }
 
 // take hands p to its handler (Register). On failure it returns the
-// registration only if the handler may hold it still (verdict.keep).
-func (r *registrar) take(ctx context.Context, t *try, p Plugin, he *handlerEntry) (*registration, verdict) {
+// registration only if the handler may hold it still (stepOutcome.keep).
+func (r *registrar) take(ctx context.Context, t *try, p Plugin, he *handlerEntry) (*registration, stepOutcome) {
 	h := he.h
 	reg := &registration{id: t.id, plugin: p, handler: h, endpoint: newEndpointWatch(t.path, r.queue.Add)}
 	err := r.sandbox.call(reg.endpoint.with(ctx), t.path, "Register", func(ctx context.Context) error { return h.Register(ctx, p) })
 	if err == nil {
-		return reg, verdict{}
+		return reg, stepOutcome{}
 	}
 	reg.endpoint.end()
-	v := stepVerdict(atRegister, err)
+	v := stepOutcomeOf(atRegister, err)
 	if !v.keep {
 		reg = nil
 	}
 	return reg, v
 }
 
-// settle carries out the verdict v of a failed step: the socket let go,
+// settle carries out the outcome v of a failed step: the socket let go,
 // the plugin refused (told, over conn), or the failure recorded (a plugin
 // that waits for its endpoint is not told: awaits). keep is a registration
 // the handler may hold still.
-func (r *registrar) settle(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin, v verdict, keep *registration) result {
+func (r *registrar) settle(ctx context.Context, t *try, conn *unaryconn.Conn, p Plugin, v stepOutcome, keep *registration) result {
 	f := failure{p: p, reason: v.reason, err: v.err, terminal: v.terminal, attempt: t.n, keep: keep}
 	switch {
 	case v.gone:
@@ -247,9 +247,9 @@ func (r *registrar) settle(ctx context.Context, t *try, conn *unaryconn.Conn, p 
 // mayAwaitEndpoint decides whether the plugin p, whose attempt failed as v
 // says, may wait for its endpoint instead of being told it was not
 // registered: if its handler's Validate or Register failed, not for good
-// (verdict.endpoint), and it announced an endpoint of its own. It waits if
+// (stepOutcome.endpoint), and it announced an endpoint of its own. It waits if
 // that endpoint then takes no connection (awaits).
-func mayAwaitEndpoint(v verdict, p Plugin) bool {
+func mayAwaitEndpoint(v stepOutcome, p Plugin) bool {
 	return v.endpoint && p.Endpoint != "" && p.Endpoint != p.Socket
 }
 
@@ -264,7 +264,7 @@ func mayAwaitEndpoint(v verdict, p Plugin) bool {
 // for (failure.awaiting): the plugin is registered, and told, once its
 // endpoint takes connections (awaitEndpoint). Any other failure is told,
 // as the kubelet tells it.
-func (r *registrar) awaits(ctx context.Context, t *try, p Plugin, v verdict, f *failure) bool {
+func (r *registrar) awaits(ctx context.Context, t *try, p Plugin, v stepOutcome, f *failure) bool {
 	if ctx.Err() != nil || !mayAwaitEndpoint(v, p) {
 		return false
 	}

@@ -144,14 +144,14 @@ func subdirsTrusted(top, path string, allowWritable bool) bool {
 // the watcher is asked to look (watcher.trusted), which lets the
 // directory's plugins go until it is fixed. One lstat per directory up to
 // /, at an attempt, not at a probe.
-func (r *registrar) dirVerdict() verdict {
+func (r *registrar) dirVerdict() stepOutcome {
 	if r.opts.Observe || r.opts.AllowWritableDir {
-		return verdict{}
+		return stepOutcome{}
 	}
 	err, bad := checkDir(r.opts.Dir)
 	if !bad {
-		return verdict{}
+		return stepOutcome{}
 	}
 	r.reg.rescan()
-	return verdict{failed: true, reason: ReasonPolicy, err: fmt.Errorf("not registering: the registry directory %w", err)}
+	return stepOutcome{failed: true, reason: ReasonPolicy, err: fmt.Errorf("not registering: the registry directory %w", err)}
 }

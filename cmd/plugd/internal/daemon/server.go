@@ -144,7 +144,7 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		kubelet := d.kubeletView(s)
 		s, remembered := identify(s)
-		in.Plugins = append(in.Plugins, doctor.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint,
+		in.Plugins = append(in.Plugins, doctor.Target{Socket: s.Socket, Type: s.Type, Name: s.Name, Endpoint: s.Endpoint,
 			Versions: s.Versions, State: string(s.State), Reason: string(s.Reason), LastError: s.LastError, Created: s.Created,
 			Answering: answering(s), Remembered: remembered, Kubelet: kubelet})
 	}

@@ -30,8 +30,8 @@ import (
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
-// Plugin is one registration socket as plugd knows it.
-type Plugin struct {
+// Target is one registration socket the doctor examines, as plugd knows it.
+type Target struct {
 	Socket, Type, Name, Endpoint string
 	Versions                     []string
 	// State is plugd's (api.Plugin's); Reason and LastError say why a
@@ -111,7 +111,7 @@ type Input struct {
 	// than registering plugins itself; AllowWritableDir that it accepts
 	// directories other users may change (pluginmanager.Options).
 	Observe, AllowWritableDir bool
-	Plugins                   []Plugin
+	Plugins                   []Target
 	Expect                    []Expected
 	// KubeletRoots are kubelet root directories whose plugins_registry is
 	// searched for sockets that belong in RegistryDir. Nil means
@@ -229,13 +229,13 @@ func (c *checker) add(f api.Finding) {
 }
 
 // about fills in which plugin a finding is about.
-func about(f api.Finding, p *Plugin) api.Finding {
+func about(f api.Finding, p *Target) api.Finding {
 	f.Type, f.Name, f.Socket = p.Type, p.Name, p.Socket
 	return f
 }
 
 // lookAll takes each socket's own looks, a few at a time.
-func lookAll(ctx context.Context, ps []Plugin) []look {
+func lookAll(ctx context.Context, ps []Target) []look {
 	out := make([]look, len(ps))
 	sem := make(chan struct{}, parallelLooks)
 	var wg sync.WaitGroup
@@ -254,7 +254,7 @@ func lookAll(ctx context.Context, ps []Plugin) []look {
 }
 
 // socket is every check of one socket alone.
-func (c *checker) socket(p *Plugin, l look) {
+func (c *checker) socket(p *Target, l look) {
 	if len(p.Socket) > maxSockPath {
 		c.add(about(api.Finding{Severity: api.SeverityError, Check: "socket-path-too-long",
 			Summary:  fmt.Sprintf("the socket's path is %d bytes long: unix sockets cannot be reached by a path over %d bytes", len(p.Socket), maxSockPath),
@@ -301,7 +301,7 @@ func (c *checker) socket(p *Plugin, l look) {
 }
 
 // fileEvidence is a socket file's age, owner and mode.
-func (c *checker) fileEvidence(p *Plugin, l look) []string {
+func (c *checker) fileEvidence(p *Target, l look) []string {
 	var ev []string
 	created := p.Created
 	if created.IsZero() {
@@ -325,8 +325,8 @@ func (c *checker) fileEvidence(p *Plugin, l look) []string {
 
 // replacedBy says another socket of p's plugin answers: p is then an old
 // instance's, reported by duplicates.
-func (c *checker) replacedBy(p *Plugin) bool {
-	return p.Type != "" && slices.ContainsFunc(c.in.Plugins, func(o Plugin) bool {
+func (c *checker) replacedBy(p *Target) bool {
+	return p.Type != "" && slices.ContainsFunc(c.in.Plugins, func(o Target) bool {
 		return o.Socket != p.Socket && o.Type == p.Type && o.Name == p.Name && o.Answering
 	})
 }
@@ -355,7 +355,7 @@ func (c *checker) duplicates() {
 // expected reports expected plugins with no socket.
 func (c *checker) expected() {
 	for _, e := range c.in.Expect {
-		if slices.ContainsFunc(c.in.Plugins, func(p Plugin) bool { return p.Type == e.Type && p.Name == e.Name }) {
+		if slices.ContainsFunc(c.in.Plugins, func(p Target) bool { return p.Type == e.Type && p.Name == e.Name }) {
 			continue
 		}
 		f := api.Finding{Severity: api.SeverityError, Check: "expected-missing", Type: e.Type, Name: e.Name,
@@ -375,7 +375,7 @@ func (c *checker) expected() {
 // socket answers, with the likely causes, and CSI drivers it refuses for a
 // topology conflict (whose registrar then exits: their socket need not
 // answer).
-func (c *checker) kubelet(p *Plugin) {
+func (c *checker) kubelet(p *Target) {
 	if p.Kubelet == nil {
 		return
 	}

@@ -111,7 +111,7 @@ func TestCheck(t *testing.T) {
 		Expect:       []Expected{{Type: "CSIPlugin", Name: "missing.example.com", Condition: "missing.example.com/CSIPluginReady"}},
 		Kubernetes: []KubernetesProblem{{Operation: "list and watch CSINode node-a", Reason: "Forbidden",
 			Message: "csinodes is forbidden", Permission: "list, watch csinodes.storage.k8s.io", Since: time.Now()}},
-		Plugins: []Plugin{
+		Plugins: []Target{
 			{Socket: p("stale.sock"), Type: "CSIPlugin", Name: "gone.example.com", State: "Stale", Created: created, Remembered: true},
 			{Socket: p("old.sock"), Type: "DevicePlugin", Name: "vendor.example/gpu", Versions: []string{"v1beta1"}, State: "Stale", Remembered: true},
 			{Socket: p("new.sock"), Type: "DevicePlugin", Name: "vendor.example/gpu", Versions: []string{"v1beta1"}, Endpoint: p("new.sock"), State: "Answering", Answering: true},
@@ -244,7 +244,7 @@ func TestKubeletTruth(t *testing.T) {
 	testenv.DeadSocket(t, stale)
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	in := Input{RegistryDir: reg, KubeletRoots: []string{}, Now: now,
-		Plugins: []Plugin{{Socket: stale, Type: "CSIPlugin", Name: "csi.example.com", State: "NotAnswering", Remembered: true,
+		Plugins: []Target{{Socket: stale, Type: "CSIPlugin", Name: "csi.example.com", State: "NotAnswering", Remembered: true,
 			Kubelet: &api.KubeletView{State: api.KubeletNotRegistered, Reason: "TopologyConflict", Message: "the driver reports topology.example.com/node=b but Node n has the label topology.example.com/node=a"}}},
 		Expect:       []Expected{{Type: "DevicePlugin", Name: "vendor.example/gpu", Condition: "vendor.example/gpu-DevicePluginReady"}},
 		Kubelet:      &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletForbidden", Permission: "get nodes/metrics", Message: "the kubelet refuses", Since: now.Add(-time.Minute)},
@@ -361,7 +361,7 @@ func TestRejectedPlugins(t *testing.T) {
 	for _, s := range []string{"greeter.sock", "bad.sock", "csi0.sock"} {
 		listen(t, p(s))
 	}
-	fs := Check(context.Background(), Input{RegistryDir: dir, KubeletRoots: []string{}, Plugins: []Plugin{
+	fs := Check(context.Background(), Input{RegistryDir: dir, KubeletRoots: []string{}, Plugins: []Target{
 		{Socket: p("greeter.sock"), Type: "example.com/Greeter", Name: "greeter", Versions: []string{"v1"}, Answering: true,
 			State: api.StateRejected, Reason: api.ReasonNoHandler, LastError: `no handler for plugin type "example.com/Greeter"`},
 		{Socket: p("bad.sock"), Type: "CSIPlugin", Name: "bad", Versions: []string{"1.0.0"}, Answering: true,

@@ -55,7 +55,7 @@ type file struct {
 
 // lookAt takes the looks p calls for: its socket when it does not answer,
 // its endpoint and its health service when it does.
-func lookAt(ctx context.Context, p *Plugin) look {
+func lookAt(ctx context.Context, p *Target) look {
 	var l look
 	if fi, err := os.Lstat(p.Socket); err == nil {
 		l.file = file{owner: ownerOf(fi), mode: fi.Mode().String(), modTime: fi.ModTime()}
@@ -100,7 +100,7 @@ func dialUnix(ctx context.Context, path string) dial {
 // missingHealth asks the DRA health service p advertises for its stream,
 // and says what it answered if that is "not implemented". A driver that
 // implements it may send nothing for a while: that is fine.
-func missingHealth(ctx context.Context, p *Plugin) string {
+func missingHealth(ctx context.Context, p *Target) string {
 	v1, v1alpha1 := slices.Contains(p.Versions, drahealthv1.DRAResourceHealthService), slices.Contains(p.Versions, drahealthv1alpha1.DRAResourceHealthService)
 	if !v1 && !v1alpha1 {
 		return ""

@@ -29,7 +29,7 @@ func (c *checker) rejected() {
 }
 
 // rejectedRemedy is what to do about a plugin rejected as p.Reason says.
-func rejectedRemedy(p *Plugin) string {
+func rejectedRemedy(p *Target) string {
 	switch p.Reason {
 	case api.ReasonNoHandler:
 		return fmt.Sprintf("plugd has no handler for the type %s: add one (config handlers: [{type: %s, handler: accept}], or --handler %s=accept; the defaults are CSIPlugin, DRAPlugin and DevicePlugin), then restart the plugin or send plugd SIGHUP", p.Type, p.Type, p.Type)
@@ -46,7 +46,7 @@ func rejectedRemedy(p *Plugin) string {
 }
 
 // who names a plugin for a person.
-func who(p *Plugin) string {
+func who(p *Target) string {
 	if p.Type == "" {
 		return p.Socket
 	}

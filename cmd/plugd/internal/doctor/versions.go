@@ -14,7 +14,7 @@ import (
 
 // refusedVersions reports a plugin whose versions the kubelet would refuse
 // at validation, as the kubelet's handler for its type checks them.
-func refusedVersions(p *Plugin) (api.Finding, bool) {
+func refusedVersions(p *Target) (api.Finding, bool) {
 	f := api.Finding{Severity: api.SeverityError, Check: "versions-refused",
 		Evidence: []string{"versions: [" + strings.Join(p.Versions, ", ") + "]"}}
 	switch p.Type {

@@ -14,7 +14,7 @@ import (
 	"github.com/plugd/plugd/internal/confine"
 )
 
-// stepVerdict, what a failed step of a registration attempt comes to, from
+// stepOutcomeOf, what a failed step of a registration attempt comes to, from
 // the step and its error alone.
 func TestStepVerdict(t *testing.T) {
 	refusedDial := fmt.Errorf("connect /r/p.sock: %w", syscall.ECONNREFUSED)
@@ -24,38 +24,38 @@ func TestStepVerdict(t *testing.T) {
 		name string
 		at   attemptStep
 		err  error
-		want verdict
+		want stepOutcome
 	}{
-		{"dial refused", atDial, refusedDial, verdict{reason: ReasonDial}},
-		{"socket changed while connecting", atDial, changed, verdict{gone: true}},
-		{"socket changed while asking", atGetInfo, changed, verdict{gone: true}},
-		{"handshake failed", atGetInfo, dialFailure{errors.New("no SETTINGS")}, verdict{reason: ReasonDial}},
-		{"GetInfo failed", atGetInfo, status.Error(codes.Unavailable, "x"), verdict{reason: ReasonGetInfo}},
-		{"GetInfo unimplemented", atGetInfo, status.Error(codes.Unimplemented, "x"), verdict{reason: ReasonGetInfo, terminal: true}},
-		{"GetInfo answer too large", atGetInfo, status.Error(codes.ResourceExhausted, "x"), verdict{reason: ReasonInvalidInfo, terminal: true, tell: true}},
-		{"answer breaks a rule", atInfo, errInvalidInfo, verdict{reason: ReasonInvalidInfo, terminal: true, tell: true}},
-		{"refused by the options' rules", atPolicy, errors.New("outside"), verdict{reason: ReasonPolicy, terminal: true, tell: true}},
-		{"no handler", atHandler, errNoHandler, verdict{reason: ReasonNoHandler, terminal: true, tell: true}},
-		{"Validate refused", atValidate, errors.New("no"), verdict{reason: ReasonValidate, terminal: true, tell: true}},
-		{"Validate timed out", atValidate, fault, verdict{reason: ReasonValidate, tell: true, endpoint: true}},
-		{"a kubelet handler's Validate refused", atValidate, &retryableError{errors.New("no")}, verdict{reason: ReasonValidate, tell: true, endpoint: true}},
-		{"Register failed", atRegister, errors.New("busy"), verdict{reason: ReasonRegister, tell: true, endpoint: true}},
-		{"Register refused for good", atRegister, TerminalError(errors.New("never")), verdict{reason: ReasonRegister, terminal: true, tell: true}},
-		{"Register timed out: kept, to be taken back", atRegister, fault, verdict{reason: ReasonRegister, tell: true, keep: true, endpoint: true}},
+		{"dial refused", atDial, refusedDial, stepOutcome{reason: ReasonDial}},
+		{"socket changed while connecting", atDial, changed, stepOutcome{gone: true}},
+		{"socket changed while asking", atGetInfo, changed, stepOutcome{gone: true}},
+		{"handshake failed", atGetInfo, dialFailure{errors.New("no SETTINGS")}, stepOutcome{reason: ReasonDial}},
+		{"GetInfo failed", atGetInfo, status.Error(codes.Unavailable, "x"), stepOutcome{reason: ReasonGetInfo}},
+		{"GetInfo unimplemented", atGetInfo, status.Error(codes.Unimplemented, "x"), stepOutcome{reason: ReasonGetInfo, terminal: true}},
+		{"GetInfo answer too large", atGetInfo, status.Error(codes.ResourceExhausted, "x"), stepOutcome{reason: ReasonInvalidInfo, terminal: true, tell: true}},
+		{"answer breaks a rule", atInfo, errInvalidInfo, stepOutcome{reason: ReasonInvalidInfo, terminal: true, tell: true}},
+		{"refused by the options' rules", atPolicy, errors.New("outside"), stepOutcome{reason: ReasonPolicy, terminal: true, tell: true}},
+		{"no handler", atHandler, errNoHandler, stepOutcome{reason: ReasonNoHandler, terminal: true, tell: true}},
+		{"Validate refused", atValidate, errors.New("no"), stepOutcome{reason: ReasonValidate, terminal: true, tell: true}},
+		{"Validate timed out", atValidate, fault, stepOutcome{reason: ReasonValidate, tell: true, endpoint: true}},
+		{"a kubelet handler's Validate refused", atValidate, &retryableError{errors.New("no")}, stepOutcome{reason: ReasonValidate, tell: true, endpoint: true}},
+		{"Register failed", atRegister, errors.New("busy"), stepOutcome{reason: ReasonRegister, tell: true, endpoint: true}},
+		{"Register refused for good", atRegister, TerminalError(errors.New("never")), stepOutcome{reason: ReasonRegister, terminal: true, tell: true}},
+		{"Register timed out: kept, to be taken back", atRegister, fault, stepOutcome{reason: ReasonRegister, tell: true, keep: true, endpoint: true}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := stepVerdict(tc.at, tc.err)
+			got := stepOutcomeOf(tc.at, tc.err)
 			if !got.failed || got.err == nil {
-				t.Errorf("stepVerdict = %+v: not a failure with its error", got)
+				t.Errorf("stepOutcomeOf = %+v: not a failure with its error", got)
 			}
 			got.failed, got.err = false, nil
 			if got != tc.want {
-				t.Errorf("stepVerdict = %+v, want %+v", got, tc.want)
+				t.Errorf("stepOutcomeOf = %+v, want %+v", got, tc.want)
 			}
 		})
 	}
-	if v := stepVerdict(atGetInfo, status.Error(codes.ResourceExhausted, "x")); !errors.Is(v.err, errInvalidInfo) {
+	if v := stepOutcomeOf(atGetInfo, status.Error(codes.ResourceExhausted, "x")); !errors.Is(v.err, errInvalidInfo) {
 		t.Errorf("an answer too large is recorded as %v, want invalid info", v.err)
 	}
 }
@@ -108,27 +108,27 @@ func TestDecideFailure(t *testing.T) {
 }
 
 // mayAwaitEndpoint, whether a failed attempt may wait for the plugin's
-// endpoint instead of telling the plugin, from the verdict and what the
+// endpoint instead of telling the plugin, from the outcome and what the
 // plugin announced alone.
 func TestMayAwaitEndpoint(t *testing.T) {
 	const socket, endpoint = "/r/p.sock", "/csi/csi.sock"
 	busy, never := errors.New("busy"), TerminalError(errors.New("never"))
 	tests := []struct {
 		name     string
-		v        verdict
+		v        stepOutcome
 		endpoint string
 		want     bool
 	}{
-		{"Register failed, endpoint of its own", stepVerdict(atRegister, busy), endpoint, true},
-		{"Register timed out, endpoint of its own", stepVerdict(atRegister, &handlerFault{context.DeadlineExceeded}), endpoint, true},
-		{"Validate failed, not for good", stepVerdict(atValidate, &retryableError{busy}), endpoint, true},
-		{"Register refused for good", stepVerdict(atRegister, never), endpoint, false},
-		{"Validate refused", stepVerdict(atValidate, busy), endpoint, false},
-		{"no endpoint announced: its registration socket", stepVerdict(atRegister, busy), socket, false},
-		{"no endpoint at all", stepVerdict(atRegister, busy), "", false},
-		{"a bad GetInfo answer", stepVerdict(atInfo, errInvalidInfo), endpoint, false},
-		{"refused by the options' rules", stepVerdict(atPolicy, errors.New("outside")), endpoint, false},
-		{"no handler", stepVerdict(atHandler, errNoHandler), endpoint, false},
+		{"Register failed, endpoint of its own", stepOutcomeOf(atRegister, busy), endpoint, true},
+		{"Register timed out, endpoint of its own", stepOutcomeOf(atRegister, &handlerFault{context.DeadlineExceeded}), endpoint, true},
+		{"Validate failed, not for good", stepOutcomeOf(atValidate, &retryableError{busy}), endpoint, true},
+		{"Register refused for good", stepOutcomeOf(atRegister, never), endpoint, false},
+		{"Validate refused", stepOutcomeOf(atValidate, busy), endpoint, false},
+		{"no endpoint announced: its registration socket", stepOutcomeOf(atRegister, busy), socket, false},
+		{"no endpoint at all", stepOutcomeOf(atRegister, busy), "", false},
+		{"a bad GetInfo answer", stepOutcomeOf(atInfo, errInvalidInfo), endpoint, false},
+		{"refused by the options' rules", stepOutcomeOf(atPolicy, errors.New("outside")), endpoint, false},
+		{"no handler", stepOutcomeOf(atHandler, errNoHandler), endpoint, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
