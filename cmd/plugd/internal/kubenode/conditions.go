@@ -27,6 +27,11 @@ type Expectation struct {
 	// MinHealthyDevices, for a DevicePlugin, is how many healthy devices it
 	// must have. Zero means 1.
 	MinHealthyDevices int
+	// Taint, as KEY:EFFECT, is a taint of this plugin's, removed from the
+	// Node once it is ready (taints.go); Retaint puts it back when the
+	// plugin, once ready, is not any more.
+	Taint   string
+	Retaint bool
 }
 
 // The reasons of plugd's Node conditions.

@@ -196,10 +196,10 @@ const (
 
 // slimNode keeps of a Node what plugd reads: its name and UID (events
 // refer to it), labels (the topology a CSI driver reports is held against
-// them), plugd's own managedFields, taints, capacity, allocatable and
-// conditions, every one in its place (plugd removes its duplicates by
-// index), their reasons and messages cut to maxKeptReason and
-// maxKeptMessage.
+// them), plugd's own managedFields and who last wrote its taints, its
+// taints, capacity, allocatable and conditions, every one in its place
+// (plugd removes its duplicates by index), their reasons and messages cut
+// to maxKeptReason and maxKeptMessage.
 func slimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -209,8 +209,13 @@ func slimNode(obj any) (any, error) {
 		Spec:   corev1.NodeSpec{Taints: n.Spec.Taints},
 		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable}}
 	for _, mf := range n.ManagedFields {
-		if mf.Manager == nodecond.FieldManager {
+		switch {
+		case mf.Manager == nodecond.FieldManager:
 			out.ManagedFields = append(out.ManagedFields, mf)
+		case mf.Subresource == "" && mf.FieldsV1 != nil && ownsTaints(mf.FieldsV1.Raw):
+			// Who last wrote the taints, and when (taintsOwner), not the fields.
+			out.ManagedFields = append(out.ManagedFields, metav1.ManagedFieldsEntry{Manager: mf.Manager,
+				Operation: mf.Operation, Time: mf.Time, FieldsType: mf.FieldsType, FieldsV1: taintsOwnerFields})
 		}
 	}
 	out.Status.Conditions = make([]corev1.NodeCondition, len(n.Status.Conditions))
