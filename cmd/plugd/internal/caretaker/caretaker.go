@@ -39,8 +39,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -225,8 +225,12 @@ func newCaretaker(core corev1client.CoreV1Interface, storage storagev1client.Sto
 		pods := core.Pods(cfg.PlugdNamespace)
 		selected := func(o metav1.ListOptions) metav1.ListOptions { o.LabelSelector = cfg.PlugdSelector; return o }
 		c.pods = informer(c, client, "plugd's pods", "list, watch pods in namespace "+cfg.PlugdNamespace, &corev1.Pod{},
-			func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) { return pods.List(ctx, selected(o)) },
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return pods.Watch(ctx, selected(o)) },
+			func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+				return pods.List(ctx, selected(o))
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return pods.Watch(ctx, selected(o))
+			},
 			slimPod, cache.Indexers{byNode: podNode})
 		_, _ = c.pods.AddEventHandler(onAny(func(obj any) {
 			if p, ok := podOf(obj); ok && p.Spec.NodeName != "" {

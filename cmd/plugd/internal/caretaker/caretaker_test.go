@@ -386,7 +386,9 @@ func TestRunSigns(t *testing.T) {
 	if _, err := pods.UpdateStatus(ctx, pod("p-rolled-2", "rolled", true), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitLooks(t, looks, func(l looked) bool { return l.name == "rolled" && l.next.Equal(t0.Add(nodecond.MaxHeartbeatAge-time.Minute+time.Nanosecond)) })
+	waitLooks(t, looks, func(l looked) bool {
+		return l.name == "rolled" && l.next.Equal(t0.Add(nodecond.MaxHeartbeatAge-time.Minute+time.Nanosecond))
+	})
 	// dropped: the kubelet drops the driver; its pod stays Ready.
 	if _, err := cs.StorageV1().CSINodes().Update(ctx, csiNode("dropped"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

@@ -318,7 +318,9 @@ func csiCond(name string, status corev1.ConditionStatus, age time.Duration) core
 func TestLookSigns(t *testing.T) {
 	b := bounds{staleAfter: nodecond.MaxHeartbeatAge, podGrace: 40 * time.Second, csiGrace: 10 * time.Second}
 	ago := func(d time.Duration) time.Time { return t0.Add(-d) }
-	gone := func(driver string, d time.Duration) map[string]time.Time { return map[string]time.Time{driver: ago(d), "other": {}} }
+	gone := func(driver string, d time.Duration) map[string]time.Time {
+		return map[string]time.Time{driver: ago(d), "other": {}}
+	}
 	const pod, csi, stale = signPodDown, signCSINode, signStale
 	for _, tc := range []struct {
 		name   string
