@@ -39,7 +39,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -149,11 +148,6 @@ func New(cfg Config) (*Caretaker, error) {
 	// Protobuf: a list of every Node is the largest read.
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
-	if cfg.PlugdSelector != "" {
-		if _, err := labels.Parse(cfg.PlugdSelector); err != nil {
-			return nil, fmt.Errorf("--plugd-selector %q: %w: give the labels of plugd's DaemonSet pods, such as app.kubernetes.io/name=plugd", cfg.PlugdSelector, err)
-		}
-	}
 	core, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)

@@ -452,3 +452,23 @@ func waitLooks(t *testing.T, ch <-chan looked, want ...func(looked) bool) {
 		}
 	}
 }
+
+// Bad flags are refused before the caretaker reads anything, saying which
+// and what to give.
+func TestCommandFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pod-grace", "0s"}, "--pod-grace 0s: give a positive duration, such as 40s"},
+		{[]string{"--csinode-grace", "-1s"}, "--csinode-grace -1s: give a positive duration, such as 10s, or 0 to watch no CSINodes"},
+		{[]string{"--plugd-namespace", "plugd", "--plugd-selector", "a in (b"}, `--plugd-selector "a in (b"`},
+		{[]string{"--plugd-selector", "app=plugd"}, `--plugd-selector "app=plugd" without --plugd-namespace`},
+	} {
+		cmd := Command()
+		cmd.SetArgs(tc.args)
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

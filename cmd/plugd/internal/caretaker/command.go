@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
 
 	"github.com/plugd/plugd/internal/nodecond"
@@ -55,20 +56,8 @@ SIGINT stops it.`,
 			default:
 				return fmt.Errorf("--log-format %q: use text or json", format)
 			}
-			if cfg.StaleAfter <= 0 {
-				return fmt.Errorf("--stale-after %s: give a positive duration, such as %s", cfg.StaleAfter, nodecond.MaxHeartbeatAge)
-			}
-			if cfg.PodGrace <= 0 {
-				return fmt.Errorf("--pod-grace %s: give a positive duration, such as %s (longer than a rolling update's gap between plugd's old pod and its new one)", cfg.PodGrace, DefaultPodGrace)
-			}
-			if cfg.CSINodeGrace < 0 {
-				return fmt.Errorf("--csinode-grace %s: give a positive duration, such as %s, or 0 to watch no CSINodes", cfg.CSINodeGrace, DefaultCSINodeGrace)
-			}
-			if cfg.CSINodeGrace == 0 {
-				cfg.CSINodeGrace = -1 // off, as Config has it
-			}
-			if cfg.PlugdSelector != "" && cfg.PlugdNamespace == "" {
-				return fmt.Errorf("--plugd-selector %q without --plugd-namespace: give the namespace of plugd's DaemonSet", cfg.PlugdSelector)
+			if err := checkFlags(&cfg); err != nil {
+				return err
 			}
 			cfg.Logger = slog.New(h)
 			// client-go's own log repeats, at every retry, what the
@@ -96,4 +85,31 @@ SIGINT stops it.`,
 	f.StringVar(&format, "log-format", "text", "text or json")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// checkFlags says which of the durations and pod flags in cfg is wrong,
+// and turns --csinode-grace 0 into Config's "off".
+func checkFlags(cfg *Config) error {
+	if cfg.StaleAfter <= 0 {
+		return fmt.Errorf("--stale-after %s: give a positive duration, such as %s", cfg.StaleAfter, nodecond.MaxHeartbeatAge)
+	}
+	if cfg.PodGrace <= 0 {
+		return fmt.Errorf("--pod-grace %s: give a positive duration, such as %s (longer than a rolling update's gap between plugd's old pod and its new one)", cfg.PodGrace, DefaultPodGrace)
+	}
+	if cfg.CSINodeGrace < 0 {
+		return fmt.Errorf("--csinode-grace %s: give a positive duration, such as %s, or 0 to watch no CSINodes", cfg.CSINodeGrace, DefaultCSINodeGrace)
+	}
+	if cfg.CSINodeGrace == 0 {
+		cfg.CSINodeGrace = -1 // off, as Config has it
+	}
+	if cfg.PlugdSelector == "" {
+		return nil
+	}
+	if _, err := labels.Parse(cfg.PlugdSelector); err != nil {
+		return fmt.Errorf("--plugd-selector %q: %w: give the labels of plugd's DaemonSet pods, such as app.kubernetes.io/name=plugd", cfg.PlugdSelector, err)
+	}
+	if cfg.PlugdNamespace == "" {
+		return fmt.Errorf("--plugd-selector %q without --plugd-namespace: give the namespace of plugd's DaemonSet", cfg.PlugdSelector)
+	}
+	return nil
 }
