@@ -142,6 +142,7 @@ expect:
 	pd := startPlugd(t, dir, config)
 	waitCondition(t, node, csiCond, corev1.ConditionTrue, "PluginReady")
 	args, _ := shippedCaretaker(t)
+	ctStarted := time.Now()
 	ct := startCaretaker(t, dir, args...)
 
 	t.Run("a steady minute: no write, the caretaker's reads", func(t *testing.T) {
@@ -156,7 +157,12 @@ expect:
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("the caretaker's requests over %s of steady state, %d Node(s): %v", to.Sub(from).Round(time.Second), len(nodes.Items), by)
+		start, err := auditCount(caretakerUser, ctStarted, from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the caretaker's requests: from its start to its first look %v; over %s of steady state, %d Node(s): %v",
+			start, to.Sub(from).Round(time.Second), len(nodes.Items), by)
 		if by["patch"] != 0 || by["update"] != 0 || by["create"] != 0 || by["delete"] != 0 {
 			t.Errorf("the caretaker wrote at steady state: %v", by)
 		}
