@@ -306,6 +306,19 @@ func get(m map[string]any, path string) any {
 // Every rendering decodes strictly, plugd accepts its configuration and
 // flags, and each option does what its value says.
 func TestRenderings(t *testing.T) {
+	t.Run("the caretaker's graces set; the CSINode sign off", func(t *testing.T) {
+		m, _ := mustRender(t, `caretaker: {podGrace: 90s, csiNodeGrace: ""}`)
+		o := decode(t, m)
+		args := o.deployments[0].Spec.Template.Spec.Containers[0].Args
+		if !slices.Contains(args, "--pod-grace=90s") || !slices.Contains(args, "--csinode-grace=0s") {
+			t.Errorf("the caretaker's args: %q", args)
+		}
+		for _, r := range clusterRole(o, "plugd-caretaker").Rules {
+			if slices.Contains(r.Resources, "csinodes") {
+				t.Errorf("the caretaker may read CSINodes it does not watch: %+v", r)
+			}
+		}
+	})
 	t.Run("defaults", func(t *testing.T) {
 		m, notes := mustRender(t, "")
 		o := decode(t, m)
