@@ -472,3 +472,59 @@ func TestCommandFlags(t *testing.T) {
 		}
 	}
 }
+
+// Pods the caretaker may not read (a Role missing: an older RBAC) take
+// none of its other signs away: a stale heartbeat is marked all the same,
+// and the refusal is logged once, naming the permission.
+func TestRunPodsForbidden(t *testing.T) {
+	clk := testclock.NewFakeClock(t0)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "old",
+		ManagedFields: []metav1.ManagedFieldsEntry{withTime(managed("plugd", "a/Ready"), t0.Add(-20*time.Minute))}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("a", corev1.ConditionTrue, 20*time.Minute)}}}
+	cs := fake.NewClientset(n)
+	forbid := func(verb string) {
+		cs.PrependReactor(verb, "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", fmt.Errorf("RBAC: no"))
+		})
+	}
+	forbid("list")
+	forbid("watch")
+	patched := make(chan string, 10)
+	cs.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		patched <- a.(k8stesting.PatchAction).GetName()
+		return false, nil, nil
+	})
+	logs := &lines{wrote: make(chan struct{}, 100)}
+	c := newCaretaker(cs.CoreV1(), cs.StorageV1(), cs, Config{Logger: slog.New(slog.NewTextHandler(logs, nil)), PlugdNamespace: "plugd", PlugdSelector: "app=plugd"}, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if got := waitFor(t, patched); got != "old" {
+		t.Fatalf("patch of %s, want old", got)
+	}
+	for !slices.ContainsFunc(logs.get(), func(l string) bool { return strings.Contains(l, "cannot read plugd's pods") }) {
+		select {
+		case <-logs.wrote:
+		case <-time.After(testenv.Timeout):
+			t.Fatalf("the refusal not logged: %q", logs.get())
+		}
+	}
+	warned := 0
+	for _, l := range logs.get() {
+		if strings.Contains(l, "cannot read plugd's pods") {
+			warned++
+			if !strings.Contains(l, `list, watch pods in namespace plugd`) {
+				t.Errorf("the warning does not name the permission: %s", l)
+			}
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d warnings, want 1: %q", warned, logs.get())
+	}
+}
