@@ -129,8 +129,6 @@ type Caretaker struct {
 	// readTrouble is the informers', by what they read, logged on change.
 	readMu      sync.Mutex
 	readTrouble map[string]string // guarded by readMu
-	// looked, if set (tests), is told each Node looked at and when it is
-	// due a look again.
 	// looked, if set (tests), is told each Node looked at, when it is due
 	// a look again, and what the caretaker has seen of its pods and
 	// CSINode drivers (a copy).
