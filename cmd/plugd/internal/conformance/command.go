@@ -50,6 +50,16 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			}
 			return nil
 		},
+		// Errors of PreRunE are the command line's (exit status 2).
+		PreRunE: func(_ *cobra.Command, args []string) error {
+			if f.output != "text" && f.output != "json" {
+				return fmt.Errorf("--output %q: want text or json", f.output)
+			}
+			if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" {
+				return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.list {
 				return writeCatalogue(cmd.OutOrStdout())
@@ -73,15 +83,9 @@ wrong. docs/writing-plugins.md says what each check means.`,
 var errFailed = errors.New("conformance: a check failed")
 
 func (f *flags) run(cmd *cobra.Command, command []string) error {
-	if f.output != "text" && f.output != "json" {
-		return fmt.Errorf("--output %q: want text or json", f.output)
-	}
 	cfg := f.cfg
 	cfg.Command = command
 	cfg.PluginOutput = cmd.ErrOrStderr()
-	if len(command) == 0 && cfg.RegistryDir == "" {
-		return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
-	}
 	for _, d := range []*string{&cfg.RegistryDir, &cfg.EndpointDir} {
 		if *d != "" || len(command) == 0 {
 			continue
