@@ -35,9 +35,10 @@ PLUGD_CONFORMANCE_ENDPOINT_DIR, in any variables --registry-env and
 arguments. Its output goes to standard error.
 
 One line per check: PASS, FAIL or SKIP, the check, whether it is the kubelet's
-rule or a recommendation, what was expected and what was seen. The exit status
-is 0 only when no check failed, 1 when one did, 2 when the command line is
-wrong. docs/writing-plugins.md says what each check means.`,
+rule or a recommendation, what was expected and what was seen. The kubelet's
+rules are required; the recommendations too with --strict. The exit status is
+0 only when no required check failed, 1 when one did, 2 when the command line
+is wrong. docs/writing-plugins.md says what each check means.`,
 		Example: `  plugd conformance -- ./my-dra-driver --registrar-dir={registry-dir} --plugin-dir={endpoint-dir}
   plugd conformance --registry-env=REGISTRY_DIR -- ./my-device-plugin
   plugd conformance --registry-dir=/var/lib/kubelet/plugins_registry   # a plugin already running
@@ -73,13 +74,14 @@ wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringArrayVar(&f.cfg.RegistryEnv, "registry-env", nil, "also set this environment variable of the started plugin to the registry directory (repeatable)")
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")
 	fl.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
 	fl.StringVar(&f.junit, "junit", "", "also write the results as JUnit XML to this file")
 	fl.BoolVar(&f.list, "list", false, "list the checks, and stop")
 	return cmd
 }
 
-// errFailed is the error of a run in which a check failed.
+// errFailed is the error of a run in which a required check failed.
 var errFailed = errors.New("conformance: a check failed")
 
 func (f *flags) run(cmd *cobra.Command, command []string) error {
@@ -105,7 +107,7 @@ func (f *flags) run(cmd *cobra.Command, command []string) error {
 		return err
 	}
 	if !rep.Passed {
-		return fmt.Errorf("%w: %d of %d", errFailed, rep.failed(), len(rep.Checks))
+		return fmt.Errorf("%w: %d required of %d", errFailed, rep.failed(true), len(rep.Checks))
 	}
 	return nil
 }

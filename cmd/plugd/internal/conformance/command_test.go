@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,9 +87,14 @@ func TestTextOneLinePerCheck(t *testing.T) {
 		if !c.appliesTo(typeCSI) {
 			continue
 		}
-		line := "PASS  " + c.ID
-		if !strings.Contains(stdout, line) || !strings.Contains(stdout, "["+c.rule()+"]") {
-			t.Errorf("no line %q ... [%s] in:\n%s", line, c.rule(), stdout)
+		found := false
+		for line := range strings.Lines(stdout) {
+			if strings.HasPrefix(line, "PASS  "+c.ID+" ") && strings.Contains(line, "["+c.rule()) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no line \"PASS  %s ... [%s\" in:\n%s", c.ID, c.rule(), stdout)
 		}
 	}
 }
@@ -119,6 +125,26 @@ func TestList(t *testing.T) {
 	for _, c := range catalogue {
 		if !strings.Contains(stdout, c.ID) {
 			t.Errorf("%s not listed", c.ID)
+		}
+	}
+}
+
+// A failed recommendation fails the run only with --strict; a failed rule
+// of the kubelet's always does.
+func TestStrict(t *testing.T) {
+	for _, tc := range []struct {
+		brk    string
+		strict bool
+		want   int
+	}{
+		{"leave-socket", false, 0},
+		{"leave-socket", true, daemon.ExitError},
+		{"bad-name", false, daemon.ExitError},
+	} {
+		args := []string{"conformance", "--timeout=2s", fmt.Sprintf("--strict=%t", tc.strict), "--", os.Args[0], pluginArg, "device", tc.brk}
+		code, stdout, stderr := plugd(t, args...)
+		if code != tc.want {
+			t.Errorf("plugd %q: exit status %d, want %d\n%s%s", args, code, tc.want, stdout, stderr)
 		}
 	}
 }

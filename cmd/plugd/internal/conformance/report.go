@@ -26,6 +26,7 @@ type Result struct {
 	ID       string        `json:"id"`
 	Status   string        `json:"status"`
 	Rule     string        `json:"rule"` // "kubelet" or "recommendation"
+	Required bool          `json:"required"`
 	Kubelet  string        `json:"kubelet,omitempty"`
 	Expected string        `json:"expected"`
 	Seen     string        `json:"seen"`
@@ -49,11 +50,11 @@ type Report struct {
 	Duration time.Duration `json:"durationNanoseconds"`
 }
 
-// failed counts the checks that failed.
-func (r *Report) failed() int {
+// failed counts the checks that failed, required or not.
+func (r *Report) failed(required bool) int {
 	n := 0
 	for _, c := range r.Checks {
-		if c.Status == statusFail {
+		if c.Status == statusFail && c.Required == required {
 			n++
 		}
 	}
@@ -67,11 +68,20 @@ func writeText(w io.Writer, r *Report) error {
 		fmt.Fprintf(w, "plugin %s %q at %s, endpoint %q, versions %q\n", p.Type, p.Name, p.Socket, p.Endpoint, p.Versions)
 	}
 	for _, c := range r.Checks {
-		fmt.Fprintf(w, "%s  %-34s [%s] expected: %s; seen: %s\n", c.Status, c.ID, c.Rule, c.Expected, c.Seen)
+		rule := c.Rule
+		if !c.Required {
+			rule += ", not required"
+		}
+		fmt.Fprintf(w, "%s  %-34s [%s] expected: %s; seen: %s\n", c.Status, c.ID, rule, c.Expected, c.Seen)
 	}
 	verdict := "every check passed"
-	if n := r.failed(); n > 0 {
-		verdict = fmt.Sprintf("%d check(s) failed", n)
+	switch req, rec := r.failed(true), r.failed(false); {
+	case req > 0 && rec > 0:
+		verdict = fmt.Sprintf("%d required check(s) failed, and %d recommendation(s) not required", req, rec)
+	case req > 0:
+		verdict = fmt.Sprintf("%d required check(s) failed", req)
+	case rec > 0:
+		verdict = fmt.Sprintf("every required check passed; %d recommendation(s) failed (--strict requires them)", rec)
 	}
 	_, err := fmt.Fprintf(w, "%s in %s\n", verdict, r.Duration.Round(time.Millisecond))
 	return err
@@ -121,7 +131,7 @@ func writeJUnit(w io.Writer, r *Report) error {
 	for _, c := range r.Checks {
 		area, _, _ := strings.Cut(c.ID, "/")
 		jc := junitCase{Name: c.ID, Classname: "conformance." + area, Time: seconds(c.Duration),
-			SystemOut: fmt.Sprintf("rule: %s\nexpected: %s\nseen: %s\n", c.Rule, c.Expected, c.Seen)}
+			SystemOut: fmt.Sprintf("rule: %s\nrequired: %t\nexpected: %s\nseen: %s\n", c.Rule, c.Required, c.Expected, c.Seen)}
 		msg := &junitMessage{Message: c.Seen, Text: "expected: " + c.Expected + "\nseen: " + c.Seen}
 		switch c.Status {
 		case statusFail:

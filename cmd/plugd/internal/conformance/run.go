@@ -40,6 +40,9 @@ type Config struct {
 	// Timeout bounds every wait of the kit; zero means 10 s. The kubelet's
 	// own deadlines (GetInfo 1 s, notification 5 s) are fixed.
 	Timeout time.Duration
+	// Strict makes the recommendations required too; by default only the
+	// kubelet's rules are.
+	Strict bool
 	// PluginOutput receives a started plugin's standard output and error;
 	// nil discards them.
 	PluginOutput io.Writer
@@ -56,7 +59,7 @@ type runner struct {
 }
 
 // Run plays the kubelet against the plugin cfg names and reports what
-// every check found. It blocks until the checks are done and a started
+// every check found; the report passes when no required check failed. It blocks until the checks are done and a started
 // plugin has exited (it is stopped with SIGTERM, then killed). An error is
 // returned only when the kit could not run at all.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
@@ -135,8 +138,8 @@ func (r *runner) typeSuite(ctx context.Context, info PluginInfo, ep *grpc.Client
 func (r *runner) record(id, status, seen string, took time.Duration) {
 	c := checkByID(id)
 	r.ran[id] = true
-	r.rep.Checks = append(r.rep.Checks, Result{ID: id, Status: status, Rule: c.rule(), Kubelet: c.Kubelet,
-		Expected: c.Expect, Seen: seen, Duration: took})
+	r.rep.Checks = append(r.rep.Checks, Result{ID: id, Status: status, Rule: c.rule(), Required: c.Kubelet != "" || r.cfg.Strict,
+		Kubelet: c.Kubelet, Expected: c.Expect, Seen: seen, Duration: took})
 }
 
 func (r *runner) pass(id, seen string, since time.Time) {
@@ -186,5 +189,5 @@ func (r *runner) finish() {
 		order[c.ID] = i
 	}
 	slices.SortStableFunc(r.rep.Checks, func(a, b Result) int { return order[a.ID] - order[b.ID] })
-	r.rep.Passed = r.rep.failed() == 0
+	r.rep.Passed = r.rep.failed(true) == 0
 }
