@@ -45,6 +45,7 @@ const (
 	checkDPOptions      = "deviceplugin/options"
 	checkDPListAndWatch = "deviceplugin/list-and-watch"
 	checkRestart        = "registration/manager-restart"
+	checkLateNotify     = "registration/late-notify"
 	checkSIGTERM        = "lifecycle/sigterm-removes-socket"
 	checkStale          = "lifecycle/stale-socket-replaced"
 	checkRefused        = "lifecycle/notify-refused"
@@ -83,6 +84,7 @@ var catalogue = []check{
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (ListAndWatch; no capacity until the first answer)"},
 	{ID: checkRestart, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (a restarted kubelet walks the directory and registers every socket again)"},
+	{ID: checkLateNotify, Expect: "NotifyRegistrationStatus(true) sent 2 s after GetInfo (a handler that takes its time, as the kubelet's CSI handler calling NodeGetInfo may) is answered, and the plugin is still there"},
 	{ID: checkSIGTERM, Started: true, Expect: "on SIGTERM the plugin exits and removes its registration socket"},
 	{ID: checkStale, Started: true, Expect: "started with a dead socket at its registration path, the plugin replaces it and registers with the same answers"},
 	{ID: checkRefused, Started: true, Expect: "told NotifyRegistrationStatus(false, error): a CSI registrar exits (node-driver-registrar does); a DRA driver or device plugin keeps serving"},

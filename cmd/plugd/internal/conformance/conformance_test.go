@@ -145,6 +145,7 @@ var mutants = []struct {
 	{"device", "dp-options-fail", checkDPOptions},
 	{"device", "dp-silent-list", checkDPListAndWatch},
 	{"device", "answers-change", checkRestart},
+	{"device", "impatient", checkLateNotify},
 	{"device", "leave-socket", checkSIGTERM},
 	{"device", "ignore-sigterm", checkSIGTERM},
 	{"device", "no-stale-replace", checkStale},

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -131,6 +132,11 @@ type mutant struct {
 	notifies      atomic.Int32
 	refused       chan struct{}
 	csiName       string // the CSI driver's name, as its registrar read it
+	// impatient is closed when the plugin gives up waiting to be told (the
+	// "impatient" break: 1.5 s after a GetInfo not followed by a notification).
+	impatient chan struct{}
+	giveUp    sync.Once
+	waiting   atomic.Pointer[time.Timer]
 }
 
 func (m *mutant) socket() string   { return filepath.Join(m.regDir, m.kind+".sock") }
@@ -138,6 +144,7 @@ func (m *mutant) endpoint() string { return filepath.Join(m.epDir, m.kind+"-plug
 
 func (m *mutant) run(term <-chan os.Signal) error {
 	m.refused = make(chan struct{}, 1)
+	m.impatient = make(chan struct{})
 	if m.brk == "no-socket" {
 		<-term
 		return nil
@@ -170,6 +177,11 @@ func (m *mutant) run(term <-chan os.Signal) error {
 	case <-term:
 	case <-m.refused:
 		return errors.New("registration refused: exiting, as node-driver-registrar does")
+	case <-m.impatient:
+		reg.Stop()
+		ep.Stop()
+		os.Remove(m.socket())
+		return errors.New("not told within 1.5 s of GetInfo: giving up")
 	}
 	if m.brk == "leave-socket" {
 		return nil
@@ -230,6 +242,12 @@ func (r registration) GetInfo(_ context.Context, _ *registerapi.InfoRequest) (*r
 	if m.brk == "slow-getinfo" && n == 1 { // slow to answer while it starts
 		time.Sleep(1500 * time.Millisecond)
 	}
+	if m.brk == "impatient" {
+		t := time.AfterFunc(1500*time.Millisecond, func() { m.giveUp.Do(func() { close(m.impatient) }) })
+		if old := m.waiting.Swap(t); old != nil {
+			old.Stop()
+		}
+	}
 	info := &registerapi.PluginInfo{Endpoint: m.endpoint()}
 	switch m.kind {
 	case "csi":
@@ -283,6 +301,9 @@ func (m *mutant) driverName() (string, error) {
 
 func (r registration) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	m := r.m
+	if t := m.waiting.Swap(nil); t != nil {
+		t.Stop()
+	}
 	if m.notifies.Add(1) == 1 && m.brk == "notify-error-first" {
 		return nil, status.Error(codes.Unavailable, "not ready to be told yet")
 	}

@@ -215,6 +215,40 @@ func (r *runner) checkRestart(ctx context.Context, first PluginInfo) {
 	r.check(checkRestart, r.registerAgain(ctx, first), "registered again with the same answers", time.Now())
 }
 
+// lateNotify is how long checkLateNotify holds the notification after
+// GetInfo: longer than the kubelet's GetInfo deadline, shorter than its
+// notification deadline, as a kubelet whose handler takes its time.
+const lateNotify = 2 * time.Second
+
+// checkLateNotify registers the plugin again, with the notification held
+// lateNotify after GetInfo.
+func (r *runner) checkLateNotify(ctx context.Context, first PluginInfo) {
+	began := time.Now()
+	r.check(checkLateNotify, r.notifyLate(ctx, first), fmt.Sprintf("the notification %s after GetInfo was answered", lateNotify), began)
+}
+
+func (r *runner) notifyLate(ctx context.Context, first PluginInfo) error {
+	c, err := r.dialAgain(ctx, first.Socket)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if _, _, err := c.getInfo(ctx, first.Socket, r.cfg.Timeout); err != nil {
+		return err
+	}
+	hold := time.NewTimer(lateNotify)
+	defer hold.Stop()
+	select {
+	case <-r.target.exitedChan():
+		return fmt.Errorf("while the notification was held %s after GetInfo, %w", lateNotify, r.target.exitedErr())
+	case <-hold.C:
+	}
+	if err := c.notify(ctx, true, ""); err != nil {
+		return fmt.Errorf("held %s after GetInfo: %w", lateNotify, err)
+	}
+	return nil
+}
+
 // registerAgain registers the plugin at first.Socket anew, on a new
 // connection, as a restarted kubelet does, and says what differed.
 func (r *runner) registerAgain(ctx context.Context, first PluginInfo) error {

@@ -109,6 +109,7 @@ func (r *runner) suite(ctx context.Context) {
 		r.skipTypeChecks(first.Type, "not run: the endpoint does not accept connections")
 	}
 	r.checkRestart(ctx, first)
+	r.checkLateNotify(ctx, first)
 	if r.target != nil {
 		r.lifecycle(ctx, first)
 	}
