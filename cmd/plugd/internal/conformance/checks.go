@@ -25,7 +25,17 @@ type check struct {
 	// (-- COMMAND): it stops and restarts the plugin. It is skipped when
 	// the kit attaches to a running plugin.
 	Started bool
+	// Via is the way of registering the check is about: viaRegistry (a
+	// socket in the registry directory), viaKubeletSock (a device plugin's
+	// Register call on the device manager's kubelet.sock), or "" either.
+	Via string
 }
+
+// The two ways a plugin registers.
+const (
+	viaRegistry    = "registry"
+	viaKubeletSock = "kubelet.sock"
+)
 
 // Check IDs, in the order they run.
 const (
@@ -42,8 +52,10 @@ const (
 	checkDRAServices    = "dra/services"
 	checkDRAEmpty       = "dra/prepare-empty"
 	checkDRAHealth      = "dra/health"
+	checkDPRegister     = "deviceplugin/register"
 	checkDPOptions      = "deviceplugin/options"
 	checkDPListAndWatch = "deviceplugin/list-and-watch"
+	checkDPRestart      = "deviceplugin/kubelet-restart"
 	checkRestart        = "registration/manager-restart"
 	checkLateNotify     = "registration/late-notify"
 	checkSIGTERM        = "lifecycle/sigterm-removes-socket"
@@ -55,19 +67,19 @@ const operationGenerator = "pkg/kubelet/pluginmanager/operationexecutor/operatio
 
 // catalogue is every check, in the order they run.
 var catalogue = []check{
-	{ID: checkSocket, Expect: "a unix socket, not hidden, appears in the registry directory and serves the Registration service (GetInfo)",
+	{ID: checkSocket, Via: viaRegistry, Expect: "a unix socket, not hidden, appears in the registry directory and serves the Registration service (GetInfo)",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (walk and fsnotify, only sockets, names not starting with '.'); " + operationGenerator + " (dial, 10 s)"},
-	{ID: checkGetInfoTime, Expect: "GetInfo answers within 1 s of being asked",
+	{ID: checkGetInfoTime, Via: viaRegistry, Expect: "GetInfo answers within 1 s of being asked",
 		Kubelet: operationGenerator + " GenerateRegisterPluginFunc (GetInfo with a 1 s deadline)"},
-	{ID: checkType, Expect: "the type is CSIPlugin, DRAPlugin or DevicePlugin",
+	{ID: checkType, Via: viaRegistry, Expect: "the type is CSIPlugin, DRAPlugin or DevicePlugin",
 		Kubelet: operationGenerator + " (no handler for the type: NotifyRegistrationStatus(false))"},
-	{ID: checkName, Expect: "the name is valid for the type: a CSI driver name, a DRA driver name (DNS subdomain), an extended resource name (domain/resource)",
+	{ID: checkName, Via: viaRegistry, Expect: "the name is valid for the type: a CSI driver name, a DRA driver name (DNS subdomain), an extended resource name (domain/resource)",
 		Kubelet: "pkg/volume/csi/csi_plugin.go ValidatePlugin; pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go; pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go ValidatePlugin (IsExtendedResourceName)"},
-	{ID: checkVersions, Expect: "the versions include one the kubelet accepts, read by its rules: CSI a 1.x of two or more numbers; DRA v1.DRAPlugin or v1beta1.DRAPlugin; device plugins v1beta1",
+	{ID: checkVersions, Via: viaRegistry, Expect: "the versions include one the kubelet accepts, read by its rules: CSI a 1.x of two or more numbers; DRA v1.DRAPlugin or v1beta1.DRAPlugin; device plugins v1beta1",
 		Kubelet: "pkg/volume/csi/csi_plugin.go validateVersions (HighestSupportedVersion); pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go validateSupportedServices; pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go isVersionCompatibleWithPlugin"},
-	{ID: checkEndpoint, Expect: "the endpoint is empty (the registration socket) or an absolute unix socket path shorter than 108 bytes, and accepts connections",
+	{ID: checkEndpoint, Via: viaRegistry, Expect: "the endpoint is empty (the registration socket) or an absolute unix socket path shorter than 108 bytes, and accepts connections",
 		Kubelet: operationGenerator + " (empty endpoint: the socket path); the handlers dial it in RegisterPlugin"},
-	{ID: checkNotify, Expect: "NotifyRegistrationStatus(registered) is answered without error within 5 s",
+	{ID: checkNotify, Via: viaRegistry, Expect: "NotifyRegistrationStatus(registered) is answered without error within 5 s",
 		Kubelet: operationGenerator + " notifyPlugin (5 s)"},
 	{ID: checkCSIPluginInfo, Types: []string{typeCSI}, Expect: "Identity GetPluginInfo names the driver as registered, with a vendor version"},
 	{ID: checkCSIProbe, Types: []string{typeCSI}, Expect: "Identity Probe answers without error (ready, or ready not said)"},
@@ -78,16 +90,20 @@ var catalogue = []check{
 	{ID: checkDRAEmpty, Types: []string{typeDRA}, Expect: "NodePrepareResources and NodeUnprepareResources answer an empty request without error"},
 	{ID: checkDRAHealth, Types: []string{typeDRA}, Expect: "the DRAResourceHealth service is served if and only if it is announced (k/k#141855)",
 		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go pickHealthService (NodeWatchResources is opened when the service is announced)"},
+	{ID: checkDPRegister, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "a device plugin that calls Register on the device manager's kubelet.sock sends version v1beta1, an extended resource name, and the file name of its socket in the device plugin directory, which accepts connections",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Register (isVersionCompatibleWithPlugin, IsExtendedResourceName, the endpoint joined to the socket directory and dialled)"},
 	{ID: checkDPOptions, Types: []string{typeDevice}, Expect: "GetDevicePluginOptions answers",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Connect"},
 	{ID: checkDPListAndWatch, Types: []string{typeDevice}, Expect: "ListAndWatch sends the inventory at once (within 1 s): device IDs, each Healthy or Unhealthy",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (ListAndWatch; no capacity until the first answer)"},
-	{ID: checkRestart, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
+	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within 20 s (the kubelet's stub does after 10 s)",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again)"},
+	{ID: checkRestart, Via: viaRegistry, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (a restarted kubelet walks the directory and registers every socket again)"},
-	{ID: checkLateNotify, Expect: "NotifyRegistrationStatus(true) sent 2 s after GetInfo (a handler that takes its time, as the kubelet's CSI handler calling NodeGetInfo may) is answered, and the plugin is still there"},
-	{ID: checkSIGTERM, Started: true, Expect: "on SIGTERM the plugin exits and removes its registration socket"},
-	{ID: checkStale, Started: true, Expect: "started with a dead socket at its registration path, the plugin replaces it and registers with the same answers"},
-	{ID: checkRefused, Started: true, Expect: "told NotifyRegistrationStatus(false, error): a CSI registrar exits (node-driver-registrar does); a DRA driver or device plugin keeps serving"},
+	{ID: checkLateNotify, Via: viaRegistry, Expect: "NotifyRegistrationStatus(true) sent 2 s after GetInfo (a handler that takes its time, as the kubelet's CSI handler calling NodeGetInfo may) is answered, and the plugin is still there"},
+	{ID: checkSIGTERM, Started: true, Expect: "on SIGTERM the plugin exits and removes its socket: the registration socket, or a device plugin's own when it registers through kubelet.sock"},
+	{ID: checkStale, Via: viaRegistry, Started: true, Expect: "started with a dead socket at its registration path, the plugin replaces it and registers with the same answers"},
+	{ID: checkRefused, Via: viaRegistry, Started: true, Expect: "told NotifyRegistrationStatus(false, error): a CSI registrar exits (node-driver-registrar does); a DRA driver or device plugin keeps serving"},
 }
 
 // appliesTo says whether c runs for a plugin of type typ.

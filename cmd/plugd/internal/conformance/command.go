@@ -32,7 +32,9 @@ endpoint directory (temporary ones unless --registry-dir and --endpoint-dir name
 them) are in its environment as PLUGD_CONFORMANCE_REGISTRY_DIR and
 PLUGD_CONFORMANCE_ENDPOINT_DIR, in any variables --registry-env and
 --endpoint-env name, and replace {registry-dir} and {endpoint-dir} in its
-arguments. Its output goes to standard error.
+arguments. Its output goes to standard error. A device plugin that registers
+by calling Register on the device manager's kubelet.sock finds it in the
+endpoint directory.
 
 One line per check: PASS, FAIL or SKIP, the check, whether it is the kubelet's
 rule or a recommendation, what was expected and what was seen. The kubelet's
@@ -56,8 +58,11 @@ is wrong. docs/writing-plugins.md says what each check means.`,
 			if f.output != "text" && f.output != "json" {
 				return fmt.Errorf("--output %q: want text or json", f.output)
 			}
-			if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" {
+			if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" && !f.cfg.DeviceManager {
 				return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
+			}
+			if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
+				return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
 			}
 			return nil
 		},
@@ -73,6 +78,7 @@ is wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringVar(&f.cfg.EndpointDir, "endpoint-dir", "", "the directory passed to a started plugin for its own endpoint (default: a temporary directory)")
 	fl.StringArrayVar(&f.cfg.RegistryEnv, "registry-env", nil, "also set this environment variable of the started plugin to the registry directory (repeatable)")
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
+	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
 	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")
 	fl.StringVarP(&f.output, "output", "o", "text", "output format: text or json")

@@ -58,7 +58,7 @@ func (r *runner) startOverStale(ctx context.Context, first PluginInfo) (*regConn
 	}
 	wctx, cancel := withDeadline(ctx, r.cfg.Timeout, "a new registration socket in place of the dead one")
 	defer cancel()
-	path, _, err := waitSocket(wctx, r.cfg.RegistryDir, dead, r.target.exitedChan())
+	path, _, err := waitSocket(wctx, r.cfg.RegistryDir, dead, r.target.exitedChan(), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/fsnotify/fsnotify"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,9 +61,12 @@ func pluginMain(args []string) int {
 		signal.Notify(term, syscall.SIGTERM)
 	}
 	var err error
-	if kind == "dra-kubeletplugin" {
+	switch kind {
+	case "dra-kubeletplugin":
 		err = runKubeletPlugin(regDir, epDir, term)
-	} else {
+	case "dpsock":
+		err = runKubeletSockPlugin(epDir, brk, term)
+	default:
 		err = (&mutant{kind: kind, brk: brk, regDir: regDir, epDir: epDir}).run(term)
 	}
 	if err != nil {
@@ -70,6 +74,64 @@ func pluginMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// runKubeletSockPlugin runs a device plugin that registers by calling
+// Register on kubelet.sock in dir, and again whenever kubelet.sock is made
+// anew (unless brk is "no-reregister"), until SIGTERM.
+func runKubeletSockPlugin(dir, brk string, term <-chan os.Signal) error {
+	m := &mutant{kind: "device", brk: brk, epDir: dir}
+	m.refused, m.impatient = make(chan struct{}, 1), make(chan struct{})
+	sock := filepath.Join(dir, "dpsock.sock")
+	os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer()
+	deviceapi.RegisterDevicePluginServer(s, devicePlugin{m: m})
+	go s.Serve(l)
+	defer func() { s.Stop(); os.Remove(sock) }()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		return err
+	}
+	version := deviceapi.Version
+	if brk == "bad-versions" {
+		version = "v1alpha"
+	}
+	register := func() error {
+		conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = deviceapi.NewRegistrationClient(conn).Register(ctx, &deviceapi.RegisterRequest{Version: version, Endpoint: "dpsock.sock", ResourceName: "example.com/gpu"}, grpc.WaitForReady(true))
+		return err
+	}
+	if err := register(); err != nil {
+		fmt.Fprintf(os.Stderr, "Register: %v\n", err)
+	}
+	for {
+		select {
+		case <-term:
+			return nil
+		case ev := <-w.Events:
+			if filepath.Base(ev.Name) == "kubelet.sock" && ev.Has(fsnotify.Create) && brk != "no-reregister" {
+				if err := register(); err != nil {
+					fmt.Fprintf(os.Stderr, "Register again: %v\n", err)
+				}
+			}
+		case err := <-w.Errors:
+			return err
+		}
+	}
 }
 
 // runKubeletPlugin runs a DRA driver built on kubeletplugin, with health

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -103,12 +104,27 @@ func (c *regConn) notify(ctx context.Context, registered bool, why string) error
 	return nil
 }
 
-// checkSocket waits for the registration socket and asks GetInfo on it.
+// checkSocket waits for the registration socket and asks GetInfo on it. It
+// returns nil when there is none, or when the plugin called Register on
+// the device manager's kubelet.sock instead (r.via says so).
 func (r *runner) checkSocket(ctx context.Context) (*regConn, PluginInfo) {
 	began := time.Now()
-	wctx, cancel := withDeadline(ctx, r.cfg.Timeout, "a registration socket in "+r.cfg.RegistryDir)
+	wait, what := r.cfg.Timeout, "a registration socket in "+r.cfg.RegistryDir
+	if r.dm != nil {
+		what += " or a Register call on " + r.dm.path
+		if r.target == nil {
+			// Attached, the plugin registers when it sees kubelet.sock
+			// made, after its own delay.
+			wait = max(wait, reregisterWait)
+		}
+	}
+	wctx, cancel := withDeadline(ctx, wait, what)
 	defer cancel()
-	path, _, err := waitSocket(wctx, r.cfg.RegistryDir, nil, r.target.exitedChan())
+	path, _, err := waitSocket(wctx, r.cfg.RegistryDir, nil, r.target.exitedChan(), r.dm.firstChan())
+	if errors.Is(err, errRegisteredByCall) {
+		r.via = viaKubeletSock
+		return nil, PluginInfo{}
+	}
 	var c *regConn
 	if err == nil {
 		c, err = dialRegistration(wctx, path)

@@ -40,6 +40,9 @@ type PluginInfo struct {
 	Name     string   `json:"name"`
 	Endpoint string   `json:"endpoint"`
 	Versions []string `json:"versions"`
+	// Via is how the plugin registered: "registry" (a socket in the
+	// registry directory) or "kubelet.sock" (a device plugin's Register).
+	Via string `json:"via"`
 }
 
 // Report is a run's outcome.
@@ -65,7 +68,7 @@ func (r *Report) failed(required bool) int {
 // and what was seen.
 func writeText(w io.Writer, r *Report) error {
 	if p := r.Plugin; p != nil {
-		fmt.Fprintf(w, "plugin %s %q at %s, endpoint %q, versions %q\n", p.Type, p.Name, p.Socket, p.Endpoint, p.Versions)
+		fmt.Fprintf(w, "plugin %s %q registered through %s, endpoint %q, versions %q\n", p.Type, p.Name, p.Socket, p.Endpoint, p.Versions)
 	}
 	for _, c := range r.Checks {
 		rule := c.Rule

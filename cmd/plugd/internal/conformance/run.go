@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"time"
@@ -40,6 +41,10 @@ type Config struct {
 	// Timeout bounds every wait of the kit; zero means 10 s. The kubelet's
 	// own deadlines (GetInfo 1 s, notification 5 s) are fixed.
 	Timeout time.Duration
+	// DeviceManager serves the device manager's kubelet.sock in
+	// EndpointDir (replacing one there), for device plugins that register
+	// by calling it. It is always served for a plugin the kit starts.
+	DeviceManager bool
 	// Strict makes the recommendations required too; by default only the
 	// kubelet's rules are.
 	Strict bool
@@ -56,6 +61,11 @@ type runner struct {
 	ran    map[string]bool
 	// skipWhy says why the checks that did not run were skipped.
 	skipWhy string
+	// dm is the device manager's kubelet.sock, if served.
+	dm *deviceManager
+	// via is how the plugin registered: viaRegistry, viaKubeletSock, or
+	// "" while unknown.
+	via string
 }
 
 // Run plays the kubelet against the plugin cfg names and reports what
@@ -63,7 +73,8 @@ type runner struct {
 // plugin has exited (it is stopped with SIGTERM, then killed). An error is
 // returned only when the kit could not run at all.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	if cfg.RegistryDir == "" {
+	cfg.DeviceManager = (cfg.DeviceManager || len(cfg.Command) > 0) && cfg.EndpointDir != ""
+	if cfg.RegistryDir == "" && !cfg.DeviceManager {
 		return nil, errors.New("no registry directory: pass --registry-dir, or a command to start after --")
 	}
 	if cfg.Timeout <= 0 {
@@ -73,6 +84,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.PluginOutput = io.Discard
 	}
 	r := &runner{cfg: cfg, ran: map[string]bool{}}
+	if cfg.DeviceManager {
+		dm, err := startDeviceManager(cfg.EndpointDir)
+		if err != nil {
+			return nil, err
+		}
+		defer dm.stop()
+		r.dm = dm
+	}
 	if len(cfg.Command) > 0 {
 		r.target = newTarget(cfg.Command, &cfg)
 		if err := r.target.start(); err != nil {
@@ -95,8 +114,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func (r *runner) suite(ctx context.Context) {
 	sock, first := r.checkSocket(ctx)
 	if sock == nil {
+		if r.via == viaKubeletSock {
+			r.kubeletSockSuite(ctx)
+		}
 		return
 	}
+	r.via, first.Via = viaRegistry, viaRegistry
 	r.rep.Plugin = &first
 	r.checkInfo(first)
 	ep := r.checkEndpoint(ctx, first)
@@ -115,10 +138,11 @@ func (r *runner) suite(ctx context.Context) {
 	}
 }
 
-// skipTypeChecks records the checks of type typ as skipped, with why.
+// skipTypeChecks records the checks of type typ, of the way the plugin
+// registers, as skipped, with why.
 func (r *runner) skipTypeChecks(typ, why string) {
 	for _, c := range catalogue {
-		if c.Types != nil && c.appliesTo(typ) {
+		if c.Types != nil && c.appliesTo(typ) && (c.Via == "" || c.Via == r.via) {
 			r.skip(c.ID, why)
 		}
 	}
@@ -179,16 +203,34 @@ func (r *runner) finish() {
 		if r.ran[c.ID] || (c.Types != nil && !c.appliesTo(typ)) {
 			continue
 		}
+		if r.via != "" && c.Via != "" && c.Via != r.via {
+			r.skip(c.ID, fmt.Sprintf("the plugin registers through %s; this check is for plugins that register through %s", viaName(r.via), viaName(c.Via)))
+			continue
+		}
 		if c.Started && r.target == nil {
 			r.skip(c.ID, "the kit attached to a running plugin: start it with -- COMMAND to run this check")
 			continue
 		}
 		r.skip(c.ID, why)
 	}
+	r.sortAndJudge()
+}
+
+// sortAndJudge puts the results in the catalogue's order and gives the
+// verdict.
+func (r *runner) sortAndJudge() {
 	order := map[string]int{}
 	for i, c := range catalogue {
 		order[c.ID] = i
 	}
 	slices.SortStableFunc(r.rep.Checks, func(a, b Result) int { return order[a.ID] - order[b.ID] })
 	r.rep.Passed = r.rep.failed(true) == 0
+}
+
+// viaName says a way of registering in words.
+func viaName(via string) string {
+	if via == viaKubeletSock {
+		return "the device manager's kubelet.sock"
+	}
+	return "the registry directory"
 }

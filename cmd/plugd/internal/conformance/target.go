@@ -114,18 +114,23 @@ func (t *target) exitedChan() <-chan struct{} {
 	return t.exited
 }
 
+// errRegisteredByCall is waitSocket's error when the plugin called Register
+// on the device manager's kubelet.sock instead.
+var errRegisteredByCall = errors.New("the plugin called Register on kubelet.sock")
+
 // waitSocket waits until a unix socket whose name does not start with '.'
 // is in dir or a directory below it (as the kubelet's watcher finds them),
-// other than old (nil: any), until ctx ends or exited is closed. It watches
-// the tree with fsnotify and looks again at every event.
-func waitSocket(ctx context.Context, dir string, old fs.FileInfo, exited <-chan struct{}) (string, fs.FileInfo, error) {
+// other than old (nil: any), until ctx ends, exited is closed, or
+// registered is (errRegisteredByCall). It watches the tree with fsnotify
+// and looks again at every event.
+func waitSocket(ctx context.Context, dir string, old fs.FileInfo, exited, registered <-chan struct{}) (string, fs.FileInfo, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return "", nil, fmt.Errorf("watching %s: %w", dir, err)
 	}
 	defer w.Close()
 	watched := map[string]bool{}
-	for {
+	for dir != "" { // no registry directory: wait for the other ends only
 		path, fi, err := findSocket(dir, old, func(d string) {
 			if !watched[d] && w.Add(d) == nil {
 				watched[d] = true
@@ -140,9 +145,19 @@ func waitSocket(ctx context.Context, dir string, old fs.FileInfo, exited <-chan 
 			return "", nil, fmt.Errorf("watching %s: %w", dir, err)
 		case <-exited:
 			return "", nil, errors.New("the plugin exited before its registration socket appeared")
+		case <-registered:
+			return "", nil, errRegisteredByCall
 		case <-ctx.Done():
 			return "", nil, context.Cause(ctx)
 		}
+	}
+	select {
+	case <-exited:
+		return "", nil, errors.New("the plugin exited before it registered")
+	case <-registered:
+		return "", nil, errRegisteredByCall
+	case <-ctx.Done():
+		return "", nil, context.Cause(ctx)
 	}
 }
 
