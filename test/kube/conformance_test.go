@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +37,12 @@ type conformanceReport struct {
 // returns its report, failing the test unless the plugin passed.
 func conformance(t *testing.T, env []string, args ...string) conformanceReport {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"conformance", "-o", "json"}, args...)...)
+	return runConformance(t, exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"conformance", "-o", "json"}, args...)...), env)
+}
+
+// runConformance runs cmd, a plugd conformance -o json, with env.
+func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport {
+	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -62,17 +68,46 @@ func conformance(t *testing.T, env []string, args ...string) conformanceReport {
 // directory, and REGISTER_CONTROL_FILE keeps it from registering with a
 // kubelet socket that is not there.
 func TestConformanceSampleDevicePlugin(t *testing.T) {
+	bin := buildSampleDevicePlugin(t)
+	control := filepath.Join(t.TempDir(), "register")
+	rep := conformance(t, []string{"REGISTER_CONTROL_FILE=" + control}, "--registry-env=PLUGIN_SOCK_DIR", "--", bin)
+	if rep.Duration > 30*time.Second {
+		t.Errorf("the run took %s, more than 30 s", rep.Duration)
+	}
+}
+
+// The sample device plugin as it runs on a node: it registers by calling
+// Register on /var/lib/kubelet/device-plugins/kubelet.sock, and again when
+// a restarted kubelet makes that socket anew (the stub's Watch, 10 s after).
+// plugd conformance serves that socket, in a mount namespace of its own
+// whose /var/lib is an overlay (privatemounts), so the host is unchanged.
+func TestConformanceSampleDevicePluginKubeletSock(t *testing.T) {
+	bin := buildSampleDevicePlugin(t)
+	scratch := t.TempDir()
+	const dpDir = "/var/lib/kubelet/device-plugins"
+	script := "mkdir -p " + dpDir + " && exec " + filepath.Join(dirs.Bin, "plugd") + " conformance -o json --endpoint-dir " + dpDir +
+		" --endpoint-env PLUGIN_SOCK_DIR -- " + bin
+	cmd := exec.Command(filepath.Join(dirs.Bin, "privatemounts"), "--overlay", "/var/lib="+scratch, "--", "/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	rep := runConformance(t, cmd, nil)
+	for _, c := range rep.Checks {
+		if c.ID == "deviceplugin/kubelet-restart" && c.Status != "PASS" {
+			t.Errorf("%s: %s, want PASS: %s", c.ID, c.Status, c.Seen)
+		}
+	}
+}
+
+// buildSampleDevicePlugin builds k8s.io/kubernetes's sample device plugin
+// into the binaries' directory.
+func buildSampleDevicePlugin(t *testing.T) string {
+	t.Helper()
 	bin := filepath.Join(dirs.Bin, "sample-device-plugin")
 	build := exec.Command("go", "build", "-o", bin, "k8s.io/kubernetes/test/images/sample-device-plugin")
 	build.Dir = dirs.Module
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the sample device plugin: %v\n%s", err, out)
 	}
-	control := filepath.Join(t.TempDir(), "register")
-	rep := conformance(t, []string{"REGISTER_CONTROL_FILE=" + control}, "--registry-env=PLUGIN_SOCK_DIR", "--", bin)
-	if rep.Duration > 30*time.Second {
-		t.Errorf("the run took %s, more than 30 s", rep.Duration)
-	}
+	return bin
 }
 
 // The device manager's stub itself, run in this process, passes every

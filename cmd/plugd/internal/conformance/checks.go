@@ -96,7 +96,7 @@ var catalogue = []check{
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Connect"},
 	{ID: checkDPListAndWatch, Types: []string{typeDevice}, Expect: "ListAndWatch sends the inventory at once (within 1 s): device IDs, each Healthy or Unhealthy",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (ListAndWatch; no capacity until the first answer)"},
-	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within 20 s (the kubelet's stub does after 10 s)",
+	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within twice --timeout, 20 s by default (the kubelet's stub does after 10 s)",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again)"},
 	{ID: checkRestart, Via: viaRegistry, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (a restarted kubelet walks the directory and registers every socket again)"},

@@ -22,11 +22,11 @@ import (
 const kubeletSocketName = "kubelet.sock"
 
 // reregisterWait bounds the wait for a device plugin to call Register on a
-// kubelet.sock made anew. The kubelet's own stub (its device plugins'
-// reference, pkg/kubelet/cm/devicemanager/plugin/v1beta1/stub.go Watch)
-// registers again 10 s after it sees the socket made; the kit allows twice
-// that.
-const reregisterWait = 20 * time.Second
+// kubelet.sock made anew: twice the kit's timeout, 20 s by default. The
+// kubelet's own stub (its device plugins' reference,
+// pkg/kubelet/cm/devicemanager/plugin/v1beta1/stub.go Watch) registers
+// again 10 s after it sees the socket made.
+func (r *runner) reregisterWait() time.Duration { return 2 * r.cfg.Timeout }
 
 // deviceManager plays the kubelet's device manager: it serves the device
 // plugin Registration service on kubelet.sock in the endpoint directory,
@@ -189,7 +189,7 @@ func (r *runner) kubeletRestart(ctx context.Context, first *deviceapi.RegisterRe
 	if err := r.dm.restart(); err != nil {
 		return err
 	}
-	wctx, cancel := withDeadline(ctx, reregisterWait, "the plugin to call Register on the new "+r.dm.path)
+	wctx, cancel := withDeadline(ctx, r.reregisterWait(), "the plugin to call Register on the new "+r.dm.path)
 	defer cancel()
 	req, err := r.dm.nextRegister(wctx)
 	if err != nil {

@@ -115,7 +115,7 @@ func (r *runner) checkSocket(ctx context.Context) (*regConn, PluginInfo) {
 		if r.target == nil {
 			// Attached, the plugin registers when it sees kubelet.sock
 			// made, after its own delay.
-			wait = max(wait, reregisterWait)
+			wait = r.reregisterWait()
 		}
 	}
 	wctx, cancel := withDeadline(ctx, wait, what)
