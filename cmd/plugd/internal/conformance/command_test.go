@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // plugd runs `plugd ARGS...` as plugd's main does, and returns its exit
@@ -146,5 +147,15 @@ func TestStrict(t *testing.T) {
 		if code != tc.want {
 			t.Errorf("plugd %q: exit status %d, want %d\n%s%s", args, code, tc.want, stdout, stderr)
 		}
+	}
+}
+
+// The kit does not take the place of a kubelet.sock that is served.
+func TestKubeletSockServedIsRefused(t *testing.T) {
+	dir := testenv.ShortDir(t, "ep")
+	testenv.ServeGRPC(t, filepath.Join(dir, kubeletSocketName), nil)
+	code, _, stderr := plugd(t, "conformance", "--kubelet-sock", "--endpoint-dir", dir)
+	if code != daemon.ExitError || !strings.Contains(stderr, "by a kubelet most likely") {
+		t.Errorf("exit status %d, standard error %q; want %d and an error saying kubelet.sock is served", code, stderr, daemon.ExitError)
 	}
 }

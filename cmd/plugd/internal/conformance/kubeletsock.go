@@ -49,6 +49,10 @@ type deviceManager struct {
 func startDeviceManager(dir string) (*deviceManager, error) {
 	dm := &deviceManager{path: filepath.Join(dir, kubeletSocketName),
 		requests: make(chan *deviceapi.RegisterRequest, 16), first: make(chan struct{})}
+	if c, err := net.DialTimeout("unix", dm.path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s is served, by a kubelet most likely: the kit would take its place; name another --endpoint-dir", dm.path)
+	}
 	return dm, dm.serve()
 }
 

@@ -24,7 +24,7 @@ const (
 )
 
 // Config is a run of the kit. The zero value is not usable: RegistryDir is
-// required.
+// required, or EndpointDir with DeviceManager.
 type Config struct {
 	// RegistryDir is the directory the plugin makes its registration
 	// socket in, the kubelet's plugins_registry.
@@ -42,8 +42,9 @@ type Config struct {
 	// own deadlines (GetInfo 1 s, notification 5 s) are fixed.
 	Timeout time.Duration
 	// DeviceManager serves the device manager's kubelet.sock in
-	// EndpointDir (replacing one there), for device plugins that register
-	// by calling it. It is always served for a plugin the kit starts.
+	// EndpointDir (replacing a dead one there; one that is served, by a
+	// kubelet, is an error), for device plugins that register by calling
+	// it. It is always served for a plugin the kit starts.
 	DeviceManager bool
 	// Strict makes the recommendations required too; by default only the
 	// kubelet's rules are.
@@ -69,9 +70,10 @@ type runner struct {
 }
 
 // Run plays the kubelet against the plugin cfg names and reports what
-// every check found; the report passes when no required check failed. It blocks until the checks are done and a started
-// plugin has exited (it is stopped with SIGTERM, then killed). An error is
-// returned only when the kit could not run at all.
+// every check found; the report passes when no required check failed. It
+// blocks until the checks are done and a started plugin has exited (it is
+// stopped with SIGTERM, then killed). An error is returned only when the
+// kit could not run at all.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.DeviceManager = (cfg.DeviceManager || len(cfg.Command) > 0) && cfg.EndpointDir != ""
 	if cfg.RegistryDir == "" && !cfg.DeviceManager {
