@@ -111,7 +111,10 @@ func (r *runner) checkSocket(ctx context.Context) (*regConn, PluginInfo) {
 	began := time.Now()
 	wait, what := r.cfg.Timeout, "a registration socket in "+r.cfg.RegistryDir
 	if r.dm != nil {
-		what += " or a Register call on " + r.dm.path
+		what = "a Register call on " + r.dm.path
+		if r.cfg.RegistryDir != "" {
+			what = "a registration socket in " + r.cfg.RegistryDir + " or " + what
+		}
 		if r.target == nil {
 			// Attached, the plugin registers when it sees kubelet.sock
 			// made, after its own delay.
