@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -583,7 +584,7 @@ func TestStaleEntriesBounded(t *testing.T) {
 		drivers[i] = storagev1.CSINodeDriver{Name: fmt.Sprintf("d%d.example.com", i), NodeID: "node-a"}
 	}
 	s := snapshot{nodeName: "node-a", csiNode: csiNode(drivers...)}
-	kn := kubeletNow{state: &kubeletState{at: t0, started: t0.Add(-time.Hour)}}
+	kn := kubeletstate.Evidence{Reading: &kubeletstate.Reading{At: t0, Started: t0.Add(-time.Hour)}}
 	got, more := staleEntries(s, nil, kubeletFacts{live: true}, kn)
 	if len(got) != maxStaleEntries || more != len(drivers)-maxStaleEntries || got[0].Driver != "d0.example.com" {
 		t.Errorf("%d entries (first %+v) and %d more; want %d and %d", len(got), got[0], more, maxStaleEntries, len(drivers)-maxStaleEntries)

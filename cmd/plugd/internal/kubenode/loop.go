@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/backoff"
 	"github.com/plugd/plugd/internal/nodecond"
 )
@@ -31,7 +32,7 @@ func (n *Node) Run(ctx context.Context) error {
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
-	wg.Go(func() { n.kubelet.run(ctx) })
+	wg.Go(func() { n.kubelet.Run(ctx) })
 	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
@@ -137,11 +138,8 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	// while it is read may be in it or not, and counts as not yet seen.
 	snap := n.snapshot()
 	seq := snap.seq[0]
-	kn := n.kubelet.now()
-	kf := kn.facts(n.cfg.Kubelet.Address, socks)
-	if kn.state != nil {
-		kf.started = kn.state.started
-	}
+	kn := n.kubeletEvidence()
+	kf := kubeletFactsOf(kn, n.cfg.Kubelet.Address, socks)
 	views, stale, more := l.views(socks, snap, kf, kn)
 	n.publish(views, now)
 	l.observeRegistrations(socks, kf, kn)
@@ -361,8 +359,8 @@ type viewInputs struct {
 // the last evaluation, they are its views: the texts of a quiet node are
 // not built again at every resync (with thousands of CSINode entries,
 // hundreds of kilobytes every 5 seconds).
-func (l *loop) views(socks map[key][]Plugin, snap snapshot, kf kubeletFacts, kn kubeletNow) (map[key]view, []staleEntry, int) {
-	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: kn.reads}
+func (l *loop) views(socks map[key][]Plugin, snap snapshot, kf kubeletFacts, kn kubeletstate.Evidence) (map[key]view, []staleEntry, int) {
+	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: kn.Reads}
 	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem} {
 		if p != nil {
 			in.problems[i] = p.Reason + ": " + p.Message
@@ -467,8 +465,8 @@ func (l *loop) remember(socks map[key][]Plugin) {
 // observeRegistrations counts, once per socket, the time from its
 // appearance (and from the kubelet's start, when it was there before) to
 // the running kubelet having registered it, as the reads show it.
-func (l *loop) observeRegistrations(socks map[key][]Plugin, kf kubeletFacts, kn kubeletNow) {
-	if !kf.live || kn.state == nil {
+func (l *loop) observeRegistrations(socks map[key][]Plugin, kf kubeletFacts, kn kubeletstate.Evidence) {
+	if !kf.live || kn.Reading == nil {
 		return
 	}
 	present := map[string]bool{}
@@ -482,15 +480,15 @@ func (l *loop) observeRegistrations(socks map[key][]Plugin, kf kubeletFacts, kn 
 				continue
 			}
 			l.registered[p.Socket] = p.Created
-			since := kn.presentSince[p.Socket]
+			since := kn.PresentSince(p.Socket)
 			if since.IsZero() {
-				since = kn.state.at
+				since = kn.Reading.At
 			}
 			if d := since.Sub(p.Created); d >= 0 && d < time.Hour {
 				l.n.m.registration.WithLabelValues(k.typ).Observe(d.Seconds())
 			}
-			if p.Created.Before(kn.state.started) {
-				if d := since.Sub(kn.state.started); d >= 0 && d < time.Hour {
+			if p.Created.Before(kn.Reading.Started) {
+				if d := since.Sub(kn.Reading.Started); d >= 0 && d < time.Hour {
 					l.n.m.afterStart.WithLabelValues(k.typ).Observe(d.Seconds())
 				}
 			}
@@ -507,7 +505,7 @@ func (l *loop) observeRegistrations(socks map[key][]Plugin, kf kubeletFacts, kn 
 // the kubelet and the sockets disagree, often for a while after the
 // disagreement began (or the plugins last changed); while an expected
 // device plugin waits for healthy devices, pod-resources every second.
-func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]view, kf kubeletFacts, kn kubeletNow) time.Time {
+func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]view, kf kubeletFacts, kn kubeletstate.Evidence) time.Time {
 	unsettled := false
 	if kf.live {
 		for k, v := range views {
@@ -527,26 +525,26 @@ func (l *loop) paceKubelet(now time.Time, socks map[key][]Plugin, views map[key]
 	}
 	l.localChanges = changes
 	var metrics, devices time.Time
-	if !l.unsettledSince.IsZero() && kn.state != nil {
+	if !l.unsettledSince.IsZero() && kn.Reading != nil {
 		switch d := now.Sub(l.unsettledSince); {
 		case d < fastFor:
-			metrics = kn.state.at.Add(unsettledFast)
+			metrics = kn.Reading.At.Add(unsettledFast)
 		case d < slowFor:
-			metrics = kn.state.at.Add(unsettledSlow)
+			metrics = kn.Reading.At.Add(unsettledSlow)
 		}
 	}
-	if kf.live && kn.state != nil {
+	if kf.live && kn.Reading != nil {
 		for _, e := range l.n.cfg.Expect {
 			v := views[key{e.Type, e.Name}]
 			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
 				// A poll from the last read of the devices: the last read
 				// of the metrics is up to a resync old, and a wish from it
 				// is in the past at once, every time (issue 33, item 4).
-				devices = latest(kn.state.at, kn.devicesAt).Add(devicesPoll)
+				devices = latest(kn.Reading.At, kn.DevicesAt).Add(devicesPoll)
 			}
 		}
 	}
-	l.n.kubelet.want(metrics, devices)
+	l.n.kubelet.Want(metrics, devices)
 	if !l.unsettledSince.IsZero() {
 		// Look again when fast reads end, to slow them down.
 		switch d := now.Sub(l.unsettledSince); {
@@ -700,13 +698,6 @@ func closed(c <-chan struct{}) bool {
 // warning in its log, a Warning event ConditionOverwritten on the Node);
 // every overwrite counts in plugd_node_condition_overwritten_total. A
 // condition left as plugd wrote it for fightWindow ends the fight.
-const (
-	fightUndos    = 3
-	fightWindow   = 10 * time.Minute
-	fightDelayMin = 10 * time.Second
-	fightDelayMax = 5 * time.Minute
-)
-
 // fight is what plugd knows of the overwrites of one condition.
 type fight struct {
 	seen    verdict   // plugd's verdict, as last seen on the Node

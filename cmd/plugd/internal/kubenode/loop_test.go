@@ -20,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -36,6 +37,9 @@ type bench struct {
 
 	mu      sync.Mutex
 	plugins []Plugin
+	// kubelet is what the reads of the kubelet showed, as the test sets
+	// it: at first, reading the kubelet is off (no address).
+	kubelet kubeletstate.Record
 }
 
 const csiCond = "csi.example.com/CSIPluginReady"
@@ -58,6 +62,8 @@ func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 	}
 	n.core, n.storage, n.resource, n.events, n.fakeAPI = b.cs.CoreV1(), b.cs.StorageV1(), b.cs.ResourceV1(), b.cs.EventsV1(), b.cs
 	n.build(nil)
+	b.kubelet.Failed(n.kubelet.Evidence().Problem, "")
+	n.kubeletEvidence = b.kubeletEvidence
 	b.n, b.l = n, newLoop(n, b.rec)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -102,34 +108,30 @@ func (b *bench) setKubelet(started time.Time, registered ...string) {
 // setKubeletSeen is setKubelet with the kubelet's desired state apart:
 // seen, which it may hold without registering.
 func (b *bench) setKubeletSeen(started time.Time, seen []string, registered ...string) {
-	w := b.n.kubelet
-	now := b.clock.Now()
-	s := &kubeletState{at: now, started: started, registered: map[string]bool{}, seen: map[string]bool{}}
+	r := kubeletstate.Reading{At: b.clock.Now(), Started: started, Registered: map[string]bool{}, Seen: map[string]bool{}, PluginMetric: true}
 	for _, p := range registered {
-		s.registered[p] = true
+		r.Registered[p] = true
 	}
 	for _, p := range seen {
-		s.seen[p] = true
+		r.Seen[p] = true
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.reads++
-	if !w.started.IsZero() && !started.Equal(w.started) {
-		w.restarted = true
-		w.forget()
-	}
-	w.started, w.state, w.problem = started, s, nil
-	w.track(s.registered, s.seen, now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.kubelet.Read(r)
 }
 
 // kubeletDown makes a read that finds nothing listening.
 func (b *bench) kubeletDown() {
-	w := b.n.kubelet
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.reads++
-	w.state, w.problem = nil, &Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}
-	w.forget()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.kubelet.Failed(&kubeletstate.Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}, "")
+}
+
+// kubeletEvidence is what the bench's reads of the kubelet show.
+func (b *bench) kubeletEvidence() kubeletstate.Evidence {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.kubelet.Evidence()
 }
 
 // step advances the clock by d and evaluates, then waits until the
@@ -316,7 +318,7 @@ func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	b := newBench(t, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionTrue, Reason: ReasonReady,
 		Message: "plugd: CSIPlugin csi.example.com: registered with the kubelet, socket /r/csi.sock answers", LastHeartbeatTime: now, LastTransitionTime: now})
-	b.n.kubelet.problem = nil // not read yet
+	b.kubelet = kubeletstate.Record{} // not read yet
 	scanned := make(chan struct{})
 	b.n.cfg.Scanned = scanned
 	b.step(0) // the directory not walked yet

@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -73,6 +74,22 @@ type view struct {
 	// (pod-resources), not the Node's allocatable.
 	healthyFresh bool
 }
+
+// KubeletConfig says where plugd reads what the running kubelet holds
+// (package kubeletstate).
+type KubeletConfig = kubeletstate.Config
+
+// The reasons the kubelet cannot be read (package kubeletstate), also the
+// reasons of a Problem and of a kubelet view.
+const (
+	ReasonKubeletNotRunning   = kubeletstate.ReasonNotRunning   // nothing listens at its address
+	ReasonKubeletUnreachable  = kubeletstate.ReasonUnreachable  // no answer: a timeout, no route
+	ReasonKubeletTLS          = kubeletstate.ReasonTLS          // its serving certificate is not trusted
+	ReasonKubeletForbidden    = kubeletstate.ReasonForbidden    // plugd lacks nodes/metrics
+	ReasonKubeletUnauthorized = kubeletstate.ReasonUnauthorized // it does not accept plugd's credentials
+	ReasonKubeletDisabled     = kubeletstate.ReasonDisabled     // kubernetes.kubelet.address is not set
+	ReasonKubeletBadAnswer    = kubeletstate.ReasonBadAnswer    // it answered something else
+)
 
 // kubeletFacts is what plugd knows of the running kubelet at one moment.
 type kubeletFacts struct {
@@ -387,4 +404,40 @@ func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
 		}
 	}
 	return n
+}
+
+// kubeletFactsOf is what the kubelet's evidence ev says of the sockets
+// socks, read at address: a socket counts as registered once the kubelet
+// registered it, not an older socket at its path.
+func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Plugin) kubeletFacts {
+	kf := kubeletFacts{problem: problemOf(ev.Problem), restarted: ev.Restarted, address: address, impostor: ev.Impostor}
+	if ev.Reading != nil {
+		kf.started = ev.Reading.Started
+	}
+	switch {
+	case ev.Problem != nil && (ev.Problem.Reason == ReasonKubeletNotRunning || ev.Impostor != ""):
+		kf.down = true
+		return kf
+	case ev.Problem != nil || ev.Reading == nil:
+		return kf
+	}
+	kf.live, kf.seen, kf.devices = true, ev.Reading.Seen, ev.Reading.Devices
+	kf.registered = map[string]bool{}
+	for _, ps := range socks {
+		for _, p := range ps {
+			if ev.Credited(p.Socket, p.Created) {
+				kf.registered[p.Socket] = true
+			}
+		}
+	}
+	return kf
+}
+
+// problemOf is the kubelet's problem p as kubenode's, nil for nil.
+func problemOf(p *kubeletstate.Problem) *Problem {
+	if p == nil {
+		return nil
+	}
+	q := Problem(*p)
+	return &q
 }
