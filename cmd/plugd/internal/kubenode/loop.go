@@ -140,6 +140,7 @@ func (l *loop) evaluate(ctx context.Context, now time.Time) time.Time {
 	seq := snap.seq[0]
 	kn := n.kubeletEvidence()
 	kf := kubeletFactsOf(kn, n.cfg.Kubelet.Address, socks)
+	n.setMetricMissing(kf)
 	views, stale, more := l.views(socks, snap, kf, kn)
 	n.publish(views, now)
 	l.observeRegistrations(socks, kf, kn)

@@ -124,6 +124,9 @@ type Node struct {
 	ready    map[string]bool         // by condition type; guarded by mu
 	conds    []ConditionState        // by expectation; guarded by mu
 	stale    []StaleEntry            // guarded by mu
+	// metricMissing is, at the last evaluation, the trouble of a kubelet
+	// read whose /metrics lacks the plugin manager's gauge; guarded by mu.
+	metricMissing *Problem
 	// confinement is the last probe of the admission policies; guarded by
 	// mu. probeMu makes one probe at a time.
 	confinement Confinement

@@ -152,5 +152,24 @@ func (n *Node) Kubelet() KubeletStatus {
 		st.Started, st.ReadAt, st.Registered, st.Seen = s.Started, s.At, len(s.Registered), len(s.Seen)
 		st.Live = k.Problem == nil
 	}
+	n.mu.Lock()
+	missing := n.metricMissing
+	n.mu.Unlock()
+	if st.Live && missing != nil {
+		p := *missing
+		st.Live, st.Problem = false, &p
+	}
 	return st
+}
+
+// setMetricMissing keeps, for Kubelet, the trouble of a kubelet whose
+// /metrics lacks the plugin manager's gauge (kf, live otherwise).
+func (n *Node) setMetricMissing(kf kubeletFacts) {
+	var p *Problem
+	if kf.problem != nil && kf.problem.Reason == ReasonKubeletMetricMissing {
+		p = kf.problem
+	}
+	n.mu.Lock()
+	n.metricMissing = p
+	n.mu.Unlock()
 }

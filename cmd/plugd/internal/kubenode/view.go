@@ -89,6 +89,10 @@ const (
 	ReasonKubeletUnauthorized = kubeletstate.ReasonUnauthorized // it does not accept plugd's credentials
 	ReasonKubeletDisabled     = kubeletstate.ReasonDisabled     // kubernetes.kubelet.address is not set
 	ReasonKubeletBadAnswer    = kubeletstate.ReasonBadAnswer    // it answered something else
+	// ReasonKubeletMetricMissing: its /metrics has no plugin manager's
+	// gauge while its registry holds sockets: the gauge is ALPHA, and
+	// this kubelet renamed or dropped it (kubeletFactsOf).
+	ReasonKubeletMetricMissing = "KubeletMetricMissing"
 )
 
 // kubeletFacts is what plugd knows of the running kubelet at one moment.
@@ -420,6 +424,11 @@ func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Pl
 		return kf
 	case ev.Problem != nil || ev.Reading == nil:
 		return kf
+	case !ev.Reading.PluginMetric:
+		if p := metricMissing(ev.Reading, address, socks); p != nil {
+			kf.problem = p
+			return kf
+		}
 	}
 	kf.live, kf.seen, kf.devices = true, ev.Reading.Seen, ev.Reading.Devices
 	kf.registered = map[string]bool{}
@@ -440,4 +449,30 @@ func problemOf(p *kubeletstate.Problem) *Problem {
 	}
 	q := Problem(*p)
 	return &q
+}
+
+// metricMissing is the trouble of a kubelet whose reading r has no plugin
+// manager's gauge while plugd sees sockets in its registry that it has
+// had a pass (kubeletstate.Settle) to see, and that has run for
+// staleSettle: the gauge is ALPHA, and a kubelet that renamed it in a new
+// minor would otherwise say that it has registered nothing. Nil where the
+// gauge's absence says that: no socket, none old enough, or a kubelet
+// just started (its desired state is empty until its first pass).
+func metricMissing(r *kubeletstate.Reading, address string, socks map[key][]Plugin) *Problem {
+	if r.At.Sub(r.Started) < staleSettle {
+		return nil
+	}
+	var some string
+	for _, ps := range socks {
+		for _, p := range ps {
+			if !p.Created.IsZero() && !r.At.Before(p.Created.Add(kubeletSettle)) {
+				some = p.Socket
+			}
+		}
+	}
+	if some == "" {
+		return nil
+	}
+	return &Problem{Operation: "read the kubelet's /metrics at " + address, Reason: ReasonKubeletMetricMissing, Since: r.Started,
+		Message: fmt.Sprintf("the kubelet's /metrics at %s has no plugin_manager_total_plugins, while its registry holds sockets (%s): the metric is ALPHA, and this kubelet renamed or dropped it; plugd cannot read what it registered and infers it from API objects. Check its name with: kubectl get --raw /api/v1/nodes/NODE/proxy/metrics | grep plugin_manager; and tell plugd's maintainers the kubelet's version", address, some)}
 }
