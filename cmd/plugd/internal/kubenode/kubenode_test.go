@@ -414,6 +414,17 @@ func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, eventtype, reason,
 	r.got = append(r.got, fmt.Sprintf("%s %s [%s] %s", eventtype, reason, action, fmt.Sprintf(note, args...)))
 }
 
+// disagreements is decide's part that tells of disagreements, on l's
+// memory at now, with what it tells recorded as act does.
+func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[key]view, stale []staleEntry, kubeletLive bool, nd *corev1.Node) time.Time {
+	d := &decision{pol: l.pol, f: facts{now: now, socks: socks, views: views, stale: stale, kubelet: kubeletFacts{live: kubeletLive}, node: nd}, m: l.mem}
+	next := d.disagreements()
+	for _, e := range d.p.tell {
+		l.record(nd, e)
+	}
+	return next
+}
+
 func TestDisagreements(t *testing.T) {
 	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
 	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}

@@ -142,7 +142,7 @@ func (b *bench) step(d time.Duration) {
 	b.l.evaluate(context.Background(), b.clock.Now())
 	b.waitFor("the informer showing plugd's writes", func() bool {
 		n := b.n.snapshot().node
-		for typ, w := range b.l.written {
+		for typ, w := range b.l.mem.written {
 			if c := findCondition(n, typ); c == nil || !sameVerdict(c, w.v) {
 				return false
 			}
@@ -584,7 +584,7 @@ func testOverwrittenBacksOff(t *testing.T, quick bool) {
 			before = n
 			at = append(at, b.clock.Now().Sub(start))
 			if !quick { // plugd looks at the Node showing its write back
-				b.waitFor("the informer delivering the write back", func() bool { return b.delivered(b.l.written[csiCond].v.message) })
+				b.waitFor("the informer delivering the write back", func() bool { return b.delivered(b.l.mem.written[csiCond].v.message) })
 				b.step(time.Second)
 			}
 			overwrite()
@@ -638,8 +638,8 @@ func TestOwnWriteNotOverwrite(t *testing.T) {
 	b.setPlugins(down)
 	b.clock.Step(time.Second)
 	b.l.evaluate(context.Background(), b.clock.Now())
-	if w, ok := b.l.written[csiCond]; !ok || w.v.status != corev1.ConditionFalse {
-		t.Fatalf("False not written: %+v", b.l.written)
+	if w, ok := b.l.mem.written[csiCond]; !ok || w.v.status != corev1.ConditionFalse {
+		t.Fatalf("False not written: %+v", b.l.mem.written)
 	}
 	// Up again before plugd looked at its False on the Node.
 	b.setPlugins(sock)
@@ -659,7 +659,7 @@ func (b *bench) delivered(msg string) bool {
 	if c := b.condition(); c == nil || c.Message != msg {
 		return false
 	}
-	w, ok := b.l.written[csiCond]
+	w, ok := b.l.mem.written[csiCond]
 	return !ok || b.n.nodeEvents.Load() > w.seq
 }
 
@@ -689,11 +689,11 @@ func TestAsWritten(t *testing.T) {
 		{name: "deleted, not brought back", w: &written{seq: 3}, v: notRegistered, seq: 3, want: old},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &loop{written: map[string]written{}}
+			m := newMemory()
 			if tc.w != nil {
-				l.written[cond] = *tc.w
+				m.written[cond] = *tc.w
 			}
-			got, already := l.asWritten(cond, tc.v, old, tc.seq)
+			got, already := m.asWritten(cond, tc.v, old, tc.seq)
 			if already != tc.already || got == nil || got.Status != tc.want.Status || got.Reason != tc.want.Reason {
 				t.Errorf("asWritten: %+v, %v; want %+v, %v", got, already, tc.want, tc.already)
 			}

@@ -55,7 +55,7 @@ func (b *bench) readKubelet(body string) {
 	}
 	b.n.cfg.Kubelet = cfg
 	w := kubeletstate.NewWatch(c, cfg, b.clock, slog.New(slog.DiscardHandler), kubeletstate.Metrics{Reads: b.n.m.kubeletReads, Bytes: b.n.m.kubeletBytes}, func() {})
-	b.n.kubelet, b.n.kubeletEvidence = w, w.Evidence
+	b.n.kubeletEvidence = w.Evidence // the informers' handlers still ask the bench's watch for reads
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
