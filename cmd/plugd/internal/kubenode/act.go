@@ -111,7 +111,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 		return false
 	}
 	for _, c := range set {
-		v := verdict{c.Status, c.Reason, c.Message}
+		v := conditionVerdict{c.Status, c.Reason, c.Message}
 		l.mem.written[string(c.Type)] = written{v, seq, c}
 		l.mem.wrote(string(c.Type), v)
 		if cur := findCondition(node, string(c.Type)); cur == nil || !sameVerdict(cur, v) {
@@ -129,7 +129,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 }
 
 // removeExtras removes the Node's condition entries es (extras).
-func (l *loop) removeExtras(ctx context.Context, now time.Time, es []entry) bool {
+func (l *loop) removeExtras(ctx context.Context, now time.Time, es []conditionEntry) bool {
 	n := l.n
 	seq := n.nodeEvents.Load()
 	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {

@@ -19,7 +19,7 @@ type facts struct {
 	// socks are the manager's plugins by (type, name), each expected one
 	// there; unasked says a socket may be an expected plugin's that has
 	// not said who it is (sockets).
-	socks   map[key][]Plugin
+	socks   map[key][]Socket
 	unasked bool
 	// node is the Node as the informer has it (nil: none); readable says
 	// it was read soundly: nothing is written otherwise. seq counts the
@@ -111,7 +111,7 @@ func cloneEach[K comparable, V any](m map[K]*V) map[K]*V {
 // written is a condition plugd wrote, and how many Node updates had arrived
 // then: until another arrives, the cache does not show it yet.
 type written struct {
-	v   verdict
+	v   conditionVerdict
 	seq uint64
 	c   corev1.NodeCondition // as written; no Type for a deletion
 }
@@ -119,7 +119,7 @@ type written struct {
 // heldVerdict is a verdict waiting to be written: first is when the
 // condition first differed, since when it became v.
 type heldVerdict struct {
-	v            verdict
+	v            conditionVerdict
 	first, since time.Time
 }
 
@@ -132,7 +132,7 @@ type heldVerdict struct {
 type plan struct {
 	set   []corev1.NodeCondition
 	drop  []string
-	extra []entry
+	extra []conditionEntry
 	taint []byte // the JSON patch that removes the startup taint; nil: none due
 	notes []event
 	tell  []event
@@ -300,7 +300,7 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 
 // transition tells, once the write is made, of a condition turning True
 // (and how long it was not) or turning from True.
-func (d *decision) transition(e Expectation, k key, v verdict, cur *corev1.NodeCondition) {
+func (d *decision) transition(e Expectation, k key, v conditionVerdict, cur *corev1.NodeCondition) {
 	p := &d.p
 	switch {
 	case v.status == corev1.ConditionTrue && (cur == nil || cur.Status != corev1.ConditionTrue):
@@ -319,7 +319,7 @@ func (d *decision) transition(e Expectation, k key, v verdict, cur *corev1.NodeC
 
 // hold keeps v, which changes only the reason or message of condition
 // typ, and returns when it is due to be written.
-func (d *decision) hold(typ string, v verdict) time.Time {
+func (d *decision) hold(typ string, v conditionVerdict) time.Time {
 	h := d.m.held[typ]
 	switch {
 	case h == nil:
@@ -338,7 +338,7 @@ func (d *decision) hold(typ string, v verdict) time.Time {
 // back): already says it is v; otherwise v is judged against that
 // write, so that a new reason is held as any is and a transition is told
 // once.
-func (m memory) asWritten(cond string, v verdict, cur *corev1.NodeCondition, seq uint64) (_ *corev1.NodeCondition, already bool) {
+func (m memory) asWritten(cond string, v conditionVerdict, cur *corev1.NodeCondition, seq uint64) (_ *corev1.NodeCondition, already bool) {
 	w, ok := m.written[cond]
 	if !ok || w.seq != seq || w.c.Type == "" {
 		return cur, false
@@ -354,7 +354,7 @@ func (m memory) asWritten(cond string, v verdict, cur *corev1.NodeCondition, seq
 // the Node shows as cur: not before another writer's overwrites have been
 // waited out (overwritten), nor, where only the reason or message changed,
 // before the change has held for a moment (hold).
-func (d *decision) writeDue(e Expectation, k key, v verdict, cur *corev1.NodeCondition) time.Time {
+func (d *decision) writeDue(e Expectation, k key, v conditionVerdict, cur *corev1.NodeCondition) time.Time {
 	if due := d.overwritten(e, k, v, cur); d.f.now.Before(due) {
 		return due
 	}
@@ -397,15 +397,15 @@ func (d *decision) observeRegistrations() {
 	present := map[string]bool{}
 	for k, ps := range d.f.socks {
 		for _, p := range ps {
-			present[p.Socket] = true
-			if !kf.registered[p.Socket] || p.Created.IsZero() {
+			present[p.Path] = true
+			if !kf.registered[p.Path] || p.Created.IsZero() {
 				continue
 			}
-			if c, ok := d.m.registered[p.Socket]; ok && c.Equal(p.Created) {
+			if c, ok := d.m.registered[p.Path]; ok && c.Equal(p.Created) {
 				continue
 			}
-			d.m.registered[p.Socket] = p.Created
-			since := ev.PresentSince(p.Socket)
+			d.m.registered[p.Path] = p.Created
+			since := ev.PresentSince(p.Path)
 			if since.IsZero() {
 				since = ev.Reading.At
 			}
@@ -436,7 +436,7 @@ func (d *decision) paceKubelet() time.Time {
 	unsettled := false
 	if f.kubelet.live {
 		for k, v := range f.views {
-			answering := slices.ContainsFunc(f.socks[k], func(p Plugin) bool { return p.Answering })
+			answering := slices.ContainsFunc(f.socks[k], func(p Socket) bool { return p.Answering })
 			if answering != (v.State == api.KubeletRegistered) && k.typ != "" && v.Reason != "UnsupportedType" {
 				unsettled = true
 				break
@@ -543,7 +543,7 @@ func (d *decision) disagreements() time.Time {
 // disagreementsOf are the plugins whose socket and kubelet view disagree
 // now, with what the event would say; unknown those whose view cannot
 // be read.
-func disagreementsOf(socks map[key][]Plugin, views map[key]view, kubeletLive bool) (map[disagreementKey]string, map[key]bool) {
+func disagreementsOf(socks map[key][]Socket, views map[key]view, kubeletLive bool) (map[disagreementKey]string, map[key]bool) {
 	current := map[disagreementKey]string{}
 	unknown := map[key]bool{}
 	for k, v := range views {
@@ -554,7 +554,7 @@ func disagreementsOf(socks map[key][]Plugin, views map[key]view, kubeletLive boo
 			unknown[k] = true
 			continue
 		}
-		answering := slices.ContainsFunc(socks[k], func(p Plugin) bool { return p.Answering })
+		answering := slices.ContainsFunc(socks[k], func(p Socket) bool { return p.Answering })
 		switch {
 		case answering && v.State == api.KubeletNotRegistered:
 			current[disagreementKey{k, causeNotTakenUp}] = "its socket answers, but the kubelet has not registered it: " + v.Message
@@ -587,16 +587,16 @@ func disagreementsOf(socks map[key][]Plugin, views map[key]view, kubeletLive boo
 
 // fight is what plugd knows of the overwrites of one condition.
 type fight struct {
-	seen    verdict   // plugd's verdict, as last seen on the Node
-	shown   bool      // the Node shows seen now
-	shownAt time.Time // since when
+	seen    conditionVerdict // plugd's verdict, as last seen on the Node
+	shown   bool             // the Node shows seen now
+	shownAt time.Time        // since when
 	// mine is the verdict plugd stands by on the Node: the last it wrote
 	// or saw there. Only a change of it by another counts.
-	mine verdict
+	mine conditionVerdict
 	// pending are the verdicts plugd wrote since the Node last showed the
 	// latest of them: a Node that shows one of them shows plugd's own
 	// write, come back late, not another writer's.
-	pending []verdict
+	pending []conditionVerdict
 	// answered says plugd wrote its verdict back (or saw it back) since
 	// the last overwrite it counted: the next is another overwrite, seen
 	// or not the write back.
@@ -635,7 +635,7 @@ func (m memory) fightOf(cond string) *fight {
 }
 
 // confirmed notes that the Node shows plugd's verdict v for cond now.
-func (d *decision) confirmed(cond string, v verdict) {
+func (d *decision) confirmed(cond string, v conditionVerdict) {
 	now := d.f.now
 	f := d.m.fightOf(cond)
 	if !f.shown || f.seen != v {
@@ -655,7 +655,7 @@ func (d *decision) confirmed(cond string, v verdict) {
 
 // wrote notes that plugd wrote its verdict v for cond: the write back of
 // an overwrite, or a change of its own.
-func (m memory) wrote(cond string, v verdict) {
+func (m memory) wrote(cond string, v conditionVerdict) {
 	f := m.fightOf(cond)
 	f.mine, f.answered = v, true
 	if len(f.pending) == 0 || f.pending[len(f.pending)-1] != v {
@@ -673,7 +673,7 @@ func (m memory) wrote(cond string, v verdict) {
 // once it has seen that write on the Node: another writer quicker than
 // plugd's informer is still counted. A Node that shows a verdict plugd
 // wrote itself (a quick flip, echoed late) is no overwrite.
-func (d *decision) overwritten(e Expectation, k key, v verdict, cur *corev1.NodeCondition) time.Time {
+func (d *decision) overwritten(e Expectation, k key, v conditionVerdict, cur *corev1.NodeCondition) time.Time {
 	now := d.f.now
 	f := d.m.fights[e.Condition]
 	switch {
@@ -681,7 +681,7 @@ func (d *decision) overwritten(e Expectation, k key, v verdict, cur *corev1.Node
 		return time.Time{}
 	case f.mine != v:
 		return time.Time{} // not an overwrite: plugd's verdict changed
-	case cur != nil && slices.ContainsFunc(f.pending, func(p verdict) bool { return sameVerdict(cur, p) }):
+	case cur != nil && slices.ContainsFunc(f.pending, func(p conditionVerdict) bool { return sameVerdict(cur, p) }):
 		return time.Time{} // plugd's own write, come back late
 	case !f.answered:
 		return f.due // this overwrite is counted: wait out its delay

@@ -26,9 +26,9 @@ var (
 	csiExp  = Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: csiCond}
 	gpuExp  = Expectation{Type: TypeDevice, Name: "vendor.example/gpu", Condition: "vendor.example/gpu-DevicePluginReady", MinHealthyDevices: 2}
 	draExp  = Expectation{Type: TypeDRA, Name: "gpu.example.com", Condition: "gpu.example.com/DRAPluginReady"}
-	csiSock = Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", State: "Answering", Answering: true, Created: started, Details: csiSaid("node-a")}
-	gpuSock = Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", State: "Answering", Answering: true, Created: started}
-	draSock = Plugin{Socket: "/r/dra.sock", Type: TypeDRA, Name: "gpu.example.com", State: "Answering", Answering: true, Created: started}
+	csiSock = Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", State: "Answering", Answering: true, Created: started, Details: csiSaid("node-a")}
+	gpuSock = Socket{Path: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", State: "Answering", Answering: true, Created: started}
+	draSock = Socket{Path: "/r/dra.sock", Type: TypeDRA, Name: "gpu.example.com", State: "Answering", Answering: true, Created: started}
 )
 
 // world is what one case's facts are made of: the expectations, the
@@ -37,7 +37,7 @@ var (
 // reading or a failure).
 type world struct {
 	expect  []Expectation
-	socks   []Plugin
+	socks   []Socket
 	conds   []corev1.NodeCondition
 	labels  map[string]string
 	taints  []corev1.Taint
@@ -64,7 +64,7 @@ type kubeletRead struct {
 
 // facts are what gather would make of w at now.
 func (w world) facts(now time.Time) facts {
-	socks := map[key][]Plugin{}
+	socks := map[key][]Socket{}
 	for _, e := range w.expect {
 		socks[key{e.Type, e.Name}] = nil
 	}
@@ -169,7 +169,7 @@ type decideCase struct {
 
 func TestDecide(t *testing.T) {
 	now := t0
-	held := world{expect: []Expectation{csiExp}, socks: []Plugin{csiSock}, csi: []storagev1.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-a"}},
+	held := world{expect: []Expectation{csiExp}, socks: []Socket{csiSock}, csi: []storagev1.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-a"}},
 		reads: []kubeletRead{{at: now.Add(-time.Second), started: started, registered: []string{"/r/csi.sock"}}}}
 	trueCond := verdictOf(held, csiExp, now)
 	onNode := func(w world, c corev1.NodeCondition, beat time.Time) world {
@@ -272,25 +272,25 @@ func TestDecide(t *testing.T) {
 				}
 			}},
 		{name: "device plugin health: too few healthy devices, pod-resources every second",
-			w: world{expect: []Expectation{gpuExp}, socks: []Plugin{gpuSock},
+			w: world{expect: []Expectation{gpuExp}, socks: []Socket{gpuSock},
 				reads: []kubeletRead{{at: now.Add(-time.Minute), started: started, registered: []string{"/r/gpu.sock"}, devices: map[string]int{"vendor.example/gpu": 1}}}},
 			want: []string{"False/NoHealthyDevices"}, set: []string{"False/NoHealthyDevices"},
 			next: -1, wantMetrics: -1, wantDevices: -time.Minute + devicesPoll},
 		{name: "device plugin health regained: True",
-			w: world{expect: []Expectation{gpuExp}, socks: []Plugin{gpuSock},
+			w: world{expect: []Expectation{gpuExp}, socks: []Socket{gpuSock},
 				conds: []corev1.NodeCondition{cond(gpuExp, corev1.ConditionFalse, ReasonNoHealthyDevices, "1 healthy", now.Add(-time.Minute), now.Add(-time.Minute))},
 				reads: []kubeletRead{{at: now, started: started, registered: []string{"/r/gpu.sock"}, devices: map[string]int{"vendor.example/gpu": 2}}}},
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
 		{name: "DRA registration: the kubelet holds the driver",
-			w: world{expect: []Expectation{draExp}, socks: []Plugin{draSock}, slices: []string{"gpu.example.com"},
+			w: world{expect: []Expectation{draExp}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
 				reads: []kubeletRead{{at: now, started: started, registered: []string{"/r/dra.sock"}}}},
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
 		{name: "DRA registration: its slices are no registration",
-			w: world{expect: []Expectation{draExp}, socks: []Plugin{draSock}, slices: []string{"gpu.example.com"},
+			w: world{expect: []Expectation{draExp}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
 				reads: []kubeletRead{{at: now, started: started}}},
 			want: []string{"False/KubeletNotRegistered"}, set: []string{"False/KubeletNotRegistered"}, next: fastFor, wantMetrics: unsettledFast, wantDevices: -1},
 		{name: "DRA registration inferred: the kubelet forbids, the driver's slices exist",
-			w: world{expect: []Expectation{draExp}, socks: []Plugin{draSock}, slices: []string{"gpu.example.com"},
+			w: world{expect: []Expectation{draExp}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
 				reads: []kubeletRead{{at: now, problem: ReasonKubeletForbidden}}},
 			want: []string{"True/Inferred"}, set: []string{"True/Inferred"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
 		{name: "topology conflict: the driver back with another node id",
@@ -317,7 +317,7 @@ func TestDecide(t *testing.T) {
 		{name: "plugd's own write, not brought back yet: judged against it",
 			w: with(ready, func(w *world) { w.socks = nil; w.reads[0].registered = nil }),
 			mem: func(m *memory) {
-				m.written[csiCond] = written{verdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, 1, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionFalse, Reason: ReasonNotAnswering}}
+				m.written[csiCond] = written{conditionVerdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, 1, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionFalse, Reason: ReasonNotAnswering}}
 			},
 			// A new reason of False, held; no second PluginNotReady.
 			want: []string{"False/SocketMissing"}, next: coalesce, wantMetrics: -1, wantDevices: -1},
@@ -325,13 +325,13 @@ func TestDecide(t *testing.T) {
 			w: with(ready, func(w *world) { w.socks = nil; w.reads[0].registered = nil }),
 			mem: func(m *memory) {
 				c := verdictOf(with(ready, func(w *world) { w.socks = nil; w.reads[0].registered = nil }), csiExp, now)
-				m.written[csiCond] = written{verdict{c.Status, c.Reason, c.Message}, 1, c}
+				m.written[csiCond] = written{conditionVerdict{c.Status, c.Reason, c.Message}, 1, c}
 			},
 			want: []string{"False/SocketMissing"}, next: time.Minute, wantMetrics: -1, wantDevices: -1}, // the stale CSINode entry's grace
 		{name: "overwrite fight: the third overwrite is written back after a delay",
 			w: onNode(held, cond(csiExp, corev1.ConditionUnknown, "NotMaintained", "overwrite", now, now), now),
 			mem: func(m *memory) {
-				v := verdict{trueCond.Status, trueCond.Reason, trueCond.Message}
+				v := conditionVerdict{trueCond.Status, trueCond.Reason, trueCond.Message}
 				m.fights[csiCond] = &fight{seen: v, mine: v, answered: true, undos: 2, first: now.Add(-time.Minute)}
 			},
 			want: []string{"True/PluginReady"}, tell: []string{"ConditionOverwritten"}, next: fightDelayMin, wantMetrics: -1, wantDevices: -1,
@@ -343,7 +343,7 @@ func TestDecide(t *testing.T) {
 		{name: "overwrite fight: the first overwrites are written back at once",
 			w: onNode(held, cond(csiExp, corev1.ConditionUnknown, "NotMaintained", "overwrite", now, now), now),
 			mem: func(m *memory) {
-				v := verdict{trueCond.Status, trueCond.Reason, trueCond.Message}
+				v := conditionVerdict{trueCond.Status, trueCond.Reason, trueCond.Message}
 				m.fights[csiCond] = &fight{seen: v, mine: v, answered: true}
 			},
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: 5 * time.Minute, wantMetrics: -1, wantDevices: -1},

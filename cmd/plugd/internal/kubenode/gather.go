@@ -131,11 +131,11 @@ func (l *loop) gather(now time.Time) facts {
 // or a socket found whose plugin has not said who it is. Any expected
 // plugin without a socket may be behind it, so none is called missing
 // until it has answered (or failed to, within the manager's deadlines).
-func (l *loop) sockets() (map[key][]Plugin, bool) {
+func (l *loop) sockets() (map[key][]Socket, bool) {
 	n := l.n
-	socks := map[key][]Plugin{}
+	socks := map[key][]Socket{}
 	unasked := !closed(n.cfg.Scanned)
-	for _, p := range n.cfg.Plugins() {
+	for _, p := range n.cfg.Sockets() {
 		if p.Type != "" && p.Name != "" {
 			k := key{p.Type, p.Name}
 			socks[k] = append(socks[k], p)
@@ -152,7 +152,7 @@ func (l *loop) sockets() (map[key][]Plugin, bool) {
 }
 
 // remember keeps what each CSI driver last said of itself.
-func (l *loop) remember(socks map[key][]Plugin) {
+func (l *loop) remember(socks map[key][]Socket) {
 	for k, ps := range socks {
 		if k.typ != TypeCSI {
 			continue
@@ -168,7 +168,7 @@ func (l *loop) remember(socks map[key][]Plugin) {
 // viewCache is the views of an evaluation and what they were made of.
 type viewCache struct {
 	in    viewInputs
-	socks map[key][]Plugin
+	socks map[key][]Socket
 	said  map[key]remembered
 	views map[key]view
 	stale []staleEntry
@@ -190,7 +190,7 @@ type viewInputs struct {
 // the last evaluation, they are its views: the texts of a quiet node are
 // not built again at every resync (with thousands of CSINode entries,
 // hundreds of kilobytes every 5 seconds).
-func (l *loop) views(socks map[key][]Plugin, snap snapshot, kf kubeletFacts, ev kubeletstate.Evidence) (map[key]view, []staleEntry, int) {
+func (l *loop) views(socks map[key][]Socket, snap snapshot, kf kubeletFacts, ev kubeletstate.Evidence) (map[key]view, []staleEntry, int) {
 	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: ev.Reads}
 	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem} {
 		if p != nil {

@@ -36,7 +36,7 @@ type bench struct {
 	clock *testclock.FakeClock
 
 	mu      sync.Mutex
-	plugins []Plugin
+	plugins []Socket
 	// kubelet is what the reads of the kubelet showed, as the test sets
 	// it: at first, reading the kubelet is off (no address).
 	kubelet kubeletstate.Record
@@ -52,10 +52,10 @@ func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 	b := &bench{t: t, cs: fake.NewClientset(nd, cn), rec: &recorder{}, clock: testclock.NewFakeClock(t0)}
 	n, err := newNode(Config{NodeName: "node-a", RegistryDir: "/r", Clock: b.clock, HeartbeatInterval: 5 * time.Minute,
 		Expect: []Expectation{{Type: TypeCSI, Name: "csi.example.com"}},
-		Plugins: func() []Plugin {
+		Sockets: func() []Socket {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			return append([]Plugin(nil), b.plugins...)
+			return append([]Socket(nil), b.plugins...)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func (b *bench) waitFor(what string, ok func() bool) {
 	}
 }
 
-func (b *bench) setPlugins(ps ...Plugin) {
+func (b *bench) setPlugins(ps ...Socket) {
 	b.mu.Lock()
 	b.plugins = ps
 	b.mu.Unlock()
@@ -174,8 +174,8 @@ func (b *bench) condition() *corev1.NodeCondition {
 	return findCondition(b.n.snapshot().node, csiCond)
 }
 
-func csiSocket(created time.Time, answering bool) Plugin {
-	p := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, Details: csiSaid("node-a"), State: "Answering"}
+func csiSocket(created time.Time, answering bool) Socket {
+	p := Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, Details: csiSaid("node-a"), State: "Answering"}
 	if !answering {
 		p.State = "NotAnswering"
 	}
@@ -191,7 +191,7 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	old := csiSocket(started, true)
 	b.setPlugins(old)
-	b.setKubelet(started, old.Socket)
+	b.setKubelet(started, old.Path)
 	b.step(0)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
 		t.Fatalf("condition at start: %+v", c)
@@ -205,14 +205,14 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 	restarted := csiSocket(b.clock.Now(), true) // ...and makes its own
 	b.setPlugins(restarted)
 	b.step(10 * time.Millisecond)
-	b.setKubelet(started, old.Socket) // the kubelet's registration is still the old socket's
+	b.setKubelet(started, old.Path) // the kubelet's registration is still the old socket's
 	b.step(250 * time.Millisecond)
 	b.setKubelet(started) // its loop deregisters it...
 	b.step(250 * time.Millisecond)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True before the kubelet registered the new socket: %+v", c)
 	}
-	b.setKubelet(started, old.Socket) // ...and registers the new one
+	b.setKubelet(started, old.Path) // ...and registers the new one
 	b.step(250 * time.Millisecond)
 	b.step(10 * time.Second)
 	got := b.writes()[before:]
@@ -238,7 +238,7 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 		t.Fatalf("True half a second after the socket was made, on a registration from before: %+v", c)
 	}
 	b.step(kubeletSettle)
-	b.setKubelet(started, old.Socket)
+	b.setKubelet(started, old.Path)
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True a loop after the socket was made: %+v", c)
@@ -252,7 +252,7 @@ func TestKubeletRestart(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	before := len(b.writes())
 	b.kubeletDown()
@@ -269,7 +269,7 @@ func TestKubeletRestart(t *testing.T) {
 		t.Errorf("view after the restart: %+v", v)
 	}
 	b.step(800 * time.Millisecond)
-	b.setKubelet(restart, sock.Socket)
+	b.setKubelet(restart, sock.Path)
 	b.step(0)
 	b.step(10 * time.Second)
 	if got, want := b.writes()[before:], []string{"False/KubeletNotRegistered", "True/PluginReady"}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -284,7 +284,7 @@ func TestHeartbeat(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	first := b.condition()
 	n := len(b.writes())
@@ -325,9 +325,9 @@ func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 	close(scanned)
 	started := b.clock.Now().Add(-time.Hour)
 	// Found, and not asked yet: plugd does not know whose it is.
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
+	b.setPlugins(Socket{Path: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
 	b.step(0)
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
+	b.setPlugins(Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
 	b.step(0)
 	b.setPlugins(csiSocket(started, true))
 	b.step(100 * time.Millisecond)
@@ -471,7 +471,7 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	refused := csiSocket(started, false) // the registrar exited, its socket left
 	b.setPlugins(refused)
-	b.setKubeletSeen(started, []string{refused.Socket}) // retrying, backing off
+	b.setKubeletSeen(started, []string{refused.Path}) // retrying, backing off
 	b.step(0)
 	b.step(10 * time.Second)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionFalse {
@@ -482,15 +482,15 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	sock := csiSocket(b.clock.Now(), true) // the remedy: a new registrar
 	b.setPlugins(sock)
 	b.step(100 * time.Millisecond)
-	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // the old retry succeeds
+	b.setKubeletSeen(started, []string{sock.Path}, sock.Path) // the old retry succeeds
 	b.step(250 * time.Millisecond)
 	b.step(750 * time.Millisecond)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True on the refused registration's retry: %+v", c)
 	}
-	b.setKubeletSeen(started, []string{sock.Socket}) // its next pass drops it...
+	b.setKubeletSeen(started, []string{sock.Path}) // its next pass drops it...
 	b.step(250 * time.Millisecond)
-	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // ...and registers the new socket
+	b.setKubeletSeen(started, []string{sock.Path}, sock.Path) // ...and registers the new socket
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True once the kubelet registered the path again: %+v", c)
@@ -506,18 +506,18 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	// Where the retry's registration is the only one, it counts once it
 	// has held for the kubelet's passes.
 	b.setPlugins(csiSocket(sock.Created, false))
-	b.setKubeletSeen(started, []string{sock.Socket})
+	b.setKubeletSeen(started, []string{sock.Path})
 	b.step(10 * time.Second)
 	again := csiSocket(b.clock.Now(), true)
 	b.setPlugins(again)
 	b.step(100 * time.Millisecond)
-	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.setKubeletSeen(started, []string{again.Path}, again.Path)
 	b.step(time.Second)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True a second into the retry's registration: %+v", c)
 	}
 	b.step(kubeletSettle)
-	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.setKubeletSeen(started, []string{again.Path}, again.Path)
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True once the registration held: %+v", c)
@@ -543,7 +543,7 @@ func testOverwrittenBacksOff(t *testing.T, quick bool) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
 		t.Fatalf("condition at start: %+v", c)
@@ -628,7 +628,7 @@ func TestOwnWriteNotOverwrite(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	b.step(time.Second) // the Node shows True, and plugd has seen it
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
@@ -671,13 +671,13 @@ func (b *bench) delivered(msg string) bool {
 func TestAsWritten(t *testing.T) {
 	const cond = "csi.example.com/CSIPluginReady"
 	old := &corev1.NodeCondition{Type: cond, Status: corev1.ConditionTrue, Reason: ReasonReady}
-	missing := verdict{corev1.ConditionFalse, "SocketMissing", "m"}
-	notRegistered := verdict{corev1.ConditionFalse, "KubeletNotRegistered", "n"}
+	missing := conditionVerdict{corev1.ConditionFalse, "SocketMissing", "m"}
+	notRegistered := conditionVerdict{corev1.ConditionFalse, "KubeletNotRegistered", "n"}
 	wrote := corev1.NodeCondition{Type: cond, Status: missing.status, Reason: missing.reason, Message: missing.message}
 	for _, tc := range []struct {
 		name    string
 		w       *written
-		v       verdict
+		v       conditionVerdict
 		seq     uint64
 		want    *corev1.NodeCondition
 		already bool

@@ -33,7 +33,7 @@ import (
 	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
-// Config is what a Node needs. NodeName and Plugins are required.
+// Config is what a Node needs. NodeName and Sockets are required.
 type Config struct {
 	// Kubeconfig is the kubeconfig file to reach the API server with;
 	// empty means the pod's in-cluster configuration.
@@ -66,11 +66,11 @@ type Config struct {
 	// Clock is the time plugd's pacing, heartbeats and backoff follow. Nil
 	// means the wall clock.
 	Clock clock.WithTicker
-	// Plugins returns the node's plugins as plugd sees them now. It is
-	// called from Run's goroutine, after each Changed and every few
-	// seconds, and must not block.
-	Plugins func() []Plugin
-	// Scanned, if not nil, is closed once Plugins lists every socket that
+	// Sockets returns the node's registration sockets as plugd sees them
+	// now (the node agent's input). It is called from Run's goroutine,
+	// after each Changed and every few seconds, and must not block.
+	Sockets func() []Socket
+	// Scanned, if not nil, is closed once Sockets lists every socket that
 	// was in the registry directory when plugd started. Until then no
 	// expected plugin is called missing: a restarted plugd that has not
 	// walked the directory yet would otherwise write False for plugins the
@@ -139,8 +139,8 @@ func newNode(cfg Config) (*Node, error) {
 	if cfg.NodeName == "" {
 		return nil, fmt.Errorf("kubernetes: the node name is empty: set kubernetes.nodeName, --node-name or NODE_NAME")
 	}
-	if cfg.Plugins == nil {
-		return nil, fmt.Errorf("kubernetes: Config.Plugins is nil")
+	if cfg.Sockets == nil {
+		return nil, fmt.Errorf("kubernetes: Config.Sockets is nil")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -27,7 +27,7 @@ func TestWriteBackoff(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	var refuse atomic.Bool
 	refuse.Store(true)
 	b.cs.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -135,7 +135,7 @@ func TestRunPacing(t *testing.T) {
 	evals := make(chan time.Time, 100)
 	// An empty API: its informers tell of no change, only the test does.
 	cs := fake.NewClientset()
-	n, err := newNode(Config{NodeName: "node-a", Clock: clk, Plugins: func() []Plugin {
+	n, err := newNode(Config{NodeName: "node-a", Clock: clk, Sockets: func() []Socket {
 		evals <- clk.Now()
 		return nil
 	}})

@@ -86,14 +86,14 @@ const maxStaleEntries = 16
 // registration of, the first maxStaleEntries of them, and how many more
 // there are. It says nothing unless the kubelet's state is read, and every
 // socket it holds is one plugd knows the name of.
-func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubeletstate.Evidence) (out []staleEntry, more int) {
+func staleEntries(s snapshot, socks map[key][]Socket, kf kubeletFacts, kn kubeletstate.Evidence) (out []staleEntry, more int) {
 	if !kf.live || kn.Reading == nil || s.csiNode == nil || s.csiProblem != nil || kn.Reading.At.Sub(kn.Reading.Started) < staleSettle {
 		return nil, 0
 	}
 	named := map[string]key{}
 	for k, ps := range socks {
 		for _, p := range ps {
-			named[p.Socket] = k
+			named[p.Path] = k
 		}
 	}
 	held := map[string]bool{}

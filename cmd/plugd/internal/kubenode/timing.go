@@ -28,7 +28,9 @@ const (
 	// reconciler runs every second, and registers or deregisters a socket
 	// within a pass or two; a registration it refused is retried with an
 	// exponential backoff (from 500ms, doubling to about 2 minutes).
-	// TestDecide ("registrar SIGKILL", "kubelet restart").
+	// TestDecide ("the socket answers, the kubelet has not taken it up
+	// yet", "registrar SIGKILL", "the kubelet restarted, not registered
+	// yet").
 	unsettledFast = 250 * time.Millisecond
 	fastFor       = 5 * time.Second
 	unsettledSlow = time.Second
@@ -36,16 +38,20 @@ const (
 	// devicesPoll: pod-resources is asked this often while an expected
 	// device plugin waits for healthy devices: cheap, and local; the
 	// kubelet's device manager takes a plugin's ListAndWatch update at
-	// once. TestDecide ("device plugin health"), kubeletstate's
-	// TestWatchDevicesPoll.
+	// once. TestDecide ("device plugin health: too few healthy devices"),
+	// kubeletstate's TestWatchDevicesPoll.
 	devicesPoll = time.Second
 	// kubeletSettle is kubeletstate.Settle: how long after a socket is
 	// re-created the kubelet's registration at its path may still be the
 	// old socket's (one pass of its reconciler, every second).
+	// TestRegistrarRestartWritesTwice, TestDecide ("registrar started
+	// again").
 	kubeletSettle = kubeletstate.Settle
 	// staleSettle: a CSINode entry the running kubelet does not hold
 	// counts as stale once the kubelet has run this long, long enough to
-	// register what serves (a pass a second). TestStaleEntriesBounded.
+	// register what serves (a pass a second); so too a /metrics without
+	// the plugin manager's gauge says it was renamed (metricMissing).
+	// TestKubeletWithoutPlugins ("a kubelet just started").
 	staleSettle = 10 * time.Second
 
 	// A change of a condition's reason or message that keeps its status
@@ -63,7 +69,8 @@ const (
 	defaultHeartbeat = 5 * time.Minute
 	// defaultGrace is DisagreementGrace's default: the kubelet and a
 	// socket may disagree this long (its backoff after a refusal reaches
-	// tens of seconds) before an event says so. TestDisagreements.
+	// tens of seconds) before an event says so. TestDecide ("the kubelet
+	// has seen the socket and refuses it").
 	defaultGrace = time.Minute
 
 	// Each write to the API server is bounded by writeTimeout; failed
@@ -76,8 +83,8 @@ const (
 	writeBackoffMax = 2 * time.Minute
 	writeJitter     = 0.5
 	// listTimeout bounds each list of the informers (watches are bounded
-	// by client-go); a list of one node's objects is small.
-	// TestInformersKeepWhatPlugdReads.
+	// by client-go); a list of one node's objects is small. A bound, no
+	// kubelet behaviour: no test pins it.
 	listTimeout = 30 * time.Second
 
 	// Overwrites (decide.go): after fightUndos overwrites of a condition
@@ -86,7 +93,7 @@ const (
 	// condition left as plugd wrote it for fightWindow ends the fight.
 	// A caretaker that judges plugd's heartbeat on a skewed clock
 	// overwrote it 2.7 times a second (issue 33). TestOverwrittenBacksOff,
-	// TestDecide ("overwrite fight").
+	// TestDecide ("overwrite fight: ...").
 	fightUndos    = 3
 	fightWindow   = 10 * time.Minute
 	fightDelayMin = 10 * time.Second

@@ -136,7 +136,7 @@ const (
 
 // kubeletView says what the kubelet made of plugin k, given plugd's sockets
 // of it. Since is left for the caller.
-func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func kubeletView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	v := kubeletViewOf(k, socks, s, kf, mem)
 	v.Message = textsafe.Shorten(v.Message, maxViewMessage)
 	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
@@ -151,7 +151,7 @@ func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembe
 	return v
 }
 
-func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func kubeletViewOf(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	if k.typ != TypeCSI && k.typ != TypeDRA && k.typ != TypeDevice {
 		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "UnsupportedType",
 			Message: fmt.Sprintf("the kubelet registers only %s, %s and %s plugins; it refuses type %s", TypeCSI, TypeDRA, TypeDevice, k.typ)}}
@@ -187,14 +187,14 @@ func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remem
 }
 
 // liveView is the view from the kubelet's own state.
-func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func liveView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	var held, seen []string
 	for _, p := range socks {
 		switch {
-		case kf.registered[p.Socket]:
-			held = append(held, p.Socket)
-		case kf.seen[p.Socket]:
-			seen = append(seen, p.Socket)
+		case kf.registered[p.Path]:
+			held = append(held, p.Path)
+		case kf.seen[p.Path]:
+			seen = append(seen, p.Path)
 		}
 	}
 	if len(held) == 0 {
@@ -202,7 +202,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 		case len(seen) > 0:
 			return notRegistered(k, socks, s, mem, ReasonSeenNotRegistered,
 				fmt.Sprintf("the kubelet has seen %s and not registered it: it refused it or cannot reach it, and retries with backoff", strings.Join(seen, ", ")))
-		case kf.restarted && slices.ContainsFunc(socks, func(p Plugin) bool { return p.Created.Before(kf.started) }):
+		case kf.restarted && slices.ContainsFunc(socks, func(p Socket) bool { return p.Created.Before(kf.started) }):
 			return notRegistered(k, socks, s, mem, ReasonKubeletRestarted, "the kubelet restarted and has not registered it since")
 		}
 		return notRegistered(k, socks, s, mem, ReasonNotRegistered, "the running kubelet's plugin manager holds no socket of it")
@@ -249,7 +249,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 // notRegistered is a view of a plugin the kubelet has not registered:
 // reason and text, unless the CSI driver's topology collides with the
 // Node's labels, which is why.
-func notRegistered(k key, socks []Plugin, s snapshot, mem remembered, reason, text string) view {
+func notRegistered(k key, socks []Socket, s snapshot, mem remembered, reason, text string) view {
 	if c := topologyConflict(k, s, mem); c != "" && reason != ReasonKubeletNotRunning {
 		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: c}}
 	}
@@ -278,7 +278,7 @@ func topologyConflict(k key, s snapshot, mem remembered) string {
 
 // inferredView says what the API objects show the kubelet made of plugin
 // k: what plugd says when it cannot read the kubelet itself.
-func inferredView(k key, socks []Plugin, s snapshot) view {
+func inferredView(k key, socks []Socket, s snapshot) view {
 	unknown := func(p *Problem) view {
 		return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: p.Reason, Message: p.Message}}
 	}
@@ -332,7 +332,7 @@ func inferredView(k key, socks []Plugin, s snapshot) view {
 				Message: fmt.Sprintf("Node %s has %s allocatable of %s, but the plugin reported %d healthy of %d devices since", s.nodeName, alloc.String(), k.name, healthy, devices)}}
 		}
 		msg := fmt.Sprintf("Node %s has capacity %s, allocatable %s of %s", s.nodeName, capacity.String(), alloc.String(), k.name)
-		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Plugin) bool { return p.Answering }) {
+		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Socket) bool { return p.Answering }) {
 			msg += ": its plugin went, and the kubelet keeps the capacity for a grace period (5 minutes) before it drops to 0"
 		}
 		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: msg}}
@@ -413,7 +413,7 @@ func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
 // kubeletFactsOf is what the kubelet's evidence ev says of the sockets
 // socks, read at address: a socket counts as registered once the kubelet
 // registered it, not an older socket at its path.
-func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Plugin) kubeletFacts {
+func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Socket) kubeletFacts {
 	kf := kubeletFacts{problem: problemOf(ev.Problem), restarted: ev.Restarted, address: address, impostor: ev.Impostor}
 	if ev.Reading != nil {
 		kf.started = ev.Reading.Started
@@ -434,8 +434,8 @@ func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Pl
 	kf.registered = map[string]bool{}
 	for _, ps := range socks {
 		for _, p := range ps {
-			if ev.Credited(p.Socket, p.Created) {
-				kf.registered[p.Socket] = true
+			if ev.Credited(p.Path, p.Created) {
+				kf.registered[p.Path] = true
 			}
 		}
 	}
@@ -458,7 +458,7 @@ func problemOf(p *kubeletstate.Problem) *Problem {
 // minor would otherwise say that it has registered nothing. Nil where the
 // gauge's absence says that: no socket, none old enough, or a kubelet
 // just started (its desired state is empty until its first pass).
-func metricMissing(r *kubeletstate.Reading, address string, socks map[key][]Plugin) *Problem {
+func metricMissing(r *kubeletstate.Reading, address string, socks map[key][]Socket) *Problem {
 	if r.At.Sub(r.Started) < staleSettle {
 		return nil
 	}
@@ -466,7 +466,7 @@ func metricMissing(r *kubeletstate.Reading, address string, socks map[key][]Plug
 	for _, ps := range socks {
 		for _, p := range ps {
 			if !p.Created.IsZero() && !r.At.Before(p.Created.Add(kubeletSettle)) {
-				some = p.Socket
+				some = p.Path
 			}
 		}
 	}

@@ -11,10 +11,10 @@ import "time"
 // table, the pacing of those wishes.
 const (
 	// DefaultResync is Config.Resync's default: a quiet node's kubelet is
-	// read this often. TestWatchResync.
+	// read this often. TestWatchDue ("resync", with a Resync of its own).
 	DefaultResync = 5 * time.Minute
 	// minReadGap spaces out the reads a burst of changes asks for.
-	// TestWatchReadGap.
+	// TestWatchRun (a request read once the gap has passed).
 	minReadGap = 100 * time.Millisecond
 	// Settle is how long after a socket is re-created the kubelet's
 	// registration at its path may still be the old socket's: its plugin
@@ -37,7 +37,8 @@ const (
 	maxCuts  = 5
 	// timeout bounds each read and dial of the kubelet; keepAlive is the
 	// held connection's TCP keep-alive: a kubelet's host gone without a
-	// FIN is found within it. TestWatchNoAnswer.
+	// FIN is found within it. TestWatchNoAnswer (with a shorter timeout:
+	// the reason and message, not the bound).
 	timeout   = 10 * time.Second
 	keepAlive = 30 * time.Second
 )
