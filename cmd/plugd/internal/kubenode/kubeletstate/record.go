@@ -77,16 +77,19 @@ func (rec *Record) Failed(p *Problem, impostor string) (changed bool) {
 	return was == nil || was.Reason != p.Reason
 }
 
-// devicesRead records a read of the devices alone.
+// devicesRead records a read of the devices alone, in a copy of the
+// reading: the one before may be in an Evidence being judged.
 func (rec *Record) devicesRead(devs map[string]int, err error) {
 	rec.reads++
-	switch {
-	case rec.reading == nil:
-	case err == nil:
-		rec.reading.Devices, rec.reading.DevicesErr = devs, nil
-	default:
-		rec.reading.DevicesErr = err
+	if rec.reading == nil {
+		return
 	}
+	r := *rec.reading
+	if err == nil {
+		r.Devices = devs
+	}
+	r.DevicesErr = err
+	rec.reading = &r
 }
 
 // track records what a read at now showed of each socket path: the

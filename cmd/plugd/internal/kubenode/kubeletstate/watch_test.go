@@ -371,11 +371,17 @@ func TestWatchDevicesPoll(t *testing.T) {
 	if ev := w.Evidence(); ev.Reading.Devices["vendor.example/gpu"] != 1 || ev.Reading.DevicesErr != nil {
 		t.Errorf("devices %v (%v)", ev.Reading.Devices, ev.Reading.DevicesErr)
 	}
-	// A read of the devices that fails keeps the count, and says why.
+	// A read of the devices that fails keeps the count, and says why; the
+	// evidence given before (which kubenode may be judging) stays as it
+	// was.
+	given := w.Evidence()
 	pr.fail.Store(true)
 	w.read(ctx, clk.Now(), false, true)
 	if ev := w.Evidence(); ev.Reading.Devices["vendor.example/gpu"] != 1 || ev.Reading.DevicesErr == nil {
 		t.Errorf("after a failed read: devices %v (%v)", ev.Reading.Devices, ev.Reading.DevicesErr)
+	}
+	if given.Reading.DevicesErr != nil {
+		t.Errorf("a read of the devices changed the evidence given before it")
 	}
 	// A read of the metrics alone keeps the devices of the last.
 	w.read(ctx, clk.Now(), true, false)
