@@ -137,7 +137,7 @@ type Client struct {
 	toPlugd  func(string) (string, bool)
 	insecure bool
 	// trusted says which owners of a listening socket at the address may
-	// be the kubelet (kubeletpeer.go): kubeletUID; tests narrow it.
+	// be the kubelet (peer.go): kubeletUID; tests narrow it.
 	trusted func(uid uint32) bool
 	// timeout bounds each read and dial (timeout); tests shorten it.
 	timeout time.Duration
