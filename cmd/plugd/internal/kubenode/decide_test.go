@@ -44,8 +44,9 @@ type world struct {
 	csi     []storagev1.CSINodeDriver
 	slices  []string // the drivers of the ResourceSlices
 	reads   []kubeletRead
-	outage  bool // the Node cannot be read (the API server away)
-	unasked bool // a socket may be an expected plugin's, not asked yet
+	outage  bool     // the Node cannot be read (the API server away)
+	unasked bool     // a socket may be an expected plugin's, not asked yet
+	managed []string // the condition types plugd's managedFields hold
 	changes uint64
 }
 
@@ -78,6 +79,14 @@ func (w world) facts(now time.Time) facts {
 	}
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: w.labels}, Spec: corev1.NodeSpec{Taints: w.taints},
 		Status: corev1.NodeStatus{Conditions: w.conds}}
+	if len(w.managed) > 0 {
+		var fs []string
+		for _, typ := range w.managed {
+			fs = append(fs, fmt.Sprintf(`"k:{\"type\":\"%s\"}":{}`, typ))
+		}
+		nd.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: fieldManager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1",
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{` + strings.Join(fs, ",") + `}}}`)}}}
+	}
 	snap := snapshot{nodeName: "node-a", node: nd, csiNode: csiNode(w.csi...), seq: [3]uint64{1, 1, 1}}
 	for _, d := range w.slices {
 		snap.slices = append(snap.slices, &resourcev1.ResourceSlice{Spec: resourcev1.ResourceSliceSpec{Driver: d}})
@@ -352,6 +361,36 @@ func TestDecide(t *testing.T) {
 				w.taints = []corev1.Taint{{Key: "example.com/plugins-not-ready", Effect: corev1.TaintEffectNoSchedule}}
 			}),
 			want: []string{"True/PluginReady"}, taint: true, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
+		{name: "a plugin no longer expected: its condition dropped, a second entry of plugd's removed",
+			w: with(ready, func(w *world) {
+				old := trueCond
+				old.Type, old.Message = "old.example.com/CSIPluginReady", "plugd: CSIPlugin old.example.com: registered"
+				w.conds = append(w.conds, w.conds[0], old)
+				w.managed = []string{csiCond, "old.example.com/CSIPluginReady"}
+			}),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				if !slices.Equal(p.drop, []string{"old.example.com/CSIPluginReady"}) || len(p.extra) != 1 || p.extra[0].index != 1 {
+					t.Errorf("drop %v, extra %+v; want the old type dropped, the second entry (1) removed", p.drop, p.extra)
+				}
+			}},
+		{name: "dropped and removed already, not brought back yet: not again",
+			w: with(ready, func(w *world) {
+				old := trueCond
+				old.Type, old.Message = "old.example.com/CSIPluginReady", "plugd: CSIPlugin old.example.com: registered"
+				w.conds = append(w.conds, w.conds[0], old)
+				w.managed = []string{csiCond, "old.example.com/CSIPluginReady"}
+			}),
+			mem: func(m *memory) {
+				m.written["old.example.com/CSIPluginReady"] = written{seq: 1}
+				m.removed, m.removedSeq = true, 1
+			},
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				if len(p.drop)+len(p.extra) != 0 {
+					t.Errorf("drop %v, extra %+v; want none", p.drop, p.extra)
+				}
+			}},
 		{name: "a kubelet that renamed its ALPHA gauge: Inferred",
 			w:    with(held, func(w *world) { w.reads[0].registered, w.reads[0].renamedGauge = nil, true }),
 			want: []string{"True/Inferred"}, set: []string{"True/Inferred"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
