@@ -392,12 +392,16 @@ func TestOddNodeIDWrittenOnce(t *testing.T) {
 	b.setPlugins(csiSocket(started, true)) // NodeGetInfo: node-a
 	for _, shift := range [][2]int{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 1}, {1, 2}, {1, 3}, {2, 0}, {2, 1}} {
 		id := strings.Repeat("\x01", shift[0]) + strings.Repeat("x", shift[1]) + strings.Repeat("\x01\x01é", 47)
+		delivered := b.n.csiEvents.Load()
 		if _, err := b.cs.StorageV1().CSINodes().Update(context.Background(), csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: id}), metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// The informer's store holds the update before its handler counts
+		// it, and the views are built again only once it is counted: wait
+		// for both, or the evaluation below may judge the last views.
 		b.waitFor("the informer delivering the CSINode", func() bool {
 			d := csiDriver(b.n.snapshot().csiNode, "csi.example.com")
-			return d != nil && d.NodeID == id
+			return d != nil && d.NodeID == id && b.n.csiEvents.Load() > delivered
 		})
 		before, seen := len(b.writes()), b.n.nodeEvents.Load()
 		b.clock.Step(time.Minute)
