@@ -53,6 +53,13 @@ func kubeletPluginState(t *testing.T, k *kubelet.Kubelet, socket string) (seen, 
 // not exit. Then the policy goes: the kubelet's next retry registers the
 // socket, and the condition turns True, once.
 func TestKubeletSeenNotRegistered(t *testing.T) {
+	// Before v1.37 the kubelet's plugin manager put a socket in its actual
+	// state before its handler's RegisterPlugin and left it there when that
+	// failed, and never retried (kubernetes/kubernetes#133335, in v1.37):
+	// the refused driver shows as held, and the policy's removal is never
+	// taken up. docs/kubernetes.md, "Kubelet versions", says what plugd
+	// makes of that kubelet.
+	needKubelet(t, "1.37", "the kubelet removes a socket whose registration failed from its actual state and retries it (kubernetes/kubernetes#133335)")
 	const node = "k-seen"
 	k := startKubelet(t, node)
 	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
