@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -524,6 +525,48 @@ func TestRenderings(t *testing.T) {
 			if e, ok := exprs[alert]; !ok || !strings.Contains(e, want) || strings.Contains(e, `"plugd"`) || strings.Contains(e, `"plugd-caretaker"`) {
 				t.Errorf("%s: %q; want it to select %s", alert, e, want)
 			}
+		}
+	})
+
+	// The registration SLO's threshold and objective from the values reach
+	// every rule of the SLO: no 30 s or 99% of the file's is left.
+	t.Run("prometheusRule's SLO", func(t *testing.T) {
+		m, _ := mustRender(t, "prometheusRule: {enabled: true, slo: {registrationSeconds: 60, objective: 0.995}}")
+		o := decode(t, m)
+		if len(o.prometheusRules) != 1 {
+			t.Fatalf("%d PrometheusRules", len(o.prometheusRules))
+		}
+		var slo int
+		for _, g := range o.prometheusRules[0].Spec.Groups {
+			for _, r := range g.Rules {
+				text := r.Expr.String() + fmt.Sprint(r.Labels, r.Annotations)
+				if !strings.Contains(r.Record+r.Alert, "registration_slo") && !strings.HasPrefix(r.Alert, "PlugdRegistrationSLO") {
+					continue
+				}
+				slo++
+				for _, old := range []string{`le="30"`, "0.99)", "within 30 s"} {
+					if strings.Contains(text, old) {
+						t.Errorf("%s%s: still has %s: %s", r.Record, r.Alert, old, text)
+					}
+				}
+				var want []string
+				switch {
+				case r.Alert != "":
+					want = []string{"(1 - 0.995)", "within 60 s"}
+				case r.Record == "plugd:registration_slo:objective":
+					want = []string{"vector(0.995)", "threshold_seconds:60"}
+				default:
+					want = []string{`le="60"`}
+				}
+				for _, w := range want {
+					if !strings.Contains(text, w) {
+						t.Errorf("%s%s: no %s: %s", r.Record, r.Alert, w, text)
+					}
+				}
+			}
+		}
+		if slo != 10 {
+			t.Errorf("%d rules of the SLO; the mixin has 10 (the objective, 7 windows, 2 alerts)", slo)
 		}
 	})
 
