@@ -169,6 +169,8 @@ type objects struct {
 	services        []corev1.Service
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
+	roles           []rbacv1.Role
+	roleBindings    []rbacv1.RoleBinding
 	daemonSets      []appsv1.DaemonSet
 	deployments     []appsv1.Deployment
 	networkPolicies []networkingv1.NetworkPolicy
@@ -211,6 +213,10 @@ func decode(t *testing.T, manifest string) objects {
 			obj = add(&o.clusterRoles)
 		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			obj = add(&o.bindings)
+		case "rbac.authorization.k8s.io/v1 Role":
+			obj = add(&o.roles)
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			obj = add(&o.roleBindings)
 		case "apps/v1 DaemonSet":
 			obj = add(&o.daemonSets)
 		case "apps/v1 Deployment":
@@ -681,6 +687,18 @@ func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
 	})
 	if !bound || pod.ServiceAccountName == ds.Spec.Template.Spec.ServiceAccountName {
 		t.Errorf("the caretaker runs as %q, bound to its ClusterRole: %v", pod.ServiceAccountName, bound)
+	}
+	// The fleet summary: it writes one ConfigMap of its namespace, and
+	// may touch no other.
+	if !slices.Contains(c.Args, "--summary-namespace="+d.Namespace) {
+		t.Errorf("the caretaker keeps no fleet summary in its namespace %s: %v", d.Namespace, c.Args)
+	}
+	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"plugd-fleet"}, Verbs: []string{"get", "create", "patch"}}}
+	if len(o.roles) != 1 || o.roles[0].Namespace != d.Namespace || !reflect.DeepEqual(o.roles[0].Rules, wantRole) {
+		t.Errorf("the caretaker's Role: %+v", o.roles)
+	} else if len(o.roleBindings) != 1 || o.roleBindings[0].RoleRef.Name != o.roles[0].Name || len(o.roleBindings[0].Subjects) != 1 ||
+		o.roleBindings[0].Subjects[0].Name != pod.ServiceAccountName || o.roleBindings[0].Namespace != d.Namespace {
+		t.Errorf("the caretaker's RoleBinding: %+v", o.roleBindings)
 	}
 	return pod
 }

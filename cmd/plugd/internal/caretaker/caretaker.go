@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +56,10 @@ type Config struct {
 	StaleAfter time.Duration
 	// Logger gets what the caretaker does and its trouble (nil: discarded).
 	Logger *slog.Logger
+	// SummaryNamespace is the namespace of the ConfigMap
+	// nodecond.SummaryName where the caretaker keeps the cluster view for
+	// kubectl plugd cluster (empty: it writes none).
+	SummaryNamespace string
 }
 
 // Bounds of the caretaker's requests: a list of every Node of a large
@@ -90,6 +95,13 @@ type Caretaker struct {
 	// looked, if set (tests), is told each Node looked at and when it is
 	// due a look again.
 	looked func(name string, next time.Time)
+
+	// summaries are the ConfigMaps of summaryNamespace, where the fleet
+	// summary is written (nil: none is).
+	summaries        corev1client.ConfigMapInterface
+	summaryNamespace string
+	// dirty says a Node changed since the summary was last counted.
+	dirty atomic.Bool
 }
 
 // New builds a caretaker for the cluster cfg names. Nothing talks to the
@@ -107,7 +119,11 @@ func New(cfg Config) (*Caretaker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	return newCaretaker(core.Nodes(), nil, cfg, clock.RealClock{}), nil
+	c := newCaretaker(core.Nodes(), nil, cfg, clock.RealClock{})
+	if cfg.SummaryNamespace != "" {
+		c.summaries, c.summaryNamespace = core.ConfigMaps(cfg.SummaryNamespace), cfg.SummaryNamespace
+	}
+	return c, nil
 }
 
 // restConfig reads the kubeconfig at path (bounded: package kubeconfig),
@@ -186,6 +202,7 @@ func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk 
 }
 
 func (c *Caretaker) enqueue(obj any) {
+	c.dirty.Store(true)
 	if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		c.queue.Add(name)
 	}
@@ -226,13 +243,18 @@ func explain(op, perm string, err error) string {
 	}
 }
 
-// Run watches the Nodes and marks plugd's unmaintained conditions until ctx
-// ends.
+// Run watches the Nodes and marks plugd's unmaintained conditions, and
+// keeps the fleet summary if it has a namespace, until ctx ends.
 func (c *Caretaker) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	go c.inf.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), c.inf.HasSynced) {
 		return nil // stopped before the first list
+	}
+	if c.summaries != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { c.summarize(ctx) })
 	}
 	c.log.Info("caretaker: watching Nodes", "staleAfter", c.staleAfter)
 	if c.staleAfter < nodecond.MaxHeartbeatAge {

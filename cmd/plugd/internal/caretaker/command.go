@@ -28,6 +28,11 @@ plugd that no longer runs; the heartbeat is the node's clock, and only its
 changes count. Run one per
 cluster (the chart's Deployment plugd-caretaker); it needs get, list and
 watch on nodes and patch on nodes/status, and no registry directory.
+With --summary-namespace it also keeps the cluster view (plugd's
+conditions counted across the Nodes it watches) in the ConfigMap
+plugd-fleet there, written at most every 10 seconds and at least every
+minute (it needs get, create and patch of that ConfigMap), which kubectl
+plugd cluster reads in one request instead of every Node.
 SIGTERM or SIGINT stops it.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
@@ -69,6 +74,7 @@ SIGTERM or SIGINT stops it.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file to reach the Kubernetes API with (default: in-cluster)")
 	f.DurationVar(&cfg.StaleAfter, "stale-after", nodecond.MaxHeartbeatAge, "mark a condition of plugd's whose heartbeat has not changed for this long (the caretaker's clock); shorter than plugd's heartbeat interval (kubernetes.heartbeatInterval), it marks conditions plugd maintains: for tests")
+	f.StringVar(&cfg.SummaryNamespace, "summary-namespace", "", "keep the cluster view, for kubectl plugd cluster, in the ConfigMap "+nodecond.SummaryName+" of this namespace (the chart's: its release's); empty: none")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
