@@ -55,6 +55,12 @@ type Result struct {
 	// summary, one ConfigMap).
 	List    Measures `json:"list"`
 	Summary Measures `json:"summary"`
+	// ListPages and ListBytes are what one list of every Node reads (as
+	// protobuf, before the gzip of the wire); SummaryBytes the summary's
+	// ConfigMap, the one object the other way reads.
+	ListPages    int `json:"listPages"`
+	ListBytes    int `json:"listBytes"`
+	SummaryBytes int `json:"summaryBytes"`
 }
 
 // Measures are the runs of one way of reading at one size.
@@ -73,11 +79,18 @@ type Measures struct {
 }
 
 func main() {
+	if usage := os.Getenv(runnerEnv); usage != "" {
+		if err := runCommand(usage); err != nil {
+			fail("%v", err)
+		}
+		return
+	}
 	sizes := flag.String("nodes", "100,1000,5000,15000", "fleet sizes to measure, growing")
 	runs := flag.Int("runs", 3, "runs of kubectl plugd cluster at each size")
 	workers := flag.Int("workers", 8, "Nodes created at once")
 	out := flag.String("json", "", "write the results as JSON to this file")
 	extra := flag.String("flags", "", "more flags for kubectl plugd cluster, e.g. --disable-compression")
+	caretakerMem := flag.String("caretaker-gomemlimit", "", "GOMEMLIMIT of plugd caretaker, as the chart's caretaker.goMemLimit sets it (empty: none)")
 	profile := flag.String("pprof", "", "write the API server's CPU profile of the last run at each size to this directory")
 	flag.Parse()
 	var ns []int
@@ -88,7 +101,8 @@ func main() {
 		}
 		ns = append(ns, n)
 	}
-	if err := run(ns, *runs, *workers, *out, *profile, strings.Fields(*extra)); err != nil {
+	o := options{runs: *runs, workers: *workers, out: *out, profile: *profile, caretakerMem: *caretakerMem, extra: strings.Fields(*extra)}
+	if err := run(ns, o); err != nil {
 		fail("%v", err)
 	}
 }
@@ -98,7 +112,14 @@ func fail(format string, args ...any) {
 	os.Exit(1)
 }
 
-func run(sizes []int, runs, workers int, out, profile string, extra []string) error {
+// options are fleetbench's flags.
+type options struct {
+	runs, workers              int
+	out, profile, caretakerMem string
+	extra                      []string
+}
+
+func run(sizes []int, o options) error {
 	ctx := context.Background()
 	dirs, err := controlplane.Locate()
 	if err != nil {
@@ -137,7 +158,7 @@ func run(sizes []int, runs, workers int, out, profile string, extra []string) er
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plugd"}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	caretaker, err := startCaretaker(filepath.Join(dirs.Bin, "plugd"), kubeconfig, filepath.Join(dir, "caretaker.log"))
+	caretaker, err := startCaretaker(filepath.Join(dirs.Bin, "plugd"), kubeconfig, filepath.Join(dir, "caretaker.log"), o.caretakerMem)
 	if err != nil {
 		return err
 	}
@@ -150,12 +171,12 @@ func run(sizes []int, runs, workers int, out, profile string, extra []string) er
 	have := 0
 	for _, n := range sizes {
 		start := time.Now()
-		if err := create(ctx, client, have, n, workers); err != nil {
+		if err := create(ctx, client, have, n, o.workers); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "created nodes %d to %d in %s\n", have, n, time.Since(start).Round(time.Millisecond))
 		have = n
-		r, err := measureSize(ctx, bench{cp: cp, client: client, runs: runs}, dirs.Bin, kubeconfig, n, profile, extra)
+		r, err := measureSize(ctx, bench{cp: cp, client: client, runs: o.runs}, dirs.Bin, kubeconfig, n, o.profile, o.extra)
 		if err != nil {
 			return err
 		}
@@ -166,12 +187,12 @@ func run(sizes []int, runs, workers int, out, profile string, extra []string) er
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "plugd caretaker: peak RSS %.0f MB, CPU %.1f s in all\n", rss, cpu)
-	return report(results, runs, out, map[string]float64{"peakRSSMB": rss, "cpuSeconds": cpu})
+	return report(results, o.runs, o.out, map[string]any{"peakRSSMB": rss, "cpuSeconds": cpu, "gomemlimit": o.caretakerMem})
 }
 
 // report prints the medians as a Markdown table, and writes every run to
 // out as JSON if out is set, with the caretaker's cost.
-func report(results []Result, runs int, out string, caretaker map[string]float64) error {
+func report(results []Result, runs int, out string, caretaker map[string]any) error {
 	fmt.Printf("| nodes | read | time (median of %d) | its CPU time | peak RSS | the API server's CPU time |\n|---:|---|---:|---:|---:|---:|\n", runs)
 	for _, r := range results {
 		for _, m := range []struct {
@@ -208,7 +229,10 @@ func measureSize(ctx context.Context, b bench, binDir, kubeconfig string, n int,
 	if r.List, err = b.measure(ctx, bin, append([]string{"cluster", "--kubeconfig", kubeconfig, "--source=nodes", "-o", "json"}, extra...), checkList(n)); err != nil {
 		return r, err
 	}
-	if err := waitSummary(ctx, b.client, n); err != nil {
+	if r.SummaryBytes, err = waitSummary(ctx, b.client, n); err != nil {
+		return r, err
+	}
+	if r.ListPages, r.ListBytes, err = listSize(ctx, b.client); err != nil {
 		return r, err
 	}
 	b.profile = ""
@@ -269,21 +293,69 @@ func (b bench) measure(ctx context.Context, bin string, args []string, check fun
 	return m, nil
 }
 
-// run1 runs bin with args once: its wall time, its CPU time, its peak RSS
-// in MB, and what it printed.
+// run1 runs bin with args once, through a runner (runCommand, in a
+// process of its own): its wall time, its CPU time, its peak RSS in MB,
+// and what it printed.
+//
+// The runner is there for the peak RSS. The kernel's maxrss of a child
+// starts from its parent's peak (the memory the forked child shares until
+// it execs counts as its own: a process of 300 MB that runs a command of
+// 30 MB reads 300 MB in the command's rusage), and fleetbench grows to
+// hundreds of MB creating 65,000 Nodes. The runner is small when it
+// starts the command, as a shell is.
 func run1(bin string, args []string) (float64, float64, float64, string, error) {
-	cmd := exec.Command(bin, args...)
+	self, err := os.Executable()
+	if err != nil {
+		return 0, 0, 0, "", err
+	}
+	usage := filepath.Join(os.TempDir(), fmt.Sprintf("fleetbench-usage-%d.json", os.Getpid()))
+	defer os.Remove(usage)
+	cmd := exec.Command(self, append([]string{bin}, args...)...)
+	cmd.Env = append(os.Environ(), runnerEnv+"="+usage)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
 	if err := cmd.Run(); err != nil {
 		return 0, 0, 0, "", fmt.Errorf("kubectl plugd %s: %v: %s", strings.Join(args, " "), err, stderr.String())
 	}
-	secs := time.Since(start).Seconds()
+	b, err := os.ReadFile(usage)
+	if err != nil {
+		return 0, 0, 0, "", err
+	}
+	var u runUsage
+	if err := json.Unmarshal(b, &u); err != nil {
+		return 0, 0, 0, "", err
+	}
+	return u.Seconds, u.CPUSeconds, u.PeakRSSMB, stdout.String(), nil
+}
+
+// runnerEnv, set, makes fleetbench the runner of one command (os.Args[1:])
+// that writes its runUsage to the file the variable names.
+const runnerEnv = "FLEETBENCH_USAGE"
+
+// runUsage is what the runner measured of its command.
+type runUsage struct {
+	Seconds, CPUSeconds, PeakRSSMB float64
+}
+
+// runCommand is the runner: it runs os.Args[1:], its output fleetbench's,
+// and writes its wall time, CPU time and peak RSS to usagePath.
+func runCommand(usagePath string) error {
+	cmd := exec.Command(os.Args[1], os.Args[2:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return err
+	}
 	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	rss := float64(ru.Maxrss) / 1024 // KB on Linux
-	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-	return secs, cpu, rss, stdout.String(), nil
+	b, err := json.Marshal(runUsage{
+		Seconds:    time.Since(start).Seconds(),
+		CPUSeconds: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds(),
+		PeakRSSMB:  float64(ru.Maxrss) / 1024, // KB on Linux
+	})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(usagePath, b, 0o644)
 }
 
 // checkList checks a view of n nodes read from every Node (-o json): each
@@ -353,7 +425,7 @@ func index(name string) int {
 
 // startCaretaker starts plugd caretaker with the fleet summary in the
 // namespace plugd, its log in logPath.
-func startCaretaker(bin, kubeconfig, logPath string) (*exec.Cmd, error) {
+func startCaretaker(bin, kubeconfig, logPath, memLimit string) (*exec.Cmd, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -361,24 +433,50 @@ func startCaretaker(bin, kubeconfig, logPath string) (*exec.Cmd, error) {
 	cmd := exec.Command(bin, "caretaker", "--kubeconfig", kubeconfig, "--summary-namespace", "plugd", "--stale-after", "24h")
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if memLimit != "" {
+		cmd.Env = append(os.Environ(), "GOMEMLIMIT="+memLimit)
+	}
 	return cmd, cmd.Start()
 }
 
-// waitSummary waits until plugd caretaker's summary counts n nodes.
-func waitSummary(ctx context.Context, client kubernetes.Interface, n int) error {
+// waitSummary waits until plugd caretaker's summary counts n nodes, and
+// returns the size of its ConfigMap as protobuf.
+func waitSummary(ctx context.Context, client kubernetes.Interface, n int) (int, error) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		cm, err := client.CoreV1().ConfigMaps("plugd").Get(ctx, nodecond.SummaryName, metav1.GetOptions{})
 		if err == nil {
 			s, err := nodecond.DecodeSummary([]byte(cm.Data[nodecond.SummaryKey]))
 			if err == nil && s.View.Nodes == n {
-				return nil
+				return cm.Size(), nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("plugd caretaker's summary does not count %d nodes within 5 minutes (%v)", n, err)
+			return 0, fmt.Errorf("plugd caretaker's summary does not count %d nodes within 5 minutes (%v)", n, err)
 		}
 		time.Sleep(time.Second) // a poll of another process's writes
+	}
+}
+
+// listSize lists every Node as kubectl plugd cluster does (500 a page, as
+// protobuf) and counts the pages and their bytes.
+func listSize(ctx context.Context, client kubernetes.Interface) (pages, bytes int, err error) {
+	cont := ""
+	for {
+		res := client.CoreV1().RESTClient().Get().Resource("nodes").Param("limit", "500").Param("continue", cont).
+			SetHeader("Accept", "application/vnd.kubernetes.protobuf").Do(ctx)
+		body, err := res.Raw()
+		if err != nil {
+			return pages, bytes, err
+		}
+		pages, bytes = pages+1, bytes+len(body)
+		var l corev1.NodeList
+		if err := res.Into(&l); err != nil {
+			return pages, bytes, err
+		}
+		if cont = l.Continue; cont == "" {
+			return pages, bytes, nil
+		}
 	}
 }
 
