@@ -185,24 +185,64 @@ func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk 
 		c.noteRead(ctx, err)
 	})
 	_, _ = c.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.enqueue(obj) },
-		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*corev1.Node)
-			n, ok2 := cur.(*corev1.Node)
-			// The slim copies differ only when plugd's conditions or
-			// their owner do: anything else is no news here.
-			if ok1 && ok2 && reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions) && reflect.DeepEqual(o.ManagedFields, n.ManagedFields) {
-				return
-			}
-			c.enqueue(cur)
+		AddFunc: func(obj any) {
+			c.dirty.Store(true)
+			c.enqueue(obj)
 		},
-		DeleteFunc: func(obj any) { c.enqueue(obj) },
+		UpdateFunc: c.updated,
+		DeleteFunc: func(obj any) {
+			c.dirty.Store(true)
+			c.enqueue(obj)
+		},
 	})
 	return c
 }
 
+// updated looks at a Node again when plugd's conditions on it or their
+// owner changed (the slim copies differ only then: anything else is no
+// news here), and marks the summary dirty when more than heartbeats did:
+// a live fleet's heartbeats change every Node every few minutes, and a
+// census of 65,000 Nodes takes a second of CPU; the summary's refresh
+// every minute counts again anyway, for the conditions that age out.
+func (c *Caretaker) updated(old, cur any) {
+	o, ok1 := old.(*corev1.Node)
+	n, ok2 := cur.(*corev1.Node)
+	if !ok1 || !ok2 {
+		c.dirty.Store(true)
+		c.enqueue(cur)
+		return
+	}
+	if reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions) && reflect.DeepEqual(o.ManagedFields, n.ManagedFields) {
+		return
+	}
+	if !beatsOnly(o, n) {
+		c.dirty.Store(true)
+	}
+	c.enqueue(cur)
+}
+
+// beatsOnly says whether the slim Nodes o and n differ only in the times of
+// plugd's writes: the conditions' heartbeats and the managedFields' times.
+func beatsOnly(o, n *corev1.Node) bool {
+	if len(o.Status.Conditions) != len(n.Status.Conditions) || len(o.ManagedFields) != len(n.ManagedFields) {
+		return false
+	}
+	for i, c := range o.Status.Conditions {
+		c.LastHeartbeatTime = n.Status.Conditions[i].LastHeartbeatTime
+		if !reflect.DeepEqual(c, n.Status.Conditions[i]) {
+			return false
+		}
+	}
+	for i, mf := range o.ManagedFields {
+		mf.Time = n.ManagedFields[i].Time
+		if !reflect.DeepEqual(mf, n.ManagedFields[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *Caretaker) enqueue(obj any) {
-	c.dirty.Store(true)
 	if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		c.queue.Add(name)
 	}
