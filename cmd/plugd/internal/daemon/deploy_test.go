@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
+	"github.com/plugd/plugd/internal/nodecond"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
@@ -92,6 +93,9 @@ type manifests struct {
 		clusterRoles    []rbacv1.ClusterRole
 		bindings        []rbacv1.ClusterRoleBinding
 		deployments     []appsv1.Deployment
+		// roles and roleBindings give it its fleet summary's ConfigMap.
+		roles        []rbacv1.Role
+		roleBindings []rbacv1.RoleBinding
 	}
 }
 
@@ -129,6 +133,12 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			ct.bindings = append(ct.bindings, rbacv1.ClusterRoleBinding{})
 			obj = &ct.bindings[len(ct.bindings)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 Role":
+			ct.roles = append(ct.roles, rbacv1.Role{})
+			obj = &ct.roles[len(ct.roles)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 RoleBinding":
+			ct.roleBindings = append(ct.roleBindings, rbacv1.RoleBinding{})
+			obj = &ct.roleBindings[len(ct.roleBindings)-1]
 		case meta.Metadata.Name == caretakerName && kind == "apps/v1 Deployment":
 			ct.deployments = append(ct.deployments, appsv1.Deployment{})
 			obj = &ct.deployments[len(ct.deployments)-1]
@@ -273,6 +283,21 @@ func TestCaretakerManifest(t *testing.T) {
 	cmd := caretaker.Command()
 	if err := cmd.ParseFlags(args[1:]); err != nil || len(cmd.Flags().Args()) != 0 {
 		t.Errorf("plugd caretaker would refuse the args %q: %v %q", args, err, cmd.Flags().Args())
+	}
+	// Its fleet summary: one ConfigMap of its namespace, which it may
+	// read, create (by server-side apply, authorized by its name) and
+	// patch, and no other.
+	if !slices.Contains(args, "--summary-namespace="+d.Namespace) {
+		t.Errorf("the caretaker keeps no fleet summary in its namespace %s: %q", d.Namespace, args)
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{nodecond.SummaryName}, Verbs: []string{"get", "create", "patch"}}}
+	if len(ct.roles) != 1 || ct.roles[0].Namespace != d.Namespace || !reflect.DeepEqual(ct.roles[0].Rules, want) {
+		t.Fatalf("the caretaker's Role: %+v; want one in %s with %+v", ct.roles, d.Namespace, want)
+	}
+	sa := ct.serviceAccounts[0]
+	if len(ct.roleBindings) != 1 || ct.roleBindings[0].Namespace != d.Namespace || ct.roleBindings[0].RoleRef.Kind != "Role" || ct.roleBindings[0].RoleRef.Name != ct.roles[0].Name ||
+		!slices.Equal(ct.roleBindings[0].Subjects, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}}) {
+		t.Errorf("the caretaker's RoleBinding: %+v", ct.roleBindings)
 	}
 }
 
