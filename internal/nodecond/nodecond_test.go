@@ -1,8 +1,10 @@
 package nodecond
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -226,6 +228,36 @@ func TestSummaryEncoding(t *testing.T) {
 	got, err := DecodeSummary(b)
 	if err != nil || !got.Complete || !got.Time.Equal(at) || len(got.View.Plugins[0].NotReady) != 1 {
 		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	// A message of another writer's, a megabyte long, is cut; the
+	// caller's view is left as it was.
+	hostile := small
+	hostile.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 1,
+		NotReady: []NodeCondition{{Node: "n1", Status: "False", Reason: "R", Message: strings.Repeat("\x7f", 1<<20)}}}}
+	b, err = EncodeSummary(hostile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = DecodeSummary(b)
+	if err != nil || !got.Complete || len(got.View.Plugins[0].NotReady[0].Message) > MaxMessage || len(hostile.View.Plugins[0].NotReady[0].Message) != 1<<20 {
+		t.Errorf("a summary with a megabyte message: complete %v, message of %d bytes, %v", got.Complete, len(got.View.Plugins[0].NotReady[0].Message), err)
+	}
+	// A reason with DEL and C1 controls (the API server takes them in a
+	// condition; YAML, which parses a server-side apply, does not) is
+	// written escaped, and reads back as it was.
+	controls := small
+	controls.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 1,
+		NotReady: []NodeCondition{{Node: "n1", Status: "False", Reason: "R\x7f\u0085\u009b\ufffe", Message: "m\u0080"}}}}
+	b, err = EncodeSummary(controls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.ContainsFunc(b, func(r rune) bool { return r >= 0x7f && r <= 0x9f || r == 0xfffe }) {
+		t.Errorf("the summary holds characters YAML refuses: %q", b)
+	}
+	got, err = DecodeSummary(b)
+	if err != nil || !reflect.DeepEqual(got.View, controls.View) {
+		t.Errorf("control characters do not come back: %+v, %v", got.View, err)
 	}
 	big := small
 	big.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 10000}}

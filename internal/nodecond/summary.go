@@ -1,10 +1,13 @@
 package nodecond
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/plugd/plugd/internal/textsafe"
 )
 
 // The fleet summary: plugd caretaker, which watches every Node already,
@@ -37,19 +40,56 @@ type Summary struct {
 
 // EncodeSummary is s as the caretaker writes it: with its lists of nodes
 // where they fit in MaxSummaryBytes, else without them (Complete false).
+// A reason or message longer than MaxMessage bytes is cut (escaped, with
+// "..."): plugd's are no longer, and another writer's, which the API does
+// not bound, would crowd out the lists.
 func EncodeSummary(s Summary) ([]byte, error) {
 	s.Complete = true
+	s.View.Plugins = append([]ClusterPlugin(nil), s.View.Plugins...)
+	for i := range s.View.Plugins {
+		p := &s.View.Plugins[i]
+		p.NotReady = append([]NodeCondition(nil), p.NotReady...)
+		for j := range p.NotReady {
+			p.NotReady[j].Reason = bounded(p.NotReady[j].Reason)
+			p.NotReady[j].Message = bounded(p.NotReady[j].Message)
+		}
+	}
 	b, err := json.Marshal(s)
-	if err != nil || len(b) <= MaxSummaryBytes {
-		return b, err
+	if err != nil {
+		return nil, err
+	}
+	if b = yamlSafe(b); len(b) <= MaxSummaryBytes {
+		return b, nil
 	}
 	s.Complete = false
-	s.View.Plugins = append([]ClusterPlugin(nil), s.View.Plugins...)
 	for i := range s.View.Plugins {
 		s.View.Plugins[i].NotReady = nil
 	}
-	return json.Marshal(s)
+	b, err = json.Marshal(s)
+	return yamlSafe(b), err
 }
+
+// yamlSafe is the JSON b with the characters YAML does not allow in a
+// document (DEL, the C1 controls, U+FFFE, U+FFFF), which encoding/json
+// leaves as they are, written as \u escapes: the API server parses a
+// server-side apply as YAML, and refuses them. Such characters are only
+// in strings, where the escape means the same character.
+func yamlSafe(b []byte) []byte {
+	if !bytes.ContainsFunc(b, notYAML) {
+		return b
+	}
+	var out bytes.Buffer
+	for _, r := range string(b) {
+		if notYAML(r) {
+			fmt.Fprintf(&out, "\\u%04x", r)
+			continue
+		}
+		out.WriteRune(r)
+	}
+	return out.Bytes()
+}
+
+func notYAML(r rune) bool { return r >= 0x7f && r <= 0x9f || r == 0xfffe || r == 0xffff }
 
 // DecodeSummary reads a summary as EncodeSummary wrote it; an object
 // bigger than MaxSummaryBytes, or one that is not a summary, is an error.
@@ -65,4 +105,13 @@ func DecodeSummary(b []byte) (Summary, error) {
 		return s, errors.New("the summary has no time: it is not plugd caretaker's")
 	}
 	return s, nil
+}
+
+// bounded is s if it is at most MaxMessage bytes, else s escaped and cut
+// to MaxMessage bytes.
+func bounded(s string) string {
+	if len(s) <= MaxMessage {
+		return s
+	}
+	return textsafe.Shorten(s, MaxMessage)
 }
