@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -39,8 +41,9 @@ endpoint directory.
 One line per check: PASS, FAIL or SKIP, the check, whether it is the kubelet's
 rule or a recommendation, what was expected and what was seen. The kubelet's
 rules are required; the recommendations too with --strict. The exit status is
-0 only when no required check failed, 1 when one did, 2 when the command line
-is wrong. docs/writing-plugins.md says what each check means.`,
+0 only when no required check failed, 1 when one did (or the run was
+interrupted: SIGINT or SIGTERM stops the plugin), 2 when the command line is
+wrong. docs/writing-plugins.md says what each check means.`,
 		Example: `  plugd conformance -- ./my-dra-driver --registrar-dir={registry-dir} --plugin-dir={endpoint-dir}
   plugd conformance --registry-env=REGISTRY_DIR -- ./my-device-plugin
   plugd conformance --registry-dir=/var/lib/kubelet/plugins_registry   # a plugin already running
@@ -105,7 +108,12 @@ func (f *flags) run(cmd *cobra.Command, command []string) error {
 		defer os.RemoveAll(tmp)
 		*d = tmp
 	}
-	rep, err := Run(cmd.Context(), cfg)
+	// SIGINT and SIGTERM end the run: the plugin, in a process group of
+	// its own that a terminal's Ctrl-C does not reach, is stopped, and the
+	// temporary directories removed.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
