@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r := &runner{cfg: cfg, ran: map[string]bool{}}
 	if cfg.DeviceManager {
-		dm, err := startDeviceManager(cfg.EndpointDir)
+		dm, err := startDeviceManager(cfg.EndpointDir, cfg.Timeout)
 		if err != nil {
 			return nil, err
 		}
