@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
@@ -67,7 +68,10 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
 				return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
 			}
-			return nil
+			if f.cfg.Timeout <= 0 {
+				return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
+			}
+			return checkDirs(map[string]string{"--registry-dir": f.cfg.RegistryDir, "--endpoint-dir": f.cfg.EndpointDir})
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.list {
@@ -88,6 +92,28 @@ wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringVar(&f.junit, "junit", "", "also write the results as JUnit XML to this file")
 	fl.BoolVar(&f.list, "list", false, "list the checks, and stop")
 	return cmd
+}
+
+// checkDirs says which of the directories named by flag does not exist,
+// or is not a directory: the kit waits in them, and would only report the
+// plugin's first check failed.
+func checkDirs(dirs map[string]string) error {
+	for _, flag := range []string{"--registry-dir", "--endpoint-dir"} {
+		d := dirs[flag]
+		if d == "" {
+			continue
+		}
+		fi, err := os.Stat(d)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("%s %s: no such directory: create it, or leave the flag out to have the kit make a temporary one for a plugin it starts", flag, d)
+		case err != nil:
+			return fmt.Errorf("%s %s: %w", flag, d, err)
+		case !fi.IsDir():
+			return fmt.Errorf("%s %s: not a directory", flag, d)
+		}
+	}
+	return nil
 }
 
 // errFailed is the error of a run in which a required check failed.
