@@ -36,6 +36,10 @@ var badValues = []badValue{
 	{"", "serviceAccount: {create: false}", "serviceAccount.name", ""},
 	{"", "serviceAccount: {create: false, name: node-agents}", "caretaker.serviceAccountName", ""},
 	{"", "caretaker: {replicas: 2}", "'replicas'", ""},
+	// plugd caretaker refuses --pod-grace 0 (it would crash-loop); a
+	// csiNodeGrace of 0 would turn the sign off but keep its permission.
+	{"", "caretaker: {podGrace: 0s}", "/caretaker/podGrace", ""},
+	{"", "caretaker: {csiNodeGrace: 0s}", "/caretaker/csiNodeGrace", ""},
 	{"", "resources: {limits: {cpu: one}}", "/resources/limits/cpu", ""},
 	// The registration SLO: a threshold that is no bucket of plugd's
 	// histograms selects no series; an objective of 1 leaves no budget.

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -39,8 +42,9 @@ endpoint directory.
 One line per check: PASS, FAIL or SKIP, the check, whether it is the kubelet's
 rule or a recommendation, what was expected and what was seen. The kubelet's
 rules are required; the recommendations too with --strict. The exit status is
-0 only when no required check failed, 1 when one did, 2 when the command line
-is wrong. docs/writing-plugins.md says what each check means.`,
+0 only when no required check failed, 1 when one did (or the run was
+interrupted: SIGINT or SIGTERM stops the plugin), 2 when the command line is
+wrong. docs/writing-plugins.md says what each check means.`,
 		Example: `  plugd conformance -- ./my-dra-driver --registrar-dir={registry-dir} --plugin-dir={endpoint-dir}
   plugd conformance --registry-env=REGISTRY_DIR -- ./my-device-plugin
   plugd conformance --registry-dir=/var/lib/kubelet/plugins_registry   # a plugin already running
@@ -64,7 +68,10 @@ is wrong. docs/writing-plugins.md says what each check means.`,
 			if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
 				return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
 			}
-			return nil
+			if f.cfg.Timeout <= 0 {
+				return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
+			}
+			return checkDirs(map[string]string{"--registry-dir": f.cfg.RegistryDir, "--endpoint-dir": f.cfg.EndpointDir})
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.list {
@@ -87,6 +94,28 @@ is wrong. docs/writing-plugins.md says what each check means.`,
 	return cmd
 }
 
+// checkDirs says which of the directories named by flag does not exist,
+// or is not a directory: the kit waits in them, and would only report the
+// plugin's first check failed.
+func checkDirs(dirs map[string]string) error {
+	for _, flag := range []string{"--registry-dir", "--endpoint-dir"} {
+		d := dirs[flag]
+		if d == "" {
+			continue
+		}
+		fi, err := os.Stat(d)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("%s %s: no such directory: create it, or leave the flag out to have the kit make a temporary one for a plugin it starts", flag, d)
+		case err != nil:
+			return fmt.Errorf("%s %s: %w", flag, d, err)
+		case !fi.IsDir():
+			return fmt.Errorf("%s %s: not a directory", flag, d)
+		}
+	}
+	return nil
+}
+
 // errFailed is the error of a run in which a required check failed.
 var errFailed = errors.New("conformance: a check failed")
 
@@ -105,7 +134,12 @@ func (f *flags) run(cmd *cobra.Command, command []string) error {
 		defer os.RemoveAll(tmp)
 		*d = tmp
 	}
-	rep, err := Run(cmd.Context(), cfg)
+	// SIGINT and SIGTERM end the run: the plugin, in a process group of
+	// its own that a terminal's Ctrl-C does not reach, is stopped, and the
+	// temporary directories removed.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := Run(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -109,6 +109,11 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"conformance"}, "start the plugin with -- COMMAND"},
 		{[]string{"conformance", "./driver"}, "put the plugin's command after --"},
 		{[]string{"conformance", "-o", "yaml", "--", "true"}, "want text or json"},
+		{[]string{"conformance", "--timeout", "-1s", "--", "true"}, "--timeout -1s: give a positive duration"},
+		{[]string{"conformance", "--timeout", "0", "--", "true"}, "--timeout 0s: give a positive duration"},
+		{[]string{"conformance", "--registry-dir", "/nonexistent-plugd-dir"}, "--registry-dir /nonexistent-plugd-dir: no such directory"},
+		{[]string{"conformance", "--endpoint-dir", "/nonexistent-plugd-dir", "--", "true"}, "--endpoint-dir /nonexistent-plugd-dir: no such directory"},
+		{[]string{"conformance", "--registry-dir", "/etc/hostname", "--", "true"}, "not a directory"},
 	} {
 		code, _, stderr := plugd(t, tc.args...)
 		if code != daemon.ExitUsage || !strings.Contains(stderr, tc.want) {

@@ -152,6 +152,7 @@ var mutants = []struct {
 	{"device", "answers-change", checkRestart},
 	{"device", "impatient", checkLateNotify},
 	{"dpsock", "bad-versions", checkDPRegister},
+	{"dpsock", "serve-after-register", checkDPRegister},
 	{"dpsock", "no-reregister", checkDPRestart},
 	{"device", "leave-socket", checkSIGTERM},
 	{"device", "ignore-sigterm", checkSIGTERM},

@@ -33,9 +33,12 @@ func (r *runner) reregisterWait() time.Duration { return 2 * r.cfg.Timeout }
 // and hands on every Register it is sent.
 type deviceManager struct {
 	path string
-	// requests has every Register call's request, in order; a call that
-	// finds it full is refused.
-	requests chan *deviceapi.RegisterRequest
+	// requests has every Register call, in order; a call that finds it
+	// full is refused.
+	requests chan registerCall
+	// connectWait bounds Register's connection to the plugin's endpoint:
+	// the kubelet's 10 s, or the kit's timeout if shorter.
+	connectWait time.Duration
 	// first is closed at the first Register.
 	first     chan struct{}
 	firstOnce sync.Once
@@ -45,10 +48,22 @@ type deviceManager struct {
 	done chan struct{} // closed when srv's Serve has returned
 }
 
-// startDeviceManager serves kubelet.sock in dir.
-func startDeviceManager(dir string) (*deviceManager, error) {
+// registerCall is one Register call: its request, and the kubelet's
+// answer to it (nil: registered).
+type registerCall struct {
+	req *deviceapi.RegisterRequest
+	err error
+}
+
+// kubeletConnectWait is how long the kubelet's Register waits for the
+// plugin's endpoint to accept a connection
+// (pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go dial: 10 s).
+const kubeletConnectWait = 10 * time.Second
+
+// startDeviceManager serves kubelet.sock in dir; timeout is the kit's.
+func startDeviceManager(dir string, timeout time.Duration) (*deviceManager, error) {
 	dm := &deviceManager{path: filepath.Join(dir, kubeletSocketName),
-		requests: make(chan *deviceapi.RegisterRequest, 16), first: make(chan struct{})}
+		requests: make(chan registerCall, 16), first: make(chan struct{}), connectWait: min(timeout, kubeletConnectWait)}
 	if c, err := net.DialTimeout("unix", dm.path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("%s is served, by a kubelet most likely: the kit would take its place; name another --endpoint-dir", dm.path)
@@ -113,18 +128,43 @@ type dmRegistration struct {
 	dm *deviceManager
 }
 
-func (d dmRegistration) Register(_ context.Context, req *deviceapi.RegisterRequest) (*deviceapi.Empty, error) {
+// Register answers as the kubelet does: it refuses what it cannot take
+// (judgeRegister), and answers only once it has connected to the plugin's
+// endpoint and had its options (server.go Register, connectClient): a
+// plugin that serves its endpoint only after Register returned is refused.
+func (d dmRegistration) Register(ctx context.Context, req *deviceapi.RegisterRequest) (*deviceapi.Empty, error) {
+	d.dm.firstOnce.Do(func() { close(d.dm.first) })
+	dir := filepath.Dir(d.dm.path)
+	err := judgeRegister(req, dir)
+	if err == nil {
+		err = d.dm.connect(ctx, filepath.Join(dir, req.GetEndpoint()))
+	}
 	select {
-	case d.dm.requests <- req:
+	case d.dm.requests <- registerCall{req, err}:
 	default:
 		return nil, errors.New("plugd conformance: too many Register calls")
 	}
-	d.dm.firstOnce.Do(func() { close(d.dm.first) })
-	// The kubelet refuses what it cannot take, as checkDPRegister judges it.
-	if err := judgeRegister(req, filepath.Dir(d.dm.path)); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return &deviceapi.Empty{}, nil
+}
+
+// connect plays the kubelet's connection to a device plugin that called
+// Register: a connection to its endpoint, and GetDevicePluginOptions,
+// before Register is answered.
+func (dm *deviceManager) connect(ctx context.Context, endpoint string) error {
+	ctx, cancel := withDeadline(ctx, dm.connectWait, "the endpoint "+endpoint+" to accept a connection while Register waited (the kubelet connects before it answers)")
+	defer cancel()
+	conn, err := dialUnix(ctx, endpoint)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := deviceapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &deviceapi.Empty{}); err != nil {
+		return fmt.Errorf("GetDevicePluginOptions, asked while Register waited (the kubelet asks before it answers): %w", err)
+	}
+	return nil
 }
 
 // judgeRegister says what the kubelet refuses in a Register request: a
@@ -144,12 +184,12 @@ func judgeRegister(req *deviceapi.RegisterRequest, dir string) error {
 }
 
 // nextRegister waits until ctx ends for the next Register.
-func (dm *deviceManager) nextRegister(ctx context.Context) (*deviceapi.RegisterRequest, error) {
+func (dm *deviceManager) nextRegister(ctx context.Context) (registerCall, error) {
 	select {
-	case req := <-dm.requests:
-		return req, nil
+	case call := <-dm.requests:
+		return call, nil
 	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+		return registerCall{}, context.Cause(ctx)
 	}
 }
 
@@ -158,12 +198,21 @@ func (dm *deviceManager) nextRegister(ctx context.Context) (*deviceapi.RegisterR
 // restart, and SIGTERM.
 func (r *runner) kubeletSockSuite(ctx context.Context) {
 	began := time.Now()
-	req := <-r.dm.requests // the first, which ended the wait
+	// The first call, which ended the wait for a socket, once the kit has
+	// connected to its endpoint, or given up.
+	wctx, cancel := withDeadline(ctx, r.dm.connectWait+time.Second, "the kit to answer the plugin's Register")
+	call, err := r.dm.nextRegister(wctx)
+	cancel()
+	if err != nil {
+		r.fail(checkDPRegister, err.Error(), began)
+		return
+	}
+	req := call.req
 	dir := filepath.Dir(r.dm.path)
 	info := PluginInfo{Socket: r.dm.path, Type: typeDevice, Name: quote(req.GetResourceName()),
 		Endpoint: filepath.Join(dir, quote(req.GetEndpoint())), Versions: []string{quote(req.GetVersion())}, Via: viaKubeletSock}
 	r.rep.Plugin = &info
-	err := judgeRegister(req, dir)
+	err = call.err
 	var ep *grpc.ClientConn
 	if err == nil {
 		wctx, cancel := withDeadline(ctx, r.cfg.Timeout, "the endpoint "+info.Endpoint+" to accept a connection")
@@ -195,9 +244,13 @@ func (r *runner) kubeletRestart(ctx context.Context, first *deviceapi.RegisterRe
 	}
 	wctx, cancel := withDeadline(ctx, r.reregisterWait(), "the plugin to call Register on the new "+r.dm.path)
 	defer cancel()
-	req, err := r.dm.nextRegister(wctx)
+	call, err := r.dm.nextRegister(wctx)
 	if err != nil {
 		return err
+	}
+	req := call.req
+	if call.err != nil {
+		return fmt.Errorf("Register again: the kubelet refuses it: %w", call.err)
 	}
 	if req.GetResourceName() != first.GetResourceName() || req.GetEndpoint() != first.GetEndpoint() || req.GetVersion() != first.GetVersion() {
 		return fmt.Errorf("Register again: %s %q at %q; before: %s %q at %q", quote(req.GetVersion()), quote(req.GetResourceName()), quote(req.GetEndpoint()),

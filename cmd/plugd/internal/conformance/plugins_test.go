@@ -90,7 +90,9 @@ func runKubeletSockPlugin(dir, brk string, term <-chan os.Signal) error {
 	}
 	s := grpc.NewServer()
 	deviceapi.RegisterDevicePluginServer(s, devicePlugin{m: m})
-	go s.Serve(l)
+	if brk != "serve-after-register" {
+		go s.Serve(l)
+	}
 	defer func() { s.Stop(); os.Remove(sock) }()
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -117,6 +119,9 @@ func runKubeletSockPlugin(dir, brk string, term <-chan os.Signal) error {
 	}
 	if err := register(); err != nil {
 		fmt.Fprintf(os.Stderr, "Register: %v\n", err)
+	}
+	if brk == "serve-after-register" {
+		go s.Serve(l)
 	}
 	for {
 		select {

@@ -54,6 +54,10 @@ type Config struct {
 	PluginOutput io.Writer
 }
 
+// ErrInterrupted is Run's error when its context ended before the checks
+// did: there is no report, and a plugin the kit started has been stopped.
+var ErrInterrupted = errors.New("conformance: interrupted")
+
 // runner is one run: its configuration, the plugin, and the results.
 type runner struct {
 	cfg    Config
@@ -72,8 +76,9 @@ type runner struct {
 // Run plays the kubelet against the plugin cfg names and reports what
 // every check found; the report passes when no required check failed. It
 // blocks until the checks are done and a started plugin has exited (it is
-// stopped with SIGTERM, then killed). An error is returned only when the
-// kit could not run at all.
+// stopped with SIGTERM, then killed, with every process of its process
+// group). An error is returned only when the kit could not run at all, or
+// ctx ended first (ErrInterrupted).
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.DeviceManager = (cfg.DeviceManager || len(cfg.Command) > 0) && cfg.EndpointDir != ""
 	if cfg.RegistryDir == "" && !cfg.DeviceManager {
@@ -87,7 +92,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r := &runner{cfg: cfg, ran: map[string]bool{}}
 	if cfg.DeviceManager {
-		dm, err := startDeviceManager(cfg.EndpointDir)
+		dm, err := startDeviceManager(cfg.EndpointDir, cfg.Timeout)
 		if err != nil {
 			return nil, err
 		}
@@ -103,9 +108,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	began := time.Now()
 	r.suite(ctx)
 	if r.target != nil {
-		stop, cancel := withDeadline(ctx, r.cfg.Timeout, "the plugin to exit on SIGTERM at the end")
+		// Stopped even when ctx has ended (the run interrupted): its own
+		// deadline, not ctx's, bounds the plugin's exit.
+		stop, cancel := withDeadline(context.WithoutCancel(ctx), r.cfg.Timeout, "the plugin to exit on SIGTERM at the end")
 		r.target.terminate(stop)
 		cancel()
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: the run was interrupted (%w); the plugin was stopped", ErrInterrupted, context.Cause(ctx))
 	}
 	r.finish()
 	r.rep.Duration = time.Since(began)

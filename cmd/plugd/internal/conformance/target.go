@@ -56,17 +56,34 @@ func newTarget(argv []string, cfg *Config) *target {
 	return t
 }
 
-// start starts a new process of the plugin.
+// outputGrace bounds how long, once the plugin's process has exited, the
+// kit waits for its output to be closed by processes the plugin left
+// behind (os/exec waits for every holder of the pipes to a writer that is
+// not a file).
+const outputGrace = 2 * time.Second
+
+// start starts a new process of the plugin, leading a process group of its
+// own: terminate stops what the plugin started along with it.
 func (t *target) start() error {
 	cmd := exec.Command(t.argv[0], t.argv[1:]...)
 	cmd.Env = t.env
 	cmd.Stdout, cmd.Stderr = t.output, t.output
+	ownGroup(cmd)
+	cmd.WaitDelay = outputGrace
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting the plugin: %w", err)
 	}
 	t.proc, t.exited = cmd, make(chan struct{})
 	go func(exited chan struct{}) {
-		t.exitErr = cmd.Wait()
+		err := cmd.Wait()
+		if errors.Is(err, exec.ErrWaitDelay) {
+			// The plugin exited; what it left running held its output.
+			err = nil
+			if !cmd.ProcessState.Success() {
+				err = errors.New(cmd.ProcessState.String())
+			}
+		}
+		t.exitErr = err
 		close(exited)
 	}(t.exited)
 	return nil
@@ -80,26 +97,29 @@ func (t *target) exitedErr() error {
 	return fmt.Errorf("the plugin exited: %w", t.exitErr)
 }
 
-// terminate sends SIGTERM and waits for the process to exit until ctx ends;
-// then it kills it, and waits for that. It reports whether the process
-// exited of itself.
+// terminate sends SIGTERM to the plugin's process group and waits for the
+// process to exit until ctx ends; then it kills the group, and waits for
+// that. Whatever is left of the group once the process has exited (a
+// wrapper's children) is killed too, so that nothing the plugin started
+// outlives it. It reports whether the process exited of itself.
 func (t *target) terminate(ctx context.Context) bool {
 	if t.proc == nil {
 		return true
 	}
+	defer func() { _ = signalGroup(t.proc, syscall.SIGKILL) }()
 	select {
 	case <-t.exited:
 		return true
 	default:
 	}
-	if err := t.proc.Process.Signal(syscall.SIGTERM); err != nil {
-		_ = t.proc.Process.Kill() // Windows has no SIGTERM
+	if err := signalGroup(t.proc, syscall.SIGTERM); err != nil {
+		_ = t.proc.Process.Kill() // the group is gone: the process is exiting
 	}
 	select {
 	case <-t.exited:
 		return true
 	case <-ctx.Done():
-		_ = t.proc.Process.Kill()
+		_ = signalGroup(t.proc, syscall.SIGKILL)
 		<-t.exited
 		return false
 	}
