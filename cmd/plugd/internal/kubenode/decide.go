@@ -10,6 +10,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // facts are what one evaluation gathered (gather): plain values, read
@@ -80,17 +81,20 @@ type memory struct {
 	removedSeq uint64
 	// lastBeat is when the conditions were last written for a heartbeat.
 	lastBeat time.Time
+	// notInCSINode is, by condition type, since when the kubelet has held
+	// a CSI driver's socket that CSINode does not list.
+	notInCSINode map[string]time.Time
 }
 
 func newMemory() memory {
 	return memory{written: map[string]written{}, held: map[string]*heldVerdict{}, disagree: map[disagreementKey]*disagreement{},
-		fights: map[string]*fight{}, registered: map[string]time.Time{}}
+		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}}
 }
 
 // clone is a copy of m that shares nothing with it.
 func (m memory) clone() memory {
 	c := m
-	c.written, c.registered = maps.Clone(m.written), maps.Clone(m.registered)
+	c.written, c.registered, c.notInCSINode = maps.Clone(m.written), maps.Clone(m.registered), maps.Clone(m.notInCSINode)
 	c.held, c.disagree = cloneEach(m.held), cloneEach(m.disagree)
 	c.fights = cloneEach(m.fights)
 	for _, f := range c.fights {
@@ -262,11 +266,17 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		st.Actual = &c
 	}
 	v, ok := judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+	var wait time.Time
+	if !ok {
+		v, ok, wait = d.notInCSINode(e.Condition, f.views[k])
+	} else {
+		delete(d.m.notInCSINode, e.Condition)
+	}
 	if !ok {
 		p.allReady = false
 		delete(d.m.held, e.Condition)
 		p.states = append(p.states, st)
-		return time.Time{}
+		return wait
 	}
 	st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
 	p.ready[e.Condition] = v.status == corev1.ConditionTrue
@@ -296,6 +306,39 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 	p.set = append(p.set, nodeCondition(e.Condition, v, cur, now))
 	d.transition(e, k, v, cur)
 	return time.Time{}
+}
+
+// notInCSINode judges a CSI driver whose socket the kubelet holds while
+// CSINode does not list it (judge waits on that): the kubelet writes the
+// entry as it registers, so past csiNodeWait its registration failed, and
+// the condition says False. Otherwise nothing is concluded; wait is when
+// to judge again.
+func (d *decision) notInCSINode(cond string, v view) (_ conditionVerdict, ok bool, wait time.Time) {
+	if v.State != api.KubeletRegistered || v.Reason != "NotInCSINode" {
+		delete(d.m.notInCSINode, cond)
+		return conditionVerdict{}, false, time.Time{}
+	}
+	since, seen := d.m.notInCSINode[cond]
+	if !seen {
+		since = d.f.now
+		d.m.notInCSINode[cond] = since
+	}
+	if d.f.now.Before(since.Add(csiNodeWait)) {
+		return conditionVerdict{}, false, since.Add(csiNodeWait)
+	}
+	e := d.expectation(cond)
+	return conditionVerdict{corev1.ConditionFalse, "NotInCSINode", nodecond.Message(e.Type, e.Name,
+		fmt.Sprintf("the kubelet holds its socket, but its CSINode has not listed the driver for %s: its registration failed (a kubelet before v1.36 keeps such a socket and never retries it: restart the plugin's pod)", csiNodeWait))}, true, time.Time{}
+}
+
+// expectation is the expected plugin of condition type cond.
+func (d *decision) expectation(cond string) Expectation {
+	for _, e := range d.pol.expect {
+		if e.Condition == cond {
+			return e
+		}
+	}
+	return Expectation{}
 }
 
 // transition tells, once the write is made, of a condition turning True

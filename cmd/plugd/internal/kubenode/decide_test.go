@@ -391,6 +391,13 @@ func TestDecide(t *testing.T) {
 					t.Errorf("drop %v, extra %+v; want none", p.drop, p.extra)
 				}
 			}},
+		{name: "the kubelet holds a CSI socket CSINode does not list: judged later",
+			w:    with(held, func(w *world) { w.csi = nil }),
+			want: []string{""}, next: csiNodeWait, wantMetrics: -1, wantDevices: -1},
+		{name: "the kubelet holds a CSI socket CSINode never lists: a failed registration, False",
+			w:     with(held, func(w *world) { w.csi = nil }),
+			prior: []time.Duration{csiNodeWait},
+			want:  []string{"False/NotInCSINode"}, set: []string{"False/NotInCSINode"}, next: -1, wantMetrics: -1, wantDevices: -1},
 		{name: "a kubelet that renamed its ALPHA gauge: Inferred",
 			w:    with(held, func(w *world) { w.reads[0].registered, w.reads[0].renamedGauge = nil, true }),
 			want: []string{"True/Inferred"}, set: []string{"True/Inferred"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},

@@ -84,6 +84,17 @@ func nodeIDs(socks []Socket) []string {
 	return said
 }
 
+// limitsVolumes says whether a CSI driver's NodeGetInfo, on one of its
+// sockets, reports a maximum number of volumes: the kubelet then writes
+// it in CSINode (its allocatable count), which the scheduler counts
+// attachments against.
+func limitsVolumes(socks []Socket) bool {
+	return slices.ContainsFunc(socks, func(p Socket) bool {
+		d, ok := p.Details.(api.CSIDetails)
+		return ok && d.MaxVolumes > 0
+	})
+}
+
 // deviceCounts is a device plugin's devices as its handler sees them, from
 // the socket that reports the most healthy ones (the serving instance,
 // during a rolling update).

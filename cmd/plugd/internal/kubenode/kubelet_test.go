@@ -21,6 +21,12 @@ func TestLiveView(t *testing.T) {
 	labelled := listed
 	labelled.node = node(nil, nil)
 	labelled.node.Labels = map[string]string{"topology.example.com/node": "node-a"}
+	limited := sock
+	said := csiSaid("node-a")
+	said.MaxVolumes = 16
+	limited.Details = said
+	count := int32(16)
+	withLimit := snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "node-a", Allocatable: &storagev1.VolumeNodeResources{Count: &count}})}
 	holds := kubeletFacts{live: true, registered: map[string]bool{"/r/csi.sock": true, "/r/gpu.sock": true}, devices: map[string]int{"vendor.example/gpu": 3}}
 	for _, tc := range []struct {
 		name      string
@@ -53,6 +59,11 @@ func TestLiveView(t *testing.T) {
 		{"inferred topology conflict", csi, []Socket{sock}, labelled, kubeletFacts{problem: &Problem{Reason: ReasonKubeletTLS}},
 			remembered{topology: map[string]string{"topology.example.com/node": "node-b"}}, api.KubeletRegistered, ReasonInferred, "inferred"},
 		{"device, its live count", gpu, []Socket{dev}, snapshot{}, holds, remembered{}, api.KubeletRegistered, "", "can allocate 3"},
+		// A driver that reports an attach limit is ready only once CSINode
+		// has it: else the scheduler over-attaches (aws-ebs-csi-driver#1945).
+		{"an attach limit CSINode lacks", csi, []Socket{limited}, listed, holds, remembered{}, api.KubeletRegistered, "NotInCSINode", "without its attach limit"},
+		{"an attach limit CSINode has", csi, []Socket{limited}, withLimit, holds, remembered{}, api.KubeletRegistered, "", "lists it"},
+		{"no attach limit, none needed", csi, []Socket{sock}, listed, holds, remembered{}, api.KubeletRegistered, "", "lists it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.s.nodeName = "node-a"

@@ -237,7 +237,8 @@ func cutText(s string, n int) string {
 	return s[:n]
 }
 
-// slimCSINode keeps the name and node ID of each of a CSINode's drivers.
+// slimCSINode keeps the name, node ID and attach limit (allocatable) of
+// each of a CSINode's drivers.
 func slimCSINode(obj any) (any, error) {
 	c, ok := obj.(*storagev1.CSINode)
 	if !ok {
@@ -246,7 +247,7 @@ func slimCSINode(obj any) (any, error) {
 	out := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: c.Name, UID: c.UID, ResourceVersion: c.ResourceVersion},
 		Spec: storagev1.CSINodeSpec{Drivers: make([]storagev1.CSINodeDriver, len(c.Spec.Drivers))}}
 	for i, d := range c.Spec.Drivers {
-		out.Spec.Drivers[i] = storagev1.CSINodeDriver{Name: d.Name, NodeID: d.NodeID}
+		out.Spec.Drivers[i] = storagev1.CSINodeDriver{Name: d.Name, NodeID: d.NodeID, Allocatable: d.Allocatable}
 	}
 	return out, nil
 }

@@ -52,7 +52,9 @@ func TestInformersKeepWhatPlugdReads(t *testing.T) {
 			t.Fatalf("the informer keeps a slice with %d devices, of driver %q", len(sl.Spec.Devices), sl.Spec.Driver)
 		}
 	}
-	if d := s.csiNode.Spec.Drivers[0]; d.NodeID != "node-a" || d.TopologyKeys != nil || d.Allocatable != nil {
+	// Its attach limit stays: a CSI driver that reports one is ready only
+	// once CSINode has it (issue 32).
+	if d := s.csiNode.Spec.Drivers[0]; d.NodeID != "node-a" || d.TopologyKeys != nil || d.Allocatable == nil || d.Allocatable.Count == nil || *d.Allocatable.Count != limit {
 		t.Errorf("the informer keeps the CSINode driver %+v", d)
 	}
 	var types []string

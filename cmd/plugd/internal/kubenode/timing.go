@@ -18,6 +18,13 @@ const (
 	// plugin's health changes in its handler's details, without an
 	// event): local work only, no request. TestRunPacing.
 	localResync = 5 * time.Second
+	// csiNodeWait: the kubelet writes a CSI driver into CSINode as it
+	// registers it (one API call, retried for a few seconds); a socket it
+	// holds whose driver CSINode has not listed for this long is a
+	// registration that failed, which a kubelet before v1.36 keeps in its
+	// actual state and never retries (kubernetes/kubernetes#133335).
+	// TestDecide ("the kubelet holds a CSI socket CSINode never lists").
+	csiNodeWait = 10 * time.Second
 	// minEvalGap spaces out evaluations during a burst of changes.
 	// TestRunPacing.
 	minEvalGap = 100 * time.Millisecond

@@ -231,6 +231,11 @@ func liveView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered
 		case len(said) > 0 && !slices.Contains(said, d.NodeID):
 			v.Reason = "NodeIDMismatch"
 			v.Message = fmt.Sprintf("%s, but CSINode %s lists the driver with nodeID %q while its NodeGetInfo answers %q", holds, s.nodeName, d.NodeID, strings.Join(said, `", "`))
+		case limitsVolumes(socks) && (d.Allocatable == nil || d.Allocatable.Count == nil):
+			// Ready means usable: without its count the scheduler would
+			// place pods over the driver's attach limit.
+			v.Reason = "NotInCSINode"
+			v.Message = fmt.Sprintf("%s, but CSINode %s lists the driver without its attach limit (allocatable count) (yet), which its NodeGetInfo reports", holds, s.nodeName)
 		default:
 			v.Message = fmt.Sprintf("%s; CSINode %s lists it with nodeID %q", holds, s.nodeName, d.NodeID)
 		}
