@@ -56,7 +56,7 @@ func taintRules(expect []Expectation, global string) ([]taintRule, error) {
 	for _, e := range expect {
 		if e.Taint == "" {
 			if e.Retaint {
-				return nil, fmt.Errorf("%s %s: retaint needs a taint to put back: name one (taint: KEY:EFFECT)", e.Type, e.Name)
+				return nil, fmt.Errorf("%s %s: retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)", e.Type, e.Name)
 			}
 			continue
 		}
@@ -94,6 +94,15 @@ func taintRules(expect []Expectation, global string) ([]taintRule, error) {
 		all[i] = e.Condition
 	}
 	return append(rules, taintRule{key: key, effect: effect, conds: all}), nil
+}
+
+// CheckTaints says what is wrong with the taints of expect (each entry's
+// Taint, with defaults) and removeTaint, the taint for all, together:
+// one key with two effects, entries of one key that disagree about
+// retaint, a key named both ways.
+func CheckTaints(expect []Expectation, removeTaint string) error {
+	_, err := taintRules(expect, removeTaint)
+	return err
 }
 
 // taintMemory is what plugd keeps of one rule's taint between evaluations,

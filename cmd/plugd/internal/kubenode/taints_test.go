@@ -50,7 +50,7 @@ func TestTaintRules(t *testing.T) {
 	}{
 		"one key, two effects":  {[]Expectation{shared(ebs, "k.example.com/x:NoSchedule", false), shared(efs, "k.example.com/x:NoExecute", false)}, "", "one key, one effect"},
 		"retaint on some":       {[]Expectation{shared(ebs, one, true), shared(efs, one, false)}, "", "disagree about retaint"},
-		"retaint without taint": {[]Expectation{shared(gpu, "", true)}, "", "retaint needs a taint"},
+		"retaint without taint": {[]Expectation{shared(gpu, "", true)}, "", "retaint is set, but taint is not"},
 		"global named twice":    {[]Expectation{ebs}, "ebs.csi.aws.com/agent-not-ready:NoSchedule", "name it once"},
 		"a key Kubernetes owns": {[]Expectation{shared(ebs, "node.kubernetes.io/not-ready:NoExecute", false)}, "", "Kubernetes reserves"},
 		"not KEY:EFFECT":        {[]Expectation{shared(ebs, "ebs-not-ready", false)}, "", "KEY:EFFECT"},
