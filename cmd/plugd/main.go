@@ -1,5 +1,6 @@
-// Command plugd is the plugin manager daemon (internal/daemon), and the
-// cluster's caretaker of its Node conditions (plugd caretaker).
+// Command plugd is the plugin manager daemon (internal/daemon), the
+// cluster's caretaker of its Node conditions (plugd caretaker), and the
+// conformance kit for plugin authors (plugd conformance).
 package main
 
 import (
@@ -7,12 +8,13 @@ import (
 	"os"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
+	"github.com/plugd/plugd/cmd/plugd/internal/conformance"
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 	"github.com/plugd/plugd/cmd/plugd/internal/demo"
 )
 
 func main() {
 	cmd := daemon.Command()
-	cmd.AddCommand(demo.Command(), caretaker.Command())
+	cmd.AddCommand(demo.Command(), caretaker.Command(), conformance.Command())
 	os.Exit(daemon.Execute(context.Background(), cmd, os.Args[1:], os.Stderr))
 }

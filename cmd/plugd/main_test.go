@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
+	"github.com/plugd/plugd/cmd/plugd/internal/conformance"
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 	"github.com/plugd/plugd/cmd/plugd/internal/demo"
 )
@@ -15,7 +16,7 @@ import (
 // a stray space; indented blocks (two spaces or more) are fine.
 func TestHelpHasNoStraySpace(t *testing.T) {
 	root := daemon.Command()
-	root.AddCommand(demo.Command(), caretaker.Command())
+	root.AddCommand(demo.Command(), caretaker.Command(), conformance.Command())
 	var check func(cmd *cobra.Command)
 	check = func(cmd *cobra.Command) {
 		for _, text := range []string{cmd.Short, cmd.Long, cmd.Example} {

@@ -12,12 +12,14 @@
 // A retry that a library makes on its own is that library's to pace: the
 // DRA handler's gRPC connection to a driver reconnects by grpc-go's backoff
 // (a grpc/backoff.Config in handlers/dra's connect), since grpc-go owns the
-// connection's reconnections: plugd only sets their parameters. And one
-// retry keeps a delay of its own: the node agent's held connection to the
-// kubelet (kubenode's kubeletwatch.go) redials after a doubling delay whose
-// cap depends on why the last dial failed (a kubelet that is not running,
-// restarting, is tried again within 2 s), which a Backoff's one cap does
-// not say.
+// connection's reconnections: plugd only sets their parameters. And two
+// retries keep a delay of their own: the node agent's held connection to
+// the kubelet (kubenode/kubeletstate's watch.go) redials after a doubling
+// delay whose cap depends on why the last dial failed (a kubelet that is
+// not running, restarting, is tried again within 2 s), which a Backoff's
+// one cap does not say; and its write back of an overwritten condition
+// (kubenode's decide.go) is spread by a draw made before decide, which is
+// pure, where a Backoff draws its own.
 package backoff
 
 import (

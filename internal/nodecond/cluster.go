@@ -52,6 +52,12 @@ const MaxHeartbeatAge = 11 * time.Minute
 // its MaxAge.
 const ReasonNotMaintained = "NotMaintained"
 
+// ReasonPlugdNotRunning is the reason plugd's caretaker gives a condition
+// it marks Unknown because plugd does not run on the node: its pod has not
+// been Ready for a grace period, or the kubelet dropped a CSI driver from
+// the node's CSINode and plugd did not follow.
+const ReasonPlugdNotRunning = "PlugdNotRunning"
+
 // Maintained says plugd has written the status of a Node within maxAge
 // (zero: MaxHeartbeatAge) of now: written is LastWrite of the Node, by the
 // API server's clock. A condition's lastHeartbeatTime is not the judge: it

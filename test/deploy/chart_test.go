@@ -168,6 +168,8 @@ type objects struct {
 	services        []corev1.Service
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
+	roles           []rbacv1.Role
+	roleBindings    []rbacv1.RoleBinding
 	daemonSets      []appsv1.DaemonSet
 	deployments     []appsv1.Deployment
 	networkPolicies []networkingv1.NetworkPolicy
@@ -210,6 +212,10 @@ func decode(t *testing.T, manifest string) objects {
 			obj = add(&o.clusterRoles)
 		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			obj = add(&o.bindings)
+		case "rbac.authorization.k8s.io/v1 Role":
+			obj = add(&o.roles)
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			obj = add(&o.roleBindings)
 		case "apps/v1 DaemonSet":
 			obj = add(&o.daemonSets)
 		case "apps/v1 Deployment":
@@ -300,6 +306,19 @@ func get(m map[string]any, path string) any {
 // Every rendering decodes strictly, plugd accepts its configuration and
 // flags, and each option does what its value says.
 func TestRenderings(t *testing.T) {
+	t.Run("the caretaker's graces set; the CSINode sign off", func(t *testing.T) {
+		m, _ := mustRender(t, `caretaker: {podGrace: 90s, csiNodeGrace: ""}`)
+		o := decode(t, m)
+		args := o.deployments[0].Spec.Template.Spec.Containers[0].Args
+		if !slices.Contains(args, "--pod-grace=90s") || !slices.Contains(args, "--csinode-grace=0s") {
+			t.Errorf("the caretaker's args: %q", args)
+		}
+		for _, r := range clusterRole(o, "plugd-caretaker").Rules {
+			if slices.Contains(r.Resources, "csinodes") {
+				t.Errorf("the caretaker may read CSINodes it does not watch: %+v", r)
+			}
+		}
+	})
 	t.Run("defaults", func(t *testing.T) {
 		m, notes := mustRender(t, "")
 		o := decode(t, m)
@@ -600,9 +619,9 @@ func clusterRole(o objects, name string) rbacv1.ClusterRole {
 
 // checkCaretaker checks the caretaker's objects: one replica of plugd
 // caretaker, in the node agent's image, not root, with a ServiceAccount of
-// its own bound to a ClusterRole that reads Nodes and patches their status,
-// and nothing more; no selector of the node agent's picks its pod. It
-// returns its pod.
+// its own bound to a ClusterRole that reads Nodes and CSINodes and patches
+// Nodes' status, and nothing more; no selector of the node agent's picks
+// its pod. It returns its pod.
 func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
 	t.Helper()
 	if len(o.deployments) != 1 {
@@ -629,10 +648,12 @@ func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"list", "watch"}},
 	}
 	if !reflect.DeepEqual(r.Rules, want) {
 		t.Errorf("the caretaker's ClusterRole: %+v", r.Rules)
 	}
+	checkCaretakerPods(t, o, d, ds)
 	bound := slices.ContainsFunc(o.bindings, func(b rbacv1.ClusterRoleBinding) bool {
 		return b.RoleRef.Name == r.Name && len(b.Subjects) == 1 && b.Subjects[0].Name == pod.ServiceAccountName
 	})
@@ -640,4 +661,40 @@ func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
 		t.Errorf("the caretaker runs as %q, bound to its ClusterRole: %v", pod.ServiceAccountName, bound)
 	}
 	return pod
+}
+
+// checkCaretakerPods checks that the caretaker d watches the pods of the
+// DaemonSet ds and no others (its --plugd-namespace and --plugd-selector),
+// may list and watch pods in that namespace alone (a Role bound to its
+// ServiceAccount, no more), and has the shipped graces, whose sum with a
+// dead container's report stays under the minute of issue 32.
+func checkCaretakerPods(t *testing.T, o objects, d appsv1.Deployment, ds appsv1.DaemonSet) {
+	t.Helper()
+	flags := map[string]string{}
+	for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			flags[k] = v
+		}
+	}
+	sel, err := labels.Parse(flags["--plugd-selector"])
+	if err != nil || flags["--plugd-namespace"] != ds.Namespace || !sel.Matches(labels.Set(ds.Spec.Template.Labels)) ||
+		sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the caretaker watches pods %q in %q (%v); the DaemonSet's are %v in %q", flags["--plugd-selector"], flags["--plugd-namespace"], err,
+			ds.Spec.Template.Labels, ds.Namespace)
+	}
+	if flags["--pod-grace"] != "40s" || flags["--csinode-grace"] != "10s" {
+		t.Errorf("the caretaker's graces: --pod-grace=%s --csinode-grace=%s, want 40s and 10s", flags["--pod-grace"], flags["--csinode-grace"])
+	}
+	if len(o.roles) != 1 || len(o.roleBindings) != 1 {
+		t.Fatalf("%d Roles and %d RoleBindings, want the caretaker's", len(o.roles), len(o.roleBindings))
+	}
+	r, b := o.roles[0], o.roleBindings[0]
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
+	if r.Namespace != ds.Namespace || !reflect.DeepEqual(r.Rules, want) {
+		t.Errorf("the caretaker's Role: %s %+v", r.Namespace, r.Rules)
+	}
+	if b.Namespace != ds.Namespace || b.RoleRef.Kind != "Role" || b.RoleRef.Name != r.Name || len(b.Subjects) != 1 ||
+		b.Subjects[0].Name != d.Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("the caretaker's RoleBinding: %+v", b)
+	}
 }

@@ -1,19 +1,27 @@
 // Package caretaker marks the Node conditions that plugd wrote and no
-// longer maintains: plugd rewrites its conditions at least every 5 minutes
-// (their lastHeartbeatTime), so one whose heartbeat the caretaker has not
-// seen change for nodecond.MaxHeartbeatAge, on its own clock, is left from
-// a plugd that no longer runs (the heartbeat's value is the node's clock,
-// and is only compared). Its
-// status says nothing of now, and node-readiness-controller reads the
-// status only: the caretaker sets it to Unknown, reason NotMaintained, as
-// the node lifecycle controller does for the kubelet's Ready.
+// longer maintains Unknown, as the node lifecycle controller marks the
+// kubelet's Ready: node-readiness-controller and other readers act on a
+// condition's status only, and a dead plugd's last True would go on
+// telling them its plugin is ready.
+//
+// Three signs, each costing no write while plugd runs (look, in
+// decide.go): plugd's pod on the node not Ready, or gone, for longer than
+// a grace that outlasts a rolling update's gap (reason PlugdNotRunning);
+// a CSI driver's condition True while the kubelet has dropped the driver
+// from the node's CSINode, for longer than a few seconds in which a live
+// plugd writes False (PlugdNotRunning); and, the last resort where plugd
+// runs outside a pod, a heartbeat the caretaker has not seen change for
+// nodecond.MaxHeartbeatAge on its own clock (NotMaintained: plugd
+// rewrites its conditions at least every 5 minutes).
 //
 // One caretaker serves a cluster: it watches every Node (keeping only
-// plugd's conditions of each) and looks at a Node again when the first of
-// plugd's conditions on it can go stale, with a timer, not by polling. It
-// writes only a condition that is stale, with a JSON patch that tests the
-// heartbeat it read is still there, so a plugd that wrote meanwhile wins,
-// and two caretakers are safe, only redundant: no leader election.
+// plugd's conditions of each), plugd's pods (by namespace and label
+// selector) and every CSINode (keeping only its drivers' names), and looks
+// at a Node again when the first of plugd's conditions on it can be due
+// a mark, with a timer, not by polling. It writes only a condition that is
+// unmaintained, with a JSON patch that tests the heartbeat it read is
+// still there, so a plugd that wrote meanwhile wins, and two caretakers
+// are safe, only redundant: no leader election.
 package caretaker
 
 import (
@@ -22,17 +30,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	storagev1client "k8s.io/client-go/kubernetes/typed/storage/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -53,9 +64,34 @@ type Config struct {
 	// Shorter than plugd's heartbeat interval, it marks conditions plugd
 	// maintains: for tests only.
 	StaleAfter time.Duration
+	// PlugdNamespace and PlugdSelector (a label selector) are plugd's
+	// DaemonSet pods; an empty selector: the caretaker watches no pods,
+	// and the pod sign is not used.
+	PlugdNamespace string
+	PlugdSelector  string
+	// PodGrace is how long plugd's pod on a node may be not Ready, or
+	// gone, before its conditions are marked (zero: DefaultPodGrace).
+	PodGrace time.Duration
+	// CSINodeGrace is how long a CSI driver's condition may say True
+	// while the kubelet has dropped the driver from CSINode (zero:
+	// DefaultCSINodeGrace; negative: the caretaker watches no CSINodes).
+	CSINodeGrace time.Duration
 	// Logger gets what the caretaker does and its trouble (nil: discarded).
 	Logger *slog.Logger
 }
+
+// The shipped graces. DefaultPodGrace outlasts a rolling update's gap
+// (the old pod stopped, the new one scheduled, started and Ready: its
+// readiness probe runs every 5 s), image pull included when the image is
+// cached; with the kubelet's report of a dead container (a second or two)
+// and the caretaker's write, a dead plugd's conditions say True for less
+// than a minute. DefaultCSINodeGrace outlasts the moment the kubelet drops
+// a driver from CSINode while it registers the driver again, and a live
+// plugd's False (149 ms beside a real kubelet).
+const (
+	DefaultPodGrace     = 40 * time.Second
+	DefaultCSINodeGrace = 10 * time.Second
+)
 
 // Bounds of the caretaker's requests: a list of every Node of a large
 // cluster takes a while; a read or write of one Node does not.
@@ -71,25 +107,32 @@ const (
 // Caretaker watches the cluster's Nodes and marks plugd's conditions that
 // nobody maintains. Build it with New; Run it once.
 type Caretaker struct {
-	nodes      corev1client.NodeInterface
-	staleAfter time.Duration
-	clock      clock.WithTicker
-	log        *slog.Logger
-	inf        cache.SharedIndexInformer
-	queue      workqueue.TypedRateLimitingInterface[string]
+	nodes    corev1client.NodeInterface
+	bounds   bounds
+	clock    clock.WithTicker
+	log      *slog.Logger
+	inf      cache.SharedIndexInformer
+	pods     cache.SharedIndexInformer // nil: no pod sign
+	csiNodes cache.SharedIndexInformer // nil: no CSINode sign
+	queue    workqueue.TypedRateLimitingInterface[string]
 
 	// trouble is, by Node name, the last failure to mark one of its
 	// conditions, so each is logged once; only the worker touches it.
 	trouble map[string]string
 	// seen is, by Node name, look's record of when the caretaker saw each
-	// of plugd's heartbeats there change; only the worker touches it.
-	seen map[string]map[string]sighting
-	// readTrouble is the informer's, logged on change.
+	// of plugd's heartbeats there change; podSeen what it saw of plugd's
+	// pods there, drivers of the CSI drivers in its CSINode
+	// (updateDrivers). Only the worker touches them.
+	seen    map[string]map[string]sighting
+	podSeen map[string]podSighting
+	drivers map[string]map[string]time.Time
+	// readTrouble is the informers', by what they read, logged on change.
 	readMu      sync.Mutex
-	readTrouble string // guarded by readMu
-	// looked, if set (tests), is told each Node looked at and when it is
-	// due a look again.
-	looked func(name string, next time.Time)
+	readTrouble map[string]string // guarded by readMu
+	// looked, if set (tests), is told each Node looked at, when it is due
+	// a look again, and what the caretaker has seen of its pods and
+	// CSINode drivers (a copy).
+	looked func(name string, next time.Time, pods podSighting, drivers map[string]time.Time)
 }
 
 // New builds a caretaker for the cluster cfg names. Nothing talks to the
@@ -107,7 +150,11 @@ func New(cfg Config) (*Caretaker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	return newCaretaker(core.Nodes(), nil, cfg, clock.RealClock{}), nil
+	storage, err := storagev1client.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	return newCaretaker(core, storage, nil, cfg, clock.RealClock{}), nil
 }
 
 // restConfig reads the kubeconfig at path (bounded: package kubeconfig),
@@ -128,13 +175,21 @@ func restConfig(path string) (*rest.Config, error) {
 	return rc, nil
 }
 
-// newCaretaker builds a caretaker on nodes; client is the clientset behind
-// it when that is a fake one (tests), which cannot stream a watch's
-// initial list.
-func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk clock.WithTicker) *Caretaker {
-	c := &Caretaker{nodes: nodes, staleAfter: cfg.StaleAfter, clock: clk, log: cfg.Logger, trouble: map[string]string{}, seen: map[string]map[string]sighting{}}
-	if c.staleAfter <= 0 {
-		c.staleAfter = nodecond.MaxHeartbeatAge
+// newCaretaker builds a caretaker on core and storage; client is the
+// clientset behind them when that is a fake one (tests), which cannot
+// stream a watch's initial list.
+func newCaretaker(core corev1client.CoreV1Interface, storage storagev1client.StorageV1Interface, client any, cfg Config, clk clock.WithTicker) *Caretaker {
+	c := &Caretaker{nodes: core.Nodes(), clock: clk, log: cfg.Logger, trouble: map[string]string{}, readTrouble: map[string]string{},
+		seen: map[string]map[string]sighting{}, podSeen: map[string]podSighting{}, drivers: map[string]map[string]time.Time{},
+		bounds: bounds{staleAfter: cfg.StaleAfter, podGrace: cfg.PodGrace, csiGrace: cfg.CSINodeGrace}}
+	if c.bounds.staleAfter <= 0 {
+		c.bounds.staleAfter = nodecond.MaxHeartbeatAge
+	}
+	if c.bounds.podGrace <= 0 {
+		c.bounds.podGrace = DefaultPodGrace
+	}
+	if c.bounds.csiGrace == 0 {
+		c.bounds.csiGrace = DefaultCSINodeGrace
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -142,32 +197,8 @@ func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk 
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: clk})
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			// client-go bounds watches, not lists.
-			lctx, cancel := context.WithTimeout(ctx, listTimeout)
-			defer cancel()
-			l, err := nodes.List(lctx, o)
-			c.noteRead(ctx, err)
-			return l, err
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			w, err := nodes.Watch(ctx, o)
-			c.noteRead(ctx, err)
-			return w, err
-		},
-	}
-	c.inf = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Node{},
-		cache.SharedIndexInformerOptions{ObjectDescription: "Nodes"})
-	_ = c.inf.SetTransform(slim) // before Run: it cannot fail
-	// The reflector retries with backoff; its own handler would log every
-	// failure, where the caretaker logs each change of state once.
-	_ = c.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-			return // a watch that ended, or must start again from a new list
-		}
-		c.noteRead(ctx, err)
-	})
+	nodes := core.Nodes()
+	c.inf = informer(c, client, "Nodes", "get, list, watch nodes", &corev1.Node{}, nodes.List, nodes.Watch, slim, nil)
 	_, _ = c.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { c.enqueue(obj) },
 		UpdateFunc: func(old, cur any) {
@@ -182,7 +213,91 @@ func newCaretaker(nodes corev1client.NodeInterface, client any, cfg Config, clk 
 		},
 		DeleteFunc: func(obj any) { c.enqueue(obj) },
 	})
+	if cfg.PlugdSelector != "" {
+		pods := core.Pods(cfg.PlugdNamespace)
+		selected := func(o metav1.ListOptions) metav1.ListOptions { o.LabelSelector = cfg.PlugdSelector; return o }
+		c.pods = informer(c, client, "plugd's pods", "list, watch pods in namespace "+cfg.PlugdNamespace, &corev1.Pod{},
+			func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+				return pods.List(ctx, selected(o))
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return pods.Watch(ctx, selected(o))
+			},
+			slimPod, cache.Indexers{byNode: podNode})
+		_, _ = c.pods.AddEventHandler(onAny(func(obj any) {
+			if p, ok := podOf(obj); ok && p.Spec.NodeName != "" {
+				c.queue.Add(p.Spec.NodeName)
+			}
+		}))
+	}
+	if c.bounds.csiGrace > 0 {
+		csi := storage.CSINodes()
+		c.csiNodes = informer(c, client, "CSINodes", "list, watch csinodes.storage.k8s.io", &storagev1.CSINode{}, csi.List, csi.Watch, slimCSINode, nil)
+		_, _ = c.csiNodes.AddEventHandler(onAny(c.enqueue)) // a CSINode is named as its Node
+	}
 	return c
+}
+
+// byNode indexes plugd's pods by the node they run on.
+const byNode = "node"
+
+func podNode(obj any) ([]string, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		return []string{p.Spec.NodeName}, nil
+	}
+	return nil, nil
+}
+
+// podOf is the pod obj is, or was (a deletion's last known state).
+func podOf(obj any) (*corev1.Pod, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	return p, ok
+}
+
+// onAny calls f with the object of every add, update and delete.
+func onAny(f func(obj any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{AddFunc: f, UpdateFunc: func(_, cur any) { f(cur) }, DeleteFunc: f}
+}
+
+// informer is c's cache of what list and watch read (what, with the
+// permission perm, names it in c's log), each object slimmed by
+// transform.
+func informer[L runtime.Object](c *Caretaker, client any, what, perm string, obj runtime.Object,
+	list func(context.Context, metav1.ListOptions) (L, error), w func(context.Context, metav1.ListOptions) (watch.Interface, error),
+	transform cache.TransformFunc, idx cache.Indexers) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			// client-go bounds watches, not lists.
+			lctx, cancel := context.WithTimeout(ctx, listTimeout)
+			defer cancel()
+			l, err := list(lctx, o)
+			c.noteRead(ctx, what, perm, err)
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			wi, err := w(ctx, o)
+			c.noteRead(ctx, what, perm, err)
+			return wi, err
+		},
+	}
+	if idx == nil {
+		idx = cache.Indexers{}
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), obj,
+		cache.SharedIndexInformerOptions{ObjectDescription: what, Indexers: idx})
+	_ = inf.SetTransform(transform) // before Run: it cannot fail
+	// The reflector retries with backoff; its own handler would log every
+	// failure, where the caretaker logs each change of state once.
+	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return // a watch that ended, or must start again from a new list
+		}
+		c.noteRead(ctx, what, perm, err)
+	})
+	return inf
 }
 
 func (c *Caretaker) enqueue(obj any) {
@@ -191,25 +306,28 @@ func (c *Caretaker) enqueue(obj any) {
 	}
 }
 
-// noteRead logs a change in whether the caretaker can read the Nodes.
-func (c *Caretaker) noteRead(ctx context.Context, err error) {
+// noteRead logs a change in whether the caretaker can read what (with
+// the permission perm).
+func (c *Caretaker) noteRead(ctx context.Context, what, perm string, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	now := ""
 	if err != nil {
-		now = explain("list and watch nodes", "get, list, watch nodes", err)
+		now = explain("list and watch "+what, perm, err)
 	}
 	c.readMu.Lock()
-	was := c.readTrouble
-	c.readTrouble = now
+	was := c.readTrouble[what]
+	c.readTrouble[what] = now
 	c.readMu.Unlock()
 	switch {
 	case now == was:
 	case now == "":
-		c.log.Info("caretaker: reading Nodes again")
-	default:
+		c.log.Info("caretaker: reading " + what + " again")
+	case what == "Nodes":
 		c.log.Warn("caretaker: cannot read Nodes; it retries with backoff, and marks nothing meanwhile", "err", now)
+	default:
+		c.log.Warn("caretaker: cannot read "+what+"; it retries with backoff, and judges by the other signs meanwhile", "err", now)
 	}
 }
 
@@ -218,7 +336,7 @@ func (c *Caretaker) noteRead(ctx context.Context, err error) {
 func explain(op, perm string, err error) string {
 	switch {
 	case apierrors.IsForbidden(err):
-		return fmt.Sprintf("cannot %s: the caretaker lacks the permission %q (the ClusterRole plugd-caretaker in deploy/kubernetes grants it; is it bound to the caretaker's ServiceAccount?)", op, perm)
+		return fmt.Sprintf("cannot %s: the caretaker lacks the permission %q (the ClusterRole plugd-caretaker, and for pods the Role plugd-caretaker in plugd's namespace, in deploy/kubernetes grant it; are they bound to the caretaker's ServiceAccount?)", op, perm)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Sprintf("cannot %s: the API server does not accept the caretaker's credentials (an expired or revoked token, a wrong kubeconfig?)", op)
 	default:
@@ -230,13 +348,21 @@ func explain(op, perm string, err error) string {
 // ends.
 func (c *Caretaker) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
-	go c.inf.RunWithContext(ctx)
+	// The pods and CSINodes are signs besides the heartbeat: until their
+	// first list, or while they cannot be read, they show nothing, and the
+	// Nodes are looked at all the same.
+	for _, inf := range []cache.SharedIndexInformer{c.inf, c.pods, c.csiNodes} {
+		if inf != nil {
+			go inf.RunWithContext(ctx)
+		}
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.inf.HasSynced) {
 		return nil // stopped before the first list
 	}
-	c.log.Info("caretaker: watching Nodes", "staleAfter", c.staleAfter)
-	if c.staleAfter < nodecond.MaxHeartbeatAge {
-		c.log.Warn("caretaker: --stale-after is shorter than plugd's bound; conditions that plugd maintains will be marked between its heartbeats", "staleAfter", c.staleAfter, "bound", nodecond.MaxHeartbeatAge)
+	c.log.Info("caretaker: watching Nodes", "staleAfter", c.bounds.staleAfter, "plugdPods", c.pods != nil, "podGrace", c.bounds.podGrace,
+		"csiNodes", c.csiNodes != nil, "csiNodeGrace", c.bounds.csiGrace)
+	if c.bounds.staleAfter < nodecond.MaxHeartbeatAge {
+		c.log.Warn("caretaker: --stale-after is shorter than plugd's bound; conditions that plugd maintains will be marked between its heartbeats", "staleAfter", c.bounds.staleAfter, "bound", nodecond.MaxHeartbeatAge)
 	}
 	go func() {
 		<-ctx.Done()
@@ -252,8 +378,8 @@ func (c *Caretaker) Run(ctx context.Context) error {
 	}
 }
 
-// sync looks at one Node: marks its stale conditions, and sets the timer
-// for the next of plugd's to go stale.
+// sync looks at one Node: marks its unmaintained conditions, and sets the
+// timer for the next of plugd's that can be.
 func (c *Caretaker) sync(ctx context.Context, name string) {
 	obj, ok, _ := c.inf.GetStore().GetByKey(name)
 	n, isNode := obj.(*corev1.Node)
@@ -261,13 +387,17 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 		c.queue.Forget(name)
 		delete(c.trouble, name)
 		delete(c.seen, name)
+		delete(c.podSeen, name)
+		delete(c.drivers, name)
 		return
 	}
 	now := c.clock.Now()
-	stale, next := look(n, now, c.staleAfter, c.sightings(name))
-	c.log.Debug("caretaker: looked at a Node", "node", name, "conditions", len(n.Status.Conditions), "stale", len(stale), "next", next)
-	if len(stale) > 0 {
-		if err := c.mark(ctx, name, now); err != nil {
+	ev := c.evidence(name, now)
+	marks, next := look(n, now, c.bounds, c.sightings(name), ev)
+	c.log.Debug("caretaker: looked at a Node", "node", name, "conditions", len(n.Status.Conditions), "marks", len(marks), "next", next,
+		"podDown", ev.podDown)
+	if len(marks) > 0 {
+		if err := c.mark(ctx, name, now, ev); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -291,7 +421,7 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 		c.queue.AddAfter(name, next.Sub(now))
 	}
 	if c.looked != nil {
-		c.looked(name, next)
+		c.looked(name, next, c.podSeen[name], maps.Clone(c.drivers[name]))
 	}
 }
 
@@ -300,7 +430,7 @@ func (c *Caretaker) sync(ctx context.Context, name string) {
 // patch refused because the Node changed between the read and the write
 // (its tests failed) is tried again from a new read, at most markTries
 // times; the error returned is the last refusal, naming its condition.
-func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error {
+func (c *Caretaker) mark(ctx context.Context, name string, now time.Time, ev evidence) error {
 	var err error
 	for range markTries {
 		var n *corev1.Node
@@ -311,15 +441,14 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 		if err != nil {
 			return err
 		}
-		seen := c.sightings(name)
-		stale, _ := look(n, now, c.staleAfter, seen)
-		if len(stale) == 0 {
+		marks, _ := look(n, now, c.bounds, c.sightings(name), ev)
+		if len(marks) == 0 {
 			return nil // plugd wrote meanwhile, or every mark is made
 		}
 		err = nil
 		again := false
-		for _, i := range stale {
-			perr := c.markOne(ctx, n, i, now, seen)
+		for _, m := range marks {
+			perr := c.markOne(ctx, n, m, now)
 			if perr == nil {
 				continue
 			}
@@ -340,11 +469,11 @@ func (c *Caretaker) mark(ctx context.Context, name string, now time.Time) error 
 	return err
 }
 
-// markOne patches the condition at index i of n (the Node as read) to
+// markOne patches the condition m is about in n (the Node as read) to
 // unmaintained, and logs it marked.
-func (c *Caretaker) markOne(ctx context.Context, n *corev1.Node, i int, now time.Time, seen map[string]sighting) error {
-	was := n.Status.Conditions[i]
-	patch, err := markPatch(n, i, now, seen)
+func (c *Caretaker) markOne(ctx context.Context, n *corev1.Node, m mark, now time.Time) error {
+	was := n.Status.Conditions[m.i]
+	patch, err := markPatch(n, m, now)
 	if err != nil {
 		return err
 	}
@@ -357,10 +486,42 @@ func (c *Caretaker) markOne(ctx context.Context, n *corev1.Node, i int, now time
 	if err != nil {
 		return fmt.Errorf("condition %s: %w", was.Type, err)
 	}
-	c.log.Info("Node condition marked Unknown: plugd has not maintained it", "node", n.Name, "condition", was.Type,
-		"was", was.Status, "reason", was.Reason, "unchangedSince", seen[string(was.Type)].at.UTC().Format(time.RFC3339),
+	c.log.Info("Node condition marked Unknown: plugd has not maintained it", "node", n.Name, "condition", was.Type, "as", m.reason,
+		"sign", m.sign, "since", m.since.UTC().Format(time.RFC3339),
+		"was", was.Status, "reason", was.Reason,
 		"lastHeartbeat", was.LastHeartbeatTime.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// evidence is what the caretaker has seen, up to now, of the plugd on the
+// Node name besides its heartbeats: its pods, the drivers the kubelet
+// dropped from its CSINode. A cache not yet filled shows nothing new.
+func (c *Caretaker) evidence(name string, now time.Time) evidence {
+	if c.pods != nil && c.pods.HasSynced() {
+		objs, _ := c.pods.GetIndexer().ByIndex(byNode, name)
+		pods := make([]*corev1.Pod, 0, len(objs))
+		for _, o := range objs {
+			if p, ok := o.(*corev1.Pod); ok {
+				pods = append(pods, p)
+			}
+		}
+		c.podSeen[name] = c.podSeen[name].update(pods, now)
+	}
+	if c.csiNodes != nil && c.csiNodes.HasSynced() {
+		var listed []string
+		if obj, ok, _ := c.csiNodes.GetStore().GetByKey(name); ok {
+			if cn, isCSINode := obj.(*storagev1.CSINode); isCSINode {
+				for _, d := range cn.Spec.Drivers {
+					listed = append(listed, d.Name)
+				}
+			}
+		}
+		if c.drivers[name] == nil {
+			c.drivers[name] = map[string]time.Time{}
+		}
+		updateDrivers(c.drivers[name], listed, now)
+	}
+	return evidence{podDown: c.podSeen[name].down, driverGone: c.drivers[name]}
 }
 
 // sightings is look's record for the Node name.

@@ -127,8 +127,8 @@ func TestLook(t *testing.T) {
 			if seen == nil {
 				seen = map[string]sighting{}
 			}
-			stale, next := look(tc.n, t0, bound, seen)
-			if !slices.Equal(stale, tc.stale) {
+			marks, next := look(tc.n, t0, bounds{staleAfter: bound}, seen, evidence{})
+			if stale := indexes(marks); !slices.Equal(stale, tc.stale) {
 				t.Errorf("stale = %v, want %v", stale, tc.stale)
 			}
 			var want time.Time
@@ -154,11 +154,11 @@ func TestMarkPatch(t *testing.T) {
 	now := t0.Add(time.Second)
 	seen := map[string]sighting{"a/Ready": {t0.Add(-time.Minute), t0.Add(-time.Minute)},
 		"vendor.example/gpu/Ready": {t0.Add(-20 * time.Minute), t0.Add(-20 * time.Minute)}}
-	stale, _ := look(n, t0, nodecond.MaxHeartbeatAge, seen)
-	if !slices.Equal(stale, []int{2}) {
+	marks, _ := look(n, t0, bounds{staleAfter: nodecond.MaxHeartbeatAge}, seen, evidence{})
+	if stale := indexes(marks); !slices.Equal(stale, []int{2}) {
 		t.Fatalf("stale = %v", stale)
 	}
-	patch, err := markPatch(n, stale[0], now, seen)
+	patch, err := markPatch(n, marks[0], now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +202,15 @@ func TestMarkPatch(t *testing.T) {
 	}
 }
 
+// indexes are the indexes of the conditions marks are about.
+func indexes(marks []mark) []int {
+	var out []int
+	for _, m := range marks {
+		out = append(out, m.i)
+	}
+	return out
+}
+
 func equalCond(a, b corev1.NodeCondition) bool {
 	return fmt.Sprint(a) == fmt.Sprint(b)
 }
@@ -223,8 +232,8 @@ func TestSlim(t *testing.T) {
 		len(s.ManagedFields) != 1 || s.ManagedFields[0].Manager != "plugd" || len(s.Status.Images) != 0 || s.Labels != nil {
 		t.Errorf("slim: %+v", s)
 	}
-	if stale, _ := look(s, t0, nodecond.MaxHeartbeatAge, map[string]sighting{}); !slices.Equal(stale, []int{0}) {
-		t.Errorf("look at the slim copy: %v", stale)
+	if marks, _ := look(s, t0, bounds{staleAfter: nodecond.MaxHeartbeatAge}, map[string]sighting{}, evidence{}); !slices.Equal(indexes(marks), []int{0}) {
+		t.Errorf("look at the slim copy: %v", marks)
 	}
 	tomb := cache.DeletedFinalStateUnknown{Key: "node-a"}
 	if got, _ := slim(tomb); got != any(tomb) {
@@ -275,8 +284,8 @@ func TestLookClockSkew(t *testing.T) {
 				if d%(5*time.Minute) == 0 && (tc.stopped == 0 || d <= tc.stopped) {
 					write(now)
 				}
-				stale, next := look(n, now, bound, seen)
-				if len(stale) > 0 {
+				marks, next := look(n, now, bounds{staleAfter: bound}, seen, evidence{})
+				if len(marks) > 0 {
 					marked = d
 					break
 				}
@@ -288,5 +297,193 @@ func TestLookClockSkew(t *testing.T) {
 				t.Errorf("marked %s after the start; want %s (-1ns: never)", marked, tc.marked)
 			}
 		})
+	}
+}
+
+// csiCond is a condition in plugd's form about CSIPlugin NAME, of type
+// NAME/CSIPluginReady, last written age before t0.
+func csiCond(name string, status corev1.ConditionStatus, age time.Duration) corev1.NodeCondition {
+	c := cond(name, status, age)
+	c.Type = corev1.NodeConditionType(name + "/CSIPluginReady")
+	c.Message = nodecond.Message("CSIPlugin", name, "registered with the kubelet")
+	return c
+}
+
+// Issue 32, item 5: the signs besides the heartbeat. plugd's pod not
+// Ready or gone past the grace, or a CSI driver's True while the kubelet
+// dropped the driver from CSINode past its grace, mark a condition
+// PlugdNotRunning, unless plugd wrote it after the sign (then it runs,
+// whatever its pod says, and only the heartbeat's bound judges it); the
+// next look is when the first sign can be due.
+func TestLookSigns(t *testing.T) {
+	b := bounds{staleAfter: nodecond.MaxHeartbeatAge, podGrace: 40 * time.Second, csiGrace: 10 * time.Second}
+	ago := func(d time.Duration) time.Time { return t0.Add(-d) }
+	gone := func(driver string, d time.Duration) map[string]time.Time {
+		return map[string]time.Time{driver: ago(d), "other": {}}
+	}
+	const pod, csi, stale = signPodDown, signCSINode, signStale
+	for _, tc := range []struct {
+		name   string
+		c      corev1.NodeCondition
+		ev     evidence
+		csiOff bool
+		sign   sign          // of the mark; -1: none
+		next   time.Duration // after t0, when none
+	}{
+		{name: "pod Ready, fresh: the heartbeat's bound is next",
+			c: cond("a", corev1.ConditionTrue, time.Minute), sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "pod down 30s: due at the grace",
+			c: cond("a", corev1.ConditionTrue, 2*time.Minute), ev: evidence{podDown: ago(30 * time.Second)}, sign: -1, next: 10*time.Second + time.Nanosecond},
+		{name: "pod down exactly the grace: not yet",
+			c: cond("a", corev1.ConditionTrue, 2*time.Minute), ev: evidence{podDown: ago(40 * time.Second)}, sign: -1, next: time.Nanosecond},
+		{name: "pod down past the grace, not written since: PlugdNotRunning",
+			c: cond("a", corev1.ConditionTrue, 2*time.Minute), ev: evidence{podDown: ago(41 * time.Second)}, sign: pod},
+		{name: "pod down past the grace, False: marked too (it says as little of now)",
+			c: cond("a", corev1.ConditionFalse, 2*time.Minute), ev: evidence{podDown: ago(41 * time.Second)}, sign: pod},
+		{name: "pod down past the grace, written after it went: plugd runs; the heartbeat judges",
+			c: cond("a", corev1.ConditionTrue, 10*time.Second), ev: evidence{podDown: ago(41 * time.Second)}, sign: -1, next: b.staleAfter - 10*time.Second + time.Nanosecond},
+		{name: "pod down past the grace, written the instant it went: not since",
+			c: cond("a", corev1.ConditionTrue, 41*time.Second), ev: evidence{podDown: ago(41 * time.Second)}, sign: pod},
+		{name: "CSI driver dropped 11s ago, True: PlugdNotRunning",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: gone("csi.example.com", 11*time.Second)}, sign: csi},
+		{name: "CSI driver dropped 5s ago: due at its grace",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: gone("csi.example.com", 5*time.Second)}, sign: -1, next: 5*time.Second + time.Nanosecond},
+		{name: "CSI driver dropped, False: it agrees with the kubelet",
+			c: csiCond("csi.example.com", corev1.ConditionFalse, time.Minute), ev: evidence{driverGone: gone("csi.example.com", time.Minute)}, sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "CSI driver dropped, True written after: plugd runs (it left True while the kubelet writes CSINode)",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, 5*time.Second), ev: evidence{driverGone: gone("csi.example.com", time.Minute)}, sign: -1, next: b.staleAfter - 5*time.Second + time.Nanosecond},
+		{name: "another driver dropped: nothing of this one",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: gone("csi.other.com", time.Minute)}, sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "a driver listed (zero): nothing",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: map[string]time.Time{"csi.example.com": {}}}, sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "a device plugin of a dropped CSI driver's name: not a CSI driver",
+			c: cond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: gone("csi.example.com", time.Minute)}, sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "CSINode sign off",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{driverGone: gone("csi.example.com", time.Minute)}, csiOff: true, sign: -1, next: b.staleAfter - time.Minute + time.Nanosecond},
+		{name: "both signs: the pod's is named",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{podDown: ago(50 * time.Second), driverGone: gone("csi.example.com", 30*time.Second)}, sign: pod},
+		{name: "CSI due before the pod: the first due is next",
+			c: csiCond("csi.example.com", corev1.ConditionTrue, time.Minute), ev: evidence{podDown: ago(10 * time.Second), driverGone: gone("csi.example.com", 5*time.Second)}, sign: -1, next: 5*time.Second + time.Nanosecond},
+		{name: "pod Ready, heartbeat past its bound: NotMaintained",
+			c: cond("a", corev1.ConditionTrue, 12*time.Minute), sign: stale},
+		{name: "Unknown: nothing, whatever the signs",
+			c: csiCond("csi.example.com", corev1.ConditionUnknown, time.Hour), ev: evidence{podDown: ago(time.Hour), driverGone: gone("csi.example.com", time.Hour)}, sign: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bb := b
+			if tc.csiOff {
+				bb.csiGrace = 0
+			}
+			n := node([]metav1.ManagedFieldsEntry{managed("plugd", string(tc.c.Type))}, tc.c)
+			marks, next := look(n, t0, bb, map[string]sighting{}, tc.ev)
+			if tc.sign < 0 {
+				if len(marks) != 0 {
+					t.Fatalf("marked: %+v", marks)
+				}
+				var want time.Time
+				if tc.next != 0 {
+					want = t0.Add(tc.next)
+				}
+				if !next.Equal(want) {
+					t.Errorf("next = %v, want %v", next.Sub(t0), tc.next)
+				}
+				return
+			}
+			if len(marks) != 1 || marks[0].sign != tc.sign {
+				t.Fatalf("marks %+v, want one by sign %s", marks, tc.sign)
+			}
+			m := marks[0]
+			wantReason, wantSince := nodecond.ReasonPlugdNotRunning, tc.ev.podDown
+			switch tc.sign {
+			case stale:
+				wantReason, wantSince = nodecond.ReasonNotMaintained, tc.c.LastHeartbeatTime.Time
+			case csi:
+				wantSince = tc.ev.driverGone["csi.example.com"]
+			}
+			if m.reason != wantReason || !m.since.Equal(wantSince) {
+				t.Errorf("mark %+v, want reason %s since %v", m, wantReason, wantSince)
+			}
+			got := unmaintained(tc.c, m, t0)
+			if got.Status != corev1.ConditionUnknown || got.Reason != wantReason || !strings.Contains(got.Message, m.sign.words(m.since)) ||
+				!strings.HasSuffix(got.Message, "(marked by plugd's caretaker)") {
+				t.Errorf("marked as %+v", got)
+			}
+		})
+	}
+}
+
+// What the caretaker makes of plugd's pods on a node, seen one state after
+// another: a pod of the same DaemonSet Ready again before the grace ends
+// (a rolling update: the old deleted, the new created, then Ready) clears
+// the sign; a node where it never saw a pod has none (plugd outside a
+// pod); a pod seen first not Ready counts from then.
+func TestPodSighting(t *testing.T) {
+	ready := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	}
+	notReady := func(name string) *corev1.Pod {
+		p := ready(name)
+		p.Status.Conditions[0].Status = corev1.ConditionFalse
+		return p
+	}
+	deleting := func(name string) *corev1.Pod {
+		p := ready(name)
+		p.DeletionTimestamp = &metav1.Time{Time: t0}
+		return p
+	}
+	type step struct {
+		pods []*corev1.Pod
+		down time.Duration // after t0; -1: not down
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step // one a second from t0
+	}{
+		{"never a pod: nothing, ever", []step{{nil, -1}, {nil, -1}}},
+		{"a rolling update: deleted, gone, new, Ready", []step{
+			{[]*corev1.Pod{ready("old")}, -1}, {[]*corev1.Pod{deleting("old")}, time.Second}, {nil, time.Second},
+			{[]*corev1.Pod{notReady("new")}, time.Second}, {[]*corev1.Pod{ready("new")}, -1}}},
+		{"a surge: the new one Ready while the old goes", []step{
+			{[]*corev1.Pod{ready("old")}, -1}, {[]*corev1.Pod{deleting("old"), ready("new")}, -1}, {[]*corev1.Pod{ready("new")}, -1}}},
+		{"gone for good: down since it went", []step{{[]*corev1.Pod{ready("a")}, -1}, {nil, time.Second}, {nil, time.Second}}},
+		{"crash-looping when first seen: from then", []step{{[]*corev1.Pod{notReady("a")}, 0}, {[]*corev1.Pod{notReady("a")}, 0}}},
+		{"a pod with no Ready condition yet: not Ready", []step{{[]*corev1.Pod{ready("a")}, -1}, {[]*corev1.Pod{{}}, time.Second}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s podSighting
+			for i, st := range tc.steps {
+				s = s.update(st.pods, t0.Add(time.Duration(i)*time.Second))
+				var want time.Time
+				if st.down >= 0 {
+					want = t0.Add(st.down)
+				}
+				if !s.down.Equal(want) {
+					t.Fatalf("step %d: down %v, want %v", i, s.down, want)
+				}
+			}
+		})
+	}
+}
+
+// The caretaker records a driver dropped from CSINode when it saw it
+// listed before: not one it never saw there (plugd managing, no kubelet
+// writing CSINode), and a driver listed again clears it.
+func TestUpdateDrivers(t *testing.T) {
+	gone := map[string]time.Time{}
+	updateDrivers(gone, nil, t0)
+	if len(gone) != 0 {
+		t.Fatalf("nothing listed, ever: %v", gone)
+	}
+	updateDrivers(gone, []string{"a", "b"}, t0)
+	updateDrivers(gone, []string{"b"}, t0.Add(time.Second))
+	updateDrivers(gone, []string{"b"}, t0.Add(2*time.Second)) // still gone: since the first
+	if !gone["a"].Equal(t0.Add(time.Second)) || !gone["b"].IsZero() {
+		t.Errorf("a dropped, b listed: %v", gone)
+	}
+	updateDrivers(gone, nil, t0.Add(3*time.Second)) // the CSINode deleted
+	updateDrivers(gone, []string{"a"}, t0.Add(4*time.Second))
+	if !gone["a"].IsZero() || !gone["b"].Equal(t0.Add(3*time.Second)) {
+		t.Errorf("a back, b dropped: %v", gone)
 	}
 }

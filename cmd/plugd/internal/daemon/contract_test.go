@@ -73,7 +73,7 @@ func TestThirdPartyDetails(t *testing.T) {
 	}
 	// The node agent is given the very value the handler returned.
 	for _, kp := range r.d.kubePlugins() {
-		if kp.Socket == filepath.Join(r.dir, "g.sock") {
+		if kp.Path == filepath.Join(r.dir, "g.sock") {
 			if d, ok := kp.Details.(greeting); !ok || d.Greeted != "g" || !kp.Answering || kp.Type != "example.com/Greeter" {
 				t.Errorf("the node agent's input for g.sock = %+v", kp)
 			}

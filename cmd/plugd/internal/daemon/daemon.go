@@ -96,7 +96,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + version.String(),
 			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
 			HeartbeatInterval: time.Duration(k.HeartbeatInterval), Kubelet: k.kubeletConfig(),
-			RegistryDir: cfg.RegistryDir, Plugins: d.kubePlugins, Scanned: d.m.Synced(), Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
+			RegistryDir: cfg.RegistryDir, Sockets: d.kubePlugins, Scanned: d.m.Synced(), Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
 		})
 		if err != nil {
 			d.closeHandlers()
@@ -168,11 +168,11 @@ func answering(s pluginmanager.PluginStatus) bool {
 // kubePlugins is the node agent's input: the node's plugins as the
 // manager's snapshot has them, each with what its handler says of it, from
 // which the node agent reads the facts it holds against the kubelet's.
-func (d *Daemon) kubePlugins() []kubenode.Plugin {
-	var out []kubenode.Plugin
+func (d *Daemon) kubePlugins() []kubenode.Socket {
+	var out []kubenode.Socket
 	for _, s := range d.m.Plugins() {
 		s, _ = identify(s)
-		out = append(out, kubenode.Plugin{Socket: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
+		out = append(out, kubenode.Socket{Path: s.Socket, Type: s.Type, Name: s.Name, State: string(s.State),
 			Answering: answering(s), Unsettled: s.State == pluginmanager.StatePending || s.State == pluginmanager.StateRegistering,
 			Created: s.Created, Details: d.details(s.Plugin)})
 	}

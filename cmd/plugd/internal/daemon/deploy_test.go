@@ -91,6 +91,8 @@ type manifests struct {
 		serviceAccounts []corev1.ServiceAccount
 		clusterRoles    []rbacv1.ClusterRole
 		bindings        []rbacv1.ClusterRoleBinding
+		roles           []rbacv1.Role // in plugd's namespace: its pods
+		roleBindings    []rbacv1.RoleBinding
 		deployments     []appsv1.Deployment
 	}
 }
@@ -129,6 +131,12 @@ func loadManifests(t *testing.T, manifestPath string) manifests {
 		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			ct.bindings = append(ct.bindings, rbacv1.ClusterRoleBinding{})
 			obj = &ct.bindings[len(ct.bindings)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 Role":
+			ct.roles = append(ct.roles, rbacv1.Role{})
+			obj = &ct.roles[len(ct.roles)-1]
+		case meta.Metadata.Name == caretakerName && kind == "rbac.authorization.k8s.io/v1 RoleBinding":
+			ct.roleBindings = append(ct.roleBindings, rbacv1.RoleBinding{})
+			obj = &ct.roleBindings[len(ct.roleBindings)-1]
 		case meta.Metadata.Name == caretakerName && kind == "apps/v1 Deployment":
 			ct.deployments = append(ct.deployments, appsv1.Deployment{})
 			obj = &ct.deployments[len(ct.deployments)-1]
@@ -248,8 +256,9 @@ func checkBinding(t *testing.T, b rbacv1.ClusterRoleBinding, role string, sa cor
 const caretakerName = "plugd-caretaker"
 
 // The caretaker's objects: a Deployment of one plugd caretaker whose args
-// it accepts, its own ServiceAccount, and a ClusterRole, bound to it, that
-// grants reading Nodes and patching their status, and nothing more.
+// it accepts, its own ServiceAccount, a ClusterRole, bound to it, that
+// grants reading Nodes and CSINodes and patching Nodes' status, and a Role
+// to watch plugd's pods in its namespace, and nothing more.
 func TestCaretakerManifest(t *testing.T) {
 	m := loadManifests(t, manifestPath)
 	ct := m.caretaker
@@ -257,10 +266,20 @@ func TestCaretakerManifest(t *testing.T) {
 		t.Fatalf("%s: want the caretaker's ServiceAccount, ClusterRole, binding and Deployment; have %d, %d, %d and %d", manifestPath,
 			len(ct.serviceAccounts), len(ct.clusterRoles), len(ct.bindings), len(ct.deployments))
 	}
-	if got, want := rules(ct.clusterRoles[0].Rules), []string{" nodes get", " nodes list", " nodes watch", " nodes/status patch"}; !slices.Equal(got, want) {
+	if got, want := rules(ct.clusterRoles[0].Rules), []string{" nodes get", " nodes list", " nodes watch", " nodes/status patch", "storage.k8s.io csinodes list", "storage.k8s.io csinodes watch"}; !slices.Equal(got, want) {
 		t.Errorf("ClusterRole %s grants %q; the caretaker needs exactly %q", ct.clusterRoles[0].Name, got, want)
 	}
 	checkBinding(t, ct.bindings[0], ct.clusterRoles[0].Name, ct.serviceAccounts[0])
+	// plugd's pods, in plugd's namespace only (a Role, not a ClusterRole).
+	if len(ct.roles) != 1 || len(ct.roleBindings) != 1 {
+		t.Fatalf("%s: want the caretaker's Role and RoleBinding; have %d and %d", manifestPath, len(ct.roles), len(ct.roleBindings))
+	}
+	if got, want := rules(ct.roles[0].Rules), []string{" pods list", " pods watch"}; !slices.Equal(got, want) || ct.roles[0].Namespace != m.serviceAccounts[0].Namespace {
+		t.Errorf("Role %s/%s grants %q; the caretaker needs exactly %q in plugd's namespace", ct.roles[0].Namespace, ct.roles[0].Name, got, want)
+	}
+	if rb := ct.roleBindings[0]; rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != ct.roles[0].Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != ct.serviceAccounts[0].Name {
+		t.Errorf("RoleBinding %s: %+v %+v", rb.Name, rb.RoleRef, rb.Subjects)
+	}
 	d := ct.deployments[0]
 	pod := d.Spec.Template.Spec
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || pod.ServiceAccountName != ct.serviceAccounts[0].Name || len(pod.Containers) != 1 {

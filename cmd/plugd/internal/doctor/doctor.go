@@ -471,6 +471,8 @@ func (c *checker) kubeletAccess() {
 		f.Remedy = "turn on the kubelet's webhook authentication and authorization (authentication.webhook.enabled: true and authorization.mode: Webhook in its KubeletConfiguration), as metrics-server needs too"
 	case "KubeletTLS":
 		f.Remedy = "give plugd the kubelet's CA: a self-signed kubelet certificate is /var/lib/kubelet/pki/kubelet.crt; mount that file read-only and set kubernetes.kubelet.caFile to it; or turn on the kubelet's serverTLSBootstrap so that the cluster CA signs it; set kubernetes.kubelet.serverName if the certificate holds another name than the node's. insecureSkipTLSVerify is the last resort"
+	case "KubeletMetricMissing":
+		f.Remedy = "the kubelet's plugin_manager_total_plugins is an ALPHA metric, and this kubelet renamed or dropped it: check its name (kubectl get --raw /api/v1/nodes/NODE/proxy/metrics | grep plugin_manager) and report the kubelet's version to plugd's maintainers; until then plugd infers, and says Inferred"
 	case "KubeletDisabled":
 		f.Remedy = "set kubernetes.kubelet.address to the kubelet's secure port (the DaemonSet sets it from the node's IP)"
 	default:

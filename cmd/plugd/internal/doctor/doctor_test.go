@@ -277,6 +277,10 @@ func TestKubeletTruth(t *testing.T) {
 		t.Errorf("stale entries beyond those told one by one: %+v", got)
 	}
 
+	in.Kubelet = &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletMetricMissing", Message: "no plugin_manager_total_plugins"}
+	if got := findings(Check(context.Background(), in), "kubelet-unreadable", ""); len(got) != 1 || !strings.Contains(got[0].Summary, "(KubeletMetricMissing)") || !strings.Contains(got[0].Remedy, "ALPHA") {
+		t.Errorf("a kubelet that renamed its metric: %+v", got)
+	}
 	in.Kubelet = &KubeletAccess{Address: "10.0.0.1:10250", Reason: "KubeletNotRunning", Message: "refused"}
 	if got := findings(Check(context.Background(), in), "kubelet-not-running", ""); len(got) != 1 || got[0].Severity != api.SeverityError {
 		t.Errorf("kubelet-not-running: %+v", got)

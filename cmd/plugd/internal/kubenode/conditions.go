@@ -160,7 +160,7 @@ func reservedTaintKey(key string) bool {
 }
 
 // verdict is what an expected plugin's condition should say.
-type verdict struct {
+type conditionVerdict struct {
 	status  corev1.ConditionStatus
 	reason  string
 	message string
@@ -173,20 +173,20 @@ type verdict struct {
 // condition is then left alone. The message never holds
 // anything that changes without the verdict changing (times, errors'
 // text), so that a plugin that stays as it is costs no writes.
-func judge(e Expectation, socks []Plugin, unasked bool, v view, registryDir string) (verdict, bool) {
-	no := func(reason, text string) (verdict, bool) {
-		return verdict{corev1.ConditionFalse, reason, nodecond.Message(e.Type, e.Name, text)}, true
+func judge(e Expectation, socks []Socket, unasked bool, v view, registryDir string) (conditionVerdict, bool) {
+	no := func(reason, text string) (conditionVerdict, bool) {
+		return conditionVerdict{corev1.ConditionFalse, reason, nodecond.Message(e.Type, e.Name, text)}, true
 	}
 	if v.Reason == ReasonTopologyConflict {
 		return no(ReasonTopologyConflict, v.Message)
 	}
 	if len(socks) == 0 {
 		if unasked {
-			return verdict{}, false
+			return conditionVerdict{}, false
 		}
 		return no(ReasonSocketMissing, fmt.Sprintf("no registration socket of it in %s", registryDir))
 	}
-	var answering *Plugin
+	var answering *Socket
 	for i := range socks {
 		if socks[i].Answering {
 			answering = &socks[i]
@@ -194,30 +194,30 @@ func judge(e Expectation, socks []Plugin, unasked bool, v view, registryDir stri
 		}
 	}
 	if answering == nil {
-		if slices.ContainsFunc(socks, func(p Plugin) bool { return p.Unsettled }) {
-			return verdict{}, false // just found: plugd looks at it first
+		if slices.ContainsFunc(socks, func(p Socket) bool { return p.Unsettled }) {
+			return conditionVerdict{}, false // just found: plugd looks at it first
 		}
 		var states []string
 		for _, p := range socks {
-			states = append(states, fmt.Sprintf("%s is %s", p.Socket, p.State))
+			states = append(states, fmt.Sprintf("%s is %s", p.Path, p.State))
 		}
 		return no(ReasonNotAnswering, "its socket does not answer: "+strings.Join(states, ", "))
 	}
 	switch {
 	case v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason):
-		return verdict{}, false
+		return conditionVerdict{}, false
 	case v.State == api.KubeletRegistered && v.Reason == "NotInCSINode":
 		// The kubelet holds it and is writing CSINode: it adds the entry as
 		// it registers the driver (and drops it for a moment when it
 		// registers one again). A registration whose CSINode update fails
 		// leaves its actual state: then it is not registered.
-		return verdict{}, false
+		return conditionVerdict{}, false
 	case v.State == api.KubeletNotRegistered:
 		return no(ReasonKubeletNotRegistered, "its socket answers, but the kubelet has not registered it: "+v.Message)
 	case v.State == api.KubeletUnknown, v.Reason == "NodeIDMismatch":
 		return no(v.Reason, v.Message)
 	}
-	reason, text := ReasonReady, "registered with the kubelet, socket "+answering.Socket+" answers"
+	reason, text := ReasonReady, "registered with the kubelet, socket "+answering.Path+" answers"
 	if v.Reason == ReasonInferred {
 		reason, text = ReasonInferred, text+" (inferred from API objects: plugd cannot read the kubelet's own state)"
 	}
@@ -234,7 +234,7 @@ func judge(e Expectation, socks []Plugin, unasked bool, v view, registryDir stri
 		}
 		text += fmt.Sprintf(", %d healthy devices", healthy)
 	}
-	return verdict{corev1.ConditionTrue, reason, nodecond.Message(e.Type, e.Name, text)}, true
+	return conditionVerdict{corev1.ConditionTrue, reason, nodecond.Message(e.Type, e.Name, text)}, true
 }
 
 // conditionsPatch is the strategic merge patch of the Node's status that
@@ -274,7 +274,7 @@ func unexpected(n *corev1.Node, expect []Expectation) []string {
 }
 
 // entry is one of the Node's conditions and its place in the list.
-type entry struct {
+type conditionEntry struct {
 	index int
 	c     corev1.NodeCondition
 }
@@ -288,8 +288,8 @@ type entry struct {
 // first of a type plugd expects, and every one of a type it no longer
 // expects that has entries of others too (deleting the type would take
 // those).
-func extras(n *corev1.Node, expect []Expectation) []entry {
-	var out []entry
+func extras(n *corev1.Node, expect []Expectation) []conditionEntry {
+	var out []conditionEntry
 	mine, mixed := nodecond.ManagedTypes(n, fieldManager), mixedTypes(n)
 	seen := map[string]bool{}
 	for i, c := range n.Status.Conditions {
@@ -300,7 +300,7 @@ func extras(n *corev1.Node, expect []Expectation) []entry {
 			continue
 		}
 		if exp := expected(expect, typ); exp && !first || !exp && mixed[typ] {
-			out = append(out, entry{i, c})
+			out = append(out, conditionEntry{i, c})
 		}
 	}
 	return out
@@ -335,9 +335,9 @@ func expected(expect []Expectation, typ string) bool {
 // each after a test that the entry is still the one plugd saw there
 // (what the informer keeps of it: a cut reason or message is not tested):
 // a list changed since fails the patch instead of removing another's.
-func removalPatch(es []entry) ([]byte, error) {
+func removalPatch(es []conditionEntry) ([]byte, error) {
 	es = slices.Clone(es)
-	slices.SortFunc(es, func(a, b entry) int { return b.index - a.index })
+	slices.SortFunc(es, func(a, b conditionEntry) int { return b.index - a.index })
 	var ops []map[string]any
 	for _, e := range es {
 		at := fmt.Sprintf("/status/conditions/%d", e.index)
@@ -357,7 +357,7 @@ func removalPatch(es []entry) ([]byte, error) {
 // nodeCondition is v as the Node condition of type typ, given the one the
 // Node has now (nil if none): its transition time moves only when its
 // status does.
-func nodeCondition(typ string, v verdict, cur *corev1.NodeCondition, now time.Time) corev1.NodeCondition {
+func nodeCondition(typ string, v conditionVerdict, cur *corev1.NodeCondition, now time.Time) corev1.NodeCondition {
 	c := corev1.NodeCondition{
 		Type: corev1.NodeConditionType(typ), Status: v.status, Reason: v.reason, Message: v.message,
 		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(now),
@@ -382,7 +382,7 @@ func findCondition(n *corev1.Node, typ string) *corev1.NodeCondition {
 }
 
 // sameVerdict says the Node's condition already says v.
-func sameVerdict(c *corev1.NodeCondition, v verdict) bool {
+func sameVerdict(c *corev1.NodeCondition, v conditionVerdict) bool {
 	return c != nil && c.Status == v.status && c.Reason == v.reason && c.Message == v.message
 }
 

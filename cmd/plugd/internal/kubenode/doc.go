@@ -15,16 +15,23 @@
 // (permission, TLS, no answer), what it registered is inferred from those
 // objects, and every view and condition says Inferred.
 //
-// Files by job: input.go is what the daemon gives it (each socket as the
-// manager's snapshot has it, with its handler's details, the types of
-// package api from which it reads a CSI driver's node id and topology and a
-// device plugin's healthy devices), kubelet.go reads the kubelet,
-// kubeletpeer.go establishes that what answers at its address is the
-// kubelet, kubeletwatch.go says when (a held connection, reads that follow change, a
-// slow resync), view.go says what the kubelet made of a plugin,
-// conditions.go what its condition says, loop.go evaluates and writes,
-// events.go records events and disagreements, source.go reads the API's
-// objects, status.go is what the daemon and the doctor read back.
+// Files by job. The walk from a kubelet fact to the Node PATCH reads top
+// down in three: gather.go (Run, and one evaluation's facts: the sockets,
+// the informers' snapshot, the kubelet's evidence, the views they make,
+// the clock), decide.go (decide: a pure function from the facts and the
+// loop's memory to a plan: conditions to set and drop, the taint, events,
+// logs, metrics, the reads of the kubelet wished for, the next wake-up,
+// the new memory) and act.go (the plan carried out, then the memory
+// kept). Beside them: input.go is what the daemon gives it (Socket: each
+// registration socket as the manager's snapshot has it, with its
+// handler's details, the types of package api from which it reads a CSI
+// driver's node id and topology and a device plugin's healthy devices);
+// package kubeletstate reads the kubelet, checks who answers at its
+// address, says when to read, and keeps what the reads showed (Evidence);
+// view.go says what the kubelet made of a plugin; conditions.go what its
+// condition says (judge) and the patches; events.go sends events;
+// source.go reads the API's objects; status.go is what the daemon and the
+// doctor read back; timing.go is the table of its timing constants.
 //
 // It writes only on change, and for a heartbeat: a condition is patched
 // (strategic merge on nodes/status, so that every condition of others

@@ -3,15 +3,12 @@ package kubenode
 import (
 	"context"
 	"fmt"
-	"slices"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 
-	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -97,86 +94,4 @@ func (s eventSink) write(ctx context.Context, patch bool, do func(context.Contex
 		s.n.noteWrite(s.n.eventWrite, err, s.n.clock.Now())
 	}
 	return e, err
-}
-
-// The kinds of disagreement between the kubelet and the sockets, the
-// causes of KubeletDisagrees events.
-const (
-	causeNotTakenUp = "NotRegistered"     // a socket answers; the kubelet has not registered it
-	causeDeadHeld   = "SocketNotServed"   // the kubelet has it; no socket of it answers
-	causeStaleEntry = "StaleCSINodeEntry" // CSINode lists a driver the running kubelet does not hold
-)
-
-// disagreement is a plugin whose socket and kubelet view disagree, for one
-// cause.
-type disagreement struct {
-	since    time.Time
-	reported bool
-}
-
-type disagreementKey struct {
-	plugin key
-	cause  string
-}
-
-// disagreements records an event for each plugin whose socket and kubelet
-// view have disagreed for the grace period, once per disagreement, and
-// returns when the next one is due. A view that cannot be read (the API or
-// the kubelet unreachable) neither starts nor ends a disagreement: one that
-// outlasts an outage is still the one it was, and is not told again. stale
-// are the CSINode entries the running kubelet does not hold (none unless
-// kubeletLive).
-func (l *loop) disagreements(now time.Time, socks map[key][]Plugin, views map[key]view, stale []staleEntry, kubeletLive bool, node *corev1.Node) time.Time {
-	var next time.Time
-	current := map[disagreementKey]string{}
-	unknown := map[key]bool{}
-	for k, v := range views {
-		if k.typ != TypeCSI && k.typ != TypeDevice && k.typ != TypeDRA {
-			continue
-		}
-		if v.State == api.KubeletUnknown && slices.Contains(apiReasons, v.Reason) {
-			unknown[k] = true
-			continue
-		}
-		answering := slices.ContainsFunc(socks[k], func(p Plugin) bool { return p.Answering })
-		switch {
-		case answering && v.State == api.KubeletNotRegistered:
-			current[disagreementKey{k, causeNotTakenUp}] = "its socket answers, but the kubelet has not registered it: " + v.Message
-		case !answering && v.State == api.KubeletRegistered && !(k.typ == TypeDevice && !v.healthyFresh && v.healthy == 0):
-			// A device plugin that went keeps its capacity for the
-			// kubelet's grace period, with nothing allocatable: the
-			// kubelet has let it go, and agrees.
-			has := "the kubelet has it (" + v.Message + ")"
-			if k.typ == TypeDRA && !kubeletLive {
-				has = v.Message // the evidence is the driver's slices: say so, and no more
-			}
-			current[disagreementKey{k, causeDeadHeld}] = has + ", but no socket of it answers"
-		}
-	}
-	for _, e := range stale {
-		current[disagreementKey{key{TypeCSI, e.driver}, causeStaleEntry}] = e.message
-	}
-	for dk, text := range current {
-		d := l.disagree[dk]
-		if d == nil {
-			d = &disagreement{since: now}
-			l.disagree[dk] = d
-		}
-		switch due := d.since.Add(l.n.grace); {
-		case d.reported:
-		case !now.Before(due):
-			d.reported = true
-			l.record(node, event{corev1.EventTypeWarning, "KubeletDisagrees", dk.plugin, dk.cause,
-				fmt.Sprintf("%s: for %s, %s", dk.plugin, now.Sub(d.since).Round(time.Second), text)})
-		default:
-			next = earliest(next, due)
-		}
-	}
-	for dk := range l.disagree {
-		// Stale entries are known only while the kubelet can be read.
-		if _, ok := current[dk]; !ok && !unknown[dk.plugin] && (kubeletLive || dk.cause != causeStaleEntry) {
-			delete(l.disagree, dk)
-		}
-	}
-	return next
 }

@@ -7,13 +7,17 @@ import (
 	"github.com/plugd/plugd/api"
 )
 
-// Plugin is one registration socket as plugd sees it, and what its handler
-// says of it: the node agent's input (Config.Plugins), which the daemon
-// builds from the manager's snapshot.
-type Plugin struct {
-	Socket string
-	Type   string
-	Name   string
+// Socket is one registration socket as plugd sees it, and what its
+// handler says of it: the node agent's input (Config.Sockets), which the
+// daemon builds from the manager's snapshot. (Not a plugin: a plugin may
+// have several sockets, during a rolling restart, and a socket may be no
+// one's yet.)
+type Socket struct {
+	// Path is the socket file's path, in plugd's view of the registry
+	// directory.
+	Path string
+	Type string
+	Name string
 	// State is plugd's state of the socket (Registered, Answering, Stale...).
 	State string
 	// Answering says the socket is served and its plugin answers: Registered
@@ -38,7 +42,7 @@ type Plugin struct {
 
 // nodeInfo is what a CSI driver's NodeGetInfo answered, as its handler
 // recorded it; empty if the handler does not ask.
-func (p Plugin) nodeInfo() (nodeID string, topology map[string]string) {
+func (p Socket) nodeInfo() (nodeID string, topology map[string]string) {
 	if d, ok := p.Details.(api.CSIDetails); ok {
 		return d.NodeID, d.Topology
 	}
@@ -49,7 +53,7 @@ func (p Plugin) nodeInfo() (nodeID string, topology map[string]string) {
 // there are, how many are healthy, and when it saw them (zero: a stream
 // the handler keeps, current). known is false if the handler does not
 // say.
-func (p Plugin) devices() (healthy, devices int, at time.Time, known bool) {
+func (p Socket) devices() (healthy, devices int, at time.Time, known bool) {
 	var byHealth map[string]int
 	switch d := p.Details.(type) {
 	case api.DevicePluginDetails:
@@ -70,7 +74,7 @@ func (p Plugin) devices() (healthy, devices int, at time.Time, known bool) {
 }
 
 // nodeIDs are the node ids a CSI driver's sockets answered, each once.
-func nodeIDs(socks []Plugin) []string {
+func nodeIDs(socks []Socket) []string {
 	var said []string
 	for _, p := range socks {
 		if id, _ := p.nodeInfo(); id != "" && !slices.Contains(said, id) {
@@ -83,7 +87,7 @@ func nodeIDs(socks []Plugin) []string {
 // deviceCounts is a device plugin's devices as its handler sees them, from
 // the socket that reports the most healthy ones (the serving instance,
 // during a rolling update).
-func deviceCounts(socks []Plugin) (healthy, devices int, at time.Time, known bool) {
+func deviceCounts(socks []Socket) (healthy, devices int, at time.Time, known bool) {
 	for _, p := range socks {
 		if !p.Answering {
 			continue

@@ -43,20 +43,20 @@ func TestFactsFromDetails(t *testing.T) {
 	withTopology.Topology = topology
 	for _, tc := range []struct {
 		name     string
-		p        Plugin
+		p        Socket
 		nodeID   string
 		topology int
 		devices  string // healthy/all@at, or "" when unknown
 	}{
-		{"csi", Plugin{Type: TypeCSI, Details: withTopology}, "node-a", 1, ""},
-		{"csi before NodeGetInfo", Plugin{Type: TypeCSI, Details: api.CSIDetails{Driver: "csi.example.com"}}, "", 0, ""},
-		{"device stream", Plugin{Type: TypeDevice, Details: streamed(3, 1)}, "", 0, "3/4@0"},
-		{"device look", Plugin{Type: TypeDevice, Details: looked(at, 1, 1)}, "", 0, "1/2@" + at.Format(time.RFC3339)},
-		{"a look that saw no list", Plugin{Type: TypeDevice, Details: api.DevicePluginObserved{Observed: true, LastError: "refused"}}, "", 0, ""},
-		{"other health than Healthy", Plugin{Type: TypeDevice, Details: api.DevicePluginDetails{Devices: map[string]int{"Broken": 2, api.DeviceHealthy: 1}}}, "", 0, "1/3@0"},
-		{"a hook's run", Plugin{Type: TypeCSI, Details: api.HookRun{Event: "register", Result: "accepted"}}, "", 0, ""},
-		{"a handler of one's own", Plugin{Type: TypeDevice, Details: map[string]any{"devices": 9}}, "", 0, ""},
-		{"no details", Plugin{Type: TypeDevice}, "", 0, ""},
+		{"csi", Socket{Type: TypeCSI, Details: withTopology}, "node-a", 1, ""},
+		{"csi before NodeGetInfo", Socket{Type: TypeCSI, Details: api.CSIDetails{Driver: "csi.example.com"}}, "", 0, ""},
+		{"device stream", Socket{Type: TypeDevice, Details: streamed(3, 1)}, "", 0, "3/4@0"},
+		{"device look", Socket{Type: TypeDevice, Details: looked(at, 1, 1)}, "", 0, "1/2@" + at.Format(time.RFC3339)},
+		{"a look that saw no list", Socket{Type: TypeDevice, Details: api.DevicePluginObserved{Observed: true, LastError: "refused"}}, "", 0, ""},
+		{"other health than Healthy", Socket{Type: TypeDevice, Details: api.DevicePluginDetails{Devices: map[string]int{"Broken": 2, api.DeviceHealthy: 1}}}, "", 0, "1/3@0"},
+		{"a hook's run", Socket{Type: TypeCSI, Details: api.HookRun{Event: "register", Result: "accepted"}}, "", 0, ""},
+		{"a handler of one's own", Socket{Type: TypeDevice, Details: map[string]any{"devices": 9}}, "", 0, ""},
+		{"no details", Socket{Type: TypeDevice}, "", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id, topo := tc.p.nodeInfo()
@@ -95,18 +95,18 @@ func TestViewsFromTypedDetails(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		k      key
-		socks  []Plugin
+		socks  []Socket
 		reason string
 	}{
-		{"the node id CSINode holds", csi, []Plugin{{Socket: "/r/csi.sock", Answering: true, Details: csiSaid("node-a")}}, ReasonInferred},
-		{"another node id", csi, []Plugin{{Socket: "/r/csi.sock", Answering: true, Details: csiSaid("node-b")}}, "NodeIDMismatch"},
-		{"as many healthy as allocatable", gpu, []Plugin{{Socket: "/r/gpu.sock", Answering: true, Details: streamed(2, 0)}}, ReasonInferred},
-		{"fewer healthy than allocatable", gpu, []Plugin{{Socket: "/r/gpu.sock", Answering: true, Details: streamed(1, 1)}}, "AllocatableMismatch"},
-		{"the old instance has fewer", gpu, []Plugin{
-			{Socket: "/r/gpu-old.sock", Answering: true, Details: streamed(0, 2)},
-			{Socket: "/r/gpu.sock", Answering: true, Details: streamed(2, 0)}}, ReasonInferred},
-		{"a look from before the Node's report", gpu, []Plugin{{Socket: "/r/gpu.sock", Answering: true, Details: looked(time.Unix(50, 0), 1, 1)}}, ReasonInferred},
-		{"a look from after it", gpu, []Plugin{{Socket: "/r/gpu.sock", Answering: true, Details: looked(time.Unix(150, 0), 1, 1)}}, "AllocatableMismatch"},
+		{"the node id CSINode holds", csi, []Socket{{Path: "/r/csi.sock", Answering: true, Details: csiSaid("node-a")}}, ReasonInferred},
+		{"another node id", csi, []Socket{{Path: "/r/csi.sock", Answering: true, Details: csiSaid("node-b")}}, "NodeIDMismatch"},
+		{"as many healthy as allocatable", gpu, []Socket{{Path: "/r/gpu.sock", Answering: true, Details: streamed(2, 0)}}, ReasonInferred},
+		{"fewer healthy than allocatable", gpu, []Socket{{Path: "/r/gpu.sock", Answering: true, Details: streamed(1, 1)}}, "AllocatableMismatch"},
+		{"the old instance has fewer", gpu, []Socket{
+			{Path: "/r/gpu-old.sock", Answering: true, Details: streamed(0, 2)},
+			{Path: "/r/gpu.sock", Answering: true, Details: streamed(2, 0)}}, ReasonInferred},
+		{"a look from before the Node's report", gpu, []Socket{{Path: "/r/gpu.sock", Answering: true, Details: looked(time.Unix(50, 0), 1, 1)}}, ReasonInferred},
+		{"a look from after it", gpu, []Socket{{Path: "/r/gpu.sock", Answering: true, Details: looked(time.Unix(150, 0), 1, 1)}}, "AllocatableMismatch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range tc.socks {

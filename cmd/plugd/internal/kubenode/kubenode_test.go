@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/nodecond"
 )
 
@@ -52,42 +53,42 @@ func csiNode(drivers ...storagev1.CSINodeDriver) *storagev1.CSINode {
 // kubelet itself.
 func TestInferredView(t *testing.T) {
 	down := &Problem{Reason: ReasonAPIUnavailable, Message: "cannot list: connection refused"}
-	csi := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, Details: csiSaid("node-a")}
-	gpu := Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, Details: streamed(2, 0)}
+	csi := Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Answering: true, Details: csiSaid("node-a")}
+	gpu := Socket{Path: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Answering: true, Details: streamed(2, 0)}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	older := gpu
 	older.Details = looked(t0.Add(-time.Minute), 2, 0)
 	for _, tc := range []struct {
 		name      string
 		k         key
-		socks     []Plugin
+		socks     []Socket
 		s         snapshot
 		state     string
 		reason    string
 		inMessage string
 		healthy   int
 	}{
-		{"csi registered", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+		{"csi registered", key{TypeCSI, "csi.example.com"}, []Socket{csi},
 			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "node-a"})}, api.KubeletRegistered, "", `nodeID "node-a"`, 0},
-		{"csi node id differs", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+		{"csi node id differs", key{TypeCSI, "csi.example.com"}, []Socket{csi},
 			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: "old"})}, api.KubeletRegistered, "NodeIDMismatch", `"old"`, 0},
-		{"csi not in drivers", key{TypeCSI, "csi.example.com"}, []Plugin{csi},
+		{"csi not in drivers", key{TypeCSI, "csi.example.com"}, []Socket{csi},
 			snapshot{csiNode: csiNode(storagev1.CSINodeDriver{Name: "other.example.com"})}, api.KubeletNotRegistered, "NotInCSINode", "other.example.com", 0},
-		{"no csinode", key{TypeCSI, "csi.example.com"}, []Plugin{csi}, snapshot{}, api.KubeletNotRegistered, "NoCSINode", "CSINode", 0},
-		{"csinode unreadable", key{TypeCSI, "csi.example.com"}, []Plugin{csi}, snapshot{csiProblem: down}, api.KubeletUnknown, ReasonAPIUnavailable, "connection refused", 0},
-		{"device registered", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+		{"no csinode", key{TypeCSI, "csi.example.com"}, []Socket{csi}, snapshot{}, api.KubeletNotRegistered, "NoCSINode", "CSINode", 0},
+		{"csinode unreadable", key{TypeCSI, "csi.example.com"}, []Socket{csi}, snapshot{csiProblem: down}, api.KubeletUnknown, ReasonAPIUnavailable, "connection refused", 0},
+		{"device registered", key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}, api.KubeletRegistered, "", "capacity 2", 2},
-		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+		{"device allocatable differs", key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"})}, api.KubeletRegistered, "AllocatableMismatch", "2 healthy of 2", 0},
-		{"device allocatable differs, the plugin's look older than the Node's", key{TypeDevice, "vendor.example/gpu"}, []Plugin{older},
+		{"device allocatable differs, the plugin's look older than the Node's", key{TypeDevice, "vendor.example/gpu"}, []Socket{older},
 			snapshot{node: reported(node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "1"}), t0)}, api.KubeletRegistered, "", "allocatable 1", 0},
 		{"device plugin gone, in the kubelet's grace", key{TypeDevice, "vendor.example/gpu"}, nil,
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "0"})}, api.KubeletRegistered, "", "grace period", 0},
-		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+		{"device not in capacity", key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu},
 			snapshot{node: node(nil, nil)}, api.KubeletNotRegistered, "NotInCapacity", "status.capacity", 0},
-		{"device capacity zero", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu},
+		{"device capacity zero", key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu},
 			snapshot{node: node(map[string]string{"vendor.example/gpu": "0"}, nil)}, api.KubeletNotRegistered, "CapacityZero", "dropped", 0},
-		{"no node", key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu}, snapshot{}, api.KubeletUnknown, "NodeMissing", "no Node", 0},
+		{"no node", key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu}, snapshot{}, api.KubeletUnknown, "NodeMissing", "no Node", 0},
 		{"dra slices", key{TypeDRA, "gpu.example.com"}, nil,
 			snapshot{slices: []*resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com"}}, {Spec: resourcev1.ResourceSliceSpec{Driver: "other"}}}}, api.KubeletRegistered, "", "1 ResourceSlices for driver gpu.example.com exist on node", 0},
 		{"dra no slices", key{TypeDRA, "gpu.example.com"}, nil, snapshot{}, api.KubeletUnknown, "NoResourceSlices", "not have published yet", 0},
@@ -104,7 +105,7 @@ func TestInferredView(t *testing.T) {
 	// plugin's healthy count is the Node's allocatable.
 	off := kubeletFacts{problem: &Problem{Reason: ReasonKubeletForbidden}}
 	s := snapshot{nodeName: "node-a", node: node(map[string]string{"vendor.example/gpu": "2"}, map[string]string{"vendor.example/gpu": "2"})}
-	v := kubeletView(key{TypeDevice, "vendor.example/gpu"}, []Plugin{gpu}, s, off, remembered{})
+	v := kubeletView(key{TypeDevice, "vendor.example/gpu"}, []Socket{gpu}, s, off, remembered{})
 	if v.State != api.KubeletRegistered || v.Reason != ReasonInferred || !strings.Contains(v.Message, "inferred from API objects") || v.healthy != 2 || v.healthyFresh {
 		t.Errorf("inferred device view = %+v", v)
 	}
@@ -123,37 +124,37 @@ func reported(n *corev1.Node, t time.Time) *corev1.Node {
 func TestJudge(t *testing.T) {
 	csi := Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady"}
 	gpu := Expectation{Type: TypeDevice, Name: "vendor.example/gpu", Condition: "c", MinHealthyDevices: 2}
-	up := Plugin{Socket: "/r/csi.sock", Answering: true, State: "Answering"}
-	stale := Plugin{Socket: "/r/csi.sock", State: "Stale"}
+	up := Socket{Path: "/r/csi.sock", Answering: true, State: "Answering"}
+	stale := Socket{Path: "/r/csi.sock", State: "Stale"}
 	reg := view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "in CSINode"}}
 	for _, tc := range []struct {
 		name   string
 		e      Expectation
-		socks  []Plugin
+		socks  []Socket
 		v      view
 		status corev1.ConditionStatus
 		reason string
 		ok     bool
 	}{
-		{"ready", csi, []Plugin{up}, reg, corev1.ConditionTrue, ReasonReady, true},
+		{"ready", csi, []Socket{up}, reg, corev1.ConditionTrue, ReasonReady, true},
 		{"no socket", csi, nil, reg, corev1.ConditionFalse, ReasonSocketMissing, true},
-		{"stale", csi, []Plugin{stale}, reg, corev1.ConditionFalse, ReasonNotAnswering, true},
-		{"kubelet lacks it", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered}}, corev1.ConditionFalse, ReasonKubeletNotRegistered, true},
-		{"node id", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch"}}, corev1.ConditionFalse, "NodeIDMismatch", true},
-		{"no slices", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices"}}, corev1.ConditionFalse, "NoResourceSlices", true},
-		{"api down: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}, "", "", false},
-		{"forbidden: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonForbidden}}, "", "", false},
-		{"inferred", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: ReasonInferred}}, corev1.ConditionTrue, ReasonInferred, true},
-		{"topology conflict, the registrar gone", csi, []Plugin{stale}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: "the driver reports"}}, corev1.ConditionFalse, ReasonTopologyConflict, true},
-		{"held, CSINode being written: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, "", "", false},
-		{"just found: left alone", csi, []Plugin{{Socket: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
-		{"kubelet not read yet: left alone", csi, []Plugin{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
-		{"enough devices", gpu, []Plugin{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet counts fewer", gpu, []Plugin{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"a streaming handler counts fewer than the Node", gpu, []Plugin{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"an old look counts fewer than the Node", gpu, []Plugin{{Answering: true, Details: looked(time.Unix(1, 0), 1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"the kubelet's live count is the truth", gpu, []Plugin{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet count alone", gpu, []Plugin{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"stale", csi, []Socket{stale}, reg, corev1.ConditionFalse, ReasonNotAnswering, true},
+		{"kubelet lacks it", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered}}, corev1.ConditionFalse, ReasonKubeletNotRegistered, true},
+		{"node id", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NodeIDMismatch"}}, corev1.ConditionFalse, "NodeIDMismatch", true},
+		{"no slices", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: "NoResourceSlices"}}, corev1.ConditionFalse, "NoResourceSlices", true},
+		{"api down: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}, "", "", false},
+		{"forbidden: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonForbidden}}, "", "", false},
+		{"inferred", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: ReasonInferred}}, corev1.ConditionTrue, ReasonInferred, true},
+		{"topology conflict, the registrar gone", csi, []Socket{stale}, view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: "the driver reports"}}, corev1.ConditionFalse, ReasonTopologyConflict, true},
+		{"held, CSINode being written: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, "", "", false},
+		{"just found: left alone", csi, []Socket{{Path: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
+		{"kubelet not read yet: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
+		{"enough devices", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet counts fewer", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"a streaming handler counts fewer than the Node", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"an old look counts fewer than the Node", gpu, []Socket{{Answering: true, Details: looked(time.Unix(1, 0), 1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"the kubelet's live count is the truth", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet count alone", gpu, []Socket{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v, ok := judge(tc.e, tc.socks, false, tc.v, "/r")
@@ -183,8 +184,8 @@ func TestJudgeUnasked(t *testing.T) {
 	if v, ok := judge(csi, nil, true, conflict, "/r"); !ok || v.reason != ReasonTopologyConflict {
 		t.Errorf("a topology conflict, one not asked yet: %+v, %v", v, ok)
 	}
-	up := Plugin{Socket: "/r/csi.sock", Answering: true, State: "Answering"}
-	if v, ok := judge(csi, []Plugin{up}, true, reg, "/r"); !ok || v.status != corev1.ConditionTrue {
+	up := Socket{Path: "/r/csi.sock", Answering: true, State: "Answering"}
+	if v, ok := judge(csi, []Socket{up}, true, reg, "/r"); !ok || v.status != corev1.ConditionTrue {
 		t.Errorf("its own socket answers, another not asked yet: %+v, %v", v, ok)
 	}
 }
@@ -233,8 +234,8 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 	}
 	now := t0.Add(time.Hour)
 	set := []corev1.NodeCondition{
-		nodeCondition("c1", verdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
-		nodeCondition("c2", verdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
+		nodeCondition("c1", conditionVerdict{corev1.ConditionTrue, ReasonReady, "m1"}, findCondition(n, "c1"), now),
+		nodeCondition("c2", conditionVerdict{corev1.ConditionFalse, ReasonSocketMissing, "m2"}, nil, now),
 	}
 	n.Status.Conditions = append(n.Status.Conditions,
 		corev1.NodeCondition{Type: "gone", Status: corev1.ConditionTrue, Reason: ReasonReady, Message: nodecond.Message("CSIPlugin", "gone.example.com", "ready")},
@@ -276,7 +277,7 @@ func TestConditionsPatchKeepsOthers(t *testing.T) {
 		t.Errorf("c2 = %+v", c)
 	}
 	// A verdict that keeps its status keeps its transition time.
-	if c := nodeCondition("c1", verdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, findCondition(n, "c1"), now); !c.LastTransitionTime.Equal(&t0) {
+	if c := nodeCondition("c1", conditionVerdict{corev1.ConditionFalse, ReasonNotAnswering, "m"}, findCondition(n, "c1"), now); !c.LastTransitionTime.Equal(&t0) {
 		t.Errorf("transition time moved to %s for a status that did not change", c.LastTransitionTime)
 	}
 }
@@ -413,15 +414,26 @@ func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, eventtype, reason,
 	r.got = append(r.got, fmt.Sprintf("%s %s [%s] %s", eventtype, reason, action, fmt.Sprintf(note, args...)))
 }
 
+// disagreements is decide's part that tells of disagreements, on l's
+// memory at now, with what it tells recorded as act does.
+func (l *loop) disagreements(now time.Time, socks map[key][]Socket, views map[key]view, stale []staleEntry, kubeletLive bool, nd *corev1.Node) time.Time {
+	d := &decision{pol: l.pol, f: facts{now: now, socks: socks, views: views, stale: stale, kubelet: kubeletFacts{live: kubeletLive}, node: nd}, m: l.mem}
+	next := d.disagreements()
+	for _, e := range d.p.tell {
+		l.record(nd, e)
+	}
+	return next
+}
+
 func TestDisagreements(t *testing.T) {
 	csi, gpu := key{TypeCSI, "csi.example.com"}, key{TypeDevice, "vendor.example/gpu"}
-	up := []Plugin{{Socket: "/r/s.sock", Answering: true}}
+	up := []Socket{{Path: "/r/s.sock", Answering: true}}
 	registered := view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "in CSINode"}}
 	notRegistered := view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Message: "not in CSINode"}}
 	for _, tc := range []struct {
 		name  string
 		k     key
-		socks []Plugin
+		socks []Socket
 		v     view
 		want  string // the event, or "" for none
 	}{
@@ -437,7 +449,7 @@ func TestDisagreements(t *testing.T) {
 			n.m = newMetrics(n, nil)
 			l := newLoop(n, rec)
 			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-			socks, views := map[key][]Plugin{tc.k: tc.socks}, map[key]view{tc.k: tc.v}
+			socks, views := map[key][]Socket{tc.k: tc.socks}, map[key]view{tc.k: tc.v}
 			nd := node(nil, nil)
 			next := l.disagreements(t0, socks, views, nil, true, nd)
 			if tc.want != "" && !next.Equal(t0.Add(time.Minute)) {
@@ -479,7 +491,7 @@ func TestSlicesAreNotTheKubelets(t *testing.T) {
 			v := kubeletView(dra, nil, s, tc.kf, remembered{})
 			views := map[key]view{dra: v}
 			for _, at := range []time.Duration{0, time.Minute} {
-				l.disagreements(t0.Add(at), map[key][]Plugin{dra: nil}, views, nil, tc.kf.live, node(nil, nil))
+				l.disagreements(t0.Add(at), map[key][]Socket{dra: nil}, views, nil, tc.kf.live, node(nil, nil))
 			}
 			switch {
 			case tc.want == "" && len(rec.got) > 0:
@@ -496,8 +508,8 @@ func TestSlicesAreNotTheKubelets(t *testing.T) {
 // not forgotten while the kubelet cannot be read.
 func TestDisagreementOutlastsOutages(t *testing.T) {
 	csi := key{TypeCSI, "csi.example.com"}
-	up := map[key][]Plugin{csi: {{Socket: "/r/s.sock", Answering: true}}}
-	gone := map[key][]Plugin{csi: nil}
+	up := map[key][]Socket{csi: {{Path: "/r/s.sock", Answering: true}}}
+	gone := map[key][]Socket{csi: nil}
 	lacks := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Message: "not registered"}}}
 	outage := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonAPIUnavailable}}}
 	holds := map[key]view{csi: {KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: "held"}}}
@@ -583,7 +595,7 @@ func TestStaleEntriesBounded(t *testing.T) {
 		drivers[i] = storagev1.CSINodeDriver{Name: fmt.Sprintf("d%d.example.com", i), NodeID: "node-a"}
 	}
 	s := snapshot{nodeName: "node-a", csiNode: csiNode(drivers...)}
-	kn := kubeletNow{state: &kubeletState{at: t0, started: t0.Add(-time.Hour)}}
+	kn := kubeletstate.Evidence{Reading: &kubeletstate.Reading{At: t0, Started: t0.Add(-time.Hour)}}
 	got, more := staleEntries(s, nil, kubeletFacts{live: true}, kn)
 	if len(got) != maxStaleEntries || more != len(drivers)-maxStaleEntries || got[0].Driver != "d0.example.com" {
 		t.Errorf("%d entries (first %+v) and %d more; want %d and %d", len(got), got[0], more, maxStaleEntries, len(drivers)-maxStaleEntries)

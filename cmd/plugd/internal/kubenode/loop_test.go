@@ -20,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	testclock "k8s.io/utils/clock/testing"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -35,7 +36,10 @@ type bench struct {
 	clock *testclock.FakeClock
 
 	mu      sync.Mutex
-	plugins []Plugin
+	plugins []Socket
+	// kubelet is what the reads of the kubelet showed, as the test sets
+	// it: at first, reading the kubelet is off (no address).
+	kubelet kubeletstate.Record
 }
 
 const csiCond = "csi.example.com/CSIPluginReady"
@@ -48,16 +52,18 @@ func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 	b := &bench{t: t, cs: fake.NewClientset(nd, cn), rec: &recorder{}, clock: testclock.NewFakeClock(t0)}
 	n, err := newNode(Config{NodeName: "node-a", RegistryDir: "/r", Clock: b.clock, HeartbeatInterval: 5 * time.Minute,
 		Expect: []Expectation{{Type: TypeCSI, Name: "csi.example.com"}},
-		Plugins: func() []Plugin {
+		Sockets: func() []Socket {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			return append([]Plugin(nil), b.plugins...)
+			return append([]Socket(nil), b.plugins...)
 		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.core, n.storage, n.resource, n.events, n.fakeAPI = b.cs.CoreV1(), b.cs.StorageV1(), b.cs.ResourceV1(), b.cs.EventsV1(), b.cs
 	n.build(nil)
+	b.kubelet.Failed(n.kubelet.Evidence().Problem, "")
+	n.kubeletEvidence = b.kubeletEvidence
 	b.n, b.l = n, newLoop(n, b.rec)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -87,7 +93,7 @@ func (b *bench) waitFor(what string, ok func() bool) {
 	}
 }
 
-func (b *bench) setPlugins(ps ...Plugin) {
+func (b *bench) setPlugins(ps ...Socket) {
 	b.mu.Lock()
 	b.plugins = ps
 	b.mu.Unlock()
@@ -102,34 +108,30 @@ func (b *bench) setKubelet(started time.Time, registered ...string) {
 // setKubeletSeen is setKubelet with the kubelet's desired state apart:
 // seen, which it may hold without registering.
 func (b *bench) setKubeletSeen(started time.Time, seen []string, registered ...string) {
-	w := b.n.kubelet
-	now := b.clock.Now()
-	s := &kubeletState{at: now, started: started, registered: map[string]bool{}, seen: map[string]bool{}}
+	r := kubeletstate.Reading{At: b.clock.Now(), Started: started, Registered: map[string]bool{}, Seen: map[string]bool{}, PluginMetric: true}
 	for _, p := range registered {
-		s.registered[p] = true
+		r.Registered[p] = true
 	}
 	for _, p := range seen {
-		s.seen[p] = true
+		r.Seen[p] = true
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.reads++
-	if !w.started.IsZero() && !started.Equal(w.started) {
-		w.restarted = true
-		w.forget()
-	}
-	w.started, w.state, w.problem = started, s, nil
-	w.track(s.registered, s.seen, now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.kubelet.Read(r)
 }
 
 // kubeletDown makes a read that finds nothing listening.
 func (b *bench) kubeletDown() {
-	w := b.n.kubelet
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.reads++
-	w.state, w.problem = nil, &Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}
-	w.forget()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.kubelet.Failed(&kubeletstate.Problem{Reason: ReasonKubeletNotRunning, Since: b.clock.Now()}, "")
+}
+
+// kubeletEvidence is what the bench's reads of the kubelet show.
+func (b *bench) kubeletEvidence() kubeletstate.Evidence {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.kubelet.Evidence()
 }
 
 // step advances the clock by d and evaluates, then waits until the
@@ -140,7 +142,7 @@ func (b *bench) step(d time.Duration) {
 	b.l.evaluate(context.Background(), b.clock.Now())
 	b.waitFor("the informer showing plugd's writes", func() bool {
 		n := b.n.snapshot().node
-		for typ, w := range b.l.written {
+		for typ, w := range b.l.mem.written {
 			if c := findCondition(n, typ); c == nil || !sameVerdict(c, w.v) {
 				return false
 			}
@@ -172,8 +174,8 @@ func (b *bench) condition() *corev1.NodeCondition {
 	return findCondition(b.n.snapshot().node, csiCond)
 }
 
-func csiSocket(created time.Time, answering bool) Plugin {
-	p := Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, Details: csiSaid("node-a"), State: "Answering"}
+func csiSocket(created time.Time, answering bool) Socket {
+	p := Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Created: created, Answering: answering, Details: csiSaid("node-a"), State: "Answering"}
 	if !answering {
 		p.State = "NotAnswering"
 	}
@@ -189,7 +191,7 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	old := csiSocket(started, true)
 	b.setPlugins(old)
-	b.setKubelet(started, old.Socket)
+	b.setKubelet(started, old.Path)
 	b.step(0)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
 		t.Fatalf("condition at start: %+v", c)
@@ -203,14 +205,14 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 	restarted := csiSocket(b.clock.Now(), true) // ...and makes its own
 	b.setPlugins(restarted)
 	b.step(10 * time.Millisecond)
-	b.setKubelet(started, old.Socket) // the kubelet's registration is still the old socket's
+	b.setKubelet(started, old.Path) // the kubelet's registration is still the old socket's
 	b.step(250 * time.Millisecond)
 	b.setKubelet(started) // its loop deregisters it...
 	b.step(250 * time.Millisecond)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True before the kubelet registered the new socket: %+v", c)
 	}
-	b.setKubelet(started, old.Socket) // ...and registers the new one
+	b.setKubelet(started, old.Path) // ...and registers the new one
 	b.step(250 * time.Millisecond)
 	b.step(10 * time.Second)
 	got := b.writes()[before:]
@@ -236,7 +238,7 @@ func TestRegistrarRestartWritesTwice(t *testing.T) {
 		t.Fatalf("True half a second after the socket was made, on a registration from before: %+v", c)
 	}
 	b.step(kubeletSettle)
-	b.setKubelet(started, old.Socket)
+	b.setKubelet(started, old.Path)
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True a loop after the socket was made: %+v", c)
@@ -250,7 +252,7 @@ func TestKubeletRestart(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	before := len(b.writes())
 	b.kubeletDown()
@@ -267,7 +269,7 @@ func TestKubeletRestart(t *testing.T) {
 		t.Errorf("view after the restart: %+v", v)
 	}
 	b.step(800 * time.Millisecond)
-	b.setKubelet(restart, sock.Socket)
+	b.setKubelet(restart, sock.Path)
 	b.step(0)
 	b.step(10 * time.Second)
 	if got, want := b.writes()[before:], []string{"False/KubeletNotRegistered", "True/PluginReady"}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -282,7 +284,7 @@ func TestHeartbeat(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	first := b.condition()
 	n := len(b.writes())
@@ -316,16 +318,16 @@ func TestRestartOfPlugdLeavesTrueAlone(t *testing.T) {
 	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	b := newBench(t, corev1.NodeCondition{Type: csiCond, Status: corev1.ConditionTrue, Reason: ReasonReady,
 		Message: "plugd: CSIPlugin csi.example.com: registered with the kubelet, socket /r/csi.sock answers", LastHeartbeatTime: now, LastTransitionTime: now})
-	b.n.kubelet.problem = nil // not read yet
+	b.kubelet = kubeletstate.Record{} // not read yet
 	scanned := make(chan struct{})
 	b.n.cfg.Scanned = scanned
 	b.step(0) // the directory not walked yet
 	close(scanned)
 	started := b.clock.Now().Add(-time.Hour)
 	// Found, and not asked yet: plugd does not know whose it is.
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
+	b.setPlugins(Socket{Path: "/r/csi.sock", Unsettled: true, State: "Pending", Created: started})
 	b.step(0)
-	b.setPlugins(Plugin{Socket: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
+	b.setPlugins(Socket{Path: "/r/csi.sock", Type: TypeCSI, Name: "csi.example.com", Unsettled: true, State: "Registering", Created: started})
 	b.step(0)
 	b.setPlugins(csiSocket(started, true))
 	b.step(100 * time.Millisecond)
@@ -390,12 +392,16 @@ func TestOddNodeIDWrittenOnce(t *testing.T) {
 	b.setPlugins(csiSocket(started, true)) // NodeGetInfo: node-a
 	for _, shift := range [][2]int{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 1}, {1, 2}, {1, 3}, {2, 0}, {2, 1}} {
 		id := strings.Repeat("\x01", shift[0]) + strings.Repeat("x", shift[1]) + strings.Repeat("\x01\x01é", 47)
+		delivered := b.n.csiEvents.Load()
 		if _, err := b.cs.StorageV1().CSINodes().Update(context.Background(), csiNode(storagev1.CSINodeDriver{Name: "csi.example.com", NodeID: id}), metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// The informer's store holds the update before its handler counts
+		// it, and the views are built again only once it is counted: wait
+		// for both, or the evaluation below may judge the last views.
 		b.waitFor("the informer delivering the CSINode", func() bool {
 			d := csiDriver(b.n.snapshot().csiNode, "csi.example.com")
-			return d != nil && d.NodeID == id
+			return d != nil && d.NodeID == id && b.n.csiEvents.Load() > delivered
 		})
 		before, seen := len(b.writes()), b.n.nodeEvents.Load()
 		b.clock.Step(time.Minute)
@@ -469,7 +475,7 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	refused := csiSocket(started, false) // the registrar exited, its socket left
 	b.setPlugins(refused)
-	b.setKubeletSeen(started, []string{refused.Socket}) // retrying, backing off
+	b.setKubeletSeen(started, []string{refused.Path}) // retrying, backing off
 	b.step(0)
 	b.step(10 * time.Second)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionFalse {
@@ -480,15 +486,15 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	sock := csiSocket(b.clock.Now(), true) // the remedy: a new registrar
 	b.setPlugins(sock)
 	b.step(100 * time.Millisecond)
-	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // the old retry succeeds
+	b.setKubeletSeen(started, []string{sock.Path}, sock.Path) // the old retry succeeds
 	b.step(250 * time.Millisecond)
 	b.step(750 * time.Millisecond)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True on the refused registration's retry: %+v", c)
 	}
-	b.setKubeletSeen(started, []string{sock.Socket}) // its next pass drops it...
+	b.setKubeletSeen(started, []string{sock.Path}) // its next pass drops it...
 	b.step(250 * time.Millisecond)
-	b.setKubeletSeen(started, []string{sock.Socket}, sock.Socket) // ...and registers the new socket
+	b.setKubeletSeen(started, []string{sock.Path}, sock.Path) // ...and registers the new socket
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True once the kubelet registered the path again: %+v", c)
@@ -504,18 +510,18 @@ func TestRefusedRegistrationRetried(t *testing.T) {
 	// Where the retry's registration is the only one, it counts once it
 	// has held for the kubelet's passes.
 	b.setPlugins(csiSocket(sock.Created, false))
-	b.setKubeletSeen(started, []string{sock.Socket})
+	b.setKubeletSeen(started, []string{sock.Path})
 	b.step(10 * time.Second)
 	again := csiSocket(b.clock.Now(), true)
 	b.setPlugins(again)
 	b.step(100 * time.Millisecond)
-	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.setKubeletSeen(started, []string{again.Path}, again.Path)
 	b.step(time.Second)
 	if c := b.condition(); c.Status != corev1.ConditionFalse {
 		t.Fatalf("True a second into the retry's registration: %+v", c)
 	}
 	b.step(kubeletSettle)
-	b.setKubeletSeen(started, []string{again.Socket}, again.Socket)
+	b.setKubeletSeen(started, []string{again.Path}, again.Path)
 	b.step(0)
 	if c := b.condition(); c.Status != corev1.ConditionTrue {
 		t.Fatalf("not True once the registration held: %+v", c)
@@ -541,7 +547,7 @@ func testOverwrittenBacksOff(t *testing.T, quick bool) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
 		t.Fatalf("condition at start: %+v", c)
@@ -582,7 +588,7 @@ func testOverwrittenBacksOff(t *testing.T, quick bool) {
 			before = n
 			at = append(at, b.clock.Now().Sub(start))
 			if !quick { // plugd looks at the Node showing its write back
-				b.waitFor("the informer delivering the write back", func() bool { return b.delivered(b.l.written[csiCond].v.message) })
+				b.waitFor("the informer delivering the write back", func() bool { return b.delivered(b.l.mem.written[csiCond].v.message) })
 				b.step(time.Second)
 			}
 			overwrite()
@@ -626,7 +632,7 @@ func TestOwnWriteNotOverwrite(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	b.step(0)
 	b.step(time.Second) // the Node shows True, and plugd has seen it
 	if c := b.condition(); c == nil || c.Status != corev1.ConditionTrue {
@@ -636,8 +642,8 @@ func TestOwnWriteNotOverwrite(t *testing.T) {
 	b.setPlugins(down)
 	b.clock.Step(time.Second)
 	b.l.evaluate(context.Background(), b.clock.Now())
-	if w, ok := b.l.written[csiCond]; !ok || w.v.status != corev1.ConditionFalse {
-		t.Fatalf("False not written: %+v", b.l.written)
+	if w, ok := b.l.mem.written[csiCond]; !ok || w.v.status != corev1.ConditionFalse {
+		t.Fatalf("False not written: %+v", b.l.mem.written)
 	}
 	// Up again before plugd looked at its False on the Node.
 	b.setPlugins(sock)
@@ -657,7 +663,7 @@ func (b *bench) delivered(msg string) bool {
 	if c := b.condition(); c == nil || c.Message != msg {
 		return false
 	}
-	w, ok := b.l.written[csiCond]
+	w, ok := b.l.mem.written[csiCond]
 	return !ok || b.n.nodeEvents.Load() > w.seq
 }
 
@@ -669,13 +675,13 @@ func (b *bench) delivered(msg string) bool {
 func TestAsWritten(t *testing.T) {
 	const cond = "csi.example.com/CSIPluginReady"
 	old := &corev1.NodeCondition{Type: cond, Status: corev1.ConditionTrue, Reason: ReasonReady}
-	missing := verdict{corev1.ConditionFalse, "SocketMissing", "m"}
-	notRegistered := verdict{corev1.ConditionFalse, "KubeletNotRegistered", "n"}
+	missing := conditionVerdict{corev1.ConditionFalse, "SocketMissing", "m"}
+	notRegistered := conditionVerdict{corev1.ConditionFalse, "KubeletNotRegistered", "n"}
 	wrote := corev1.NodeCondition{Type: cond, Status: missing.status, Reason: missing.reason, Message: missing.message}
 	for _, tc := range []struct {
 		name    string
 		w       *written
-		v       verdict
+		v       conditionVerdict
 		seq     uint64
 		want    *corev1.NodeCondition
 		already bool
@@ -687,11 +693,11 @@ func TestAsWritten(t *testing.T) {
 		{name: "deleted, not brought back", w: &written{seq: 3}, v: notRegistered, seq: 3, want: old},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &loop{written: map[string]written{}}
+			m := newMemory()
 			if tc.w != nil {
-				l.written[cond] = *tc.w
+				m.written[cond] = *tc.w
 			}
-			got, already := l.asWritten(cond, tc.v, old, tc.seq)
+			got, already := m.asWritten(cond, tc.v, old, tc.seq)
 			if already != tc.already || got == nil || got.Status != tc.want.Status || got.Reason != tc.want.Reason {
 				t.Errorf("asWritten: %+v, %v; want %+v, %v", got, already, tc.want, tc.already)
 			}

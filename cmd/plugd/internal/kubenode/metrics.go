@@ -77,6 +77,18 @@ func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// observe observes o in the histogram of its kind.
+func (m *metrics) observe(o observation) {
+	h := m.notReady
+	switch o.kind {
+	case observedRegistration:
+		h = m.registration
+	case observedAfterStart:
+		h = m.afterStart
+	}
+	h.WithLabelValues(o.typ).Observe(o.seconds)
+}
+
 // collector reads the Node's views and readiness at scrape time.
 type collector struct{ n *Node }
 

@@ -29,10 +29,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
-// Config is what a Node needs. NodeName and Plugins are required.
+// Config is what a Node needs. NodeName and Sockets are required.
 type Config struct {
 	// Kubeconfig is the kubeconfig file to reach the API server with;
 	// empty means the pod's in-cluster configuration.
@@ -65,11 +66,11 @@ type Config struct {
 	// Clock is the time plugd's pacing, heartbeats and backoff follow. Nil
 	// means the wall clock.
 	Clock clock.WithTicker
-	// Plugins returns the node's plugins as plugd sees them now. It is
-	// called from Run's goroutine, after each Changed and every few
-	// seconds, and must not block.
-	Plugins func() []Plugin
-	// Scanned, if not nil, is closed once Plugins lists every socket that
+	// Sockets returns the node's registration sockets as plugd sees them
+	// now (the node agent's input). It is called from Run's goroutine,
+	// after each Changed and every few seconds, and must not block.
+	Sockets func() []Socket
+	// Scanned, if not nil, is closed once Sockets lists every socket that
 	// was in the registry directory when plugd started. Until then no
 	// expected plugin is called missing: a restarted plugd that has not
 	// walked the directory yet would otherwise write False for plugins the
@@ -103,14 +104,17 @@ type Node struct {
 	node, csiNode, slices *source
 	// fakeAPI is the clientset behind the clients when it is a fake one
 	// (tests): the informers then list rather than stream.
-	fakeAPI      any
-	kubelet      *kubeletWatch
-	nodeEvents   atomic.Uint64 // Node updates the informer delivered
-	csiEvents    atomic.Uint64 // CSINode changes the informer delivered
-	sliceEvents  atomic.Uint64 // ResourceSlice changes the informer delivered
-	localChanges atomic.Uint64 // Changed calls: the plugins changed
-	kick         chan struct{}
-	m            *metrics
+	fakeAPI any
+	kubelet *kubeletstate.Watch
+	// kubeletEvidence is what the reads of the kubelet have shown now:
+	// kubelet.Evidence, or what a test sets.
+	kubeletEvidence func() kubeletstate.Evidence
+	nodeEvents      atomic.Uint64 // Node updates the informer delivered
+	csiEvents       atomic.Uint64 // CSINode changes the informer delivered
+	sliceEvents     atomic.Uint64 // ResourceSlice changes the informer delivered
+	localChanges    atomic.Uint64 // Changed calls: the plugins changed
+	kick            chan struct{}
+	m               *metrics
 
 	statusWrite, taintWrite, eventWrite writeOp
 
@@ -120,6 +124,9 @@ type Node struct {
 	ready    map[string]bool         // by condition type; guarded by mu
 	conds    []ConditionState        // by expectation; guarded by mu
 	stale    []StaleEntry            // guarded by mu
+	// metricMissing is, at the last evaluation, the trouble of a kubelet
+	// read whose /metrics lacks the plugin manager's gauge; guarded by mu.
+	metricMissing *Problem
 	// confinement is the last probe of the admission policies; guarded by
 	// mu. probeMu makes one probe at a time.
 	confinement Confinement
@@ -127,46 +134,13 @@ type Node struct {
 	staleMore   int // stale entries beyond stale; guarded by mu
 }
 
-// How often the plugins are compared with the API's view when nothing
-// tells of a change (device health in a handler's details changes without
-// an event): local work only, no request.
-const localResync = 5 * time.Second
-
-// Each write to the API server is bounded by writeTimeout; failed writes are
-// retried after a backoff from writeBackoffMin, doubling to writeBackoffMax,
-// each delay spread by writeJitter around its step, so that a cluster's
-// nodes do not retry in step after an outage of the API server.
-const (
-	writeTimeout = 10 * time.Second
-	// listTimeout bounds each list of the informers (watches are bounded
-	// by client-go); a list of one node's objects is small.
-	listTimeout     = 30 * time.Second
-	writeBackoffMin = time.Second
-	writeBackoffMax = 2 * time.Minute
-	writeJitter     = 0.5
-	// minEvalGap spaces out evaluations during a burst of changes.
-	minEvalGap = 100 * time.Millisecond
-	// A change of a condition's reason or message that keeps its status
-	// is written once it has held for coalesce (at most maxCoalesce after
-	// the first such change): a registrar restart goes through several
-	// reasons for False within a second, and writes False once and True
-	// once. A change of status is written at once. coalesce outlasts
-	// kubeletSettle, the longest a re-created socket waits to count as
-	// registered.
-	coalesce    = 3 * time.Second
-	maxCoalesce = 10 * time.Second
-	// defaultHeartbeat is HeartbeatInterval's default: the kubelet's own
-	// nodeStatusReportFrequency.
-	defaultHeartbeat = 5 * time.Minute
-)
-
 // newNode checks cfg and builds a Node without its clients.
 func newNode(cfg Config) (*Node, error) {
 	if cfg.NodeName == "" {
 		return nil, fmt.Errorf("kubernetes: the node name is empty: set kubernetes.nodeName, --node-name or NODE_NAME")
 	}
-	if cfg.Plugins == nil {
-		return nil, fmt.Errorf("kubernetes: Config.Plugins is nil")
+	if cfg.Sockets == nil {
+		return nil, fmt.Errorf("kubernetes: Config.Sockets is nil")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -177,7 +151,7 @@ func newNode(cfg Config) (*Node, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), grace: cmp.Or(cfg.DisagreementGrace, time.Minute),
+	n := &Node{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), grace: cmp.Or(cfg.DisagreementGrace, defaultGrace),
 		heartbeat: cmp.Or(cfg.HeartbeatInterval, defaultHeartbeat), clock: cfg.Clock,
 		views: map[key]api.KubeletView{}, problems: map[string]*Problem{}, ready: map[string]bool{}}
 	if n.heartbeat < 0 {
@@ -230,9 +204,9 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	var kc *kubeletClient
+	var kc *kubeletstate.Client
 	if cfg.Kubelet.Address != "" {
-		if kc, err = newKubeletClient(cfg.Kubelet, rc, cfg.NodeName, cfg.RegistryDir); err != nil {
+		if kc, err = kubeletstate.NewClient(cfg.Kubelet, rc, cfg.NodeName, cfg.RegistryDir); err != nil {
 			return nil, err
 		}
 	}
@@ -242,12 +216,13 @@ func New(cfg Config) (*Node, error) {
 
 // build makes the informers, metrics and the kubelet's watch (kc nil: the
 // kubelet is not read), once the clients are set.
-func (n *Node) build(kc *kubeletClient) {
+func (n *Node) build(kc *kubeletstate.Client) {
 	n.scheme = runtime.NewScheme()
 	_ = corev1.AddToScheme(n.scheme) // adds known types; it cannot fail
 	n.buildSources()
 	n.m = newMetrics(n, n.cfg.Registerer)
-	n.kubelet = newKubeletWatch(kc, n.cfg.Kubelet, n.clock, n.log, n.m, n.changed)
+	n.kubelet = kubeletstate.NewWatch(kc, n.cfg.Kubelet, n.clock, n.log, kubeletstate.Metrics{Reads: n.m.kubeletReads, Bytes: n.m.kubeletBytes}, n.changed)
+	n.kubeletEvidence = n.kubelet.Evidence
 }
 
 // restConfig reads the kubeconfig at path (bounded: package kubeconfig), or
@@ -289,13 +264,13 @@ func (n *Node) buildSources() {
 	// allocatable asks pod-resources (cheap, local) for them. It updates
 	// the Node for much else too; that asks for no read of the kubelet.
 	_, _ = n.node.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { n.nodeEvents.Add(1); n.kubelet.requestDevices(); n.changed() },
+		AddFunc: func(any) { n.nodeEvents.Add(1); n.kubelet.RequestDevices(); n.changed() },
 		UpdateFunc: func(old, cur any) {
 			n.nodeEvents.Add(1)
 			o, ok1 := old.(*corev1.Node)
 			c, ok2 := cur.(*corev1.Node)
 			if !ok1 || !ok2 || !equality.Semantic.DeepEqual(o.Status.Allocatable, c.Status.Allocatable) || !equality.Semantic.DeepEqual(o.Status.Capacity, c.Status.Capacity) {
-				n.kubelet.requestDevices()
+				n.kubelet.RequestDevices()
 			}
 			n.changed()
 		},
@@ -303,9 +278,9 @@ func (n *Node) buildSources() {
 	})
 	// The kubelet writes CSINode as it registers a driver: read it.
 	_, _ = n.csiNode.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
-		UpdateFunc: func(any, any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
-		DeleteFunc: func(any) { n.csiEvents.Add(1); n.kubelet.request(); n.changed() },
+		AddFunc:    func(any) { n.csiEvents.Add(1); n.kubelet.Request(); n.changed() },
+		UpdateFunc: func(any, any) { n.csiEvents.Add(1); n.kubelet.Request(); n.changed() },
+		DeleteFunc: func(any) { n.csiEvents.Add(1); n.kubelet.Request(); n.changed() },
 	})
 	_, _ = n.slices.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { n.sliceEvents.Add(1); n.changed() },
@@ -401,6 +376,14 @@ func (n *Node) setReady(e Expectation, ready bool) {
 	n.mu.Lock()
 	n.ready[e.Condition] = ready
 	n.mu.Unlock()
+}
+
+// latest is the later of two times.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // earliest is the earlier of two times, zero meaning none.

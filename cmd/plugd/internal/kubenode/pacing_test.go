@@ -2,14 +2,9 @@ package kubenode
 
 import (
 	"context"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,7 +27,7 @@ func TestWriteBackoff(t *testing.T) {
 	started := b.clock.Now().Add(-time.Hour)
 	sock := csiSocket(started, true)
 	b.setPlugins(sock)
-	b.setKubelet(started, sock.Socket)
+	b.setKubelet(started, sock.Path)
 	var refuse atomic.Bool
 	refuse.Store(true)
 	b.cs.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -140,7 +135,7 @@ func TestRunPacing(t *testing.T) {
 	evals := make(chan time.Time, 100)
 	// An empty API: its informers tell of no change, only the test does.
 	cs := fake.NewClientset()
-	n, err := newNode(Config{NodeName: "node-a", Clock: clk, Plugins: func() []Plugin {
+	n, err := newNode(Config{NodeName: "node-a", Clock: clk, Sockets: func() []Socket {
 		evals <- clk.Now()
 		return nil
 	}})
@@ -206,85 +201,5 @@ func TestRunPacing(t *testing.T) {
 	expect("nothing changed for localResync", localResync, t0.Add(minEvalGap+localResync))
 	if len(evals) != 0 {
 		t.Errorf("evaluations the pacing did not ask for: %d", len(evals))
-	}
-}
-
-// podResources is a kubelet's pod-resources service on a real unix socket,
-// that counts the reads of the allocatable devices and answers with one
-// device of vendor.example/gpu.
-type podResources struct {
-	podresv1.UnimplementedPodResourcesListerServer
-	calls atomic.Int64
-}
-
-func (p *podResources) GetAllocatableResources(context.Context, *podresv1.AllocatableResourcesRequest) (*podresv1.AllocatableResourcesResponse, error) {
-	p.calls.Add(1)
-	return &podresv1.AllocatableResourcesResponse{Devices: []*podresv1.ContainerDevices{{ResourceName: "vendor.example/gpu", DeviceIds: []string{"gpu-0"}}}}, nil
-}
-
-func servePodResources(t *testing.T) (*podResources, string) {
-	t.Helper()
-	sock := filepath.Join(testenv.ShortDir(t, "podres"), "pod-resources.sock")
-	pr := &podResources{}
-	testenv.ServeGRPC(t, sock, func(s grpc.ServiceRegistrar) { podresv1.RegisterPodResourcesListerServer(s, pr) })
-	return pr, sock
-}
-
-// Issue 33, item 4: while an expected device plugin has fewer healthy
-// devices than minHealthyDevices, pod-resources is read once a
-// devicesPoll, not at every minReadGap. The poll was anchored to the last
-// read of the kubelet's metrics (up to a resync old), so its next read was
-// always due: 9.9 reads a second. The test plays the watch's run on the
-// fake clock (what is due, the gap, the read, the loop's evaluation, the
-// next wake-up) and counts the calls the real gRPC server saw.
-func TestDevicesPoll(t *testing.T) {
-	b := newBench(t)
-	gpu := Expectation{Type: TypeDevice, Name: "vendor.example/gpu", MinHealthyDevices: 2}
-	gpu, err := gpu.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.n.cfg.Expect = []Expectation{gpu}
-	pr, sock := servePodResources(t)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	w := b.n.kubelet
-	w.c = &kubeletClient{cfg: KubeletConfig{PodResources: sock}, pr: conn}
-	started := b.clock.Now().Add(-time.Hour)
-	b.setPlugins(Plugin{Socket: "/r/gpu.sock", Type: TypeDevice, Name: "vendor.example/gpu", Created: started, Answering: true, State: "Answering"})
-	b.setKubelet(started, "/r/gpu.sock")
-	w.mu.Lock()
-	w.lastMetrics = b.clock.Now() // the read setKubelet stands for
-	w.mu.Unlock()
-
-	ctx := context.Background()
-	b.l.evaluate(ctx, b.clock.Now())
-	// A minute on: the metrics read is a minute old, as after any
-	// quiet minute; then 10 s of the watch's run.
-	b.clock.Step(time.Minute)
-	b.l.evaluate(ctx, b.clock.Now())
-	end := b.clock.Now().Add(10 * time.Second)
-	for now := b.clock.Now(); now.Before(end); now = b.clock.Now() {
-		metrics, devices, next := w.due(now, false)
-		if metrics || devices {
-			if gap := now.Sub(w.lastRead()); gap < minReadGap {
-				b.clock.SetTime(now.Add(minReadGap - gap))
-				continue
-			}
-			w.read(ctx, now, metrics, devices)
-			b.l.evaluate(ctx, now) // onChange
-			_, _, next = w.due(now, false)
-		}
-		if next.After(now) {
-			b.clock.SetTime(next)
-		} // else its timer fires at once
-
-	}
-	// One at the start (the wish is already past), then one a second.
-	if got, want := pr.calls.Load(), int64(10*time.Second/devicesPoll)+1; got < want-1 || got > want {
-		t.Errorf("%d reads of pod-resources in 10 s; want %d, one every %s", got, want, devicesPoll)
 	}
 }

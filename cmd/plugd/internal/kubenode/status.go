@@ -5,6 +5,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 )
 
 // ConditionState is an expected plugin's Node condition: as the Node has
@@ -75,11 +77,6 @@ type staleEntry struct {
 	driver, message string
 }
 
-// staleSettle is how long the kubelet must have run before a CSINode
-// entry it does not hold counts as stale: long enough to register what
-// serves.
-const staleSettle = 10 * time.Second
-
 // maxStaleEntries bounds the stale CSINode entries plugd tells of (an
 // event and a doctor finding each); the others are counted. Anyone who may
 // update CSINode can add thousands.
@@ -89,18 +86,18 @@ const maxStaleEntries = 16
 // registration of, the first maxStaleEntries of them, and how many more
 // there are. It says nothing unless the kubelet's state is read, and every
 // socket it holds is one plugd knows the name of.
-func staleEntries(s snapshot, socks map[key][]Plugin, kf kubeletFacts, kn kubeletNow) (out []staleEntry, more int) {
-	if !kf.live || kn.state == nil || s.csiNode == nil || s.csiProblem != nil || kn.state.at.Sub(kn.state.started) < staleSettle {
+func staleEntries(s snapshot, socks map[key][]Socket, kf kubeletFacts, kn kubeletstate.Evidence) (out []staleEntry, more int) {
+	if !kf.live || kn.Reading == nil || s.csiNode == nil || s.csiProblem != nil || kn.Reading.At.Sub(kn.Reading.Started) < staleSettle {
 		return nil, 0
 	}
 	named := map[string]key{}
 	for k, ps := range socks {
 		for _, p := range ps {
-			named[p.Socket] = k
+			named[p.Path] = k
 		}
 	}
 	held := map[string]bool{}
-	for p := range kn.state.registered {
+	for p := range kn.Reading.Registered {
 		k, ok := named[p]
 		if !ok {
 			return nil, 0 // a socket plugd does not know: it may be any driver's
@@ -149,11 +146,30 @@ type KubeletStatus struct {
 // Kubelet says how plugd reads the kubelet now. It is safe to call at any
 // time.
 func (n *Node) Kubelet() KubeletStatus {
-	k := n.kubelet.now()
-	st := KubeletStatus{Address: n.cfg.Kubelet.Address, Problem: k.problem, Restarted: k.restarted}
-	if s := k.state; s != nil {
-		st.Started, st.ReadAt, st.Registered, st.Seen = s.started, s.at, len(s.registered), len(s.seen)
-		st.Live = k.problem == nil
+	k := n.kubeletEvidence()
+	st := KubeletStatus{Address: n.cfg.Kubelet.Address, Problem: problemOf(k.Problem), Restarted: k.Restarted}
+	if s := k.Reading; s != nil {
+		st.Started, st.ReadAt, st.Registered, st.Seen = s.Started, s.At, len(s.Registered), len(s.Seen)
+		st.Live = k.Problem == nil
+	}
+	n.mu.Lock()
+	missing := n.metricMissing
+	n.mu.Unlock()
+	if st.Live && missing != nil {
+		p := *missing
+		st.Live, st.Problem = false, &p
 	}
 	return st
+}
+
+// setMetricMissing keeps, for Kubelet, the trouble of a kubelet whose
+// /metrics lacks the plugin manager's gauge (kf, live otherwise).
+func (n *Node) setMetricMissing(kf kubeletFacts) {
+	var p *Problem
+	if kf.problem != nil && kf.problem.Reason == ReasonKubeletMetricMissing {
+		p = kf.problem
+	}
+	n.mu.Lock()
+	n.metricMissing = p
+	n.mu.Unlock()
 }

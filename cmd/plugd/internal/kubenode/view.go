@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -74,6 +75,26 @@ type view struct {
 	healthyFresh bool
 }
 
+// KubeletConfig says where plugd reads what the running kubelet holds
+// (package kubeletstate).
+type KubeletConfig = kubeletstate.Config
+
+// The reasons the kubelet cannot be read (package kubeletstate), also the
+// reasons of a Problem and of a kubelet view.
+const (
+	ReasonKubeletNotRunning   = kubeletstate.ReasonNotRunning   // nothing listens at its address
+	ReasonKubeletUnreachable  = kubeletstate.ReasonUnreachable  // no answer: a timeout, no route
+	ReasonKubeletTLS          = kubeletstate.ReasonTLS          // its serving certificate is not trusted
+	ReasonKubeletForbidden    = kubeletstate.ReasonForbidden    // plugd lacks nodes/metrics
+	ReasonKubeletUnauthorized = kubeletstate.ReasonUnauthorized // it does not accept plugd's credentials
+	ReasonKubeletDisabled     = kubeletstate.ReasonDisabled     // kubernetes.kubelet.address is not set
+	ReasonKubeletBadAnswer    = kubeletstate.ReasonBadAnswer    // it answered something else
+	// ReasonKubeletMetricMissing: its /metrics has no plugin manager's
+	// gauge while its registry holds sockets: the gauge is ALPHA, and
+	// this kubelet renamed or dropped it (kubeletFactsOf).
+	ReasonKubeletMetricMissing = "KubeletMetricMissing"
+)
+
 // kubeletFacts is what plugd knows of the running kubelet at one moment.
 type kubeletFacts struct {
 	// live says the kubelet's own state was read: registered holds the
@@ -115,7 +136,7 @@ const (
 
 // kubeletView says what the kubelet made of plugin k, given plugd's sockets
 // of it. Since is left for the caller.
-func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func kubeletView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	v := kubeletViewOf(k, socks, s, kf, mem)
 	v.Message = textsafe.Shorten(v.Message, maxViewMessage)
 	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
@@ -130,7 +151,7 @@ func kubeletView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembe
 	return v
 }
 
-func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func kubeletViewOf(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	if k.typ != TypeCSI && k.typ != TypeDRA && k.typ != TypeDevice {
 		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: "UnsupportedType",
 			Message: fmt.Sprintf("the kubelet registers only %s, %s and %s plugins; it refuses type %s", TypeCSI, TypeDRA, TypeDevice, k.typ)}}
@@ -166,14 +187,14 @@ func kubeletViewOf(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remem
 }
 
 // liveView is the view from the kubelet's own state.
-func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered) view {
+func liveView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	var held, seen []string
 	for _, p := range socks {
 		switch {
-		case kf.registered[p.Socket]:
-			held = append(held, p.Socket)
-		case kf.seen[p.Socket]:
-			seen = append(seen, p.Socket)
+		case kf.registered[p.Path]:
+			held = append(held, p.Path)
+		case kf.seen[p.Path]:
+			seen = append(seen, p.Path)
 		}
 	}
 	if len(held) == 0 {
@@ -181,7 +202,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 		case len(seen) > 0:
 			return notRegistered(k, socks, s, mem, ReasonSeenNotRegistered,
 				fmt.Sprintf("the kubelet has seen %s and not registered it: it refused it or cannot reach it, and retries with backoff", strings.Join(seen, ", ")))
-		case kf.restarted && slices.ContainsFunc(socks, func(p Plugin) bool { return p.Created.Before(kf.started) }):
+		case kf.restarted && slices.ContainsFunc(socks, func(p Socket) bool { return p.Created.Before(kf.started) }):
 			return notRegistered(k, socks, s, mem, ReasonKubeletRestarted, "the kubelet restarted and has not registered it since")
 		}
 		return notRegistered(k, socks, s, mem, ReasonNotRegistered, "the running kubelet's plugin manager holds no socket of it")
@@ -228,7 +249,7 @@ func liveView(k key, socks []Plugin, s snapshot, kf kubeletFacts, mem remembered
 // notRegistered is a view of a plugin the kubelet has not registered:
 // reason and text, unless the CSI driver's topology collides with the
 // Node's labels, which is why.
-func notRegistered(k key, socks []Plugin, s snapshot, mem remembered, reason, text string) view {
+func notRegistered(k key, socks []Socket, s snapshot, mem remembered, reason, text string) view {
 	if c := topologyConflict(k, s, mem); c != "" && reason != ReasonKubeletNotRunning {
 		return view{KubeletView: api.KubeletView{State: api.KubeletNotRegistered, Reason: ReasonTopologyConflict, Message: c}}
 	}
@@ -257,7 +278,7 @@ func topologyConflict(k key, s snapshot, mem remembered) string {
 
 // inferredView says what the API objects show the kubelet made of plugin
 // k: what plugd says when it cannot read the kubelet itself.
-func inferredView(k key, socks []Plugin, s snapshot) view {
+func inferredView(k key, socks []Socket, s snapshot) view {
 	unknown := func(p *Problem) view {
 		return view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: p.Reason, Message: p.Message}}
 	}
@@ -311,7 +332,7 @@ func inferredView(k key, socks []Plugin, s snapshot) view {
 				Message: fmt.Sprintf("Node %s has %s allocatable of %s, but the plugin reported %d healthy of %d devices since", s.nodeName, alloc.String(), k.name, healthy, devices)}}
 		}
 		msg := fmt.Sprintf("Node %s has capacity %s, allocatable %s of %s", s.nodeName, capacity.String(), alloc.String(), k.name)
-		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Plugin) bool { return p.Answering }) {
+		if alloc.IsZero() && !slices.ContainsFunc(socks, func(p Socket) bool { return p.Answering }) {
 			msg += ": its plugin went, and the kubelet keeps the capacity for a grace period (5 minutes) before it drops to 0"
 		}
 		return view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Message: msg}}
@@ -387,4 +408,71 @@ func driverSlices(slices []*resourcev1.ResourceSlice, driver string) int {
 		}
 	}
 	return n
+}
+
+// kubeletFactsOf is what the kubelet's evidence ev says of the sockets
+// socks, read at address: a socket counts as registered once the kubelet
+// registered it, not an older socket at its path.
+func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]Socket) kubeletFacts {
+	kf := kubeletFacts{problem: problemOf(ev.Problem), restarted: ev.Restarted, address: address, impostor: ev.Impostor}
+	if ev.Reading != nil {
+		kf.started = ev.Reading.Started
+	}
+	switch {
+	case ev.Problem != nil && (ev.Problem.Reason == ReasonKubeletNotRunning || ev.Impostor != ""):
+		kf.down = true
+		return kf
+	case ev.Problem != nil || ev.Reading == nil:
+		return kf
+	case !ev.Reading.PluginMetric:
+		if p := metricMissing(ev.Reading, address, socks); p != nil {
+			kf.problem = p
+			return kf
+		}
+	}
+	kf.live, kf.seen, kf.devices = true, ev.Reading.Seen, ev.Reading.Devices
+	kf.registered = map[string]bool{}
+	for _, ps := range socks {
+		for _, p := range ps {
+			if ev.Credited(p.Path, p.Created) {
+				kf.registered[p.Path] = true
+			}
+		}
+	}
+	return kf
+}
+
+// problemOf is the kubelet's problem p as kubenode's, nil for nil.
+func problemOf(p *kubeletstate.Problem) *Problem {
+	if p == nil {
+		return nil
+	}
+	q := Problem(*p)
+	return &q
+}
+
+// metricMissing is the trouble of a kubelet whose reading r has no plugin
+// manager's gauge while plugd sees sockets in its registry that it has
+// had a pass (kubeletstate.Settle) to see, and that has run for
+// staleSettle: the gauge is ALPHA, and a kubelet that renamed it in a new
+// minor would otherwise say that it has registered nothing. Nil where the
+// gauge's absence says that: no socket, none old enough, or a kubelet
+// just started (its desired state is empty until its first pass).
+func metricMissing(r *kubeletstate.Reading, address string, socks map[key][]Socket) *Problem {
+	if r.At.Sub(r.Started) < staleSettle {
+		return nil
+	}
+	var some string
+	for _, ps := range socks {
+		for _, p := range ps {
+			if !p.Created.IsZero() && !r.At.Before(p.Created.Add(kubeletSettle)) {
+				some = p.Path
+			}
+		}
+	}
+	if some == "" {
+		return nil
+	}
+	return &Problem{Operation: "read the kubelet's /metrics at " + address, Reason: ReasonKubeletMetricMissing, Since: r.Started,
+		Message: fmt.Sprintf("the kubelet's /metrics at %s has no plugin_manager_total_plugins, while its registry holds sockets (%s): the metric is ALPHA, and this kubelet renamed or dropped it; plugd cannot read what it registered and infers it from API objects. Check its name with: kubectl get --raw /api/v1/nodes/NODE/proxy/metrics | grep plugin_manager; and tell plugd's maintainers the kubelet's version", address, some)}
 }

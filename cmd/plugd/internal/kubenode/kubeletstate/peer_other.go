@@ -1,6 +1,6 @@
 //go:build !linux
 
-package kubenode
+package kubeletstate
 
 import "net"
 

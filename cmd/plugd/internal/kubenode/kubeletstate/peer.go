@@ -1,4 +1,4 @@
-package kubenode
+package kubeletstate
 
 import (
 	"context"
@@ -43,23 +43,23 @@ func (e *notKubeletError) Error() string {
 	return fmt.Sprintf("the process listening at %s runs as uid %d, neither root (the kubelet) nor plugd's user: it is not the kubelet, and plugd sent it nothing", e.addr, e.uid)
 }
 
-// dialKubelet connects to the kubelet's address and checks who listens
-// there (above) before the connection is used; trusted says which owners
-// of a listening socket are the kubelet.
-func dialKubelet(ctx context.Context, addr string, insecure bool, trusted func(uint32) bool) (net.Conn, error) {
-	d := net.Dialer{Timeout: kubeletTimeout, KeepAlive: kubeletKeepAlive}
+// dial connects to the kubelet's address and checks who listens there
+// (above) before the connection is used; c.trusted says which owners of a
+// listening socket are the kubelet.
+func (c *Client) dial(ctx context.Context, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: c.timeout, KeepAlive: keepAlive}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	uids, local := listenerUIDs(conn.RemoteAddr())
 	for _, uid := range uids {
-		if !trusted(uid) {
+		if !c.trusted(uid) {
 			conn.Close()
 			return nil, &notKubeletError{addr: conn.RemoteAddr().String(), uid: uid}
 		}
 	}
-	if !local && insecure {
+	if !local && c.insecure {
 		conn.Close()
 		return nil, errUnverifiable
 	}

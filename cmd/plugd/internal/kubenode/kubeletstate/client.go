@@ -1,4 +1,20 @@
-package kubenode
+// Package kubeletstate reads what the running kubelet holds, and keeps
+// what the reads showed: the kubelet's own evidence of the node's plugins,
+// for kubenode to judge.
+//
+//	its /metrics (secure port)   plugin_manager_total_plugins: the sockets its
+//	                             plugin manager has registered (actual state) and
+//	                             seen (desired state); process_start_time_seconds
+//	its pod-resources socket     the devices it can allocate now
+//
+// Files by job: client.go reads the kubelet once (Client: /metrics, the
+// devices, a held connection) and names why a read failed (classify);
+// peer.go checks that what answers at the kubelet's address is the
+// kubelet; watch.go says when to read (Watch: reads that follow change, a
+// held connection, a slow resync) and keeps what the reads showed (the
+// runs of each socket path, a restart, an impostor); Now is what kubenode
+// reads of it, at one instant.
+package kubeletstate
 
 import (
 	"bufio"
@@ -31,11 +47,11 @@ import (
 	"github.com/plugd/plugd/internal/smallfile"
 )
 
-// KubeletConfig says where plugd reads what the running kubelet holds: its
+// Config says where plugd reads what the running kubelet holds: its
 // /metrics on its secure port (the sockets its plugin manager has seen and
 // registered, and when it started) and its pod-resources socket (the
 // devices it can allocate).
-type KubeletConfig struct {
+type Config struct {
 	// Address is the kubelet's secure port, HOST:PORT. Empty: plugd does
 	// not read the kubelet, and infers what it registered from the API's
 	// objects (reason Inferred).
@@ -67,8 +83,6 @@ type KubeletConfig struct {
 
 // Bounds of the reads of the kubelet.
 const (
-	kubeletTimeout   = 10 * time.Second
-	kubeletKeepAlive = 30 * time.Second
 	// maxMetricsWire and maxMetricsText bound the kubelet's /metrics as
 	// sent (gzipped) and as text; a kubelet with many pods serves a few
 	// MB of text. An answer larger is an error, not cut.
@@ -93,33 +107,40 @@ var kubeletMetrics = map[string]bool{
 	"process_start_time_seconds":           true,
 }
 
-// kubeletState is what one read of the kubelet found.
-type kubeletState struct {
-	at time.Time
-	// started is the kubelet's process_start_time_seconds.
-	started time.Time
-	// registered and seen are the sockets in its plugin manager's actual
+// Reading is what one read of the kubelet found.
+type Reading struct {
+	At time.Time
+	// Started is the kubelet's process_start_time_seconds.
+	Started time.Time
+	// Registered and Seen are the sockets in its plugin manager's actual
 	// and desired states, by plugd's path of them.
-	registered, seen map[string]bool
-	// bytes is the size of its /metrics answer, as it came (compressed).
-	bytes int64
-	// devices are its allocatable devices by resource, when pod-resources
-	// is configured and answered; devicesErr when it did not.
-	devices    map[string]int
-	devicesErr error
+	Registered, Seen map[string]bool
+	// PluginMetric says the answer held the plugin manager's metric at
+	// all. The kubelet leaves it out while its plugin manager holds no
+	// socket; a kubelet that renamed it (it is ALPHA: its name may change
+	// in any minor) leaves it out always.
+	PluginMetric bool
+	// Bytes is the size of its /metrics answer, as it came (compressed).
+	Bytes int64
+	// Devices are its allocatable devices by resource, when pod-resources
+	// is configured and answered; DevicesErr when it did not.
+	Devices    map[string]int
+	DevicesErr error
 }
 
-// kubeletClient reads the kubelet. Its zero value is not usable: see
-// newKubeletClient.
-type kubeletClient struct {
-	cfg      KubeletConfig
+// Client reads the kubelet. Its zero value is not usable: see
+// NewClient.
+type Client struct {
+	cfg      Config
 	url      string
 	pr       *grpc.ClientConn
 	toPlugd  func(string) (string, bool)
 	insecure bool
 	// trusted says which owners of a listening socket at the address may
-	// be the kubelet (kubeletpeer.go): kubeletUID; tests narrow it.
+	// be the kubelet (peer.go): kubeletUID; tests narrow it.
 	trusted func(uid uint32) bool
+	// timeout bounds each read and dial (timeout); tests shorten it.
+	timeout time.Duration
 	// rc is the client configuration the transport is built from; its
 	// CAData is replaced when kubernetes.kubelet.caFile changes.
 	rc *rest.Config
@@ -130,10 +151,10 @@ type kubeletClient struct {
 	ca  []byte       // guarded by mu: caFile's content as last read
 }
 
-// newKubeletClient builds the client from the API's client configuration
+// NewClient builds the client from the API's client configuration
 // (its credentials: the ServiceAccount's token) and cfg. Nothing is
 // dialled until a read.
-func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir string) (*kubeletClient, error) {
+func NewClient(cfg Config, api *rest.Config, nodeName, registryDir string) (*Client, error) {
 	if _, _, err := net.SplitHostPort(cfg.Address); err != nil {
 		return nil, fmt.Errorf("kubernetes.kubelet.address %q: %w: write it as HOST:PORT, such as 10.0.0.5:10250", cfg.Address, err)
 	}
@@ -147,7 +168,7 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	if rc.TLSClientConfig.ServerName == "" {
 		rc.TLSClientConfig.ServerName = nodeName
 	}
-	c := &kubeletClient{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID, rc: rc}
+	c := &Client{cfg: cfg, url: rc.Host, insecure: cfg.InsecureSkipVerify, trusted: kubeletUID, rc: rc, timeout: timeout}
 	switch {
 	case cfg.InsecureSkipVerify:
 	case cfg.CAFile != "":
@@ -165,7 +186,7 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 	}
 	// Who listens is checked before TLS, and so before the token.
 	rc.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
-		return dialKubelet(ctx, addr, c.insecure, c.trusted)
+		return c.dial(ctx, addr)
 	}
 	if err := c.buildTransport(rc); err != nil {
 		return nil, err
@@ -189,7 +210,7 @@ func newKubeletClient(cfg KubeletConfig, api *rest.Config, nodeName, registryDir
 
 // buildTransport makes the HTTP client and the held connection's TLS
 // configuration from rc.
-func (c *kubeletClient) buildTransport(rc *rest.Config) error {
+func (c *Client) buildTransport(rc *rest.Config) error {
 	rt, err := rest.TransportFor(rc)
 	if err != nil {
 		return fmt.Errorf("kubernetes.kubelet: %w", err)
@@ -207,7 +228,7 @@ func (c *kubeletClient) buildTransport(rc *rest.Config) error {
 	tc.NextProtos = []string{"http/1.1"}
 	c.mu.Lock()
 	old := c.hc
-	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: kubeletTimeout}
+	c.tls, c.hc = tc, &http.Client{Transport: rt, Timeout: c.timeout}
 	c.mu.Unlock()
 	if old != nil {
 		old.CloseIdleConnections()
@@ -217,7 +238,7 @@ func (c *kubeletClient) buildTransport(rc *rest.Config) error {
 
 // transport is the HTTP client and the held connection's TLS
 // configuration in use.
-func (c *kubeletClient) transport() (*http.Client, *tls.Config) {
+func (c *Client) transport() (*http.Client, *tls.Config) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hc, c.tls
@@ -227,7 +248,7 @@ func (c *kubeletClient) transport() (*http.Client, *tls.Config) {
 // kubelet's failed to verify: the kubelet's kubelet.crt, regenerated or
 // rotated while plugd runs, would otherwise never verify again. It says
 // whether the file changed, and the transport with it.
-func (c *kubeletClient) reloadCA() (bool, error) {
+func (c *Client) reloadCA() (bool, error) {
 	if c.cfg.CAFile == "" || c.insecure {
 		return false, nil
 	}
@@ -259,7 +280,7 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-func (c *kubeletClient) close() {
+func (c *Client) close() {
 	hc, _ := c.transport()
 	hc.CloseIdleConnections()
 	if c.pr != nil {
@@ -268,9 +289,9 @@ func (c *kubeletClient) close() {
 }
 
 // readMetrics GETs /metrics and keeps the samples plugd needs.
-func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
-	s := kubeletState{registered: map[string]bool{}, seen: map[string]bool{}}
-	ctx, cancel := context.WithTimeoutCause(ctx, kubeletTimeout, fmt.Errorf("the kubelet did not answer within %s", kubeletTimeout))
+func (c *Client) readMetrics(ctx context.Context) (Reading, error) {
+	s := Reading{Registered: map[string]bool{}, Seen: map[string]bool{}}
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("the kubelet did not answer within %s", c.timeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/metrics", nil)
 	if err != nil {
@@ -290,7 +311,7 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 	counted := &countingReader{r: resp.Body, max: maxMetricsWire, what: "as sent"}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(counted, 512))
-		return s, &kubeletHTTPError{code: resp.StatusCode, body: strings.TrimSpace(string(b))}
+		return s, &httpError{code: resp.StatusCode, body: strings.TrimSpace(string(b))}
 	}
 	var body io.Reader = counted
 	if resp.Header.Get("Content-Encoding") == "gzip" {
@@ -302,11 +323,11 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 	}
 	body = &countingReader{r: body, max: maxMetricsText, what: "uncompressed"}
 	err = scanMetrics(body, func(families map[string]*dto.MetricFamily) { c.fold(&s, families) })
-	s.bytes = counted.n
+	s.Bytes = counted.n
 	if err != nil {
 		return s, fmt.Errorf("reading the kubelet's /metrics: %w", err)
 	}
-	if s.started.IsZero() {
+	if s.Started.IsZero() {
 		return s, errors.New("the kubelet's /metrics has no process_start_time_seconds")
 	}
 	return s, nil
@@ -315,18 +336,19 @@ func (c *kubeletClient) readMetrics(ctx context.Context) (kubeletState, error) {
 // fold takes into s what families, one chunk's parse of the kubelet's
 // metrics, say: the first start time, and the sockets of its plugin
 // manager, at most maxKubeletSockets of them.
-func (c *kubeletClient) fold(s *kubeletState, families map[string]*dto.MetricFamily) {
-	if f := families["process_start_time_seconds"]; f != nil && len(f.Metric) > 0 && s.started.IsZero() {
+func (c *Client) fold(s *Reading, families map[string]*dto.MetricFamily) {
+	if f := families["process_start_time_seconds"]; f != nil && len(f.Metric) > 0 && s.Started.IsZero() {
 		v := f.Metric[0].GetGauge().GetValue()
 		if v > 0 && v < math.MaxInt32 {
 			sec, frac := math.Modf(v)
-			s.started = time.Unix(int64(sec), int64(frac*1e9))
+			s.Started = time.Unix(int64(sec), int64(frac*1e9))
 		}
 	}
 	for name, f := range families {
 		if !strings.HasSuffix(name, "plugin_manager_total_plugins") {
 			continue
 		}
+		s.PluginMetric = true
 		for _, m := range f.Metric {
 			var path, state string
 			for _, l := range m.Label {
@@ -338,14 +360,14 @@ func (c *kubeletClient) fold(s *kubeletState, families map[string]*dto.MetricFam
 				}
 			}
 			p, ok := c.toPlugd(path)
-			if !ok || m.GetGauge().GetValue() < 1 || len(s.registered)+len(s.seen) >= maxKubeletSockets {
+			if !ok || m.GetGauge().GetValue() < 1 || len(s.Registered)+len(s.Seen) >= maxKubeletSockets {
 				continue
 			}
 			switch state {
 			case "actual_state_of_world":
-				s.registered[p] = true
+				s.Registered[p] = true
 			case "desired_state_of_world":
-				s.seen[p] = true
+				s.Seen[p] = true
 			}
 		}
 	}
@@ -444,8 +466,8 @@ func writeLine(b *bytes.Buffer, line []byte) {
 
 // readDevices asks pod-resources for the devices the kubelet can
 // allocate (its healthy devices), by resource.
-func (c *kubeletClient) readDevices(ctx context.Context) (map[string]int, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, kubeletTimeout, fmt.Errorf("pod-resources did not answer within %s", kubeletTimeout))
+func (c *Client) readDevices(ctx context.Context) (map[string]int, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("pod-resources did not answer within %s", c.timeout))
 	defer cancel()
 	r, err := podresv1.NewPodResourcesListerClient(c.pr).GetAllocatableResources(ctx, &podresv1.AllocatableResourcesRequest{},
 		grpc.MaxCallRecvMsgSize(16<<20))
@@ -463,10 +485,10 @@ func (c *kubeletClient) readDevices(ctx context.Context) (map[string]int, error)
 // idle, until it ends: the kubelet's process going away closes it at once.
 // It returns when the connection ends or ctx is done, with why; connected
 // says the connection was made (and verified).
-func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
-	dctx, cancel := context.WithTimeout(ctx, kubeletTimeout)
+func (c *Client) hold(ctx context.Context, connected func()) error {
+	dctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	raw, err := dialKubelet(dctx, c.cfg.Address, c.insecure, c.trusted)
+	raw, err := c.dial(dctx, c.cfg.Address)
 	if err != nil {
 		return err
 	}
@@ -493,37 +515,45 @@ func (c *kubeletClient) hold(ctx context.Context, connected func()) error {
 	return err
 }
 
-// kubeletHTTPError is an answer of the kubelet other than 200.
-type kubeletHTTPError struct {
+// httpError is an answer of the kubelet other than 200.
+type httpError struct {
 	code int
 	body string
 }
 
-func (e *kubeletHTTPError) Error() string {
+func (e *httpError) Error() string {
 	return fmt.Sprintf("the kubelet answered %d %s: %s", e.code, http.StatusText(e.code), e.body)
+}
+
+// Problem is why the kubelet cannot be read, and what fixes it; it has
+// the fields of kubenode's Problem, which converts it.
+type Problem struct {
+	Operation, Reason, Message string
+	// Permission is, for ReasonForbidden, the permission plugd lacks.
+	Permission string
+	Since      time.Time
 }
 
 // The reasons a kubelet cannot be read, also the reasons of a Problem.
 const (
-	ReasonKubeletNotRunning    = "KubeletNotRunning"   // nothing listens at its address
-	ReasonKubeletUnreachable   = "KubeletUnreachable"  // no answer: a timeout, no route
-	ReasonKubeletTLS           = "KubeletTLS"          // its serving certificate is not trusted
-	ReasonKubeletForbidden     = "KubeletForbidden"    // plugd lacks nodes/metrics
-	ReasonKubeletUnauthorized  = "KubeletUnauthorized" // it does not accept plugd's credentials
-	ReasonKubeletDisabled      = "KubeletDisabled"     // kubernetes.kubelet.address is not set
-	ReasonKubeletBadAnswer     = "KubeletBadAnswer"    // it answered something else
-	ReasonPodResources         = "PodResourcesUnreadable"
+	ReasonNotRunning           = "KubeletNotRunning"   // nothing listens at its address
+	ReasonUnreachable          = "KubeletUnreachable"  // no answer: a timeout, no route
+	ReasonTLS                  = "KubeletTLS"          // its serving certificate is not trusted
+	ReasonForbidden            = "KubeletForbidden"    // plugd lacks nodes/metrics
+	ReasonUnauthorized         = "KubeletUnauthorized" // it does not accept plugd's credentials
+	ReasonDisabled             = "KubeletDisabled"     // kubernetes.kubelet.address is not set
+	ReasonBadAnswer            = "KubeletBadAnswer"    // it answered something else
 	kubeletPermission          = "get nodes/metrics"
 	kubeletMetricsDocumentedAt = "the kubelet's /metrics"
 )
 
-// classifyKubelet names why the kubelet at addr could not be read, and
+// classify names why the kubelet at addr could not be read, and
 // what fixes it.
-func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
+func classify(cfg Config, err error, since time.Time) *Problem {
 	op := "read the kubelet's /metrics at " + cfg.Address
 	p := &Problem{Operation: op, Since: since}
 	msg := err.Error()
-	var he *kubeletHTTPError
+	var he *httpError
 	var ua x509.UnknownAuthorityError
 	var hn x509.HostnameError
 	var ci x509.CertificateInvalidError
@@ -532,29 +562,29 @@ func classifyKubelet(cfg KubeletConfig, err error, since time.Time) *Problem {
 	var nk *notKubeletError
 	switch {
 	case errors.As(err, &nk):
-		p.Reason = ReasonKubeletNotRunning
+		p.Reason = ReasonNotRunning
 		p.Message = nk.Error() + ": the kubelet is not running, or another process took its port; see who listens with ss -ltnp"
 	case errors.Is(err, errUnverifiable):
-		p.Reason = ReasonKubeletTLS
+		p.Reason = ReasonTLS
 		p.Message = msg
 	case errors.Is(err, syscall.ECONNREFUSED):
-		p.Reason = ReasonKubeletNotRunning
+		p.Reason = ReasonNotRunning
 		p.Message = fmt.Sprintf("nothing listens at %s: the kubelet is not running (or kubernetes.kubelet.address is not its secure port): %s", cfg.Address, msg)
 	case errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci) || errors.As(err, &tlsErr):
-		p.Reason = ReasonKubeletTLS
+		p.Reason = ReasonTLS
 		p.Message = fmt.Sprintf("cannot verify the kubelet at %s: %s. A self-signed kubelet certificate is its kubelet.crt (in its --cert-dir, /var/lib/kubelet/pki): mount it read-only and set kubernetes.kubelet.caFile to it; "+
 			"or turn on the kubelet's serverTLSBootstrap, so that the cluster CA signs it; kubernetes.kubelet.serverName is the name it must hold (default the node name)", cfg.Address, msg)
 	case errors.As(err, &he) && he.code == http.StatusForbidden:
-		p.Reason, p.Permission = ReasonKubeletForbidden, kubeletPermission
+		p.Reason, p.Permission = ReasonForbidden, kubeletPermission
 		p.Message = fmt.Sprintf("the kubelet refuses plugd its /metrics: plugd lacks the permission %q (the ClusterRole plugd in deploy/kubernetes grants it): %s", kubeletPermission, msg)
 	case errors.As(err, &he) && he.code == http.StatusUnauthorized:
-		p.Reason = ReasonKubeletUnauthorized
+		p.Reason = ReasonUnauthorized
 		p.Message = fmt.Sprintf("the kubelet does not accept plugd's token: turn on its webhook authentication (authentication.webhook.enabled in its KubeletConfiguration, --authentication-token-webhook) and authorization mode Webhook: %s", msg)
 	case errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded):
-		p.Reason = ReasonKubeletUnreachable
+		p.Reason = ReasonUnreachable
 		p.Message = fmt.Sprintf("the kubelet at %s does not answer: %s (is kubernetes.kubelet.address the node's address and the kubelet's port, and does a firewall or NetworkPolicy let plugd reach it?)", cfg.Address, msg)
 	default:
-		p.Reason = ReasonKubeletBadAnswer
+		p.Reason = ReasonBadAnswer
 		p.Message = fmt.Sprintf("cannot read %s at %s: %s", kubeletMetricsDocumentedAt, cfg.Address, msg)
 	}
 	return p

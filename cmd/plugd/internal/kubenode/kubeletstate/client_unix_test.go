@@ -1,6 +1,6 @@
 //go:build unix
 
-package kubenode
+package kubeletstate
 
 import (
 	"os"
@@ -27,7 +27,7 @@ func TestKubeletCAFileBounded(t *testing.T) {
 	} {
 		done := make(chan error, 1)
 		go func() {
-			_, err := newKubeletClient(KubeletConfig{Address: "127.0.0.1:10250", CAFile: tc.path}, &rest.Config{}, "node-a", "/r")
+			_, err := NewClient(Config{Address: "127.0.0.1:10250", CAFile: tc.path}, &rest.Config{}, "node-a", "/r")
 			done <- err
 		}()
 		select {
@@ -37,7 +37,7 @@ func TestKubeletCAFileBounded(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			os.WriteFile(fifo, nil, 0) // let the read end, so that the goroutine does
-			t.Fatalf("%s: newKubeletClient did not return", tc.path)
+			t.Fatalf("%s: NewClient did not return", tc.path)
 		}
 	}
 }

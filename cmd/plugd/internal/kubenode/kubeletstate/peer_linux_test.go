@@ -1,4 +1,4 @@
-package kubenode
+package kubeletstate
 
 import (
 	"context"
@@ -48,8 +48,8 @@ func TestKubeletImpostor(t *testing.T) {
 	addr := srv.Listener.Addr().String()
 	me := uint32(os.Geteuid())
 	notMe := func(uid uint32) bool { return uid != me }
-	for _, cfg := range []KubeletConfig{{Address: addr, CAFile: ca}, {Address: addr, InsecureSkipVerify: true}} {
-		c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	for _, cfg := range []Config{{Address: addr, CAFile: ca}, {Address: addr, InsecureSkipVerify: true}} {
+		c, err := NewClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,9 +59,9 @@ func TestKubeletImpostor(t *testing.T) {
 			t.Errorf("insecure %v: read what is not the kubelet", cfg.InsecureSkipVerify)
 			continue
 		}
-		p := classifyKubelet(cfg, err, time.Now())
-		if want := fmt.Sprintf("runs as uid %d", me); p.Reason != ReasonKubeletNotRunning || !strings.Contains(p.Message, want) {
-			t.Errorf("insecure %v: read: %v: %s: %s; want %s saying %q", cfg.InsecureSkipVerify, err, p.Reason, p.Message, ReasonKubeletNotRunning, want)
+		p := classify(cfg, err, time.Now())
+		if want := fmt.Sprintf("runs as uid %d", me); p.Reason != ReasonNotRunning || !strings.Contains(p.Message, want) {
+			t.Errorf("insecure %v: read: %v: %s: %s; want %s saying %q", cfg.InsecureSkipVerify, err, p.Reason, p.Message, ReasonNotRunning, want)
 		}
 		connected := false
 		if err := c.hold(context.Background(), func() { connected = true }); connected || err == nil {
@@ -69,14 +69,11 @@ func TestKubeletImpostor(t *testing.T) {
 		}
 
 		// What plugd makes of it: not running, and why.
-		b := newBench(t)
-		w := b.n.kubelet
-		w.c, w.cfg = c, cfg
-		w.read(context.Background(), b.clock.Now(), true, false)
-		kf := w.now().facts(addr, nil)
-		v := kubeletViewOf(key{TypeCSI, "csi.example.com"}, []Plugin{csiSocket(b.clock.Now(), true)}, snapshot{nodeName: "node-a"}, kf, remembered{})
-		if !kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "is not the kubelet") {
-			t.Errorf("insecure %v: view %+v (down %v)", cfg.InsecureSkipVerify, v.KubeletView, kf.down)
+		w, clk := newTestWatch(t, c, cfg)
+		w.read(context.Background(), clk.Now(), true, false)
+		ev := w.Evidence()
+		if ev.Problem == nil || ev.Problem.Reason != ReasonNotRunning || !strings.Contains(ev.Impostor, "is not the kubelet") {
+			t.Errorf("insecure %v: evidence %+v, impostor %q", cfg.InsecureSkipVerify, ev.Problem, ev.Impostor)
 		}
 	}
 	mu.Lock()
@@ -87,7 +84,7 @@ func TestKubeletImpostor(t *testing.T) {
 
 	// The same listener, owned by a user the kubelet may run as: read, with
 	// the token.
-	c, err := newKubeletClient(KubeletConfig{Address: addr, InsecureSkipVerify: true}, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	c, err := NewClient(Config{Address: addr, InsecureSkipVerify: true}, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,31 +111,28 @@ func TestKubeletImpostorUnverified(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, metricsText) }))
-	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: kubeletCA}
+	cfg := Config{Address: srv.Listener.Addr().String(), CAFile: kubeletCA}
 	for _, tc := range []struct {
 		name       string
 		read, gone bool
 	}{{"never read", false, false}, {"read, running", true, false}, {"read, then gone", true, true}} {
-		c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+		c, err := NewClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.close()
-		b := newBench(t)
-		w := b.n.kubelet
-		w.c, w.cfg = c, cfg
+		w, clk := newTestWatch(t, c, cfg)
 		if tc.read {
-			w.started = b.clock.Now().Add(-time.Hour)
+			w.rec.started = clk.Now().Add(-time.Hour)
 		}
-		w.gone = tc.gone
-		w.read(context.Background(), b.clock.Now(), true, false)
-		kf := w.now().facts(cfg.Address, nil)
-		v := kubeletViewOf(key{TypeCSI, "csi.example.com"}, []Plugin{csiSocket(b.clock.Now(), true)}, snapshot{nodeName: "node-a"}, kf, remembered{})
+		w.rec.gone = tc.gone
+		w.read(context.Background(), clk.Now(), true, false)
+		ev := w.Evidence()
 		switch {
-		case tc.gone && (!kf.down || v.Reason != ReasonKubeletNotRunning || !strings.Contains(v.Message, "cannot show a certificate plugd verifies")):
-			t.Errorf("%s: view %+v", tc.name, v.KubeletView)
-		case !tc.gone && (kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS || v.Reason == ReasonKubeletNotRunning):
-			t.Errorf("%s: down %v, problem %+v, view %+v", tc.name, kf.down, kf.problem, v.KubeletView)
+		case tc.gone && (ev.Problem == nil || !strings.Contains(ev.Impostor, "cannot show a certificate plugd verifies")):
+			t.Errorf("%s: evidence %+v, impostor %q", tc.name, ev.Problem, ev.Impostor)
+		case !tc.gone && (ev.Impostor != "" || ev.Problem == nil || ev.Problem.Reason != ReasonTLS):
+			t.Errorf("%s: impostor %q, problem %+v", tc.name, ev.Impostor, ev.Problem)
 		}
 	}
 }
@@ -154,32 +148,30 @@ func TestKubeletCARotated(t *testing.T) {
 	if err := os.WriteFile(caFile, oldPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: caFile}
-	c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	cfg := Config{Address: srv.Listener.Addr().String(), CAFile: caFile}
+	c, err := NewClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
-	b := newBench(t)
-	w := b.n.kubelet
-	w.c, w.cfg = c, cfg
-	read := func() kubeletFacts {
+	w, clk := newTestWatch(t, c, cfg)
+	read := func() Evidence {
 		t.Helper()
-		w.read(context.Background(), b.clock.Now(), true, false)
-		return w.now().facts(cfg.Address, nil)
+		w.read(context.Background(), clk.Now(), true, false)
+		return w.Evidence()
 	}
-	if kf := read(); !kf.live {
-		t.Fatalf("the kubelet not read: %+v", kf.problem)
+	if ev := read(); !live(ev) {
+		t.Fatalf("the kubelet not read: %+v", ev.Problem)
 	}
 	serve(&newCert)
-	if kf := read(); kf.down || kf.problem == nil || kf.problem.Reason != ReasonKubeletTLS {
-		t.Errorf("a certificate rotated while the kubelet runs: down %v (%s), problem %+v; want the kubelet unverified, not gone", kf.down, kf.impostor, kf.problem)
+	if ev := read(); ev.Impostor != "" || ev.Problem == nil || ev.Problem.Reason != ReasonTLS {
+		t.Errorf("a certificate rotated while the kubelet runs: impostor %q, problem %+v; want the kubelet unverified, not gone", ev.Impostor, ev.Problem)
 	}
 	if err := os.WriteFile(caFile, newPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if kf := read(); !kf.live {
-		t.Errorf("the new certificate in caFile not used: %+v", kf.problem)
+	if ev := read(); !live(ev) {
+		t.Errorf("the new certificate in caFile not used: %+v", ev.Problem)
 	}
 }
 
@@ -232,22 +224,16 @@ func TestKubeletGoneByHeldConnection(t *testing.T) {
 	if err := os.WriteFile(caFile, kubeletPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := KubeletConfig{Address: srv.Listener.Addr().String(), CAFile: caFile}
-	c, err := newKubeletClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
+	cfg := Config{Address: srv.Listener.Addr().String(), CAFile: caFile}
+	c, err := NewClient(cfg, &rest.Config{BearerToken: "secret"}, "example.com", "/r")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
-	b := newBench(t)
-	w := b.n.kubelet
-	w.c, w.cfg = c, cfg
-	w.read(context.Background(), b.clock.Now(), true, false)
-	if kf := w.now().facts(cfg.Address, nil); !kf.live {
-		t.Fatalf("the kubelet not read: %+v", kf.problem)
-	}
-	select {
-	case <-w.kick: // the bench's informers asked for a read
-	default:
+	w, clk := newTestWatch(t, c, cfg)
+	w.read(context.Background(), clk.Now(), true, false)
+	if ev := w.Evidence(); !live(ev) {
+		t.Fatalf("the kubelet not read: %+v", ev.Problem)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -265,9 +251,9 @@ func TestKubeletGoneByHeldConnection(t *testing.T) {
 	serve(&otherCert)
 	srv.CloseClientConnections()
 	kicked("the held connection's end not told")
-	w.read(context.Background(), b.clock.Now(), true, false)
-	if kf := w.now().facts(cfg.Address, nil); !kf.down || kf.impostor == "" {
-		t.Errorf("after the held connection ended, a certificate that does not verify: down %v, impostor %q, problem %+v", kf.down, kf.impostor, kf.problem)
+	w.read(context.Background(), clk.Now(), true, false)
+	if ev := w.Evidence(); ev.Impostor == "" {
+		t.Errorf("after the held connection ended, a certificate that does not verify: impostor %q, problem %+v", ev.Impostor, ev.Problem)
 	}
 }
 

@@ -1,4 +1,4 @@
-package kubenode
+package kubeletstate
 
 import (
 	"bufio"

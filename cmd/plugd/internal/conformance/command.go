@@ -1,0 +1,158 @@
+package conformance
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// flags are plugd conformance's command line.
+type flags struct {
+	cfg    Config
+	output string
+	junit  string
+	list   bool
+}
+
+// Command is `plugd conformance`. The caller adds it to plugd's command line.
+func Command() *cobra.Command {
+	var f flags
+	cmd := &cobra.Command{
+		Use:   "conformance [flags] [-- COMMAND [ARG...]]",
+		Short: "Check a CSI driver, DRA driver or device plugin against what the kubelet does to it, without a cluster",
+		Long: `plugd conformance plays the kubelet's side of plugin registration against one
+plugin, and checks what the plugin answers. It starts the plugin (-- COMMAND), or
+attaches to one already running (--registry-dir DIR without a command).
+
+A started plugin is told where to make its sockets: the registry directory and an
+endpoint directory (temporary ones unless --registry-dir and --endpoint-dir name
+them) are in its environment as PLUGD_CONFORMANCE_REGISTRY_DIR and
+PLUGD_CONFORMANCE_ENDPOINT_DIR, in any variables --registry-env and
+--endpoint-env name, and replace {registry-dir} and {endpoint-dir} in its
+arguments. Its output goes to standard error. A device plugin that registers
+by calling Register on the device manager's kubelet.sock finds it in the
+endpoint directory.
+
+One line per check: PASS, FAIL or SKIP, the check, whether it is the kubelet's
+rule or a recommendation, what was expected and what was seen. The kubelet's
+rules are required; the recommendations too with --strict. The exit status is
+0 only when no required check failed, 1 when one did, 2 when the command line
+is wrong. docs/writing-plugins.md says what each check means.`,
+		Example: `  plugd conformance -- ./my-dra-driver --registrar-dir={registry-dir} --plugin-dir={endpoint-dir}
+  plugd conformance --registry-env=REGISTRY_DIR -- ./my-device-plugin
+  plugd conformance --registry-dir=/var/lib/kubelet/plugins_registry   # a plugin already running
+  plugd conformance --junit=conformance.xml -o json -- ./driver`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash > 0 || (dash < 0 && len(args) > 0) {
+				return fmt.Errorf("unexpected argument %q: put the plugin's command after --", args[0])
+			}
+			return nil
+		},
+		// Errors of PreRunE are the command line's (exit status 2).
+		PreRunE: func(_ *cobra.Command, args []string) error {
+			if f.output != "text" && f.output != "json" {
+				return fmt.Errorf("--output %q: want text or json", f.output)
+			}
+			if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" && !f.cfg.DeviceManager {
+				return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
+			}
+			if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
+				return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.list {
+				return writeCatalogue(cmd.OutOrStdout())
+			}
+			return f.run(cmd, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.cfg.RegistryDir, "registry-dir", "", "the registry directory: where the plugin makes its registration socket (default with a command: a temporary directory)")
+	fl.StringVar(&f.cfg.EndpointDir, "endpoint-dir", "", "the directory passed to a started plugin for its own endpoint (default: a temporary directory)")
+	fl.StringArrayVar(&f.cfg.RegistryEnv, "registry-env", nil, "also set this environment variable of the started plugin to the registry directory (repeatable)")
+	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
+	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
+	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")
+	fl.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
+	fl.StringVar(&f.junit, "junit", "", "also write the results as JUnit XML to this file")
+	fl.BoolVar(&f.list, "list", false, "list the checks, and stop")
+	return cmd
+}
+
+// errFailed is the error of a run in which a required check failed.
+var errFailed = errors.New("conformance: a check failed")
+
+func (f *flags) run(cmd *cobra.Command, command []string) error {
+	cfg := f.cfg
+	cfg.Command = command
+	cfg.PluginOutput = cmd.ErrOrStderr()
+	for _, d := range []*string{&cfg.RegistryDir, &cfg.EndpointDir} {
+		if *d != "" || len(command) == 0 {
+			continue
+		}
+		tmp, err := os.MkdirTemp("", "plugd-conformance-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		*d = tmp
+	}
+	rep, err := Run(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	if err := f.write(cmd.OutOrStdout(), rep); err != nil {
+		return err
+	}
+	if !rep.Passed {
+		return fmt.Errorf("%w: %d required of %d", errFailed, rep.failed(true), len(rep.Checks))
+	}
+	return nil
+}
+
+// write prints the report, and writes the JUnit file if asked.
+func (f *flags) write(w io.Writer, rep *Report) error {
+	if f.junit != "" {
+		jf, err := os.Create(f.junit)
+		if err != nil {
+			return fmt.Errorf("--junit: %w", err)
+		}
+		err = writeJUnit(jf, rep)
+		if cerr := jf.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("--junit: writing %s: %w", f.junit, err)
+		}
+	}
+	if f.output == "json" {
+		return writeJSON(w, rep)
+	}
+	return writeText(w, rep)
+}
+
+// writeCatalogue prints every check, its rule and what it expects.
+func writeCatalogue(w io.Writer) error {
+	for _, c := range catalogue {
+		types := "every type"
+		if c.Types != nil {
+			types = fmt.Sprint(c.Types)
+		}
+		note := ""
+		if c.Started {
+			note = " (needs the plugin started by the kit)"
+		}
+		if _, err := fmt.Fprintf(w, "%-34s [%s] %s%s: %s\n", c.ID, c.rule(), types, note, c.Expect); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+//go:build linux
+
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+	dpapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	dpstub "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
+
+	"github.com/plugd/plugd/internal/testenv"
+)
+
+// conformanceReport is what `plugd conformance -o json` prints, as far as
+// these tests read it.
+type conformanceReport struct {
+	Checks []struct {
+		ID       string `json:"id"`
+		Status   string `json:"status"`
+		Required bool   `json:"required"`
+		Seen     string `json:"seen"`
+	} `json:"checks"`
+	Passed   bool          `json:"passed"`
+	Duration time.Duration `json:"durationNanoseconds"`
+}
+
+// conformance runs plugd conformance -o json with args and env, and
+// returns its report, failing the test unless the plugin passed.
+func conformance(t *testing.T, env []string, args ...string) conformanceReport {
+	t.Helper()
+	return runConformance(t, exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"conformance", "-o", "json"}, args...)...), env)
+}
+
+// runConformance runs cmd, a plugd conformance -o json, with env.
+func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport {
+	t.Helper()
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var rep conformanceReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil {
+		t.Fatalf("plugd conformance: %v; its output is no report (%v):\n%s\n%s", err, jerr, stdout.String(), stderr.String())
+	}
+	for _, c := range rep.Checks {
+		t.Logf("%s %s (required %t): %s", c.Status, c.ID, c.Required, c.Seen)
+	}
+	if err != nil || !rep.Passed {
+		t.Fatalf("plugd conformance: %v, passed %t; standard error:\n%s", err, rep.Passed, stderr.String())
+	}
+	t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+	return rep
+}
+
+// The kubelet's own sample device plugin (k8s.io/kubernetes
+// test/images/sample-device-plugin, built on the device manager's stub)
+// passes every required check of plugd conformance, started by it: its
+// socket goes in PLUGIN_SOCK_DIR, which the kit sets to its registry
+// directory, and REGISTER_CONTROL_FILE keeps it from registering with a
+// kubelet socket that is not there.
+func TestConformanceSampleDevicePlugin(t *testing.T) {
+	bin := buildSampleDevicePlugin(t)
+	control := filepath.Join(t.TempDir(), "register")
+	rep := conformance(t, []string{"REGISTER_CONTROL_FILE=" + control}, "--registry-env=PLUGIN_SOCK_DIR", "--", bin)
+	if rep.Duration > 30*time.Second {
+		t.Errorf("the run took %s, more than 30 s", rep.Duration)
+	}
+}
+
+// The sample device plugin as it runs on a node: it registers by calling
+// Register on /var/lib/kubelet/device-plugins/kubelet.sock, and again when
+// a restarted kubelet makes that socket anew (the stub's Watch, 10 s after).
+// plugd conformance serves that socket, in a mount namespace of its own
+// whose /var/lib is an overlay (privatemounts), so the host is unchanged.
+func TestConformanceSampleDevicePluginKubeletSock(t *testing.T) {
+	bin := buildSampleDevicePlugin(t)
+	scratch := t.TempDir()
+	const dpDir = "/var/lib/kubelet/device-plugins"
+	script := "mkdir -p " + dpDir + " && exec " + filepath.Join(dirs.Bin, "plugd") + " conformance -o json --endpoint-dir " + dpDir +
+		" --endpoint-env PLUGIN_SOCK_DIR -- " + bin
+	cmd := exec.Command(filepath.Join(dirs.Bin, "privatemounts"), "--overlay", "/var/lib="+scratch, "--", "/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	rep := runConformance(t, cmd, nil)
+	for _, c := range rep.Checks {
+		if c.ID == "deviceplugin/kubelet-restart" && c.Status != "PASS" {
+			t.Errorf("%s: %s, want PASS: %s", c.ID, c.Status, c.Seen)
+		}
+	}
+}
+
+// buildSampleDevicePlugin builds k8s.io/kubernetes's sample device plugin
+// into the binaries' directory.
+func buildSampleDevicePlugin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(dirs.Bin, "sample-device-plugin")
+	build := exec.Command("go", "build", "-o", bin, "k8s.io/kubernetes/test/images/sample-device-plugin")
+	build.Dir = dirs.Module
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the sample device plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// The device manager's stub itself, run in this process, passes every
+// required check with plugd conformance attached to it.
+func TestConformanceDevicePluginStub(t *testing.T) {
+	dir := testenv.ShortDir(t, "reg")
+	devs := []*dpapi.Device{{ID: "Dev-1", Health: dpapi.Healthy}, {ID: "Dev-2", Health: dpapi.Healthy}}
+	logger := klog.Background()
+	stub := dpstub.NewDevicePluginStub(logger, devs, filepath.Join(dir, "stub.sock"), "example.com/stub", false, false)
+	if err := stub.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stub.Stop(logger) })
+	rep := conformance(t, nil, "--registry-dir", dir)
+	for _, c := range rep.Checks {
+		if c.Status == "FAIL" {
+			t.Errorf("%s failed: %s", c.ID, c.Seen)
+		}
+	}
+}
