@@ -30,6 +30,11 @@ const (
 	ReasonTaintRestored = "TaintRestored" // retaint: a plugin that was ready is not any more
 )
 
+// defaultStartupWindow is how long after the kubelet's start a re-added
+// taint is removed again, by default: a node manager that re-applies the
+// registration taints does so within minutes of the node's boot.
+const defaultStartupWindow = 10 * time.Minute
+
 // maxReRemovals bounds how often plugd removes a taint another writer
 // keeps putting back within the window, per boot of the kubelet.
 const maxReRemovals = 3
@@ -148,6 +153,7 @@ type taintChange struct {
 	reason  string // one of the taint event reasons
 	by      string // the field manager that re-added it (ReasonTaintReadded)
 	message string
+	after   taintMemory // the rule's memory once the write is made
 }
 
 // decideTaints decides, for every rule, whether its taint is removed, put
@@ -158,7 +164,7 @@ func decideTaints(rules []taintRule, f taintFacts, mem map[string]taintMemory) (
 	next := make(map[string]taintMemory, len(rules))
 	for _, r := range rules {
 		m := mem[r.String()]
-		if !m.boot.Equal(f.kubeletBoot) {
+		if !f.kubeletBoot.IsZero() && !m.boot.Equal(f.kubeletBoot) {
 			m.boot, m.reRemovals, m.left = f.kubeletBoot, 0, nil // a new boot, a new window
 		}
 		c, m := decideTaint(r, f, m)
