@@ -37,7 +37,7 @@ func startKubelet(t *testing.T, node string, taints ...string) *kubelet.Kubelet 
 	if err := cp.WriteNodeKubeconfig(kubeconfig, node); err != nil {
 		t.Fatal(err)
 	}
-	k, err := kubelet.Start(context.Background(), kubelet.Config{Bin: dirs.Bin, Dir: dir, Node: node, Kubeconfig: kubeconfig,
+	k, err := kubelet.Start(context.Background(), kubelet.Config{Bin: dirs.Bin, Kubelet: kubeletBin.Path, Dir: dir, Node: node, Kubeconfig: kubeconfig,
 		Taints: taints, StatusUpdate: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +65,17 @@ func skipOrFail(t *testing.T, why string) {
 		t.Fatal(why + " (PLUGD_KUBE=require: every test must run)")
 	}
 	t.Skip(why)
+}
+
+// needKubelet skips the test, saying why, where the kubelet under test
+// (PLUGD_KUBELET_MINOR) is older than minor: a scenario of a kubelet
+// feature that minor has not. It skips even with PLUGD_KUBE=require, as the
+// scenario cannot apply; docs/kubernetes.md lists each such skip.
+func needKubelet(t *testing.T, minor, why string) {
+	t.Helper()
+	if !kubeletBin.AtLeast(minor) {
+		t.Skipf("the kubelet under test is of minor %s (%s); this needs %s or newer: %s", kubeletBin.Minor, kubeletBin.Version, minor, why)
+	}
 }
 
 // requireAll says PLUGD_KUBE=require is set.

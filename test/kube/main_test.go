@@ -9,6 +9,10 @@
 // Real plugins serve in registry directories, and plugd runs as a process
 // with a ServiceAccount token bound to the DaemonSet's ClusterRole.
 //
+// PLUGD_KUBELET_MINOR (1.35, 1.36; unset: 1.37, this module's) picks the
+// kubelet the tests run: an older minor is built from its own module in
+// minors/ (minors/run runs the truth scenarios against each).
+//
 // go test -short skips it all, and the kubelet's tests skip where not run
 // as root; PLUGD_KUBE=require (as .ci/run sets) makes either a failure. The
 // first run builds kube-apiserver and the
@@ -33,6 +37,9 @@ var (
 	cp    *controlplane.ControlPlane
 	dirs  controlplane.Dirs
 	admin kubernetes.Interface
+	// kubeletBin is the kubelet the tests run: of the minor
+	// PLUGD_KUBELET_MINOR names, the newest if unset.
+	kubeletBin controlplane.Kubelet
 )
 
 func TestMain(m *testing.M) {
@@ -60,7 +67,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "binaries in %s, ready after %s\n", dirs.Bin, time.Since(start).Round(time.Second))
+	if kubeletBin, err = controlplane.BuildKubelet(dirs, os.Getenv(controlplane.MinorEnv), os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "binaries in %s, ready after %s; the kubelet: %s, of k8s.io/kubernetes %s\n",
+		dirs.Bin, time.Since(start).Round(time.Second), kubeletBin.Path, kubeletBin.Version)
 	dir, err := os.MkdirTemp("", "kube")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

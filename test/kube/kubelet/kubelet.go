@@ -41,11 +41,14 @@ import (
 	"k8s.io/cri-client/pkg/fake"
 )
 
-// Config is what a kubelet needs. Every field is required except Taints
-// and StatusUpdate.
+// Config is what a kubelet needs. Every field is required except
+// Kubelet, Taints and StatusUpdate.
 type Config struct {
 	// Bin holds the kubelet and privatemounts binaries.
 	Bin string
+	// Kubelet is the kubelet binary to run, when not Bin's: one of another
+	// minor (test/kube/minors). Empty means Bin's kubelet.
+	Kubelet string
 	// Dir holds everything the kubelet writes; it must be short enough for
 	// unix socket paths below it.
 	Dir string
@@ -152,7 +155,11 @@ func Start(ctx context.Context, cfg Config) (k *Kubelet, err error) {
 		"--overlay", "/var/lib=" + filepath.Join(cfg.Dir, "var-lib"),
 		"--overlay", "/var/log=" + filepath.Join(cfg.Dir, "var-log"),
 	}, binds...)
-	k.args = append(k.args, "--", filepath.Join(cfg.Bin, "kubelet"),
+	bin := cfg.Kubelet
+	if bin == "" {
+		bin = filepath.Join(cfg.Bin, "kubelet")
+	}
+	k.args = append(k.args, "--", bin,
 		"--config="+config, "--kubeconfig="+cfg.Kubeconfig, "--root-dir="+k.RootDir, "--cert-dir="+certDir,
 		"--hostname-override="+cfg.Node, "--node-ip=127.0.0.1", "--v=2")
 	if err := k.Start(ctx); err != nil {
