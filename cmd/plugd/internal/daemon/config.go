@@ -100,7 +100,7 @@ type KubernetesConfig struct {
 	// StartupWindow is how long after the kubelet's start a startup taint
 	// (expect[].taint, removeTaintWhenReady) another writer puts back is
 	// removed again, at most 3 times per boot of the kubelet; after it,
-	// such a taint is left to its writer, and plugctl doctor names it.
+	// such a taint is left to its writer, and plugd logs who holds it.
 	// Default 10m.
 	StartupWindow Duration `json:"startupWindow,omitempty"`
 	// DisagreementGrace is how long a plugin's socket and the kubelet may

@@ -269,6 +269,12 @@ func (d *decision) decideTaints() {
 		id := changes[i].rule.String()
 		changes[i].after, next[id] = next[id], d.m.taints[id]
 	}
+	for _, r := range d.pol.taints {
+		if h := next[r.String()].left; h != nil && d.m.taints[r.String()].left == nil {
+			d.p.logs = append(d.p.logs, logLine{warn: true, msg: "a startup taint put back by another writer is left to it: past the startup window, or removed again too often",
+				args: []any{"taint", r.String(), "writer", h.manager, "since", h.since}})
+		}
+	}
 	d.p.taints, d.m.taints = changes, next
 }
 
