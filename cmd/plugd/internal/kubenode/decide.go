@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
@@ -82,7 +83,8 @@ type memory struct {
 	lastBeat time.Time
 	// taints is what plugd remembers of each taint it manages, by
 	// KEY:EFFECT (taints.go).
-	taints map[string]taintMemory
+	taints   map[string]taintMemory
+	taintsOf types.UID // the Node taints is of
 }
 
 func newMemory() memory {
@@ -263,6 +265,12 @@ func (d *decision) decideTaints() {
 	f := taintFacts{now: d.f.now, window: d.pol.window, taints: d.f.node.Spec.Taints, owner: taintsOwner(d.f.node), conds: conds}
 	if r := d.f.evidence.Reading; r != nil {
 		f.kubeletBoot = r.Started // unknown while the kubelet cannot be read: a re-add is then left
+	}
+	if d.f.node.UID != d.m.taintsOf {
+		// Another Node (deleted and created again, by the kubelet with its
+		// registration taints): what plugd did to the last one is no
+		// memory of this one's.
+		d.m.taints, d.m.taintsOf = map[string]taintMemory{}, d.f.node.UID
 	}
 	changes, next := decideTaints(d.pol.taints, f, d.m.taints)
 	for i := range changes {
