@@ -17,6 +17,11 @@ type ClusterView struct {
 	Nodes          int             `json:"nodes"`
 	NodesWithPlugd int             `json:"nodesWithPlugd"`
 	Plugins        []ClusterPlugin `json:"plugins"`
+	// Source is where it was counted from: "nodes" (every Node, read by
+	// the reader) or "summary" (plugd caretaker's, from the Nodes it
+	// watches); AsOf is when it was counted, by the counter's clock.
+	Source string    `json:"source,omitempty"`
+	AsOf   time.Time `json:"asOf,omitzero"`
 }
 
 // ClusterPlugin is one expected plugin across a cluster: on how many nodes

@@ -1,7 +1,10 @@
 package nodecond
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +212,69 @@ func summarize(nodes []corev1.Node) []ClusterPlugin {
 		c.Add(&nodes[i])
 	}
 	return c.View().Plugins
+}
+
+// A summary round-trips; one whose lists of nodes would pass
+// MaxSummaryBytes keeps its counts and drops the lists (Complete false);
+// what is not a summary, or too large, is refused.
+func TestSummaryEncoding(t *testing.T) {
+	at := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	small := Summary{Time: at, View: ClusterView{Nodes: 2, Plugins: []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Ready: 1, Expected: 2,
+		NotReady: []NodeCondition{{Node: "n1", Status: "False", Reason: "SocketMissing"}}}}}}
+	b, err := EncodeSummary(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeSummary(b)
+	if err != nil || !got.Complete || !got.Time.Equal(at) || len(got.View.Plugins[0].NotReady) != 1 {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	// A message of another writer's, a megabyte long, is cut; the
+	// caller's view is left as it was.
+	hostile := small
+	hostile.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 1,
+		NotReady: []NodeCondition{{Node: "n1", Status: "False", Reason: "R", Message: strings.Repeat("\x7f", 1<<20)}}}}
+	b, err = EncodeSummary(hostile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = DecodeSummary(b)
+	if err != nil || !got.Complete || len(got.View.Plugins[0].NotReady[0].Message) > MaxMessage || len(hostile.View.Plugins[0].NotReady[0].Message) != 1<<20 {
+		t.Errorf("a summary with a megabyte message: complete %v, message of %d bytes, %v", got.Complete, len(got.View.Plugins[0].NotReady[0].Message), err)
+	}
+	// A reason with DEL and C1 controls (the API server takes them in a
+	// condition; YAML, which parses a server-side apply, does not) is
+	// written escaped, and reads back as it was.
+	controls := small
+	controls.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 1,
+		NotReady: []NodeCondition{{Node: "n1", Status: "False", Reason: "R\x7f\u0085\u009b\ufffe", Message: "m\u0080"}}}}
+	b, err = EncodeSummary(controls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.ContainsFunc(b, func(r rune) bool { return r >= 0x7f && r <= 0x9f || r == 0xfffe }) {
+		t.Errorf("the summary holds characters YAML refuses: %q", b)
+	}
+	got, err = DecodeSummary(b)
+	if err != nil || !reflect.DeepEqual(got.View, controls.View) {
+		t.Errorf("control characters do not come back: %+v, %v", got.View, err)
+	}
+	big := small
+	big.View.Plugins = []ClusterPlugin{{Type: "CSIPlugin", Name: "a", Expected: 10000}}
+	for i := range 10000 {
+		big.View.Plugins[0].NotReady = append(big.View.Plugins[0].NotReady, NodeCondition{Node: fmt.Sprintf("node-%05d", i), Status: "False", Reason: "SocketMissing", Message: strings.Repeat("m", 100)})
+	}
+	b, err = EncodeSummary(big)
+	if err != nil || len(b) > MaxSummaryBytes {
+		t.Fatalf("a summary of 10,000 nodes not ready: %d bytes, %v", len(b), err)
+	}
+	got, err = DecodeSummary(b)
+	if err != nil || got.Complete || got.View.Plugins[0].Expected != 10000 || got.View.Plugins[0].NotReady != nil || len(big.View.Plugins[0].NotReady) != 10000 {
+		t.Errorf("a summary too large for its lists: complete %v, %+v, %v (the caller's lists: %d)", got.Complete, got.View.Plugins[0].Expected, err, len(big.View.Plugins[0].NotReady))
+	}
+	for _, bad := range []string{"", "{", `{"view":{}}`, `{"time":"2026-12-07T05:00:00Z","pad":"` + strings.Repeat("x", MaxSummaryBytes) + `"}`} {
+		if _, err := DecodeSummary([]byte(bad)); err == nil {
+			t.Errorf("DecodeSummary(%.40q) accepts it", bad)
+		}
+	}
 }

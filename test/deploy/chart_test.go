@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -546,6 +547,48 @@ func TestRenderings(t *testing.T) {
 		}
 	})
 
+	// The registration SLO's threshold and objective from the values reach
+	// every rule of the SLO: no 30 s or 99% of the file's is left.
+	t.Run("prometheusRule's SLO", func(t *testing.T) {
+		m, _ := mustRender(t, "prometheusRule: {enabled: true, slo: {registrationSeconds: 60, objective: 0.995}}")
+		o := decode(t, m)
+		if len(o.prometheusRules) != 1 {
+			t.Fatalf("%d PrometheusRules", len(o.prometheusRules))
+		}
+		var slo int
+		for _, g := range o.prometheusRules[0].Spec.Groups {
+			for _, r := range g.Rules {
+				text := r.Expr.String() + fmt.Sprint(r.Labels, r.Annotations)
+				if !strings.Contains(r.Record+r.Alert, "registration_slo") && !strings.HasPrefix(r.Alert, "PlugdRegistrationSLO") {
+					continue
+				}
+				slo++
+				for _, old := range []string{`le="30"`, "0.99)", "within 30 s"} {
+					if strings.Contains(text, old) {
+						t.Errorf("%s%s: still has %s: %s", r.Record, r.Alert, old, text)
+					}
+				}
+				var want []string
+				switch {
+				case r.Alert != "":
+					want = []string{"(1 - 0.995)", "within 60 s"}
+				case r.Record == "plugd:registration_slo:objective":
+					want = []string{"vector(0.995)", "threshold_seconds:60"}
+				default:
+					want = []string{`le="60"`}
+				}
+				for _, w := range want {
+					if !strings.Contains(text, w) {
+						t.Errorf("%s%s: no %s: %s", r.Record, r.Alert, w, text)
+					}
+				}
+			}
+		}
+		if slo != 10 {
+			t.Errorf("%d rules of the SLO; the mixin has 10 (the objective, 7 windows, 2 alerts)", slo)
+		}
+	})
+
 	// A value the schema lets through but plugd refuses is caught by plugd
 	// --check-config, naming the field.
 	t.Run("refused by plugd", func(t *testing.T) {
@@ -660,6 +703,21 @@ func checkCaretaker(t *testing.T, o objects) corev1.PodSpec {
 	if !bound || pod.ServiceAccountName == ds.Spec.Template.Spec.ServiceAccountName {
 		t.Errorf("the caretaker runs as %q, bound to its ClusterRole: %v", pod.ServiceAccountName, bound)
 	}
+	// The fleet summary: it writes one ConfigMap of its namespace, and
+	// may touch no other.
+	if !slices.Contains(c.Args, "--summary-namespace="+d.Namespace) {
+		t.Errorf("the caretaker keeps no fleet summary in its namespace %s: %v", d.Namespace, c.Args)
+	}
+	// One Role in its namespace: plugd's pods (checkCaretakerPods) and
+	// that ConfigMap.
+	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"plugd-fleet"}, Verbs: []string{"get", "create", "patch"}}}
+	if len(o.roles) != 1 || o.roles[0].Namespace != d.Namespace || !reflect.DeepEqual(o.roles[0].Rules, wantRole) {
+		t.Errorf("the caretaker's Role: %+v", o.roles)
+	} else if len(o.roleBindings) != 1 || o.roleBindings[0].RoleRef.Name != o.roles[0].Name || len(o.roleBindings[0].Subjects) != 1 ||
+		o.roleBindings[0].Subjects[0].Name != pod.ServiceAccountName || o.roleBindings[0].Namespace != d.Namespace {
+		t.Errorf("the caretaker's RoleBinding: %+v", o.roleBindings)
+	}
 	return pod
 }
 
@@ -689,8 +747,11 @@ func checkCaretakerPods(t *testing.T, o objects, d appsv1.Deployment, ds appsv1.
 		t.Fatalf("%d Roles and %d RoleBindings, want the caretaker's", len(o.roles), len(o.roleBindings))
 	}
 	r, b := o.roles[0], o.roleBindings[0]
-	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
-	if r.Namespace != ds.Namespace || !reflect.DeepEqual(r.Rules, want) {
+	pods := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
+	if r.Namespace != ds.Namespace || !slices.ContainsFunc(r.Rules, func(pr rbacv1.PolicyRule) bool { return reflect.DeepEqual([]rbacv1.PolicyRule{pr}, pods) }) ||
+		slices.ContainsFunc(r.Rules, func(pr rbacv1.PolicyRule) bool {
+			return slices.Contains(pr.Resources, "pods") && !reflect.DeepEqual([]rbacv1.PolicyRule{pr}, pods)
+		}) {
 		t.Errorf("the caretaker's Role: %s %+v", r.Namespace, r.Rules)
 	}
 	if b.Namespace != ds.Namespace || b.RoleRef.Kind != "Role" || b.RoleRef.Name != r.Name || len(b.Subjects) != 1 ||

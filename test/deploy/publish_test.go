@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -17,9 +18,12 @@ import (
 	"github.com/rhysd/actionlint"
 	yamlv3 "go.yaml.in/yaml/v3"
 	"helm.sh/helm/v4/pkg/action"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	helmregistry "helm.sh/helm/v4/pkg/registry"
+	release "helm.sh/helm/v4/pkg/release/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 )
 
 // What the release workflow (.github/workflows/release.yml) does to
@@ -30,6 +34,12 @@ import (
 // install oci://... does, and installed from it with a client-side dry
 // run (test/deploy has no API server); every image the rendered pods run
 // resolves in that registry to the image pushed, by tag and by digest.
+//
+// With PLUGD_KUBECONFIG set (test/kube's TestReleaseFromRegistry sets it
+// to its real kube-apiserver and runs this test), the chart pulled is also
+// installed as helm install --dry-run=server does, against that server,
+// into the namespace PLUGD_RELEASE_NAMESPACE; the release's manifest is
+// written to PLUGD_RELEASE_MANIFEST, for test/kube to apply, dry run.
 func TestReleasePublish(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
@@ -88,6 +98,51 @@ func TestReleasePublish(t *testing.T) {
 			checkResolves(t, img, digest)
 		}
 	}
+	if kubeconfig := os.Getenv("PLUGD_KUBECONFIG"); kubeconfig != "" {
+		rel := installServerDryRun(t, c, map[string]any{"image": map[string]any{"repository": repository}},
+			kubeconfig, os.Getenv("PLUGD_RELEASE_NAMESPACE"))
+		for _, img := range podImages(t, rel.Manifest) {
+			checkResolves(t, img, digest)
+		}
+		if err := os.WriteFile(os.Getenv("PLUGD_RELEASE_MANIFEST"), []byte(rel.Manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// installServerDryRun installs c with vals into namespace ns as helm
+// install --dry-run=server --namespace ns does, against the API server of
+// kubeconfig: Helm's library renders the chart (lookup reads that
+// server), builds each object with the server's discovery and validates it
+// against the server's OpenAPI schema, and looks for objects of the same
+// names already there that the release would take over; it writes
+// nothing.
+func installServerDryRun(t *testing.T, c *chart.Chart, vals map[string]any, kubeconfig, ns string) *release.Release {
+	t.Helper()
+	if ns == "" {
+		t.Fatal("PLUGD_KUBECONFIG is set and PLUGD_RELEASE_NAMESPACE is not")
+	}
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig, flags.Namespace = &kubeconfig, &ns
+	cfg := action.NewConfiguration()
+	if err := cfg.Init(flags, ns, "secret"); err != nil {
+		t.Fatal(err)
+	}
+	in := action.NewInstall(cfg)
+	in.DryRunStrategy = action.DryRunServer
+	in.ReleaseName, in.Namespace = releaseName, ns
+	r, err := in.RunWithContext(context.Background(), c, vals)
+	if err != nil {
+		t.Fatalf("helm install --dry-run=server against %s: %v", kubeconfig, err)
+	}
+	rel, ok := r.(*release.Release)
+	if !ok {
+		t.Fatalf("helm returned a %T, not a v1 release", r)
+	}
+	if rel.Info.Description != "Dry run complete" {
+		t.Errorf("helm install --dry-run=server: %q", rel.Info.Description)
+	}
+	return rel
 }
 
 // cranePushLayout pushes the OCI layout in dir to ref as crane push DIR

@@ -37,6 +37,12 @@ var badValues = []badValue{
 	{"", "serviceAccount: {create: false, name: node-agents}", "caretaker.serviceAccountName", ""},
 	{"", "caretaker: {replicas: 2}", "'replicas'", ""},
 	{"", "resources: {limits: {cpu: one}}", "/resources/limits/cpu", ""},
+	// The registration SLO: a threshold that is no bucket of plugd's
+	// histograms selects no series; an objective of 1 leaves no budget.
+	{"", "prometheusRule: {slo: {registrationSeconds: 45}}", "/prometheusRule/slo/registrationSeconds", ""},
+	{"", "prometheusRule: {slo: {objective: 1}}", "/prometheusRule/slo/objective", ""},
+	{"", "prometheusRule: {slo: {objective: 99}}", "/prometheusRule/slo/objective", ""},
+	{"", "prometheusRule: {slo: {objective: 0.5}}", "/prometheusRule/slo/objective", ""},
 	{"", "caretaker: {resources: {requests: {memory: [1]}}}", "/caretaker/resources/requests/memory", ""},
 
 	// plugd's, which the schema says too. The first five are issue 37's.
@@ -147,6 +153,7 @@ var notInSchema = map[string]string{
 // goodValues are values plugd takes, which the schema takes too.
 var goodValues = []string{
 	"expect: [{type: CSIPlugin, name: ebs.csi.aws.com, taint: 'ebs.csi.aws.com/agent-not-ready:NoExecute'}, {type: CSIPlugin, name: efs.csi.aws.com, taint: 'efs.csi.aws.com/agent-not-ready:NoExecute', retaint: true}, {type: DevicePlugin, name: example.com/gpu, retaint: false}]\nkubernetes: {removeTaintWhenReady: 'example.com/plugins-not-ready:NoSchedule', startupWindow: 5m}",
+	"prometheusRule: {enabled: true, slo: {registrationSeconds: 0.5, objective: 0.999}}",
 	"resources: {limits: {cpu: 1}}",
 	"resources: {requests: {cpu: 0.5, memory: 64Mi}, limits: {cpu: '2', memory: 1e9}}\ncaretaker: {resources: {limits: {cpu: 1}}}",
 	"liveness: {probeInterval: -1s}",

@@ -34,20 +34,7 @@ import (
 // operator's Go types).
 func TestChartDryRun(t *testing.T) {
 	ctx := context.Background()
-	rc := cp.Config(cp.AdminToken)
-	dc, err := discovery.NewDiscoveryClientForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := restmapper.GetAPIGroupResources(dc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sd := newServerDryRun(t)
 	// The namespace, for real: a namespaced object cannot be applied, even
 	// in a dry run, where there is none.
 	applyManifest(t, "deploy/kubernetes/namespace.yaml")
@@ -67,57 +54,93 @@ func TestChartDryRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		rel, _ := filepath.Rel(dirs.Repo, f)
-		for i, doc := range bytes.Split(b, []byte("\n---\n")) {
-			j, err := yaml.YAMLToJSONStrict(doc)
-			if err != nil {
-				t.Fatalf("%s document %d: %v", rel, i+1, err)
-			}
-			if string(j) == "null" {
-				continue
-			}
-			var u unstructured.Unstructured
-			if err := u.UnmarshalJSON(j); err != nil {
-				t.Fatalf("%s document %d: %v", rel, i+1, err)
-			}
-			gvk := u.GroupVersionKind()
-			if gvk.Group == "monitoring.coreos.com" {
-				t.Logf("%s: %s %s skipped: no Prometheus Operator CRDs here", rel, gvk.Kind, u.GetName())
-				continue
-			}
-			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				t.Fatalf("%s document %d: %s: %v", rel, i+1, gvk, err)
-			}
-			var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-			if m.Scope.Name() == meta.RESTScopeNameNamespace {
-				ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
-			}
-			force := true
-			_, err = ri.Patch(ctx, u.GetName(), types.ApplyPatchType, j, metav1.PatchOptions{
-				DryRun: []string{metav1.DryRunAll}, FieldManager: "plugd-chart-test", Force: &force,
-				FieldValidation: metav1.FieldValidationStrict,
-			})
-			if err != nil {
-				msg := err.Error()
-				if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || strings.Contains(msg, "unknown field") {
-					t.Errorf("%s: the API server refuses %s %s: %v", rel, gvk.Kind, u.GetName(), err)
-					continue
-				}
-				t.Fatalf("%s: applying %s %s (dry run): %v", rel, gvk.Kind, u.GetName(), err)
-			}
-			applied++
-		}
+		applied += sd.apply(ctx, t, rel, b)
 	}
 	t.Logf("%d objects of %d renderings accepted (server-side apply, dry run)", applied, len(files))
 
 	// And the check can fail: a field the API does not have is refused.
 	bad := []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"plugd","namespace":"plugd"},"data":{},"dta":{}}`)
 	force := true
-	_, err = dyn.Resource(mapping(t, mapper, "", "v1", "ConfigMap")).Namespace("plugd").Patch(ctx, "plugd", types.ApplyPatchType, bad,
+	_, err = sd.dyn.Resource(mapping(t, sd.mapper, "", "v1", "ConfigMap")).Namespace("plugd").Patch(ctx, "plugd", types.ApplyPatchType, bad,
 		metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "plugd-chart-test", Force: &force, FieldValidation: metav1.FieldValidationStrict})
 	if err == nil || !strings.Contains(err.Error(), "dta") {
 		t.Errorf("a ConfigMap with a misspelt field: %v", err)
 	}
+}
+
+// serverDryRun applies manifests to the API server as kubectl apply
+// --server-side --dry-run=server does.
+type serverDryRun struct {
+	mapper meta.RESTMapper
+	dyn    dynamic.Interface
+}
+
+func newServerDryRun(t *testing.T) serverDryRun {
+	t.Helper()
+	rc := cp.Config(cp.AdminToken)
+	dc, err := discovery.NewDiscoveryClientForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serverDryRun{mapper: restmapper.NewDiscoveryRESTMapper(groups), dyn: dyn}
+}
+
+// apply applies each object of the YAML documents b (named rel in
+// errors), dry run, strict about fields, and returns how many it applied.
+// The Prometheus Operator's kinds are skipped: their CRDs are not
+// installed here.
+func (sd serverDryRun) apply(ctx context.Context, t *testing.T, rel string, b []byte) int {
+	t.Helper()
+	applied := 0
+	for i, doc := range bytes.Split(b, []byte("\n---\n")) {
+		j, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			t.Fatalf("%s document %d: %v", rel, i+1, err)
+		}
+		if string(j) == "null" {
+			continue
+		}
+		var u unstructured.Unstructured
+		if err := u.UnmarshalJSON(j); err != nil {
+			t.Fatalf("%s document %d: %v", rel, i+1, err)
+		}
+		gvk := u.GroupVersionKind()
+		if gvk.Group == "monitoring.coreos.com" {
+			t.Logf("%s: %s %s skipped: no Prometheus Operator CRDs here", rel, gvk.Kind, u.GetName())
+			continue
+		}
+		m, err := sd.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s document %d: %s: %v", rel, i+1, gvk, err)
+		}
+		var ri dynamic.ResourceInterface = sd.dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = sd.dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		force := true
+		_, err = ri.Patch(ctx, u.GetName(), types.ApplyPatchType, j, metav1.PatchOptions{
+			DryRun: []string{metav1.DryRunAll}, FieldManager: "plugd-chart-test", Force: &force,
+			FieldValidation: metav1.FieldValidationStrict,
+		})
+		if err != nil {
+			msg := err.Error()
+			if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || strings.Contains(msg, "unknown field") {
+				t.Errorf("%s: the API server refuses %s %s: %v", rel, gvk.Kind, u.GetName(), err)
+				continue
+			}
+			t.Fatalf("%s: applying %s %s (dry run): %v", rel, gvk.Kind, u.GetName(), err)
+		}
+		applied++
+	}
+	return applied
 }
 
 func mapping(t *testing.T, m meta.RESTMapper, group, version, kind string) schema.GroupVersionResource {

@@ -110,7 +110,9 @@ func cluster(ctx context.Context, client rest.Interface, selector string, maxAge
 			return nodecond.ClusterView{}, read.tooLong(limits)
 		}
 		if cont == "" {
-			return c.View(), nil
+			v := c.View()
+			v.Source, v.AsOf = SourceNodes, c.Now
+			return v, nil
 		}
 	}
 }
@@ -178,7 +180,11 @@ func WriteCluster(w io.Writer, v nodecond.ClusterView, f Format, now time.Time) 
 		return err
 	}
 	if !f.NoHeaders {
-		if _, err := fmt.Fprintf(w, "%d nodes, %d with plugd's conditions\n", v.Nodes, v.NodesWithPlugd); err != nil {
+		from := ""
+		if v.Source == SourceSummary {
+			from = fmt.Sprintf(", as plugd caretaker counted them %s ago (--source=nodes reads every Node now)", printer.Since(v.AsOf, now))
+		}
+		if _, err := fmt.Fprintf(w, "%d nodes, %d with plugd's conditions%s\n", v.Nodes, v.NodesWithPlugd, from); err != nil {
 			return err
 		}
 	}

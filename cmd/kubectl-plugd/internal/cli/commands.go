@@ -15,18 +15,22 @@ import (
 )
 
 func (a *app) clusterCommand() *cobra.Command {
-	var selector, output string
+	var selector, output, source string
 	var noHeaders bool
 	cmd := &cobra.Command{
-		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers]",
+		Use:   "cluster [-l SELECTOR] [-o table|wide|json|yaml|jsonpath=TEMPLATE] [--no-headers] [--source auto|summary|nodes]",
 		Short: "Show on how many nodes each expected plugin is ready",
 		Long: `Show, for every plugin that plugd expects on some node, on how many nodes it is
 ready out of the nodes that expect it, read from the Node conditions plugd
 keeps (one per expected plugin).
 
-Nodes are read 500 at a time, so that a large cluster costs a few requests
-and little memory. -l counts only the nodes it selects. Reading needs list on
-nodes.`,
+Where plugd caretaker keeps its summary of the cluster (the ConfigMap
+plugd-fleet of plugd's namespace, -n, default plugd; the chart's caretaker
+does), that one object is read, and the answer says how old it is (at most
+2 minutes: the caretaker writes it within 10 seconds of a change, and every
+minute). Otherwise, and with -l, the Nodes are read, 500 at a time, so that
+a large cluster costs a few requests and little memory; --source=nodes
+always reads them. Reading needs get on that ConfigMap, or list on nodes.`,
 		Example: `  # Every expected plugin, and on how many nodes it is ready
   kubectl plugd cluster
 
@@ -47,6 +51,9 @@ nodes.`,
 			if err != nil {
 				return err
 			}
+			if source, err = oneOf("--source", source, fleet.SourceAuto, fleet.SourceSummary, fleet.SourceNodes); err != nil {
+				return err
+			}
 			rc, err := a.restConfig()
 			if err != nil {
 				return err
@@ -55,9 +62,13 @@ nodes.`,
 			if err != nil {
 				return err
 			}
-			v, err := fleet.Cluster(cmd.Context(), client.RESTClient(), selector, 0)
+			v, fallback, err := fleet.ReadCluster(cmd.Context(), client.RESTClient(), fleet.ClusterOptions{
+				Selector: selector, Namespace: a.namespace(), Source: source, Lists: out.format != "table"})
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.Host, err)
+			}
+			if fallback != "" {
+				fmt.Fprintf(a.stderr, "kubectl plugd cluster: %s; read every Node instead\n", fallback)
 			}
 			if done, err := out.machine(a.stdout, v); done {
 				return err
@@ -66,6 +77,7 @@ nodes.`,
 		}),
 	}
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Selector (label query) to filter nodes on, e.g. -l key1=value1,key2=value2")
+	cmd.Flags().StringVar(&source, "source", fleet.SourceAuto, "where to count from: auto (plugd caretaker's summary if there is a recent one, else the Nodes), summary (only it), nodes (every Node, now)")
 	viewFlags(cmd, &output, &noHeaders)
 	return cmd
 }

@@ -33,6 +33,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -78,6 +79,10 @@ type Config struct {
 	CSINodeGrace time.Duration
 	// Logger gets what the caretaker does and its trouble (nil: discarded).
 	Logger *slog.Logger
+	// SummaryNamespace is the namespace of the ConfigMap
+	// nodecond.SummaryName where the caretaker keeps the cluster view for
+	// kubectl plugd cluster (empty: it writes none).
+	SummaryNamespace string
 }
 
 // The shipped graces. DefaultPodGrace outlasts a rolling update's gap
@@ -133,6 +138,13 @@ type Caretaker struct {
 	// a look again, and what the caretaker has seen of its pods and
 	// CSINode drivers (a copy).
 	looked func(name string, next time.Time, pods podSighting, drivers map[string]time.Time)
+
+	// summaries are the ConfigMaps of summaryNamespace, where the fleet
+	// summary is written (nil: none is).
+	summaries        corev1client.ConfigMapInterface
+	summaryNamespace string
+	// dirty says a Node changed since the summary was last counted.
+	dirty atomic.Bool
 }
 
 // New builds a caretaker for the cluster cfg names. Nothing talks to the
@@ -154,7 +166,11 @@ func New(cfg Config) (*Caretaker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	return newCaretaker(core, storage, nil, cfg, clock.RealClock{}), nil
+	c := newCaretaker(core, storage, nil, cfg, clock.RealClock{})
+	if cfg.SummaryNamespace != "" {
+		c.summaries, c.summaryNamespace = core.ConfigMaps(cfg.SummaryNamespace), cfg.SummaryNamespace
+	}
+	return c, nil
 }
 
 // restConfig reads the kubeconfig at path (bounded: package kubeconfig),
@@ -200,18 +216,15 @@ func newCaretaker(core corev1client.CoreV1Interface, storage storagev1client.Sto
 	nodes := core.Nodes()
 	c.inf = informer(c, client, "Nodes", "get, list, watch nodes", &corev1.Node{}, nodes.List, nodes.Watch, slim, nil)
 	_, _ = c.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.enqueue(obj) },
-		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*corev1.Node)
-			n, ok2 := cur.(*corev1.Node)
-			// The slim copies differ only when plugd's conditions or
-			// their owner do: anything else is no news here.
-			if ok1 && ok2 && reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions) && reflect.DeepEqual(o.ManagedFields, n.ManagedFields) {
-				return
-			}
-			c.enqueue(cur)
+		AddFunc: func(obj any) {
+			c.dirty.Store(true)
+			c.enqueue(obj)
 		},
-		DeleteFunc: func(obj any) { c.enqueue(obj) },
+		UpdateFunc: c.updated,
+		DeleteFunc: func(obj any) {
+			c.dirty.Store(true)
+			c.enqueue(obj)
+		},
 	})
 	if cfg.PlugdSelector != "" {
 		pods := core.Pods(cfg.PlugdNamespace)
@@ -300,6 +313,50 @@ func informer[L runtime.Object](c *Caretaker, client any, what, perm string, obj
 	return inf
 }
 
+// updated looks at a Node again when plugd's conditions on it or their
+// owner changed (the slim copies differ only then: anything else is no
+// news here), and marks the summary dirty when more than heartbeats did:
+// a live fleet's heartbeats change every Node every few minutes, and a
+// census of 65,000 Nodes takes a second of CPU; the summary's refresh
+// every minute counts again anyway, for the conditions that age out.
+func (c *Caretaker) updated(old, cur any) {
+	o, ok1 := old.(*corev1.Node)
+	n, ok2 := cur.(*corev1.Node)
+	if !ok1 || !ok2 {
+		c.dirty.Store(true)
+		c.enqueue(cur)
+		return
+	}
+	if reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions) && reflect.DeepEqual(o.ManagedFields, n.ManagedFields) {
+		return
+	}
+	if !beatsOnly(o, n) {
+		c.dirty.Store(true)
+	}
+	c.enqueue(cur)
+}
+
+// beatsOnly says whether the slim Nodes o and n differ only in the times of
+// plugd's writes: the conditions' heartbeats and the managedFields' times.
+func beatsOnly(o, n *corev1.Node) bool {
+	if len(o.Status.Conditions) != len(n.Status.Conditions) || len(o.ManagedFields) != len(n.ManagedFields) {
+		return false
+	}
+	for i, c := range o.Status.Conditions {
+		c.LastHeartbeatTime = n.Status.Conditions[i].LastHeartbeatTime
+		if !reflect.DeepEqual(c, n.Status.Conditions[i]) {
+			return false
+		}
+	}
+	for i, mf := range o.ManagedFields {
+		mf.Time = n.ManagedFields[i].Time
+		if !reflect.DeepEqual(mf, n.ManagedFields[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *Caretaker) enqueue(obj any) {
 	if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		c.queue.Add(name)
@@ -344,8 +401,8 @@ func explain(op, perm string, err error) string {
 	}
 }
 
-// Run watches the Nodes and marks plugd's unmaintained conditions until ctx
-// ends.
+// Run watches the Nodes and marks plugd's unmaintained conditions, and
+// keeps the fleet summary if it has a namespace, until ctx ends.
 func (c *Caretaker) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	// The pods and CSINodes are signs besides the heartbeat: until their
@@ -358,6 +415,11 @@ func (c *Caretaker) Run(ctx context.Context) error {
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.inf.HasSynced) {
 		return nil // stopped before the first list
+	}
+	if c.summaries != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { c.summarize(ctx) })
 	}
 	c.log.Info("caretaker: watching Nodes", "staleAfter", c.bounds.staleAfter, "plugdPods", c.pods != nil, "podGrace", c.bounds.podGrace,
 		"csiNodes", c.csiNodes != nil, "csiNodeGrace", c.bounds.csiGrace)

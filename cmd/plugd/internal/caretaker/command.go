@@ -36,8 +36,13 @@ Unknown each condition plugd wrote and no longer maintains:
 
 Run one per cluster (the chart's Deployment plugd-caretaker); it needs get,
 list and watch on nodes, patch on nodes/status, list and watch on csinodes
-and on pods in plugd's namespace, and no registry directory. SIGTERM or
-SIGINT stops it.`,
+and on pods in plugd's namespace, and no registry directory.
+With --summary-namespace it also keeps the cluster view (plugd's
+conditions counted across the Nodes it watches) in the ConfigMap
+plugd-fleet there, written at most every 10 seconds and at least every
+minute (it needs get, create and patch of that ConfigMap), which kubectl
+plugd cluster reads in one request instead of every Node.
+SIGTERM or SIGINT stops it.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -82,6 +87,7 @@ SIGINT stops it.`,
 	f.StringVar(&cfg.PlugdSelector, "plugd-selector", "", "the label selector of plugd's DaemonSet pods, such as app.kubernetes.io/name=plugd,app.kubernetes.io/instance=plugd (empty: no pods watched; where plugd runs outside a pod)")
 	f.DurationVar(&cfg.PodGrace, "pod-grace", DefaultPodGrace, "mark a node's plugd conditions once its plugd pod has not been Ready, or is gone, for this long, and plugd has not written them since; longer than a rolling update's gap between the old pod and the new one")
 	f.DurationVar(&cfg.CSINodeGrace, "csinode-grace", DefaultCSINodeGrace, "mark a CSI driver's True condition once the kubelet has dropped the driver from the node's CSINode for this long, and plugd has not written it since (0: watch no CSINodes)")
+	f.StringVar(&cfg.SummaryNamespace, "summary-namespace", "", "keep the cluster view, for kubectl plugd cluster, in the ConfigMap "+nodecond.SummaryName+" of this namespace (the chart's: its release's); empty: none")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/caretaker"
+	"github.com/plugd/plugd/internal/nodecond"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/daemon"
 )
@@ -91,9 +92,11 @@ type manifests struct {
 		serviceAccounts []corev1.ServiceAccount
 		clusterRoles    []rbacv1.ClusterRole
 		bindings        []rbacv1.ClusterRoleBinding
-		roles           []rbacv1.Role // in plugd's namespace: its pods
-		roleBindings    []rbacv1.RoleBinding
-		deployments     []appsv1.Deployment
+		// roles and roleBindings are in plugd's namespace: its pods and its
+		// fleet summary's ConfigMap.
+		roles        []rbacv1.Role
+		roleBindings []rbacv1.RoleBinding
+		deployments  []appsv1.Deployment
 	}
 }
 
@@ -270,16 +273,6 @@ func TestCaretakerManifest(t *testing.T) {
 		t.Errorf("ClusterRole %s grants %q; the caretaker needs exactly %q", ct.clusterRoles[0].Name, got, want)
 	}
 	checkBinding(t, ct.bindings[0], ct.clusterRoles[0].Name, ct.serviceAccounts[0])
-	// plugd's pods, in plugd's namespace only (a Role, not a ClusterRole).
-	if len(ct.roles) != 1 || len(ct.roleBindings) != 1 {
-		t.Fatalf("%s: want the caretaker's Role and RoleBinding; have %d and %d", manifestPath, len(ct.roles), len(ct.roleBindings))
-	}
-	if got, want := rules(ct.roles[0].Rules), []string{" pods list", " pods watch"}; !slices.Equal(got, want) || ct.roles[0].Namespace != m.serviceAccounts[0].Namespace {
-		t.Errorf("Role %s/%s grants %q; the caretaker needs exactly %q in plugd's namespace", ct.roles[0].Namespace, ct.roles[0].Name, got, want)
-	}
-	if rb := ct.roleBindings[0]; rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != ct.roles[0].Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != ct.serviceAccounts[0].Name {
-		t.Errorf("RoleBinding %s: %+v %+v", rb.Name, rb.RoleRef, rb.Subjects)
-	}
 	d := ct.deployments[0]
 	pod := d.Spec.Template.Spec
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || pod.ServiceAccountName != ct.serviceAccounts[0].Name || len(pod.Containers) != 1 {
@@ -292,6 +285,23 @@ func TestCaretakerManifest(t *testing.T) {
 	cmd := caretaker.Command()
 	if err := cmd.ParseFlags(args[1:]); err != nil || len(cmd.Flags().Args()) != 0 {
 		t.Errorf("plugd caretaker would refuse the args %q: %v %q", args, err, cmd.Flags().Args())
+	}
+	// In its namespace (a Role, not a ClusterRole): plugd's pods, to list
+	// and watch, and its fleet summary, one ConfigMap, which it may read,
+	// create (by server-side apply, authorized by its name) and patch, and
+	// no other.
+	if !slices.Contains(args, "--summary-namespace="+d.Namespace) {
+		t.Errorf("the caretaker keeps no fleet summary in its namespace %s: %q", d.Namespace, args)
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{nodecond.SummaryName}, Verbs: []string{"get", "create", "patch"}}}
+	if len(ct.roles) != 1 || ct.roles[0].Namespace != d.Namespace || !reflect.DeepEqual(ct.roles[0].Rules, want) {
+		t.Fatalf("the caretaker's Role: %+v; want one in %s with %+v", ct.roles, d.Namespace, want)
+	}
+	sa := ct.serviceAccounts[0]
+	if len(ct.roleBindings) != 1 || ct.roleBindings[0].Namespace != d.Namespace || ct.roleBindings[0].RoleRef.Kind != "Role" || ct.roleBindings[0].RoleRef.Name != ct.roles[0].Name ||
+		!slices.Equal(ct.roleBindings[0].Subjects, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}}) {
+		t.Errorf("the caretaker's RoleBinding: %+v", ct.roleBindings)
 	}
 }
 
