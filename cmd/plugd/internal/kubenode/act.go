@@ -72,6 +72,7 @@ func (l *loop) writeAll(ctx context.Context, f facts, p plan) time.Time {
 	if now.Before(l.nextWrite) {
 		return earliest(next, l.nextWrite)
 	}
+	l.wrote = nil
 	if len(p.extra) > 0 && !l.removeExtras(ctx, now, p.extra) {
 		return earliest(next, l.nextWrite)
 	}
@@ -105,7 +106,7 @@ func (l *loop) writeTaint(ctx context.Context, now time.Time, node *corev1.Node,
 		w.metric = "add_taint"
 	}
 	if !l.write(ctx, now, w, func(ctx context.Context) error {
-		patch, err := l.taintPatchOf(ctx, node, c, now)
+		patch, err := l.taintPatchOf(node, c, now)
 		if err == nil && patch != nil {
 			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
 		}
@@ -125,24 +126,23 @@ func (l *loop) writeTaint(ctx context.Context, now time.Time, node *corev1.Node,
 }
 
 // taintPatchOf is the JSON patch of c. A removal tests the taint where
-// node has it. An addition is made against the Node as it is now (a read:
-// the conditions plugd may just have written changed its resourceVersion),
-// and tests that resourceVersion, so that a concurrent change of the
-// taints fails it rather than being undone; nil if the taint is back
-// already.
-func (l *loop) taintPatchOf(ctx context.Context, node *corev1.Node, c taintChange, now time.Time) ([]byte, error) {
+// node has it. An addition is made against the Node as plugd's write of
+// its conditions in this act returned it, if there was one (that write
+// changed its resourceVersion), else as node, and tests that
+// resourceVersion, so that a concurrent change of the taints fails it
+// rather than being undone; nil if the taint is there already.
+func (l *loop) taintPatchOf(node *corev1.Node, c taintChange, now time.Time) ([]byte, error) {
 	if !c.add {
 		patch, _, err := taintPatch(node, c.rule.key, c.rule.effect)
 		return patch, err
 	}
-	fresh, err := l.n.core.Nodes().Get(ctx, l.n.cfg.NodeName, metav1.GetOptions{})
-	if err != nil {
-		return nil, err
+	if l.wrote != nil && l.wrote.UID == node.UID {
+		node = l.wrote
 	}
-	if slices.ContainsFunc(fresh.Spec.Taints, func(t corev1.Taint) bool { return t.Key == c.rule.key && t.Effect == c.rule.effect }) {
+	if slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == c.rule.key && t.Effect == c.rule.effect }) {
 		return nil, nil
 	}
-	return addTaintPatch(fresh, c.rule, now)
+	return addTaintPatch(node, c.rule, now)
 }
 
 // taintAction is the action of a taint write's event.
@@ -162,7 +162,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
 		patch, err := conditionsPatch(set, drop)
 		if err == nil {
-			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+			l.wrote, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 		}
 		return err
 	}) {

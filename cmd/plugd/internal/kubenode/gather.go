@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
@@ -85,6 +86,9 @@ type loop struct {
 	// success; nextWrite is when the next may be made (act's).
 	writeDelay backoff.Backoff
 	nextWrite  time.Time
+	// wrote is the Node as plugd's last write of its conditions in this
+	// act returned it (nil: none yet).
+	wrote *corev1.Node
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
