@@ -92,6 +92,17 @@ func TestAdmissionPolicyRendering(t *testing.T) {
 		if d, _ := configMapData(o, "plugd-remove-taint"); d["taints"] != "example.com/plugins-not-ready:NoSchedule\n" {
 			t.Errorf("plugd's taint: %q", d["taints"])
 		}
+		// Each expected plugin's taint joins it, once; with them alone
+		// (no taint for all) plugd may patch Nodes, for those taints.
+		m, _ = mustRender(t, "expect: [{type: CSIPlugin, name: a.example.com, taint: 'a.example.com/not-ready:NoExecute'}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoSchedule'}]\n"+
+			"extraConfig: {expect: [{type: CSIPlugin, name: a.example.com, taint: 'a.example.com/not-ready:NoExecute'}, {type: CSIPlugin, name: c.example.com, taint: 'example.com/c:NoSchedule'}, {type: CSIPlugin, name: d.example.com, taint: 'example.com/c:NoSchedule'}]}")
+		per := decode(t, m)
+		if d, _ := configMapData(per, "plugd-remove-taint"); d["taints"] != "a.example.com/not-ready:NoExecute\nexample.com/c:NoSchedule\n" {
+			t.Errorf("per-plugin taints, extraConfig's expect winning: %q", d["taints"])
+		}
+		if !strings.Contains(showOnly(m, "remove-taint-rbac.yaml"), "kind: ClusterRoleBinding") {
+			t.Error("no patch nodes for per-plugin taints")
+		}
 		// The taint's parameter is in deploy/kubernetes with its RBAC.
 		if got := showOnly(m, "remove-taint-rbac.yaml"); !strings.Contains(got, "name: plugd-remove-taint\n  namespace: plugd") {
 			t.Errorf("remove-taint-rbac.yaml:\n%s", got)

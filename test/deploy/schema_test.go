@@ -83,11 +83,18 @@ var badValues = []badValue{
 	{"kubernetes.removeTaintWhenReady key", "kubernetes: {removeTaintWhenReady: 'a b:NoSchedule'}", "/kubernetes/removeTaintWhenReady", "is not a valid taint key"},
 	{"kubernetes.removeTaintWhenReady effect", "kubernetes: {removeTaintWhenReady: 'example.com/t:Sometimes'}", "/kubernetes/removeTaintWhenReady", "must be NoSchedule, PreferNoSchedule or NoExecute"},
 	{"kubernetes.removeTaintWhenReady not-kubernetes", "expect: [{type: CSIPlugin, name: csi.example.com}]\nkubernetes: {removeTaintWhenReady: 'node.kubernetes.io/unschedulable:NoSchedule'}", "/kubernetes/removeTaintWhenReady", "Kubernetes reserves"},
+	{"kubernetes.startupWindow range", "kubernetes: {startupWindow: 25h}", "/kubernetes/startupWindow", "kubernetes.startupWindow is 25h0m0s"},
+	{"expect[].taint key-effect", "expect: [{type: CSIPlugin, name: csi.example.com, taint: example.com/t}]", "/expect/0/taint", "write it as KEY:EFFECT"},
+	{"expect[].taint not-kubernetes", "expect: [{type: CSIPlugin, name: csi.example.com, taint: 'node.kubernetes.io/not-ready:NoExecute'}]", "/expect/0/taint", "Kubernetes reserves"},
+	{"expect[].retaint needs-taint", "expect: [{type: CSIPlugin, name: csi.example.com, retaint: true}]", "/expect/0", "retaint is set, but taint is not"},
 	{"kubernetes.removeTaintWhenReady needs-expect", "kubernetes: {removeTaintWhenReady: 'example.com/t:NoSchedule'}", "/expect", "expect lists no plugins"},
 
 	// plugd's, which only plugd says (notInSchema says why).
 	{"handlers[].type unique", "handlers: [{type: CSIPlugin, handler: csi}, {type: CSIPlugin, handler: accept}]", "", `"CSIPlugin" has a handler already`},
 	{"expect[] unique-plugin", "expect: [{type: CSIPlugin, name: csi.example.com}, {type: CSIPlugin, name: csi.example.com, condition: example.com/X}]", "", "is also expect[0]'s"},
+	{"expect[].taint one-effect", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoExecute'}]", "", "one key, one effect"},
+	{"expect[].retaint agree", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule', retaint: true}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoSchedule'}]", "", "disagree about retaint"},
+	{"expect[].taint not-removeTaintWhenReady", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}]\nkubernetes: {removeTaintWhenReady: 'example.com/t:NoSchedule'}", "", "name it once"},
 	{"expect[].condition unique", "expect: [{type: CSIPlugin, name: a.example.com}, {type: DRAPlugin, name: b.example.com, condition: a.example.com/CSIPluginReady}]", "", "is also expect[0]'s"},
 	{"expect[].condition default-valid", "expect: [{type: CSIPlugin, name: -csi.example.com}]", "", "the default condition type"},
 	{"workers range", "extraConfig: {workers: 100000}", "", "workers is 100000"},
@@ -119,6 +126,10 @@ var notInSchema = map[string]string{
 	"handlers[].type unique":                  crossEntry,
 	"expect[] unique-plugin":                  crossEntry,
 	"expect[].condition unique":               crossEntry,
+	"expect[].taint one-effect":               crossEntry,
+	"expect[].retaint agree":                  crossEntry,
+	"expect[].taint not-removeTaintWhenReady": crossEntry,
+	"expect[].taint needs-kubernetes":         setByChart,
 	"expect[].condition default-valid":        "the default condition is NAME/TYPEReady: whether it is a qualified name depends on both fields and the lengths of its parts; plugd --check-config refuses it (its case in badValues)",
 	"policy.allowedPeers[].type required":     onlyExtra,
 	"policy.allowedPeers[].type unique":       onlyExtra,
@@ -145,6 +156,7 @@ var notInSchema = map[string]string{
 
 // goodValues are values plugd takes, which the schema takes too.
 var goodValues = []string{
+	"expect: [{type: CSIPlugin, name: ebs.csi.aws.com, taint: 'ebs.csi.aws.com/agent-not-ready:NoExecute'}, {type: CSIPlugin, name: efs.csi.aws.com, taint: 'efs.csi.aws.com/agent-not-ready:NoExecute', retaint: true}, {type: DevicePlugin, name: example.com/gpu, retaint: false}]\nkubernetes: {removeTaintWhenReady: 'example.com/plugins-not-ready:NoSchedule', startupWindow: 5m}",
 	"prometheusRule: {enabled: true, slo: {registrationSeconds: 0.5, objective: 0.999}}",
 	"resources: {limits: {cpu: 1}}",
 	"resources: {requests: {cpu: 0.5, memory: 64Mi}, limits: {cpu: '2', memory: 1e9}}\ncaretaker: {resources: {limits: {cpu: 1}}}",

@@ -930,6 +930,9 @@ func TestKubeletTruth(t *testing.T) {
 			n.expectWrites(t, p[0], from, "Absent", "False/KubeletNotRegistered*", "True/PluginReady")
 			want = append(want, ev("PluginReady", p[1], p[2], ""))
 		}
+		// The new Node's registration taint goes as a startup taint (not a
+		// re-add: the memory of the taints is of one Node).
+		want = append(want, regexp.QuoteMeta("TaintRemoved Remove taint "+taintKey+":NoSchedule"))
 		got := n.events.since(from)
 		for _, p := range [][2]string{{"CSIPlugin", csiName}, {"DevicePlugin", gpuName}, {"DRAPlugin", draName}} {
 			if d := ev("KubeletDisagrees", p[0], p[1], "NotRegistered"); slices.ContainsFunc(got, func(o occurrence) bool { return regexpMatch("^"+d+"$", o.String()) }) {

@@ -101,3 +101,14 @@ v1/ConfigMap), and goes by the Kubernetes version. */}}
 {{- $has := or ($api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (and (not ($api.Has "v1/ConfigMap")) (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)) }}
 {{- if and .Values.admissionPolicy.enabled $has }}true{{ end }}
 {{- end }}
+
+{{/* The taints plugd may add and remove, KEY:EFFECT, one a line:
+kubernetes.removeTaintWhenReady and each expected plugin's taint (extraConfig
+wins, as in the ConfigMap). Empty when there is none: then plugd gets no
+"patch nodes". */}}
+{{- define "plugd.taints" -}}
+{{- $taints := list }}
+{{- with (dig "kubernetes" "removeTaintWhenReady" .Values.kubernetes.removeTaintWhenReady .Values.extraConfig) }}{{ $taints = append $taints . }}{{ end }}
+{{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ with .taint }}{{ $taints = append $taints . }}{{ end }}{{ end }}
+{{- join "\n" ($taints | uniq) }}
+{{- end }}

@@ -77,6 +77,16 @@ var durationSettings = []durationSetting[Config]{
 			}
 			return &c.Kubernetes.DisagreementGrace
 		}},
+	// A taint another writer puts back within it is removed again; after
+	// it, left to that writer. Zero would make every re-add someone
+	// else's, even the node manager's at boot that the window exists for.
+	{field: "kubernetes.startupWindow", def: 10 * time.Minute, min: time.Second, max: day,
+		at: func(c *Config) *Duration {
+			if c.Kubernetes == nil {
+				return nil
+			}
+			return &c.Kubernetes.StartupWindow
+		}},
 	// One write per node per interval; readers (plugctl cluster) count a
 	// condition as unmaintained after twice the longest and a minute
 	// (nodecond.MaxHeartbeatAge).

@@ -97,6 +97,12 @@ type KubernetesConfig struct {
 	// Node once every expected plugin is ready (a startup taint, so that
 	// no pod lands before its plugins are registered). Empty: none.
 	RemoveTaintWhenReady string `json:"removeTaintWhenReady,omitempty"`
+	// StartupWindow is how long after the kubelet's start a startup taint
+	// (expect[].taint, removeTaintWhenReady) another writer puts back is
+	// removed again, at most 3 times per boot of the kubelet; after it,
+	// such a taint is left to its writer, and plugd logs who holds it.
+	// Default 10m.
+	StartupWindow Duration `json:"startupWindow,omitempty"`
 	// DisagreementGrace is how long a plugin's socket and the kubelet may
 	// disagree (it answers and the kubelet lacks it, or the reverse) before
 	// a Warning event says so. Default 1m.
@@ -165,6 +171,16 @@ type ExpectConfig struct {
 	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
 	// make it ready. Default 1.
 	MinHealthyDevices int `json:"minHealthyDevices,omitempty"`
+	// Taint, KEY:EFFECT, is this plugin's startup taint: plugd removes it
+	// from the Node once the plugin is ready, and removes it again when
+	// another writer puts it back within kubernetes.startupWindow of the
+	// kubelet's start. Entries may share a key: it goes once all of them
+	// are ready. Needs kubernetes. Empty: none.
+	Taint string `json:"taint,omitempty"`
+	// Retaint puts Taint back when the plugin, once ready, is not any more
+	// (False; not Unknown, not while plugd restarts), and removes it again
+	// when it is.
+	Retaint bool `json:"retaint,omitempty"`
 }
 
 // DoctorConfig tunes plugctl doctor's checks (GET /v1/findings).
@@ -571,12 +587,22 @@ func (c *Config) checkKubernetes() error {
 			}
 		}
 	}
+	return c.checkExpect()
+}
+
+// checkExpect checks the expect section and fills in the expected plugins'
+// default conditions.
+func (c *Config) checkExpect() error {
 	expect := make([]ExpectConfig, len(c.Expect))
+	xs := make([]kubenode.Expectation, len(c.Expect))
 	seen := map[string]string{}
 	for i, e := range c.Expect {
 		x, err := e.expectation().WithDefaults()
 		if err != nil {
 			return fmt.Errorf("expect[%d]: %w", i, err)
+		}
+		if x.Taint != "" && c.Kubernetes == nil {
+			return fmt.Errorf("expect[%d]: taint is set, but kubernetes is not: plugd removes a taint from its Node, through the Kubernetes API; set kubernetes.nodeName (or remove the taint)", i)
 		}
 		for _, k := range []string{"plugin " + x.Type + " " + x.Name, "condition " + x.Condition} {
 			if j, dup := seen[k]; dup {
@@ -584,7 +610,14 @@ func (c *Config) checkKubernetes() error {
 			}
 			seen[k] = fmt.Sprint(i)
 		}
-		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices}
+		xs[i] = x
+		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
+			Taint: x.Taint, Retaint: x.Retaint}
+	}
+	if c.Kubernetes != nil {
+		if err := kubenode.CheckTaints(xs, c.Kubernetes.RemoveTaintWhenReady); err != nil {
+			return fmt.Errorf("expect: %w", err)
+		}
 	}
 	c.Expect = nil // an empty list is none
 	if len(expect) > 0 {
@@ -610,7 +643,8 @@ func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
 }
 
 func (e ExpectConfig) expectation() kubenode.Expectation {
-	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices}
+	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
+		Taint: e.Taint, Retaint: e.Retaint}
 }
 
 // configFieldNames turns the manager's option names into this file's field names.

@@ -94,7 +94,7 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		}
 		d.kube, err = kubenode.New(kubenode.Config{
 			Kubeconfig: k.Kubeconfig, NodeName: k.NodeName, UserAgent: "plugd/" + version.String(),
-			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, DisagreementGrace: time.Duration(k.DisagreementGrace),
+			Expect: expect, RemoveTaint: k.RemoveTaintWhenReady, StartupWindow: time.Duration(k.StartupWindow), DisagreementGrace: time.Duration(k.DisagreementGrace),
 			HeartbeatInterval: time.Duration(k.HeartbeatInterval), Kubelet: k.kubeletConfig(),
 			RegistryDir: cfg.RegistryDir, Sockets: d.kubePlugins, Scanned: d.m.Synced(), Logger: d.log.With("component", "kubernetes"), Registerer: d.metrics,
 		})

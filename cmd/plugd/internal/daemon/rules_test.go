@@ -86,14 +86,16 @@ var refusalSites = []struct {
 	{"config.go", "withDefaults", 2}, // DoctorConfig's
 	{"config.go", "checkHandlers", 4},
 	{"config.go", "check", 5}, // PolicyConfig's
-	{"config.go", "checkKubernetes", 9},
+	{"config.go", "checkKubernetes", 7},
+	{"config.go", "checkExpect", 4},
 	{"config.go", "parseLevel", 1},
 	{"handlers.go", "checkHandler", 3},
 	{"paths.go", "checkRegistryDir", 3},
 	{"paths.go", "checkStatusSocket", 1},
 	{"paths.go", "statusTCP", 3},
 	{"bounds.go", "check", 2},
-	{"../kubenode/conditions.go", "WithDefaults", 7},
+	{"../kubenode/conditions.go", "WithDefaults", 9},
+	{"../kubenode/taints.go", "taintRules", 5},
 	{"../kubenode/conditions.go", "DefaultCondition", 1},
 	{"../kubenode/conditions.go", "ParseTaint", 4},
 }

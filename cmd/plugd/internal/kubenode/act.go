@@ -3,6 +3,7 @@ package kubenode
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -62,15 +63,16 @@ func (l *loop) writeAll(ctx context.Context, f facts, p plan) time.Time {
 	if len(p.set) == 0 && len(p.drop) == 0 && len(p.extra) == 0 {
 		n.setWriteProblem(n.statusWrite.op, nil, "the failed write is no longer needed")
 	}
-	if p.taint == nil {
-		n.setWriteProblem(n.taintWrite.op, nil, "the failed write is no longer needed")
+	if len(p.taints) == 0 {
+		n.setWriteProblem(taintWriteOp, nil, "the failed write is no longer needed")
 	}
-	if len(p.set) == 0 && len(p.drop) == 0 && len(p.extra) == 0 && p.taint == nil {
+	if len(p.set) == 0 && len(p.drop) == 0 && len(p.extra) == 0 && len(p.taints) == 0 {
 		return next
 	}
 	if now.Before(l.nextWrite) {
 		return earliest(next, l.nextWrite)
 	}
+	l.wrote = nil
 	if len(p.extra) > 0 && !l.removeExtras(ctx, now, p.extra) {
 		return earliest(next, l.nextWrite)
 	}
@@ -83,16 +85,72 @@ func (l *loop) writeAll(ctx context.Context, f facts, p plan) time.Time {
 			next = earliest(next, now.Add(n.heartbeat))
 		}
 	}
-	if p.taint != nil {
-		if !l.write(ctx, now, n.taintWrite, func(ctx context.Context) error {
-			_, err := n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, p.taint, metav1.PatchOptions{FieldManager: fieldManager})
-			return err
-		}) {
+	for _, c := range p.taints {
+		if !l.writeTaint(ctx, now, f.node, c) {
 			return earliest(next, l.nextWrite)
 		}
-		n.log.Info("every expected plugin is ready: taint removed", "node", n.cfg.NodeName, "taint", n.cfg.RemoveTaint)
 	}
 	return next
+}
+
+// taintWriteOp is what the Problem of a failed taint write is called.
+const taintWriteOp = "patch the taints of the Node"
+
+// writeTaint removes or puts back a taint, as c says, with a JSON patch
+// that fails if the Node changed under it; once written, it keeps the
+// rule's memory, tells the event and counts it.
+func (l *loop) writeTaint(ctx context.Context, now time.Time, node *corev1.Node, c taintChange) bool {
+	n := l.n
+	w := writeOp{taintWriteOp, "patch nodes", "remove_taint"}
+	if c.add {
+		w.metric = "add_taint"
+	}
+	if !l.write(ctx, now, w, func(ctx context.Context) error {
+		patch, err := l.taintPatchOf(node, c, now)
+		if err == nil && patch != nil {
+			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+		}
+		return err
+	}) {
+		return false
+	}
+	l.mem.taints[c.rule.String()] = c.after
+	n.m.taintWrites.WithLabelValues(c.rule.String(), c.reason).Inc()
+	typ := corev1.EventTypeNormal
+	if c.reason == ReasonTaintReadded || c.reason == ReasonTaintRestored {
+		typ = corev1.EventTypeWarning
+	}
+	l.record(node, event{typ: typ, reason: c.reason, action: taintAction(c), note: c.rule.String() + " " + c.message})
+	n.log.Info("taint "+c.message, "node", n.cfg.NodeName, "taint", c.rule.String(), "reason", c.reason)
+	return true
+}
+
+// taintPatchOf is the JSON patch of c. A removal tests the taint where
+// node has it. An addition is made against the Node as plugd's write of
+// its conditions in this act returned it, if there was one (that write
+// changed its resourceVersion), else as node, and tests that
+// resourceVersion, so that a concurrent change of the taints fails it
+// rather than being undone; nil if the taint is there already.
+func (l *loop) taintPatchOf(node *corev1.Node, c taintChange, now time.Time) ([]byte, error) {
+	if !c.add {
+		patch, _, err := taintPatch(node, c.rule.key, c.rule.effect)
+		return patch, err
+	}
+	if l.wrote != nil && l.wrote.UID == node.UID {
+		node = l.wrote
+	}
+	if slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == c.rule.key && t.Effect == c.rule.effect }) {
+		return nil, nil
+	}
+	return addTaintPatch(node, c.rule, now)
+}
+
+// taintAction is the action of a taint write's event.
+func taintAction(c taintChange) string {
+	if c.add {
+		return "Add taint " + c.rule.String()
+	}
+	return "Remove taint " + c.rule.String()
 }
 
 // writeConditions patches the Node's status: the conditions in set, and
@@ -104,7 +162,7 @@ func (l *loop) writeConditions(ctx context.Context, now time.Time, node *corev1.
 	if !l.write(ctx, now, n.statusWrite, func(ctx context.Context) error {
 		patch, err := conditionsPatch(set, drop)
 		if err == nil {
-			_, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+			l.wrote, err = n.core.Nodes().Patch(ctx, n.cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 		}
 		return err
 	}) {

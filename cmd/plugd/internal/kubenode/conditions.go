@@ -78,6 +78,13 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("minHealthyDevices is %d: it must be positive", e.MinHealthyDevices)
 	case e.MinHealthyDevices > 0 && e.Type != TypeDevice:
 		return e, fmt.Errorf("minHealthyDevices applies to %s plugins, not %s", TypeDevice, e.Type)
+	case e.Retaint && e.Taint == "":
+		return e, errors.New("retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)")
+	}
+	if e.Taint != "" {
+		if _, _, err := ParseTaint(e.Taint); err != nil {
+			return e, fmt.Errorf("taint %w", err)
+		}
 	}
 	if e.Type == TypeDevice && e.MinHealthyDevices == 0 {
 		e.MinHealthyDevices = 1

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
@@ -50,8 +51,8 @@ type policy struct {
 	registryDir string
 	heartbeat   time.Duration // 0: none
 	grace       time.Duration
-	taintKey    string
-	taintEffect corev1.TaintEffect
+	taints      []taintRule
+	window      time.Duration // the taints' startup window
 	nodeName    string
 }
 
@@ -84,11 +85,15 @@ type memory struct {
 	// notInCSINode is, by condition type, since when the kubelet has held
 	// a CSI driver's socket that CSINode does not list.
 	notInCSINode map[string]time.Time
+	// taints is what plugd remembers of each taint it manages, by
+	// KEY:EFFECT (taints.go).
+	taints   map[string]taintMemory
+	taintsOf types.UID // the Node taints is of
 }
 
 func newMemory() memory {
 	return memory{written: map[string]written{}, held: map[string]*heldVerdict{}, disagree: map[disagreementKey]*disagreement{},
-		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}}
+		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}, taints: map[string]taintMemory{}}
 }
 
 // clone is a copy of m that shares nothing with it.
@@ -96,7 +101,7 @@ func (m memory) clone() memory {
 	c := m
 	c.written, c.registered, c.notInCSINode = maps.Clone(m.written), maps.Clone(m.registered), maps.Clone(m.notInCSINode)
 	c.held, c.disagree = cloneEach(m.held), cloneEach(m.disagree)
-	c.fights = cloneEach(m.fights)
+	c.fights, c.taints = cloneEach(m.fights), maps.Clone(m.taints)
 	for _, f := range c.fights {
 		f.pending = slices.Clone(f.pending)
 	}
@@ -134,13 +139,13 @@ type heldVerdict struct {
 // reads of the kubelet to ask for, when to look again, and the memory to
 // keep.
 type plan struct {
-	set   []corev1.NodeCondition
-	drop  []string
-	extra []conditionEntry
-	taint []byte // the JSON patch that removes the startup taint; nil: none due
-	notes []event
-	tell  []event
-	logs  []logLine
+	set    []corev1.NodeCondition
+	drop   []string
+	extra  []conditionEntry
+	taints []taintChange // taints to remove or put back
+	notes  []event
+	tell   []event
+	logs   []logLine
 	// observed are the latencies to observe, overwrites the conditions
 	// found overwritten (a count each).
 	observed   []observation
@@ -224,9 +229,9 @@ func (d *decision) cleanUp() {
 	}
 }
 
-// finish decides the heartbeat's and the taint's part: a heartbeat with
-// nothing plugd can vouch for puts the next one a heartbeat away; every
-// expected plugin ready removes the startup taint.
+// finish decides the heartbeat's and the taints' part: a heartbeat with
+// nothing plugd can vouch for puts the next one a heartbeat away; the
+// taints go as their plugins are ready (decideTaints).
 func (d *decision) finish(beatDue, next time.Time) time.Time {
 	p := &d.p
 	if p.beat && len(p.set) == 0 {
@@ -235,12 +240,54 @@ func (d *decision) finish(beatDue, next time.Time) time.Time {
 	if !beatDue.IsZero() {
 		next = earliest(next, beatDue)
 	}
-	if p.allReady && len(d.pol.expect) > 0 && d.pol.taintKey != "" {
-		if patch, has, err := taintPatch(d.f.node, d.pol.taintKey, d.pol.taintEffect); has && err == nil {
-			p.taint = patch
+	d.decideTaints()
+	return next
+}
+
+// decideTaints decides about every taint plugd manages, from the
+// conditions as this decision judged them. A change's memory is kept once
+// it is written (taintChange.after); the rest now.
+func (d *decision) decideTaints() {
+	if len(d.pol.taints) == 0 || d.f.node == nil {
+		return
+	}
+	conds := map[string]condNow{}
+	for _, e := range d.pol.expect {
+		ready, judged := d.p.ready[e.Condition]
+		if !judged {
+			continue // Unknown: nothing is decided on it
+		}
+		c := condNow{status: corev1.ConditionFalse, since: d.f.now}
+		if ready {
+			c.status = corev1.ConditionTrue
+		}
+		if cur := findCondition(d.f.node, e.Condition); cur != nil && cur.Status == c.status {
+			c.since = cur.LastTransitionTime.Time
+		}
+		conds[e.Condition] = c
+	}
+	f := taintFacts{now: d.f.now, window: d.pol.window, taints: d.f.node.Spec.Taints, owner: taintsOwner(d.f.node), conds: conds}
+	if r := d.f.evidence.Reading; r != nil {
+		f.kubeletBoot = r.Started // unknown while the kubelet cannot be read: a re-add is then left
+	}
+	if d.f.node.UID != d.m.taintsOf {
+		// Another Node (deleted and created again, by the kubelet with its
+		// registration taints): what plugd did to the last one is no
+		// memory of this one's.
+		d.m.taints, d.m.taintsOf = map[string]taintMemory{}, d.f.node.UID
+	}
+	changes, next := decideTaints(d.pol.taints, f, d.m.taints)
+	for i := range changes {
+		id := changes[i].rule.String()
+		changes[i].after, next[id] = next[id], d.m.taints[id]
+	}
+	for _, r := range d.pol.taints {
+		if h := next[r.String()].left; h != nil && d.m.taints[r.String()].left == nil {
+			d.p.logs = append(d.p.logs, logLine{warn: true, msg: "a startup taint put back by another writer is left to it: past the startup window, or removed again too often",
+				args: []any{"taint", r.String(), "writer", h.manager, "since", h.since}})
 		}
 	}
-	return next
+	d.p.taints, d.m.taints = changes, next
 }
 
 // judgeAll judges each expected plugin's condition against the Node's
@@ -351,12 +398,12 @@ func (d *decision) transition(e Expectation, k key, v conditionVerdict, cur *cor
 		if v.reason != ReasonReady {
 			cause = v.reason
 		}
-		p.notes = append(p.notes, event{corev1.EventTypeNormal, "PluginReady", k, cause, v.message})
+		p.notes = append(p.notes, event{corev1.EventTypeNormal, "PluginReady", k, cause, v.message, ""})
 		if cur != nil {
 			p.observed = append(p.observed, observation{observedNotReady, e.Type, d.f.now.Sub(cur.LastTransitionTime.Time).Seconds()})
 		}
 	case v.status != corev1.ConditionTrue && cur != nil && cur.Status == corev1.ConditionTrue:
-		p.notes = append(p.notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.reason, v.message + " (" + v.reason + ")"})
+		p.notes = append(p.notes, event{corev1.EventTypeWarning, "PluginNotReady", k, v.reason, v.message + " (" + v.reason + ")", ""})
 	}
 }
 
@@ -570,7 +617,7 @@ func (d *decision) disagreements() time.Time {
 		case !now.Before(due):
 			g.reported = true
 			d.p.tell = append(d.p.tell, event{corev1.EventTypeWarning, "KubeletDisagrees", dk.plugin, dk.cause,
-				fmt.Sprintf("%s: for %s, %s", dk.plugin, now.Sub(g.since).Round(time.Second), text)})
+				fmt.Sprintf("%s: for %s, %s", dk.plugin, now.Sub(g.since).Round(time.Second), text), ""})
 		default:
 			next = earliest(next, due)
 		}
@@ -748,7 +795,7 @@ func (d *decision) overwritten(e Expectation, k key, v conditionVerdict, cur *co
 		msg := fmt.Sprintf("another writer overwrote plugd's condition %s %d times within %s (%s); plugd writes it back after a delay, from %s up to %s, instead of at once: is plugd's caretaker older than this plugd, or does another program write this condition?",
 			e.Condition, f.undos, fightWindow, was, fightDelayMin, fightDelayMax)
 		d.p.logs = append(d.p.logs, logLine{warn: true, msg: "Node condition overwritten again and again: backing off", args: []any{"node", d.pol.nodeName, "condition", e.Condition, "detail", msg}})
-		d.p.tell = append(d.p.tell, event{corev1.EventTypeWarning, "ConditionOverwritten", k, "", msg})
+		d.p.tell = append(d.p.tell, event{corev1.EventTypeWarning, "ConditionOverwritten", k, "", msg, ""})
 	}
 	return f.due
 }

@@ -151,8 +151,12 @@ func verdictOf(w world, e Expectation, at time.Time) corev1.NodeCondition {
 }
 
 func testPolicy(w world) policy {
+	rules, err := taintRules(w.expect, "example.com/plugins-not-ready:NoSchedule")
+	if err != nil {
+		panic(err)
+	}
 	return policy{expect: w.expect, registryDir: "/r", heartbeat: 5 * time.Minute, grace: time.Minute,
-		taintKey: "example.com/plugins-not-ready", taintEffect: corev1.TaintEffectNoSchedule, nodeName: "node-a"}
+		taints: rules, window: defaultStartupWindow, nodeName: "node-a"}
 }
 
 // decideCase is one row: the world, the memory before (from decide on the
@@ -446,8 +450,8 @@ func testDecide(t *testing.T, now time.Time, tc decideCase) {
 			t.Errorf("%s: %q; want %q", c.what, c.got, c.want)
 		}
 	}
-	if (p.taint != nil) != tc.taint {
-		t.Errorf("taint removed: %v; want %v", p.taint != nil, tc.taint)
+	if removed := len(p.taints) == 1 && !p.taints[0].add && p.taints[0].reason == ReasonTaintRemoved; removed != tc.taint || len(p.taints) > 1 {
+		t.Errorf("taint changes %+v; want the startup taint removed: %v", p.taints, tc.taint)
 	}
 	for _, c := range []struct {
 		what string

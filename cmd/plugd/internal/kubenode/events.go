@@ -19,6 +19,7 @@ type event struct {
 	plugin      key
 	cause       string
 	note        string
+	action      string // what plugd did; empty: "Check" the plugin
 }
 
 // The API server's bounds of an event's action and note.
@@ -44,6 +45,9 @@ func (l *loop) record(node *corev1.Node, e event) {
 	action := "Check " + e.plugin.String()
 	if e.cause != "" {
 		action += ": " + e.cause
+	}
+	if e.action != "" {
+		action = e.action
 	}
 	// The API's bounds (128 and 1 KiB), cut at a character boundary: a
 	// cut inside one would be sent as U+FFFD.

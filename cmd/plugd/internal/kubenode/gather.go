@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
@@ -85,6 +86,9 @@ type loop struct {
 	// success; nextWrite is when the next may be made (act's).
 	writeDelay backoff.Backoff
 	nextWrite  time.Time
+	// wrote is the Node as plugd's last write of its conditions in this
+	// act returned it (nil: none yet).
+	wrote *corev1.Node
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
@@ -95,7 +99,7 @@ func newLoop(n *Node, rec events.EventRecorder) *loop {
 // policyOf is the configuration of n that decide reads.
 func policyOf(n *Node) policy {
 	return policy{expect: n.cfg.Expect, registryDir: n.cfg.RegistryDir, heartbeat: n.heartbeat, grace: n.grace,
-		taintKey: n.taintKey, taintEffect: n.taintEffect, nodeName: n.cfg.NodeName}
+		taints: n.taints, window: n.window, nodeName: n.cfg.NodeName}
 }
 
 // evaluate compares the plugins with the kubelet's and the API's view,

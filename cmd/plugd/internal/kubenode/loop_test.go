@@ -46,17 +46,28 @@ const csiCond = "csi.example.com/CSIPluginReady"
 
 func newBench(t *testing.T, conds ...corev1.NodeCondition) *bench {
 	t.Helper()
+	return newBenchWith(t, nil, &corev1.Node{Status: corev1.NodeStatus{Conditions: conds}})
+}
+
+// newBenchWith is newBench with the Node nd (named node-a here) and the
+// configuration as setup changes it.
+func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
+	t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Conditions: conds}}
+	nd.Name = "node-a"
 	cn := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-a"}}}}
 	b := &bench{t: t, cs: fake.NewClientset(nd, cn), rec: &recorder{}, clock: testclock.NewFakeClock(t0)}
-	n, err := newNode(Config{NodeName: "node-a", RegistryDir: "/r", Clock: b.clock, HeartbeatInterval: 5 * time.Minute,
+	cfg := Config{NodeName: "node-a", RegistryDir: "/r", Clock: b.clock, HeartbeatInterval: 5 * time.Minute,
 		Expect: []Expectation{{Type: TypeCSI, Name: "csi.example.com"}},
 		Sockets: func() []Socket {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			return append([]Socket(nil), b.plugins...)
-		}})
+		}}
+	if setup != nil {
+		setup(&cfg)
+	}
+	n, err := newNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 //	plugd_expected_plugin_ready{type,name,condition}    1 while an expected plugin's condition is True
 //	plugd_kubernetes_api_healthy                        1 while every read and write of the node's objects works
 //	plugd_kubernetes_api_errors_total{operation,reason} failed writes
-//	plugd_kubernetes_writes_total{operation}            writes: patch_node_status, remove_taint, event
+//	plugd_kubernetes_writes_total{operation}            writes: patch_node_status, remove_taint, add_taint, event
 //	plugd_kubelet_live                                  1 while plugd reads the kubelet's own state, 0 while it infers
 //	plugd_kubelet_reads_total{what,result}              reads of the kubelet: metrics, pod_resources; ok, error
 //	plugd_kubelet_read_bytes_total                      bytes of its /metrics, as they came (gzip)
@@ -20,6 +20,7 @@ import (
 //	plugd_kubelet_registration_after_start_seconds{type} kubelet started -> it registered a socket that was there before
 //	plugd_expected_plugin_not_ready_seconds{type}       how long a condition was not True before it turned True
 //	plugd_node_condition_overwritten_total{condition}   plugd's condition, seen on the Node, overwritten by another writer
+//	plugd_taint_writes_total{taint,reason}              taints removed (TaintRemoved, TaintReadded) and put back (TaintRestored)
 //
 // The gauges are read from the Node at scrape time. The registration
 // times are as plugd's reads of the kubelet show them: while a socket
@@ -33,6 +34,7 @@ type metrics struct {
 	afterStart   *prometheus.HistogramVec
 	notReady     *prometheus.HistogramVec
 	overwritten  *prometheus.CounterVec
+	taintWrites  *prometheus.CounterVec
 }
 
 var (
@@ -52,7 +54,7 @@ var registrationBuckets = []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60,
 func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_kubernetes_writes_total",
-			Help: "Writes plugd made to the Kubernetes API, by operation (patch_node_status, remove_taint, event)."}, []string{"operation"}),
+			Help: "Writes plugd made to the Kubernetes API, by operation (patch_node_status, remove_taint, add_taint, event)."}, []string{"operation"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_kubernetes_api_errors_total",
 			Help: "Writes to the Kubernetes API that failed, by operation and reason (APIUnavailable, Forbidden, Unauthorized)."}, []string{"operation", "reason"}),
 		kubeletReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_kubelet_reads_total",
@@ -70,9 +72,11 @@ func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 			Buckets: registrationBuckets}, []string{"type"}),
 		overwritten: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_node_condition_overwritten_total",
 			Help: "Times plugd's condition, once seen on the Node as plugd wrote it, was found overwritten by another writer while plugd's verdict stayed the same, by condition type."}, []string{"condition"}),
+		taintWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_taint_writes_total",
+			Help: "Startup taints plugd removed or put back, by taint (KEY:EFFECT) and reason: TaintRemoved (its plugins ready), TaintReadded (put back by another writer within the startup window, removed again), TaintRestored (retaint: a plugin that was ready is not)."}, []string{"taint", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, m.overwritten, collector{n})
+		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, m.overwritten, m.taintWrites, collector{n})
 	}
 	return m
 }

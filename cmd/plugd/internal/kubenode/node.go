@@ -46,8 +46,13 @@ type Config struct {
 	// Expect are the plugins this node must have; each gets a Node condition.
 	Expect []Expectation
 	// RemoveTaint, as KEY:EFFECT, is a taint removed from the Node once
-	// every expected plugin is ready. Empty: none.
+	// every expected plugin is ready. Empty: none. Each expectation may
+	// name a taint of its own (Expectation.Taint).
 	RemoveTaint string
+	// StartupWindow is how long after the kubelet's start a startup taint
+	// another writer puts back is removed again (taints.go). Zero means 10
+	// minutes.
+	StartupWindow time.Duration
 	// DisagreementGrace is how long the kubelet view and the socket may
 	// disagree (a socket that answers and a kubelet without it, or the
 	// reverse) before an event says so. Zero means a minute.
@@ -88,18 +93,18 @@ type Config struct {
 // events. Everything it reads comes from informers scoped to this node;
 // nothing local waits on the API server.
 type Node struct {
-	cfg         Config
-	log         *slog.Logger
-	core        corev1client.CoreV1Interface
-	storage     storagev1client.StorageV1Interface
-	resource    resourcev1client.ResourceV1Interface
-	events      eventsv1client.EventsV1Interface
-	scheme      *runtime.Scheme // for event references to the Node
-	taintKey    string
-	taintEffect corev1.TaintEffect
-	grace       time.Duration
-	heartbeat   time.Duration // 0: none
-	clock       clock.WithTicker
+	cfg       Config
+	log       *slog.Logger
+	core      corev1client.CoreV1Interface
+	storage   storagev1client.StorageV1Interface
+	resource  resourcev1client.ResourceV1Interface
+	events    eventsv1client.EventsV1Interface
+	scheme    *runtime.Scheme // for event references to the Node
+	taints    []taintRule
+	window    time.Duration // the startup window of the taints
+	grace     time.Duration
+	heartbeat time.Duration // 0: none
+	clock     clock.WithTicker
 
 	node, csiNode, slices *source
 	// fakeAPI is the clientset behind the clients when it is a fake one
@@ -116,7 +121,7 @@ type Node struct {
 	kick            chan struct{}
 	m               *metrics
 
-	statusWrite, taintWrite, eventWrite writeOp
+	statusWrite, eventWrite writeOp
 
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
@@ -165,14 +170,12 @@ func newNode(cfg Config) (*Node, error) {
 		}
 		n.cfg.Expect[i] = e
 	}
-	if cfg.RemoveTaint != "" {
-		var err error
-		if n.taintKey, n.taintEffect, err = ParseTaint(cfg.RemoveTaint); err != nil {
-			return nil, fmt.Errorf("kubernetes.removeTaintWhenReady: %w", err)
-		}
+	var err error
+	if n.taints, err = taintRules(n.cfg.Expect, cfg.RemoveTaint); err != nil {
+		return nil, err
 	}
+	n.window = cmp.Or(cfg.StartupWindow, defaultStartupWindow)
 	n.statusWrite = writeOp{"patch nodes/status of " + cfg.NodeName, "patch nodes/status", "patch_node_status"}
-	n.taintWrite = writeOp{"remove the taint " + cfg.RemoveTaint + " from Node " + cfg.NodeName, "patch nodes", "remove_taint"}
 	n.eventWrite = writeOp{"record events about Node " + cfg.NodeName, "create, patch events.events.k8s.io", "event"}
 	return n, nil
 }

@@ -30,6 +30,11 @@ const (
 	ReasonTaintRestored = "TaintRestored" // retaint: a plugin that was ready is not any more
 )
 
+// defaultStartupWindow is how long after the kubelet's start a re-added
+// taint is removed again, by default: a node manager that re-applies the
+// registration taints does so within minutes of the node's boot.
+const defaultStartupWindow = 10 * time.Minute
+
 // maxReRemovals bounds how often plugd removes a taint another writer
 // keeps putting back within the window, per boot of the kubelet.
 const maxReRemovals = 3
@@ -56,7 +61,7 @@ func taintRules(expect []Expectation, global string) ([]taintRule, error) {
 	for _, e := range expect {
 		if e.Taint == "" {
 			if e.Retaint {
-				return nil, fmt.Errorf("%s %s: retaint needs a taint to put back: name one (taint: KEY:EFFECT)", e.Type, e.Name)
+				return nil, fmt.Errorf("%s %s: retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)", e.Type, e.Name)
 			}
 			continue
 		}
@@ -94,6 +99,15 @@ func taintRules(expect []Expectation, global string) ([]taintRule, error) {
 		all[i] = e.Condition
 	}
 	return append(rules, taintRule{key: key, effect: effect, conds: all}), nil
+}
+
+// CheckTaints says what is wrong with the taints of expect (each entry's
+// Taint, with defaults) and removeTaint, the taint for all, together:
+// one key with two effects, entries of one key that disagree about
+// retaint, a key named both ways.
+func CheckTaints(expect []Expectation, removeTaint string) error {
+	_, err := taintRules(expect, removeTaint)
+	return err
 }
 
 // taintMemory is what plugd keeps of one rule's taint between evaluations,
@@ -139,6 +153,7 @@ type taintChange struct {
 	reason  string // one of the taint event reasons
 	by      string // the field manager that re-added it (ReasonTaintReadded)
 	message string
+	after   taintMemory // the rule's memory once the write is made
 }
 
 // decideTaints decides, for every rule, whether its taint is removed, put
@@ -149,7 +164,7 @@ func decideTaints(rules []taintRule, f taintFacts, mem map[string]taintMemory) (
 	next := make(map[string]taintMemory, len(rules))
 	for _, r := range rules {
 		m := mem[r.String()]
-		if !m.boot.Equal(f.kubeletBoot) {
+		if !f.kubeletBoot.IsZero() && !m.boot.Equal(f.kubeletBoot) {
 			m.boot, m.reRemovals, m.left = f.kubeletBoot, 0, nil // a new boot, a new window
 		}
 		c, m := decideTaint(r, f, m)

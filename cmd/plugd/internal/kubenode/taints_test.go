@@ -1,6 +1,7 @@
 package kubenode
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -50,7 +51,7 @@ func TestTaintRules(t *testing.T) {
 	}{
 		"one key, two effects":  {[]Expectation{shared(ebs, "k.example.com/x:NoSchedule", false), shared(efs, "k.example.com/x:NoExecute", false)}, "", "one key, one effect"},
 		"retaint on some":       {[]Expectation{shared(ebs, one, true), shared(efs, one, false)}, "", "disagree about retaint"},
-		"retaint without taint": {[]Expectation{shared(gpu, "", true)}, "", "retaint needs a taint"},
+		"retaint without taint": {[]Expectation{shared(gpu, "", true)}, "", "retaint is set, but taint is not"},
 		"global named twice":    {[]Expectation{ebs}, "ebs.csi.aws.com/agent-not-ready:NoSchedule", "name it once"},
 		"a key Kubernetes owns": {[]Expectation{shared(ebs, "node.kubernetes.io/not-ready:NoExecute", false)}, "", "Kubernetes reserves"},
 		"not KEY:EFFECT":        {[]Expectation{shared(ebs, "ebs-not-ready", false)}, "", "KEY:EFFECT"},
@@ -261,5 +262,105 @@ func TestSlimNodeKeepsTheTaintsOwner(t *testing.T) {
 	}
 	if len(slim.ManagedFields) != 1 || strings.Contains(string(slim.ManagedFields[0].FieldsV1.Raw), "labels") {
 		t.Errorf("slim managedFields = %+v; want only the taints' writer, without its other fields", slim.ManagedFields)
+	}
+}
+
+// The loop removes a plugin's own taint once it is ready, and only its
+// own; removes a re-add by another writer within the window again, naming
+// it; with retaint puts the taint back when the plugin fails, and removes
+// it once it is ready again. Each write is one JSON patch, each with its
+// event.
+func TestPluginTaintsInTheLoop(t *testing.T) {
+	own := corev1.Taint{Key: "csi.example.com/agent-not-ready", Effect: corev1.TaintEffectNoExecute}
+	other := corev1.Taint{Key: "gpu.example.com/not-ready", Effect: corev1.TaintEffectNoSchedule}
+	b := newBenchWith(t, func(c *Config) {
+		c.Expect = []Expectation{
+			{Type: TypeCSI, Name: "csi.example.com", Taint: own.Key + ":NoExecute", Retaint: true},
+			{Type: TypeDevice, Name: "gpu.example.com/gpu", Taint: other.Key + ":NoSchedule"},
+		}
+	}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "1"}, // the fake API server sets none, as a real one does
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{own, other}}})
+	taints := func() string {
+		n, err := b.cs.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tt := range n.Spec.Taints {
+			out = append(out, tt.Key)
+		}
+		return strings.Join(out, ",")
+	}
+	events := func(from int) string {
+		var out []string
+		for _, e := range b.rec.got[from:] {
+			if strings.Contains(e, "Taint") {
+				out = append(out, e[:strings.Index(e, "]")+1])
+			}
+		}
+		return strings.Join(out, "; ")
+	}
+	waitTaints := func(want string) {
+		t.Helper()
+		b.waitFor("the informer showing taints "+want, func() bool {
+			var got []string
+			for _, tt := range b.n.snapshot().node.Spec.Taints {
+				got = append(got, tt.Key)
+			}
+			return strings.Join(got, ",") == want
+		})
+	}
+
+	started := b.clock.Now().Add(-time.Minute)
+	csi := csiSocket(started, true)
+	b.setPlugins(csi)
+	b.setKubelet(started, csi.Path)
+	b.step(0)
+	if got := taints(); got != other.Key {
+		t.Fatalf("taints once the CSI driver is ready: %q; want only the device plugin's, which is not", got)
+	}
+	if got := events(0); got != "Normal TaintRemoved [Remove taint csi.example.com/agent-not-ready:NoExecute]" {
+		t.Errorf("events: %s", got)
+	}
+	waitTaints(other.Key)
+
+	// Another writer puts it back within the window: removed again, its
+	// manager named.
+	n, _ := b.cs.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	n.Spec.Taints = append(n.Spec.Taints, own)
+	if _, err := b.cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{FieldManager: "node-manager"}); err != nil {
+		t.Fatal(err)
+	}
+	waitTaints(other.Key + "," + own.Key)
+	from := len(b.rec.got)
+	b.step(5 * time.Second)
+	if got := taints(); got != other.Key {
+		t.Fatalf("taints after a re-add within the window: %q", got)
+	}
+	if got := events(from); !strings.HasPrefix(got, "Warning TaintReadded [Remove taint csi.example.com/agent-not-ready:NoExecute]") ||
+		!strings.Contains(b.rec.got[len(b.rec.got)-1], "re-added by node-manager") {
+		t.Errorf("events: %s (%q)", got, b.rec.got[from:])
+	}
+	waitTaints(other.Key)
+
+	// retaint: the driver fails, the taint goes back; ready again, it goes.
+	from = len(b.rec.got)
+	b.setPlugins()
+	b.step(time.Second)
+	if got := taints(); got != other.Key+","+own.Key {
+		t.Fatalf("taints once the CSI driver is gone: %q; want its taint back (writes %q, events %q)", got, b.writes(), b.rec.got[from:])
+	}
+	waitTaints(other.Key + "," + own.Key)
+	b.step(time.Second)
+	if got := events(from); got != "Warning TaintRestored [Add taint csi.example.com/agent-not-ready:NoExecute]" {
+		t.Errorf("events: %s; want one TaintRestored", got)
+	}
+	back := csiSocket(b.clock.Now(), true)
+	b.setPlugins(back)
+	b.step(kubeletSettle)
+	b.setKubelet(started, back.Path)
+	b.step(time.Second)
+	if got := taints(); got != other.Key {
+		t.Fatalf("taints once the CSI driver is ready again: %q", got)
 	}
 }
