@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"log"
@@ -130,7 +131,11 @@ func installServerDryRun(t *testing.T, c *chart.Chart, vals map[string]any, kube
 	}
 	in := action.NewInstall(cfg)
 	in.DryRunStrategy = action.DryRunServer
-	in.ReleaseName, in.Namespace = releaseName, ns
+	// A release name of its own where the API server is shared with other
+	// tests (PLUGD_RELEASE_NAME): their cluster-scoped objects (plugd's
+	// ClusterRoles) are not Helm's, and Helm would refuse to take them
+	// over.
+	in.ReleaseName, in.Namespace = cmp.Or(os.Getenv("PLUGD_RELEASE_NAME"), releaseName), ns
 	r, err := in.RunWithContext(context.Background(), c, vals)
 	if err != nil {
 		t.Fatalf("helm install --dry-run=server against %s: %v", kubeconfig, err)

@@ -40,13 +40,16 @@ func TestReleaseFromRegistry(t *testing.T) {
 	}
 	// A namespace of its own, absent when Helm installs: a dry run creates
 	// nothing, and finds nothing of another test's to take over.
-	const ns = "plugd-release"
+	// A release name of its own too: the cluster-scoped objects other
+	// tests applied (ClusterRole plugd-caretaker...) are not Helm's, and
+	// Helm refuses to take them over.
+	const ns, name = "plugd-release", "plugd-dryrun"
 	from := time.Now()
 	// -race: CI has just run test/deploy's tests so, and the test binary
 	// comes from the build cache.
 	cmd := exec.CommandContext(ctx, "go", "test", "-race", "-count=1", "-v", "-run", "^TestReleasePublish$", ".")
 	cmd.Dir = filepath.Join(dirs.Repo, "test", "deploy")
-	cmd.Env = append(os.Environ(), "PLUGD_KUBECONFIG="+kubeconfig, "PLUGD_RELEASE_NAMESPACE="+ns, "PLUGD_RELEASE_MANIFEST="+manifest)
+	cmd.Env = append(os.Environ(), "PLUGD_KUBECONFIG="+kubeconfig, "PLUGD_RELEASE_NAMESPACE="+ns, "PLUGD_RELEASE_NAME="+name, "PLUGD_RELEASE_MANIFEST="+manifest)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestReleasePublish") {
 		t.Fatalf("test/deploy's TestReleasePublish against this API server: %v\n%s", err, out)
@@ -55,7 +58,7 @@ func TestReleaseFromRegistry(t *testing.T) {
 
 	// Helm looked for the release's objects on this server (a DaemonSet
 	// plugd there would be taken over, or refused), and made none.
-	looked, err := auditRequests(from, "/namespaces/"+ns+"/daemonsets/plugd")
+	looked, err := auditRequests(from, "/namespaces/"+ns+"/daemonsets/"+name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +70,7 @@ func TestReleaseFromRegistry(t *testing.T) {
 			t.Errorf("Helm's dry run wrote: %s", r)
 		}
 	}
-	if _, err := admin.AppsV1().DaemonSets(ns).Get(ctx, "plugd", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := admin.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("after a dry run, the DaemonSet: %v", err)
 	}
 
