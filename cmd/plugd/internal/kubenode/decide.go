@@ -550,6 +550,9 @@ func (d *decision) paceKubelet() time.Time {
 			d.p.wantMetrics = reading.At.Add(unsettledSlow)
 		}
 	}
+	if f.kubelet.reregistering && reading != nil {
+		d.p.wantMetrics = earliest(d.p.wantMetrics, reading.At.Add(unsettledFast))
+	}
 	if f.kubelet.live && reading != nil {
 		for _, e := range d.pol.expect {
 			v := f.views[key{e.Type, e.Name}]

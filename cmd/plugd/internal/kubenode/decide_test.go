@@ -271,6 +271,13 @@ func TestDecide(t *testing.T) {
 				w.conds = []corev1.NodeCondition{cond(csiExp, corev1.ConditionFalse, ReasonKubeletNotRegistered, "refused", now.Add(-time.Minute), now.Add(-time.Minute))}
 			}),
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
+		{name: "the kubelet drops the path it registered, to register it again: True held for its pass",
+			w:    with(ready, reregister(now.Add(-500*time.Millisecond))),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: unsettledFast, wantDevices: -1},
+		{name: "the kubelet drops the path it registered, and not back within its pass: False",
+			w:    with(ready, reregister(now.Add(-kubeletstate.Settle))),
+			want: []string{"False/KubeletNotRegistered"}, set: []string{"False/KubeletNotRegistered"}, notes: []string{"PluginNotReady"},
+			next: fastFor, wantMetrics: unsettledFast, wantDevices: -1},
 		{name: "the kubelet has seen the socket and refuses it: SeenNotRegistered, told after the grace",
 			w: with(held, func(w *world) {
 				w.csi = nil
@@ -464,5 +471,22 @@ func testDecide(t *testing.T, now time.Time, tc decideCase) {
 	}
 	if tc.check != nil {
 		tc.check(t, p)
+	}
+}
+
+// reregister makes w's CSI socket a new registrar's, which the kubelet
+// registered (a retry begun before the socket was made, which the reads
+// did not see begin) and dropped at dropped to register it again (its
+// timestamp was the old socket's), as test/kube's TopologyConflict
+// scenario caught it on a loaded machine.
+func reregister(dropped time.Time) func(*world) {
+	return func(w *world) {
+		made := dropped.Add(-3 * time.Second)
+		w.socks[0].Created = made
+		w.reads = []kubeletRead{{at: made.Add(-time.Second), started: started},
+			{at: made.Add(40 * time.Millisecond), started: started, seen: []string{"/r/csi.sock"}},         // retrying, as far as the reads know since now
+			{at: made.Add(1300 * time.Millisecond), started: started, registered: []string{"/r/csi.sock"}}, // the old retry, against the new socket
+			{at: dropped, started: started, seen: []string{"/r/csi.sock"}},                                 // dropped, to register it again
+			{at: t0, started: started, seen: []string{"/r/csi.sock"}}}                                      // not back yet
 	}
 }

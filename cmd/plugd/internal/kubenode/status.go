@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"fmt"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -97,7 +98,12 @@ func staleEntries(s snapshot, socks map[key][]Socket, kf kubeletFacts, kn kubele
 		}
 	}
 	held := map[string]bool{}
-	for p := range kn.Reading.Registered {
+	// What the kubelet holds, and what it is registering again (credited
+	// in kf.registered while its reconciler's pass runs).
+	holding := map[string]bool{}
+	maps.Copy(holding, kn.Reading.Registered)
+	maps.Copy(holding, kf.registered)
+	for p := range holding {
 		k, ok := named[p]
 		if !ok {
 			return nil, 0 // a socket plugd does not know: it may be any driver's

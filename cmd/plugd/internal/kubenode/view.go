@@ -104,6 +104,10 @@ type kubeletFacts struct {
 	live, down bool
 	registered map[string]bool
 	seen       map[string]bool
+	// reregistering says a path of registered is the kubelet's
+	// registering it again (kubeletstate.Evidence.Reregistering): read
+	// until it is back, or the pass it may take is over.
+	reregistering bool
 	// restarted says plugd saw the kubelet restart, at started.
 	restarted bool
 	started   time.Time
@@ -441,6 +445,9 @@ func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]So
 		for _, p := range ps {
 			if ev.Credited(p.Path, p.Created) {
 				kf.registered[p.Path] = true
+			}
+			if ev.Reregistering(p.Path, p.Created) {
+				kf.reregistering = true
 			}
 		}
 	}
