@@ -112,3 +112,10 @@ wins, as in the ConfigMap). Empty when there is none: then plugd gets no
 {{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ with .taint }}{{ $taints = append $taints . }}{{ end }}{{ end }}
 {{- join "\n" ($taints | uniq) }}
 {{- end }}
+
+{{/* "true" when an expected plugin names deviceClasses (extraConfig wins, as
+in the ConfigMap): then plugd reads DeviceClasses, and only then is it
+granted "list, watch deviceclasses". */}}
+{{- define "plugd.deviceClasses" -}}
+{{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ if .deviceClasses }}true{{ end }}{{ end }}
+{{- end }}

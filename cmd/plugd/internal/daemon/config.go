@@ -171,6 +171,10 @@ type ExpectConfig struct {
 	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
 	// make it ready. Default 1.
 	MinHealthyDevices int `json:"minHealthyDevices,omitempty"`
+	// DeviceClasses are, for a DRAPlugin, DeviceClasses (by name) that must
+	// exist and whose selectors must match enough of the driver's usable
+	// devices for it to be ready. Needs kubernetes. Empty: none.
+	DeviceClasses []string `json:"deviceClasses,omitempty"`
 	// Taint, KEY:EFFECT, is this plugin's startup taint: plugd removes it
 	// from the Node once the plugin is ready, and removes it again when
 	// another writer puts it back within kubernetes.startupWindow of the
@@ -604,6 +608,9 @@ func (c *Config) checkExpect() error {
 		if x.Taint != "" && c.Kubernetes == nil {
 			return fmt.Errorf("expect[%d]: taint is set, but kubernetes is not: plugd removes a taint from its Node, through the Kubernetes API; set kubernetes.nodeName (or remove the taint)", i)
 		}
+		if len(x.DeviceClasses) > 0 && c.Kubernetes == nil {
+			return fmt.Errorf("expect[%d]: deviceClasses is set, but kubernetes is not: plugd reads DeviceClasses from the Kubernetes API; set kubernetes.nodeName (or remove deviceClasses)", i)
+		}
 		for _, k := range []string{"plugin " + x.Type + " " + x.Name, "condition " + x.Condition} {
 			if j, dup := seen[k]; dup {
 				return fmt.Errorf("expect[%d]: %s is also expect[%s]'s", i, k, j)
@@ -612,7 +619,7 @@ func (c *Config) checkExpect() error {
 		}
 		xs[i] = x
 		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
-			Taint: x.Taint, Retaint: x.Retaint}
+			DeviceClasses: x.DeviceClasses, Taint: x.Taint, Retaint: x.Retaint}
 	}
 	if c.Kubernetes != nil {
 		if err := kubenode.CheckTaints(xs, c.Kubernetes.RemoveTaintWhenReady); err != nil {
@@ -644,7 +651,7 @@ func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
 
 func (e ExpectConfig) expectation() kubenode.Expectation {
 	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
-		Taint: e.Taint, Retaint: e.Retaint}
+		DeviceClasses: slices.Clone(e.DeviceClasses), Taint: e.Taint, Retaint: e.Retaint}
 }
 
 // configFieldNames turns the manager's option names into this file's field names.

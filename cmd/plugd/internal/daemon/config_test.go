@@ -135,3 +135,33 @@ func TestDefaultsAppliedToACopy(t *testing.T) {
 		t.Errorf("WithDefaults of its own result: %v\n%+v\n%+v", err, again, c)
 	}
 }
+
+// Issue 34: an expected DRA driver's deviceClasses survive loading and
+// defaults, reach the node agent's expectation, and are not shared with the
+// caller's configuration.
+func TestDeviceClassesKept(t *testing.T) {
+	path := filepath.Join(testenv.ShortDir(t, "pd"), "c.yaml")
+	yaml := "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com, fast.gpu.example.com]}]\nkubernetes: {nodeName: node-a}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"gpu.example.com", "fast.gpu.example.com"}
+	if got := c.Expect[0].DeviceClasses; !reflect.DeepEqual(got, want) {
+		t.Fatalf("deviceClasses after defaults: %q, want %q", got, want)
+	}
+	if got := c.Expect[0].expectation().DeviceClasses; !reflect.DeepEqual(got, want) {
+		t.Errorf("the expectation's DeviceClasses: %q, want %q", got, want)
+	}
+	c.Expect[0].DeviceClasses[0] = "changed.example.com"
+	if in.Expect[0].DeviceClasses[0] != "gpu.example.com" {
+		t.Errorf("WithDefaults' result shares deviceClasses with the caller's configuration")
+	}
+}

@@ -87,7 +87,7 @@ var refusalSites = []struct {
 	{"config.go", "checkHandlers", 4},
 	{"config.go", "check", 5}, // PolicyConfig's
 	{"config.go", "checkKubernetes", 7},
-	{"config.go", "checkExpect", 4},
+	{"config.go", "checkExpect", 5},
 	{"config.go", "parseLevel", 1},
 	{"handlers.go", "checkHandler", 3},
 	{"paths.go", "checkRegistryDir", 3},
@@ -95,6 +95,7 @@ var refusalSites = []struct {
 	{"paths.go", "statusTCP", 3},
 	{"bounds.go", "check", 2},
 	{"../kubenode/conditions.go", "WithDefaults", 9},
+	{"../kubenode/conditions.go", "checkDeviceClasses", 3},
 	{"../kubenode/taints.go", "taintRules", 5},
 	{"../kubenode/conditions.go", "DefaultCondition", 1},
 	{"../kubenode/conditions.go", "ParseTaint", 4},

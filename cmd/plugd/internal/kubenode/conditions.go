@@ -27,6 +27,10 @@ type Expectation struct {
 	// MinHealthyDevices, for a DevicePlugin, is how many healthy devices it
 	// must have. Zero means 1.
 	MinHealthyDevices int
+	// DeviceClasses, for a DRAPlugin, are DeviceClasses that must exist and
+	// select enough of its usable devices (deviceclass.Matcher). Empty:
+	// none is checked.
+	DeviceClasses []string
 	// Taint, as KEY:EFFECT, is a taint of this plugin's, removed from the
 	// Node once it is ready (taints.go); Retaint puts it back when the
 	// plugin, once ready, is not any more.
@@ -81,6 +85,9 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 	case e.Retaint && e.Taint == "":
 		return e, errors.New("retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)")
 	}
+	if err := checkDeviceClasses(e); err != nil {
+		return e, err
+	}
 	if e.Taint != "" {
 		if _, _, err := ParseTaint(e.Taint); err != nil {
 			return e, fmt.Errorf("taint %w", err)
@@ -105,6 +112,23 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("condition %q is node-problem-detector's, which writes it too: plugd's writes and its would undo each other; choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
 	}
 	return e, nil
+}
+
+// checkDeviceClasses checks the DeviceClasses e names: for a DRAPlugin
+// only, each a valid DeviceClass name (a DNS subdomain), once.
+func checkDeviceClasses(e Expectation) error {
+	if len(e.DeviceClasses) > 0 && e.Type != TypeDRA {
+		return fmt.Errorf("deviceClasses applies to %s plugins, not %s: a DeviceClass selects DRA devices", TypeDRA, e.Type)
+	}
+	for i, c := range e.DeviceClasses {
+		if errs := content.IsDNS1123Subdomain(c); len(errs) > 0 {
+			return fmt.Errorf("deviceClasses[%d] %q is not a DeviceClass name (a DNS subdomain, such as gpu.example.com): %s", i, c, strings.Join(errs, "; "))
+		}
+		if slices.Contains(e.DeviceClasses[:i], c) {
+			return fmt.Errorf("deviceClasses[%d] %q is listed twice: name each DeviceClass once", i, c)
+		}
+	}
+	return nil
 }
 
 // npdConditions are the condition types node-problem-detector's shipped

@@ -31,7 +31,7 @@ func (n *Node) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	for _, s := range n.sources() {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	wg.Go(func() { n.kubelet.Run(ctx) })

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -82,11 +83,11 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 		cancel()
 		wg.Wait()
 	})
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	for _, s := range n.sources() {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	b.waitFor("the informers synced", func() bool {
-		return n.node.inf.HasSynced() && n.csiNode.inf.HasSynced() && n.slices.inf.HasSynced()
+		return !slices.ContainsFunc(n.sources(), func(s *source) bool { return !s.inf.HasSynced() })
 	})
 	return b
 }

@@ -262,3 +262,16 @@ func slimSlice(obj any) (any, error) {
 	return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: s.Name, UID: s.UID, ResourceVersion: s.ResourceVersion},
 		Spec: resourcev1.ResourceSliceSpec{Driver: s.Spec.Driver, NodeName: s.Spec.NodeName}}, nil
 }
+
+// slimDeviceClass keeps a DeviceClass's name, UID and resourceVersion (its
+// compiled selectors are cached by the last two: deviceclass.Matcher) and
+// its selectors: not its configuration for drivers (opaque parameters, up
+// to 10 KiB each), which plugd does not read.
+func slimDeviceClass(obj any) (any, error) {
+	c, ok := obj.(*resourcev1.DeviceClass)
+	if !ok {
+		return obj, nil
+	}
+	return &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: c.Name, UID: c.UID, ResourceVersion: c.ResourceVersion},
+		Spec: resourcev1.DeviceClassSpec{Selectors: c.Spec.Selectors}}, nil
+}

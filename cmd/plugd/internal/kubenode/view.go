@@ -40,6 +40,12 @@ type snapshot struct {
 	seq [3]uint64
 	// Read trouble of each, nil while its informer is synced and healthy.
 	nodeProblem, csiProblem, sliceProblem *Problem
+	// classes are the DeviceClasses the expectations name, by name, and
+	// classProblem the trouble reading them: while it is nil, a name
+	// missing from classes is a class that does not exist. Both are nil
+	// when no expectation names a class.
+	classes      map[string]*resourcev1.DeviceClass
+	classProblem *Problem
 }
 
 // Reasons of a KubeletView that say the API could not be read, rather than
