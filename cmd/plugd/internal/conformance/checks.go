@@ -55,6 +55,9 @@ const (
 	checkDPRegister     = "deviceplugin/register"
 	checkDPOptions      = "deviceplugin/options"
 	checkDPListAndWatch = "deviceplugin/list-and-watch"
+	checkDPStreamOpen   = "deviceplugin/stream-open"
+	checkDPHealth       = "deviceplugin/health-change"
+	checkDPListAgain    = "deviceplugin/list-and-watch-again"
 	checkDPRestart      = "deviceplugin/kubelet-restart"
 	checkRestart        = "registration/manager-restart"
 	checkLateNotify     = "registration/late-notify"
@@ -96,8 +99,14 @@ var catalogue = []check{
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Connect"},
 	{ID: checkDPListAndWatch, Types: []string{typeDevice}, Expect: "ListAndWatch sends the inventory at once (within 1 s): device IDs, each Healthy or Unhealthy",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (ListAndWatch; no capacity until the first answer)"},
-	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within twice --timeout, 20 s by default (the kubelet's stub does after 10 s)",
-		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again)"},
+	{ID: checkDPStreamOpen, Types: []string{typeDevice}, Expect: "after the inventory, the ListAndWatch stream stays open (watched for 1 s; further answers are welcome): the kubelet reads every health change from it",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (a stream that ends disconnects the plugin: PluginDisconnected marks its devices unhealthy, manager.go markResourceUnhealthy)"},
+	{ID: checkDPHealth, Types: []string{typeDevice}, Expect: "after --health-command runs (it makes a device of the plugin's change health), ListAndWatch sends an answer in which a device's health changed, within --timeout; skipped without --health-command: the kit cannot make a device fail by itself",
+		Kubelet: "pkg/kubelet/cm/devicemanager/manager.go genericDeviceUpdateCallback (each ListAndWatch answer is the whole inventory; health is read from it alone: allocatable counts the Healthy devices)"},
+	{ID: checkDPListAgain, Types: []string{typeDevice}, Expect: "a second ListAndWatch, opened once the first has ended (as a kubelet that connects again opens one), sends the inventory at once (within 1 s), the same devices",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (every connection to the plugin, after each registration, opens its own ListAndWatch)"},
+	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within --reregister-wait: twice --timeout, 20 s, by default, at most the kubelet's 5 m (the kubelet's stub registers again after 10 s)",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again); pkg/kubelet/cm/devicemanager/manager.go readCheckpoint and GetCapacity, types.go endpointStopGracePeriod (the resource at zero capacity until the plugin registers again, and dropped from the Node after 5 m)"},
 	{ID: checkRestart, Via: viaRegistry, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (a restarted kubelet walks the directory and registers every socket again)"},
 	{ID: checkLateNotify, Via: viaRegistry, Expect: "NotifyRegistrationStatus(true) sent 2 s after GetInfo (a handler that takes its time, as the kubelet's CSI handler calling NodeGetInfo may) is answered, and the plugin is still there"},

@@ -71,6 +71,9 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			if f.cfg.Timeout <= 0 {
 				return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
 			}
+			if f.cfg.ReregisterWait < 0 || f.cfg.ReregisterWait > kubeletReregisterBound {
+				return fmt.Errorf("--reregister-wait %s: give a duration up to the kubelet's own bound, %s (after it the kubelet drops the plugin's resource)", f.cfg.ReregisterWait, kubeletReregisterBound)
+			}
 			return checkDirs(map[string]string{"--registry-dir": f.cfg.RegistryDir, "--endpoint-dir": f.cfg.EndpointDir})
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,6 +90,8 @@ wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
 	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.StringVar(&f.cfg.HealthCommand, "health-command", "", "a device plugin: a shell command that makes one of its devices change health (run with /bin/sh -c; "+envPluginPID+" is the started plugin's process id); without it deviceplugin/health-change is skipped")
+	fl.DurationVar(&f.cfg.ReregisterWait, "reregister-wait", 0, "a device plugin registering through kubelet.sock: how long it has to register again when kubelet.sock is made anew, at most the kubelet's 5m (default: twice --timeout)")
 	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")
 	fl.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
 	fl.StringVar(&f.junit, "junit", "", "also write the results as JUnit XML to this file")

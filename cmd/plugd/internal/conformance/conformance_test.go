@@ -47,6 +47,9 @@ func newKitRun(t *testing.T, kind, brk string, timeout time.Duration) *kitRun {
 		Command:     []string{os.Args[0], pluginArg, kind, brk},
 		Timeout:     timeout,
 	}}
+	if kind == "device" || kind == "dpsock" {
+		r.cfg.HealthCommand = healthCommand
+	}
 	r.cfg.PluginOutput = &r.out
 	return r
 }
@@ -149,6 +152,10 @@ var mutants = []struct {
 	{"dra", "dra-health-unserved", checkDRAHealth},
 	{"device", "dp-options-fail", checkDPOptions},
 	{"device", "dp-silent-list", checkDPListAndWatch},
+	{"device", "dp-stream-ends", checkDPStreamOpen},
+	{"device", "dp-health-ignored", checkDPHealth},
+	{"dpsock", "dp-health-ignored", checkDPHealth},
+	{"device", "dp-one-stream", checkDPListAgain},
 	{"device", "answers-change", checkRestart},
 	{"device", "impatient", checkLateNotify},
 	{"dpsock", "bad-versions", checkDPRegister},
@@ -223,8 +230,8 @@ func TestAttachSkipsWhatNeedsAStart(t *testing.T) {
 	}
 	for _, c := range rep.Checks {
 		want := statusPass
-		if checkByID(c.ID).Via == viaKubeletSock {
-			want = statusSkip
+		if checkByID(c.ID).Via == viaKubeletSock || c.ID == checkDPHealth {
+			want = statusSkip // the other way of registering; no --health-command
 		} else if checkByID(c.ID).Started {
 			want = statusSkip
 			if !strings.Contains(c.Seen, "-- COMMAND") {

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
-	deviceapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -187,50 +186,4 @@ func healthServed(ctx context.Context, ep *grpc.ClientConn, service string) (boo
 		return false, nil
 	}
 	return false, fmt.Errorf("%s NodeWatchResources: %w", service, err)
-}
-
-// devicePluginSuite checks a device plugin's options and its first
-// ListAndWatch answer.
-func (r *runner) devicePluginSuite(ctx context.Context, ep *grpc.ClientConn) {
-	began := time.Now()
-	c := deviceapi.NewDevicePluginClient(ep)
-	cctx, cancel := r.call(ctx, "GetDevicePluginOptions")
-	opts, err := c.GetDevicePluginOptions(cctx, &deviceapi.Empty{})
-	cancel()
-	if err != nil {
-		err = fmt.Errorf("GetDevicePluginOptions: %w", err)
-	}
-	r.check(checkDPOptions, err, fmt.Sprintf("options: pre-start required %t, preferred allocation %t",
-		opts.GetPreStartRequired(), opts.GetGetPreferredAllocationAvailable()), began)
-
-	began = time.Now()
-	n, err := firstList(ctx, c)
-	r.check(checkDPListAndWatch, err, fmt.Sprintf("ListAndWatch sent %d device(s) in %s", n, time.Since(began).Round(time.Millisecond)), began)
-}
-
-// firstList waits firstAnswer for ListAndWatch's first answer and judges
-// it.
-func firstList(ctx context.Context, c deviceapi.DevicePluginClient) (int, error) {
-	ctx, cancel := withDeadline(ctx, firstAnswer, "ListAndWatch's first answer (the kubelet reports no capacity until then)")
-	defer cancel()
-	s, err := c.ListAndWatch(ctx, &deviceapi.Empty{})
-	var resp *deviceapi.ListAndWatchResponse
-	if err == nil {
-		resp, err = s.Recv()
-	}
-	if err != nil {
-		if status.Code(err) == codes.DeadlineExceeded {
-			return 0, context.Cause(ctx)
-		}
-		return 0, fmt.Errorf("ListAndWatch: %w", err)
-	}
-	for _, d := range resp.GetDevices() {
-		if d.GetID() == "" {
-			return 0, errors.New("ListAndWatch sent a device without an ID")
-		}
-		if h := d.GetHealth(); h != deviceapi.Healthy && h != deviceapi.Unhealthy {
-			return 0, fmt.Errorf("device %q has health %q; the kubelet knows %q and %q", quote(d.GetID()), quote(h), deviceapi.Healthy, deviceapi.Unhealthy)
-		}
-	}
-	return len(resp.GetDevices()), nil
 }
