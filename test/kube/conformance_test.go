@@ -6,13 +6,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	dpapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	dpstub "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
@@ -40,8 +43,21 @@ func conformance(t *testing.T, env []string, args ...string) conformanceReport {
 	return runConformance(t, exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"conformance", "-o", "json"}, args...)...), env)
 }
 
-// runConformance runs cmd, a plugd conformance -o json, with env.
+// runConformance runs cmd, a plugd conformance -o json, with env, and
+// fails the test unless the plugin passed.
 func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport {
+	t.Helper()
+	rep, stderr, err := readConformance(t, cmd, env)
+	if err != nil || !rep.Passed {
+		t.Fatalf("plugd conformance: %v, passed %t; standard error:\n%s", err, rep.Passed, stderr)
+	}
+	t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+	return rep
+}
+
+// readConformance runs cmd, a plugd conformance -o json, with env, and
+// returns its report, its exit and its standard error.
+func readConformance(t *testing.T, cmd *exec.Cmd, env []string) (conformanceReport, string, error) {
 	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
@@ -54,11 +70,7 @@ func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport
 	for _, c := range rep.Checks {
 		t.Logf("%s %s (required %t): %s", c.Status, c.ID, c.Required, c.Seen)
 	}
-	if err != nil || !rep.Passed {
-		t.Fatalf("plugd conformance: %v, passed %t; standard error:\n%s", err, rep.Passed, stderr.String())
-	}
-	t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
-	return rep
+	return rep, stderr.String(), err
 }
 
 // The kubelet's own sample device plugin (k8s.io/kubernetes
@@ -126,5 +138,63 @@ func TestConformanceDevicePluginStub(t *testing.T) {
 		if c.Status == "FAIL" {
 			t.Errorf("%s failed: %s", c.ID, c.Seen)
 		}
+	}
+}
+
+// A DRA driver on kubeletplugin that publishes its devices to a real API
+// server passes dra/resource-slices (its slices name it and its node, its
+// pool complete); one that leaves its pool incomplete, or publishes for
+// another node, fails that check and only it.
+func TestConformanceDRAResourceSlices(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, cp.AdminToken); err != nil {
+		t.Fatal(err)
+	}
+	const driver = "dra.conformance.plugd.example.com" // testplugin's
+	for _, tc := range []struct{ brk, fails string }{
+		{"", ""},
+		{"incomplete-pool", "incomplete: generation 1 has 1 of the 2 slices"},
+		{"wrong-node", `is for node "conformance-dra-wrong-node-other", not conformance-dra-wrong-node`},
+	} {
+		t.Run("break="+tc.brk, func(t *testing.T) {
+			node := strings.TrimSuffix("conformance-dra-"+tc.brk, "-")
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := admin.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+					metav1.ListOptions{FieldSelector: "spec.driver=" + driver}); err != nil {
+					t.Errorf("deleting the driver's ResourceSlices: %v", err)
+				}
+			})
+			cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--timeout=5s",
+				"--kubeconfig", kubeconfig, "--node-name", node, "--",
+				filepath.Join(dirs.Bin, "testplugin"), "dra", "--registry-dir={registry-dir}", "--plugin-dir={endpoint-dir}",
+				"--kubeconfig", kubeconfig, "--node-name", node, "--node-uid", "a1b2c3d4-0000-4000-8000-"+fmt.Sprintf("%012d", len(tc.brk)), "--break", tc.brk)
+			rep, stderr, err := readConformance(t, cmd, nil)
+			var failed []string
+			for _, c := range rep.Checks {
+				if c.Status == "FAIL" {
+					failed = append(failed, c.ID)
+				}
+				if c.ID == "dra/resource-slices" && tc.fails != "" && !strings.Contains(c.Seen, tc.fails) {
+					t.Errorf("dra/resource-slices saw %q; want it to say %q", c.Seen, tc.fails)
+				}
+			}
+			if tc.fails == "" {
+				if err != nil || !rep.Passed {
+					t.Fatalf("plugd conformance: %v, passed %t, failed %q; standard error:\n%s", err, rep.Passed, failed, stderr)
+				}
+				for _, c := range rep.Checks {
+					if c.ID == "dra/resource-slices" && c.Status != "PASS" {
+						t.Errorf("dra/resource-slices: %s, want PASS: %s", c.Status, c.Seen)
+					}
+				}
+				t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+				return
+			}
+			if len(failed) != 1 || failed[0] != "dra/resource-slices" || rep.Passed || err == nil {
+				t.Errorf("failed %q, passed %t, exit %v; want dra/resource-slices alone failed, and the run failed; standard error:\n%s", failed, rep.Passed, err, stderr)
+			}
+		})
 	}
 }

@@ -52,6 +52,7 @@ const (
 	checkDRAServices    = "dra/services"
 	checkDRAEmpty       = "dra/prepare-empty"
 	checkDRAHealth      = "dra/health"
+	checkDRASlices      = "dra/resource-slices"
 	checkDPRegister     = "deviceplugin/register"
 	checkDPOptions      = "deviceplugin/options"
 	checkDPListAndWatch = "deviceplugin/list-and-watch"
@@ -93,6 +94,8 @@ var catalogue = []check{
 	{ID: checkDRAEmpty, Types: []string{typeDRA}, Expect: "NodePrepareResources and NodeUnprepareResources answer an empty request without error"},
 	{ID: checkDRAHealth, Types: []string{typeDRA}, Expect: "the DRAResourceHealth service is served if and only if it is announced (k/k#141855)",
 		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go pickHealthService (NodeWatchResources is opened when the service is announced)"},
+	{ID: checkDRASlices, Types: []string{typeDRA}, Expect: "with --kubeconfig and --node-name, within --timeout: ResourceSlices name the driver as it registered (spec.driver), each one for a single node is for --node-name (spec.nodeName), and in each pool the newest generation has as many slices as its resourceSliceCount; skipped without --kubeconfig",
+		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go wipeResourceSlices (the node's slices are deleted by spec.nodeName and spec.driver); staging/src/k8s.io/dynamic-resource-allocation/structured/internal/stable/pools_stable.go GatherPools (the scheduler allocates nothing from an incomplete pool)"},
 	{ID: checkDPRegister, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "a device plugin that calls Register on the device manager's kubelet.sock sends version v1beta1, an extended resource name, and the file name of its socket in the device plugin directory, which accepts connections and answers GetDevicePluginOptions before Register returns",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Register (isVersionCompatibleWithPlugin, IsExtendedResourceName, connectClient: the endpoint joined to the socket directory, dialled and asked GetDevicePluginOptions before Register is answered)"},
 	{ID: checkDPOptions, Types: []string{typeDevice}, Expect: "GetDevicePluginOptions answers",

@@ -71,6 +71,9 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			if f.cfg.Timeout <= 0 {
 				return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
 			}
+			if (f.cfg.Kubeconfig == "") != (f.cfg.NodeName == "") {
+				return errors.New("--kubeconfig and --node-name go together: the API server the DRA driver publishes to, and the node it was told it runs on")
+			}
 			if f.cfg.ReregisterWait < 0 || f.cfg.ReregisterWait > kubeletReregisterBound {
 				return fmt.Errorf("--reregister-wait %s: give a duration up to the kubelet's own bound, %s (after it the kubelet drops the plugin's resource)", f.cfg.ReregisterWait, kubeletReregisterBound)
 			}
@@ -90,6 +93,8 @@ wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
 	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.StringVar(&f.cfg.Kubeconfig, "kubeconfig", "", "a DRA driver: the kubeconfig of the API server it publishes ResourceSlices to, to check them (with --node-name)")
+	fl.StringVar(&f.cfg.NodeName, "node-name", "", "a DRA driver: the node name it was given, which its node-local ResourceSlices must name")
 	fl.StringVar(&f.cfg.HealthCommand, "health-command", "", "a device plugin: a shell command that makes one of its devices change health (run with /bin/sh -c; "+envPluginPID+" is the started plugin's process id); without it deviceplugin/health-change is skipped")
 	fl.DurationVar(&f.cfg.ReregisterWait, "reregister-wait", 0, "a device plugin registering through kubelet.sock: how long it has to register again when kubelet.sock is made anew, at most the kubelet's 5m (default: twice --timeout)")
 	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")

@@ -112,6 +112,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"conformance", "--timeout", "-1s", "--", "true"}, "--timeout -1s: give a positive duration"},
 		{[]string{"conformance", "--timeout", "0", "--", "true"}, "--timeout 0s: give a positive duration"},
 		{[]string{"conformance", "--reregister-wait", "6m", "--", "true"}, "--reregister-wait 6m0s: give a duration up to the kubelet's own bound, 5m0s"},
+		{[]string{"conformance", "--kubeconfig", "/nonexistent", "--", "true"}, "--kubeconfig and --node-name go together"},
 		{[]string{"conformance", "--registry-dir", "/nonexistent-plugd-dir"}, "--registry-dir /nonexistent-plugd-dir: no such directory"},
 		{[]string{"conformance", "--endpoint-dir", "/nonexistent-plugd-dir", "--", "true"}, "--endpoint-dir /nonexistent-plugd-dir: no such directory"},
 		{[]string{"conformance", "--registry-dir", "/etc/hostname", "--", "true"}, "not a directory"},

@@ -46,6 +46,10 @@ type Config struct {
 	// kubelet, is an error), for device plugins that register by calling
 	// it. It is always served for a plugin the kit starts.
 	DeviceManager bool
+	// Kubeconfig names the API server a DRA driver publishes its
+	// ResourceSlices to, and NodeName the node it was told it runs on
+	// (dra/resource-slices); "": that check is skipped.
+	Kubeconfig, NodeName string
 	// HealthCommand is run with /bin/sh -c to make one of a device
 	// plugin's devices change health (deviceplugin/health-change); "":
 	// that check is skipped.

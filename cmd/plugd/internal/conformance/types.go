@@ -111,6 +111,7 @@ func (r *runner) draSuite(ctx context.Context, info PluginInfo, ep *grpc.ClientC
 		r.check(checkDRAEmpty, prepareEmpty(ctx, r, ep, first), "NodePrepareResources and NodeUnprepareResources answered an empty request on "+first, began)
 	}
 	r.checkDRAHealth(ctx, info, ep)
+	r.checkResourceSlices(ctx, info)
 }
 
 // prepareEmpty sends an empty NodePrepareResources and

@@ -4,6 +4,7 @@
 //
 //	testplugin registrar --csi-address SOCK --plugin-registration-path DIR --kubelet-registration-path SOCK
 //	testplugin csi --endpoint SOCK --name NAME --node-id ID [--topology-key KEY]
+//	testplugin dra --registry-dir DIR --plugin-dir DIR --kubeconfig FILE --node-name NODE --node-uid UID [--break incomplete-pool|wrong-node]
 //
 // registrar behaves as node-driver-registrar does: it asks the driver its
 // name (GetPluginInfo), unlinks a stale DIR/NAME-reg.sock, serves the
@@ -14,6 +15,9 @@
 // csi is a CSI node plugin (github.com/container-storage-interface/spec):
 // Identity, and NodeGetInfo with the node id and, under KEY, the node id
 // as its accessible topology, as the hostpath driver reports it.
+//
+// dra is a DRA driver on k8s.io/dynamic-resource-allocation/kubeletplugin
+// that publishes one pool of two devices for its node (dra.go).
 package main
 
 import (
@@ -38,7 +42,7 @@ import (
 func main() {
 	log.SetFlags(log.Lmicroseconds)
 	if len(os.Args) < 2 {
-		log.Fatal("usage: testplugin registrar|csi FLAGS")
+		log.Fatal("usage: testplugin registrar|csi|dra FLAGS")
 	}
 	var err error
 	switch os.Args[1] {
@@ -46,6 +50,8 @@ func main() {
 		err = registrar(os.Args[2:])
 	case "csi":
 		err = driver(os.Args[2:])
+	case "dra":
+		err = draDriver(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
