@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,7 +124,9 @@ func buildSampleDevicePlugin(t *testing.T) string {
 }
 
 // The device manager's stub itself, run in this process, passes every
-// required check with plugd conformance attached to it.
+// required check with plugd conformance attached to it, the health change
+// included: the kit's --health-command writes to a FIFO, on which this
+// test turns Dev-2 Unhealthy with the stub's own Update.
 func TestConformanceDevicePluginStub(t *testing.T) {
 	dir := testenv.ShortDir(t, "reg")
 	devs := []*dpapi.Device{{ID: "Dev-1", Health: dpapi.Healthy}, {ID: "Dev-2", Health: dpapi.Healthy}}
@@ -133,11 +136,30 @@ func TestConformanceDevicePluginStub(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stub.Stop(logger) })
-	rep := conformance(t, nil, "--registry-dir", dir)
-	for _, c := range rep.Checks {
-		if c.Status == "FAIL" {
-			t.Errorf("%s failed: %s", c.ID, c.Seen)
+	fifo := filepath.Join(t.TempDir(), "fail-dev-2")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	told := make(chan error, 1)
+	go func() {
+		f, err := os.Open(fifo) // until the health command opens it to write
+		if err == nil {
+			_, err = io.Copy(io.Discard, f) // until it has written
+			f.Close()
 		}
+		if err == nil {
+			stub.Update([]*dpapi.Device{{ID: "Dev-1", Health: dpapi.Healthy}, {ID: "Dev-2", Health: dpapi.Unhealthy}})
+		}
+		told <- err
+	}()
+	rep := conformance(t, nil, "--registry-dir", dir, "--health-command", "echo > "+fifo)
+	for _, c := range rep.Checks {
+		if c.Status == "FAIL" || (c.ID == "deviceplugin/health-change" && c.Status != "PASS") {
+			t.Errorf("%s: %s: %s", c.ID, c.Status, c.Seen)
+		}
+	}
+	if err := <-told; err != nil {
+		t.Error(err)
 	}
 }
 
