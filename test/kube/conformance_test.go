@@ -220,3 +220,61 @@ func TestConformanceDRAResourceSlices(t *testing.T) {
 		})
 	}
 }
+
+// csi-sanity's node tests, run by plugd conformance --csi-sanity, against
+// a CSI driver behind a registrar (testplugin's: node-driver-registrar and
+// the hostpath driver are not served by the module proxy): a driver that
+// validates its node requests passes csi/sanity-node, one that answers
+// Unimplemented to every NodePublishVolume fails that check and only it.
+// The driver has no controller service: the node test that creates a
+// volume first is skipped, as a node plugin's author skips it.
+func TestConformanceCSISanity(t *testing.T) {
+	sanity := buildCSISanity(t)
+	tp := filepath.Join(dirs.Bin, "testplugin")
+	for _, tc := range []struct {
+		name, driverFlags string
+		fails             bool
+	}{
+		{"validates", "", false},
+		{"no-validation", " --no-validation", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The driver and its registrar, as the two containers of a
+			// node plugin's pod: the kit starts, signals and stops both.
+			script := tp + ` csi --endpoint "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --name csi.conformance.plugd.example.com --node-id node-1` + tc.driverFlags +
+				` & exec ` + tp + ` registrar --csi-address "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --plugin-registration-path "$PLUGD_CONFORMANCE_REGISTRY_DIR" --kubelet-registration-path "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock"`
+			cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--csi-sanity", sanity,
+				"--csi-sanity-flag=--ginkgo.skip=should remove target path", "--", "/bin/sh", "-c", script)
+			rep, stderr, err := readConformance(t, cmd, nil)
+			var failed []string
+			for _, c := range rep.Checks {
+				if c.Status == "FAIL" {
+					failed = append(failed, c.ID)
+				}
+				if c.ID == "csi/sanity-node" && c.Status != map[bool]string{false: "PASS", true: "FAIL"}[tc.fails] {
+					t.Errorf("csi/sanity-node: %s: %s", c.Status, c.Seen)
+				}
+			}
+			switch {
+			case !tc.fails && (err != nil || !rep.Passed):
+				t.Errorf("plugd conformance: %v, passed %t, failed %q; standard error:\n%s", err, rep.Passed, failed, stderr)
+			case tc.fails && (len(failed) != 1 || failed[0] != "csi/sanity-node"):
+				t.Errorf("failed %q, want csi/sanity-node only; standard error:\n%s", failed, stderr)
+			}
+			t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+		})
+	}
+}
+
+// buildCSISanity builds csi-sanity, pinned by the module csisanity beside
+// this file, into the binaries' directory.
+func buildCSISanity(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(dirs.Bin, "csi-sanity")
+	build := exec.Command("go", "build", "-o", bin, "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity")
+	build.Dir = filepath.Join(dirs.Module, "csisanity")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building csi-sanity: %v\n%s", err, out)
+	}
+	return bin
+}

@@ -49,6 +49,7 @@ const (
 	checkCSIPluginInfo  = "csi/plugin-info"
 	checkCSIProbe       = "csi/probe"
 	checkCSINodeInfo    = "csi/node-info"
+	checkCSISanity      = "csi/sanity-node"
 	checkDRAServices    = "dra/services"
 	checkDRAEmpty       = "dra/prepare-empty"
 	checkDRAHealth      = "dra/health"
@@ -89,6 +90,7 @@ var catalogue = []check{
 	{ID: checkCSIProbe, Types: []string{typeCSI}, Expect: "Identity Probe answers without error (ready, or ready not said)"},
 	{ID: checkCSINodeInfo, Types: []string{typeCSI}, Expect: "Node NodeGetInfo gives a node id, max volumes not negative, topology keys and values valid as Node labels",
 		Kubelet: "pkg/volume/csi/csi_plugin.go RegisterPlugin (NodeGetInfo); pkg/volume/csi/nodeinfomanager/nodeinfomanager.go InstallCSIDriver (driverNodeID must not be empty; topology written as Node labels)"},
+	{ID: checkCSISanity, Types: []string{typeCSI}, Expect: "with --csi-sanity PATH: csi-sanity's node tests (ginkgo focus \"Node Service\", and any --csi-sanity-flag) pass against the endpoint, within 6 times --timeout; skipped without --csi-sanity"},
 	{ID: checkDRAServices, Types: []string{typeDRA}, Expect: "every DRA service the plugin announces is served on its endpoint",
 		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go RegisterPlugin (the first supported service announced is the one called)"},
 	{ID: checkDRAEmpty, Types: []string{typeDRA}, Expect: "NodePrepareResources and NodeUnprepareResources answer an empty request without error"},

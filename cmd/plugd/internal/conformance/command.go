@@ -93,6 +93,8 @@ wrong. docs/writing-plugins.md says what each check means.`,
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
 	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.StringVar(&f.cfg.CSISanity, "csi-sanity", "", "a CSI driver: the path of a csi-sanity binary (github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity) to run its node tests against the driver's endpoint")
+	fl.StringArrayVar(&f.cfg.CSISanityFlags, "csi-sanity-flag", nil, "a flag to add to csi-sanity's command line, such as --ginkgo.skip=REGEXP (repeatable)")
 	fl.StringVar(&f.cfg.Kubeconfig, "kubeconfig", "", "a DRA driver: the kubeconfig of the API server it publishes ResourceSlices to, to check them (with --node-name)")
 	fl.StringVar(&f.cfg.NodeName, "node-name", "", "a DRA driver: the node name it was given, which its node-local ResourceSlices must name")
 	fl.StringVar(&f.cfg.HealthCommand, "health-command", "", "a device plugin: a shell command that makes one of its devices change health (run with /bin/sh -c; "+envPluginPID+" is the started plugin's process id); without it deviceplugin/health-change is skipped")

@@ -199,12 +199,14 @@ func TestEachBrokenPluginFailsItsCheckOnly(t *testing.T) {
 }
 
 // optIn are the checks the runs here do not ask for: they need what only
-// test/kube has (an API server).
-var optIn = map[string]bool{checkDRASlices: true}
+// test/kube has (an API server; csi-sanity, which the main module does not
+// require).
+var optIn = map[string]bool{checkDRASlices: true, checkCSISanity: true}
 
 // brokenElsewhere are the checks whose broken plugins run in test/kube.
 var brokenElsewhere = map[string]string{
 	checkDRASlices: "test/kube TestConformanceDRAResourceSlices (an incomplete pool, slices for another node)",
+	checkCSISanity: "test/kube TestConformanceCSISanity (a CSI driver that does not validate NodePublishVolume's request)",
 }
 
 // Every check is failed by some broken plugin.

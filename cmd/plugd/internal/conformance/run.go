@@ -46,6 +46,11 @@ type Config struct {
 	// kubelet, is an error), for device plugins that register by calling
 	// it. It is always served for a plugin the kit starts.
 	DeviceManager bool
+	// CSISanity is the path of a csi-sanity binary to run against a CSI
+	// driver's endpoint (csi/sanity-node), with CSISanityFlags added to its
+	// command line; "": that check is skipped.
+	CSISanity      string
+	CSISanityFlags []string
 	// Kubeconfig names the API server a DRA driver publishes its
 	// ResourceSlices to, and NodeName the node it was told it runs on
 	// (dra/resource-slices); "": that check is skipped.

@@ -63,6 +63,7 @@ func (r *runner) csiSuite(ctx context.Context, info PluginInfo, ep *grpc.ClientC
 	}
 	r.check(checkCSINodeInfo, err, fmt.Sprintf("node id %q, max volumes %d, topology %v",
 		quote(ni.GetNodeId()), ni.GetMaxVolumesPerNode(), ni.GetAccessibleTopology().GetSegments()), began)
+	r.checkCSISanity(ctx, info)
 }
 
 // judgeNodeInfo says what the kubelet would refuse in a NodeGetInfo answer:
