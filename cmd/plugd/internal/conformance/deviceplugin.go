@@ -217,15 +217,18 @@ func (r *runner) checkHealthChange(ctx context.Context, ls *listStream, last *de
 	}
 }
 
-// runHealthCommand runs --health-command with /bin/sh, in the plugin's
-// environment and the plugin's process id, bounded by the kit's timeout.
+// runHealthCommand runs --health-command with /bin/sh, bounded by the
+// kit's timeout: in a started plugin's environment, with its process id;
+// attached, in the kit's, with the directories it was given.
 func (r *runner) runHealthCommand(ctx context.Context) error {
 	cctx, cancel := withDeadline(ctx, r.cfg.Timeout, "--health-command to finish")
 	defer cancel()
 	cmd := exec.CommandContext(cctx, "/bin/sh", "-c", r.cfg.HealthCommand)
 	cmd.Env = append(os.Environ(), envRegistryDir+"="+r.cfg.RegistryDir, envEndpointDir+"="+r.cfg.EndpointDir)
 	if r.target != nil && r.target.proc != nil {
-		cmd.Env = append(cmd.Env, envPluginPID+"="+strconv.Itoa(r.target.proc.Process.Pid))
+		// The started plugin's environment, --registry-env and
+		// --endpoint-env included.
+		cmd.Env = append(slices.Clone(r.target.env), envPluginPID+"="+strconv.Itoa(r.target.proc.Process.Pid))
 	}
 	cmd.Stdout, cmd.Stderr = r.cfg.PluginOutput, r.cfg.PluginOutput
 	cmd.WaitDelay = outputGrace
