@@ -165,8 +165,8 @@ func TestConformanceDevicePluginStub(t *testing.T) {
 
 // A DRA driver on kubeletplugin that publishes its devices to a real API
 // server passes dra/resource-slices (its slices name it and its node, its
-// pool complete); one that leaves its pool incomplete, or publishes for
-// another node, fails that check and only it.
+// pool complete); one that leaves its pool incomplete, publishes for
+// another node or under another driver name fails that check and only it.
 func TestConformanceDRAResourceSlices(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, cp.AdminToken); err != nil {
@@ -177,15 +177,18 @@ func TestConformanceDRAResourceSlices(t *testing.T) {
 		{"", ""},
 		{"incomplete-pool", "incomplete: generation 1 has 1 of the 2 slices"},
 		{"wrong-node", `is for node "conformance-dra-wrong-node-other", not conformance-dra-wrong-node`},
+		{"wrong-driver", `no ResourceSlice names driver ` + driver + `; the slices of node conformance-dra-wrong-driver name ["other.` + driver + `"]`},
 	} {
 		t.Run("break="+tc.brk, func(t *testing.T) {
 			node := strings.TrimSuffix("conformance-dra-"+tc.brk, "-")
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				if err := admin.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
-					metav1.ListOptions{FieldSelector: "spec.driver=" + driver}); err != nil {
-					t.Errorf("deleting the driver's ResourceSlices: %v", err)
+				for _, d := range []string{driver, "other." + driver} {
+					if err := admin.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+						metav1.ListOptions{FieldSelector: "spec.driver=" + d}); err != nil {
+						t.Errorf("deleting the ResourceSlices of %s: %v", d, err)
+					}
 				}
 			})
 			cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--timeout=5s",

@@ -117,6 +117,7 @@ func TestConformingPluginsPass(t *testing.T) {
 		{"device", "", typeDevice},
 		{"dra", "", typeDRA},
 		{"dra", "late-endpoint", typeDRA},
+		{"dra", "health-ends", typeDRA},
 		{"dpsock", "", typeDevice},
 	} {
 		t.Run(strings.TrimSuffix(tc.kind+"/"+tc.brk, "/"), func(t *testing.T) {

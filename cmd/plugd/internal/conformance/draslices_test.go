@@ -1,8 +1,10 @@
 package conformance
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,5 +50,22 @@ func TestJudgeSlices(t *testing.T) {
 				t.Errorf("error %v, want one saying %q (seen %q)", err, tc.want, seen)
 			}
 		})
+	}
+}
+
+// A --kubeconfig the kit cannot read fails dra/resource-slices, saying
+// which file and why, and nothing else.
+func TestResourceSlicesBadKubeconfig(t *testing.T) {
+	run := newKitRun(t, "dra", "", 5*time.Second)
+	run.cfg.Kubeconfig, run.cfg.NodeName = filepath.Join(t.TempDir(), "missing.kubeconfig"), "node-1"
+	run.run()
+	run.check(t)
+	for _, c := range run.rep.Checks {
+		switch {
+		case c.ID == checkDRASlices && (c.Status != statusFail || !strings.Contains(c.Seen, "--kubeconfig "+run.cfg.Kubeconfig)):
+			t.Errorf("%s: %s %q, want a failure naming --kubeconfig %s", c.ID, c.Status, c.Seen, run.cfg.Kubeconfig)
+		case c.ID != checkDRASlices && c.Status == statusFail:
+			t.Errorf("%s failed: %s", c.ID, c.Seen)
+		}
 	}
 }

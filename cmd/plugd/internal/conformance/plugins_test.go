@@ -322,7 +322,7 @@ func (m *mutant) serveEndpoint() (*grpc.Server, error) {
 	case "dra":
 		drav1.RegisterDRAPluginServer(s, draPlugin{m: m})
 		if m.brk != "dra-health-unserved" {
-			drahealthv1.RegisterDRAResourceHealthServer(s, draHealth{})
+			drahealthv1.RegisterDRAResourceHealthServer(s, draHealth{m: m})
 		}
 	case "device":
 		deviceapi.RegisterDevicePluginServer(s, devicePlugin{m: m})
@@ -471,9 +471,13 @@ func (d draPlugin) NodeUnprepareResources(context.Context, *drav1.NodeUnprepareR
 
 type draHealth struct {
 	drahealthv1.UnimplementedDRAResourceHealthServer
+	m *mutant
 }
 
-func (draHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+func (h draHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	if h.m.brk == "health-ends" {
+		return nil // served, and ended at once: the kubelet opens it again
+	}
 	if err := s.Send(&drahealthv1.NodeWatchResourcesResponse{}); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -165,7 +166,8 @@ func (r *runner) checkDRAHealth(ctx context.Context, info PluginInfo, ep *grpc.C
 
 // healthServed opens the health stream of service and waits firstAnswer
 // for its first message or its end: Unimplemented means not served; a
-// report, or a stream still open then, means served.
+// report, a stream still open then, or one ended without an error, means
+// served.
 func healthServed(ctx context.Context, ep *grpc.ClientConn, service string) (bool, error) {
 	ctx, cancel := withDeadline(ctx, firstAnswer, service+" NodeWatchResources to answer or end")
 	defer cancel()
@@ -180,6 +182,12 @@ func healthServed(ctx context.Context, ep *grpc.ClientConn, service string) (boo
 		if s, err = drahealthv1alpha1.NewDRAResourceHealthClient(ep).NodeWatchResources(ctx, &drahealthv1alpha1.NodeWatchResourcesRequest{}); err == nil {
 			_, err = s.Recv()
 		}
+	}
+	if errors.Is(err, io.EOF) {
+		// Ended at once, without a report: the service answered, so it is
+		// served (the kubelet opens the stream again). Seen of
+		// kubeletplugin's v1alpha1 bridge under load.
+		return true, nil
 	}
 	switch status.Code(err) {
 	case codes.OK, codes.DeadlineExceeded:

@@ -28,7 +28,8 @@ const draDriverName = "dra.conformance.plugd.example.com"
 // until SIGTERM or SIGINT. --break breaks its slices: incomplete-pool
 // writes one slice of a pool that says it has two, as a driver that died
 // halfway through publishing leaves it; wrong-node publishes for another
-// node than the one it was given.
+// node than the one it was given; wrong-driver publishes under another
+// driver name than it registers.
 func draDriver(args []string) error {
 	fs := flag.NewFlagSet("dra", flag.ExitOnError)
 	regDir := fs.String("registry-dir", "", "the kubelet's plugin registry directory")
@@ -36,7 +37,7 @@ func draDriver(args []string) error {
 	kubeconfig := fs.String("kubeconfig", "", "the API server to publish ResourceSlices to")
 	nodeName := fs.String("node-name", "", "the node the driver runs on")
 	nodeUID := fs.String("node-uid", "", "the Node's UID, the owner of its slices")
-	brk := fs.String("break", "", "incomplete-pool or wrong-node")
+	brk := fs.String("break", "", "incomplete-pool, wrong-node or wrong-driver")
 	fs.Parse(args)
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -63,14 +64,17 @@ func draDriver(args []string) error {
 	}
 	defer helper.Stop()
 	devices := []resourceapi.Device{{Name: "dev-0"}, {Name: "dev-1"}}
-	if *brk == "incomplete-pool" {
+	if *brk == "incomplete-pool" || *brk == "wrong-driver" {
 		slice := &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: *nodeName + "-" + draDriverName + "-"},
 			Spec: resourceapi.ResourceSliceSpec{Driver: draDriverName, NodeName: ptr.To(*nodeName), Devices: devices[:1],
 				Pool: resourceapi.ResourcePool{Name: *nodeName, Generation: 1, ResourceSliceCount: 2}},
 		}
+		if *brk == "wrong-driver" {
+			slice.Spec.Driver, slice.Spec.Pool.ResourceSliceCount = "other."+draDriverName, 1
+		}
 		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating the pool's first slice: %w", err)
+			return fmt.Errorf("creating a slice: %w", err)
 		}
 	} else {
 		err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{

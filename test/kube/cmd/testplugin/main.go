@@ -4,7 +4,7 @@
 //
 //	testplugin registrar --csi-address SOCK --plugin-registration-path DIR --kubelet-registration-path SOCK
 //	testplugin csi --endpoint SOCK --name NAME --node-id ID [--topology-key KEY] [--no-validation]
-//	testplugin dra --registry-dir DIR --plugin-dir DIR --kubeconfig FILE --node-name NODE --node-uid UID [--break incomplete-pool|wrong-node]
+//	testplugin dra --registry-dir DIR --plugin-dir DIR --kubeconfig FILE --node-name NODE --node-uid UID [--break incomplete-pool|wrong-node|wrong-driver]
 //
 // registrar behaves as node-driver-registrar does: it asks the driver its
 // name (GetPluginInfo), unlinks a stale DIR/NAME-reg.sock, serves the
