@@ -13,7 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/plugd/plugd/internal/kubeconfig"
 )
 
 // checkResourceSlices waits, until the kit's timeout, for the DRA driver's
@@ -42,16 +43,17 @@ func (r *runner) checkResourceSlices(ctx context.Context, info PluginInfo) {
 	r.check(checkDRASlices, err, seen, began)
 }
 
-// kubeClient is a client of the API server kubeconfig names.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+// kubeClient is a client of the API server the kubeconfig file at path
+// names, read as plugd reads every kubeconfig: with a bound on the file and
+// on the server's answers.
+func kubeClient(path string) (kubernetes.Interface, error) {
+	cfg, err := kubeconfig.RESTConfig(kubeconfig.ClientConfig(path, ""))
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 	}
-	cfg.Timeout = 10 * time.Second
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 	}
 	return c, nil
 }
