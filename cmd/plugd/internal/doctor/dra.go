@@ -101,10 +101,16 @@ func servicesOf(versions []string, minor int) kubeletServices {
 // kubeletNamed is the kubelet as the evidence names it: with its version
 // when the Node reports one.
 func (c *checker) kubeletNamed() string {
-	if k := c.in.Kubelet; k != nil && k.Version != "" {
-		return "the kubelet (" + k.Version + ")"
+	k := c.in.Kubelet
+	switch {
+	case k == nil || k.Version == "":
+		return "the kubelet"
+	case kubeletMinor(k.Version) == 0:
+		// A kubelet built without its version (a development build)
+		// reports v0.0.0-master: judged by the newest rules.
+		return fmt.Sprintf("the kubelet (of no release version: its Node reports %q)", k.Version)
 	}
-	return "the kubelet"
+	return "the kubelet (" + k.Version + ")"
 }
 
 // draServices reports what the kubelet and a DRA driver that answers
@@ -160,11 +166,11 @@ func (c *checker) healthDisagreement(p *Target, l look, s kubeletServices, minor
 			Summary:  "the DRA driver advertises a device health service it does not implement",
 			Evidence: []string{picked, answered(s.Health)},
 			Remedy:   "serve the DRA health service the versions name, or remove it from the driver's supported versions (kubeletplugin: HealthService(false) for a driver without health reporting)"}
+		// A v1.37 kubelet asks once, takes Unimplemented for "no health
+		// reporting" and stops until the driver registers again.
+		f.Evidence = append(f.Evidence, "a v1.37 kubelet asks once per registration and stops at Unimplemented; a v1.36 kubelet asks every 5 s")
 		if minor > 36 {
-			// The kubelet asks once, takes Unimplemented for "no health
-			// reporting" and stops until the driver registers again.
 			f.Severity = api.SeverityInfo
-			f.Evidence = append(f.Evidence, "a v1.37 kubelet asks once per registration and stops at Unimplemented; a v1.36 kubelet would ask every 5 s")
 		}
 		return f, true
 	case s.Health == "":
