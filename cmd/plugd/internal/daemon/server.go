@@ -157,7 +157,13 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 		if k := cfg.Kubernetes; k != nil {
 			in.NodeName = k.NodeName
 		}
-		in.DRASlices, _ = d.kube.DriverSlices() // a read problem is among Problems
+		select {
+		case <-d.m.Synced():
+			// Slices are held against the sockets: only once every socket
+			// of the registry directory is known.
+			in.DRASlices, _ = d.kube.DriverSlices() // a read problem is among Problems
+		default:
+		}
 		if cf := d.kube.Confinement(ctx); cf.Known {
 			in.Confinement = &doctor.Confinement{Confined: cf.Confined, NoClaim: cf.NoClaim, Message: cf.Message, At: cf.At}
 		}
