@@ -154,6 +154,16 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 				Message: p.Message, Permission: p.Permission, Since: p.Since})
 		}
 		in.Kubelet, in.Conditions, in.StaleCSINode = d.kubeletTruth()
+		if k := cfg.Kubernetes; k != nil {
+			in.NodeName = k.NodeName
+		}
+		select {
+		case <-d.m.Synced():
+			// Slices are held against the sockets: only once every socket
+			// of the registry directory is known.
+			in.DRASlices, _ = d.kube.DriverSlices() // a read problem is among Problems
+		default:
+		}
 		if cf := d.kube.Confinement(ctx); cf.Known {
 			in.Confinement = &doctor.Confinement{Confined: cf.Confined, NoClaim: cf.NoClaim, Message: cf.Message, At: cf.At}
 		}
@@ -372,7 +382,7 @@ func (p slogPrinter) Println(v ...any) { p.d.log.Warn("serving metrics", "err", 
 // Node's conditions and CSINode's stale entries, for the doctor.
 func (d *Daemon) kubeletTruth() (*doctor.KubeletAccess, []doctor.Condition, []doctor.StaleEntry) {
 	k := d.kube.Kubelet()
-	ka := &doctor.KubeletAccess{Address: k.Address, Live: k.Live, Started: k.Started, Restarted: k.Restarted}
+	ka := &doctor.KubeletAccess{Address: k.Address, Live: k.Live, Started: k.Started, Restarted: k.Restarted, Version: k.Version}
 	if p := k.Problem; p != nil {
 		ka.Reason, ka.Message, ka.Permission, ka.Since = p.Reason, p.Message, p.Permission, p.Since
 	}

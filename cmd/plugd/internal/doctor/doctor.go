@@ -81,6 +81,9 @@ type KubeletAccess struct {
 	// Started is the kubelet's start; Restarted says plugd saw it restart.
 	Started   time.Time
 	Restarted bool
+	// Version is the kubelet's version as its Node reports it ("v1.37.2");
+	// empty if unknown. What the kubelet asks of DRA drivers depends on it.
+	Version string
 }
 
 // Condition is an expected plugin's Node condition as the Node has it
@@ -127,6 +130,11 @@ type Input struct {
 	Conditions []Condition
 	// StaleCSINode are CSINode entries the running kubelet does not hold.
 	StaleCSINode []StaleEntry
+	// NodeName is this node's Node, with Kubernetes.
+	NodeName string
+	// DRASlices counts the ResourceSlices published for this node, by
+	// driver; nil when unknown (no Kubernetes, or not read yet).
+	DRASlices map[string]int
 	// Confinement is what plugd's probe found of the admission policies
 	// that confine its ServiceAccount to its Node; nil without Kubernetes
 	// or before the probe told.
@@ -179,6 +187,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.confinement()
 	c.kubeletAccess()
 	c.staleEntries()
+	c.draSlices()
 	c.pendingConditions()
 	for i := range c.out {
 		c.out[i] = printable(c.out[i])
@@ -292,12 +301,7 @@ func (c *checker) socket(p *Target, l look) {
 			Evidence: []string{"endpoint: " + p.Endpoint, "connecting: " + l.endpoint.err},
 			Remedy:   "the plugin announces an endpoint nobody serves: check the path the plugin (or node-driver-registrar's --csi-address / --kubelet-registration-path) gives, and that the driver's own container runs"}, p))
 	}
-	if l.health != "" {
-		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "health-service-missing",
-			Summary:  "the DRA driver advertises a device health service it does not implement",
-			Evidence: []string{"versions: " + strings.Join(p.Versions, ", "), "NodeWatchResources on " + p.Endpoint + ": " + l.health},
-			Remedy:   "serve the DRA health service the versions name, or remove it from the driver's supported versions (kubeletplugin: only enable health reporting when the driver implements it)"}, p))
-	}
+	c.draServices(p, l)
 }
 
 // fileEvidence is a socket file's age, owner and mode.

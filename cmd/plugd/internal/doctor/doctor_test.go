@@ -69,10 +69,11 @@ func (quietHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, 
 	return nil
 }
 
+// findings are those of fs of check and socket; "" matches any.
 func findings(fs []api.Finding, check, socket string) []api.Finding {
 	var out []api.Finding
 	for _, f := range fs {
-		if f.Check == check && (socket == "" || f.Socket == socket) {
+		if (check == "" || f.Check == check) && (socket == "" || f.Socket == socket) {
 			out = append(out, f)
 		}
 	}

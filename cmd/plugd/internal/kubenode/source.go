@@ -192,22 +192,27 @@ func (s *source) trouble() *Problem {
 const (
 	maxKeptReason  = 128
 	maxKeptMessage = 1024
+	// maxKeptVersion bounds the kubelet's version as the Node reports it
+	// ("v1.37.2", or a distribution's "v1.37.2+k3s1").
+	maxKeptVersion = 64
 )
 
 // slimNode keeps of a Node what plugd reads: its name and UID (events
 // refer to it), labels (the topology a CSI driver reports is held against
 // them), plugd's own managedFields and who last wrote its taints, its
-// taints, capacity, allocatable and conditions, every one in its place
-// (plugd removes its duplicates by index), their reasons and messages cut
-// to maxKeptReason and maxKeptMessage.
+// taints, capacity, allocatable, the kubelet's version (by which the
+// doctor judges what the kubelet asks of DRA drivers) and conditions,
+// every one in its place (plugd removes its duplicates by index), their
+// reasons and messages cut to maxKeptReason and maxKeptMessage.
 func slimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
 	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
-		Spec:   corev1.NodeSpec{Taints: n.Spec.Taints},
-		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable}}
+		Spec: corev1.NodeSpec{Taints: n.Spec.Taints},
+		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable,
+			NodeInfo: corev1.NodeSystemInfo{KubeletVersion: cutText(n.Status.NodeInfo.KubeletVersion, maxKeptVersion)}}}
 	for _, mf := range n.ManagedFields {
 		switch {
 		case mf.Manager == nodecond.FieldManager:
