@@ -89,11 +89,15 @@ type memory struct {
 	// KEY:EFFECT (taints.go).
 	taints   map[string]taintMemory
 	taintsOf types.UID // the Node taints is of
+	// switching is, by condition type, since when an anyOf condition the
+	// Node shows True has had no ready alternative (anyof.go).
+	switching map[string]time.Time
 }
 
 func newMemory() memory {
 	return memory{written: map[string]written{}, held: map[string]*heldVerdict{}, disagree: map[disagreementKey]*disagreement{},
-		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}, taints: map[string]taintMemory{}}
+		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}, taints: map[string]taintMemory{},
+		switching: map[string]time.Time{}}
 }
 
 // clone is a copy of m that shares nothing with it.
@@ -102,6 +106,7 @@ func (m memory) clone() memory {
 	c.written, c.registered, c.notInCSINode = maps.Clone(m.written), maps.Clone(m.registered), maps.Clone(m.notInCSINode)
 	c.held, c.disagree = cloneEach(m.held), cloneEach(m.disagree)
 	c.fights, c.taints = cloneEach(m.fights), maps.Clone(m.taints)
+	c.switching = maps.Clone(m.switching)
 	for _, f := range c.fights {
 		f.pending = slices.Clone(f.pending)
 	}
@@ -312,7 +317,7 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		c := *cur
 		st.Actual = &c
 	}
-	v, ok := judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+	v, ok := d.judgeExpectation(e, cur)
 	var wait time.Time
 	if !ok {
 		v, ok, wait = d.notInCSINode(e.Condition, f.views[k])
@@ -326,6 +331,11 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		return wait
 	}
 	st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
+	if due, held := d.switching(e, v, cur); held {
+		p.ready[e.Condition], st.Pending = true, true // True on the Node while another may take over
+		p.states = append(p.states, st)
+		return due
+	}
 	p.ready[e.Condition] = v.status == corev1.ConditionTrue
 	p.allReady = p.allReady && v.status == corev1.ConditionTrue
 	if sameVerdict(cur, v) {
@@ -448,7 +458,7 @@ func (d *decision) writeDue(e Expectation, k key, v conditionVerdict, cur *corev
 	if due := d.overwritten(e, k, v, cur); d.f.now.Before(due) {
 		return due
 	}
-	if cur != nil && cur.Status == v.status {
+	if cur != nil && cur.Status == v.status && !holderChanged(cur, v) {
 		if due := d.hold(e.Condition, v); d.f.now.Before(due) {
 			return due
 		}
@@ -551,7 +561,7 @@ func (d *decision) paceKubelet() time.Time {
 		}
 	}
 	if f.kubelet.live && reading != nil {
-		for _, e := range d.pol.expect {
+		for _, e := range expectedPlugins(d.pol.expect) {
 			v := f.views[key{e.Type, e.Name}]
 			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
 				// A poll from the last read of the devices: the last read
