@@ -18,6 +18,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/doctor"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -136,6 +137,12 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range cfg.Expect {
 		x := doctor.Expected{Type: e.Type, Name: e.Name}
+		if len(e.AnyOf) > 0 {
+			x.Type = kubenode.TypeAnyOf
+			for _, a := range e.AnyOf {
+				x.AnyOf = append(x.AnyOf, doctor.Expected{Type: a.Type, Name: a.Name})
+			}
+		}
 		if d.kube != nil {
 			x.Condition = e.Condition // only written with Kubernetes
 		}

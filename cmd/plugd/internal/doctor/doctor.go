@@ -47,9 +47,11 @@ type Target struct {
 	Kubelet *api.KubeletView
 }
 
-// Expected is a plugin the node must have.
+// Expected is a plugin the node must have, or a resource (Type anyOf)
+// any of the plugins in AnyOf may provide.
 type Expected struct {
 	Type, Name, Condition string
+	AnyOf                 []Expected
 }
 
 // KubernetesProblem is trouble plugd has with the API server.
@@ -355,11 +357,21 @@ func (c *checker) duplicates() {
 // expected reports expected plugins with no socket.
 func (c *checker) expected() {
 	for _, e := range c.in.Expect {
-		if slices.ContainsFunc(c.in.Plugins, func(p Target) bool { return p.Type == e.Type && p.Name == e.Name }) {
+		alts, summary := []Expected{e}, fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir)
+		if len(e.AnyOf) > 0 {
+			var names []string
+			for _, a := range e.AnyOf {
+				names = append(names, a.Type+" "+a.Name)
+			}
+			alts, summary = e.AnyOf, fmt.Sprintf("expected resource %s: none of its plugins (%s) has a registration socket in %s", e.Name, strings.Join(names, ", "), c.in.RegistryDir)
+		}
+		if slices.ContainsFunc(c.in.Plugins, func(p Target) bool {
+			return slices.ContainsFunc(alts, func(a Expected) bool { return p.Type == a.Type && p.Name == a.Name })
+		}) {
 			continue
 		}
 		f := api.Finding{Severity: api.SeverityError, Check: "expected-missing", Type: e.Type, Name: e.Name,
-			Summary:  fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir),
+			Summary:  summary,
 			Evidence: []string{fmt.Sprintf("%d sockets in %s, none of it", len(c.in.Plugins), c.in.RegistryDir)},
 			Remedy:   "start the plugin on this node (is its DaemonSet scheduled here?), or remove it from expect"}
 		f.Evidence = append(f.Evidence, c.conditionEvidence(e.Type, e.Name)...)
