@@ -49,6 +49,10 @@ func Parse(m string) (typ, name string, ok bool) {
 	return typ, name, ok && typ != "" && name != ""
 }
 
+// Resource is the type a resource's condition names in its message (an
+// expect entry with anyOf): "plugd: anyOf gpu.example.com: ...".
+const Resource = "anyOf"
+
 // HeldBy starts the text of a True condition of a resource that several
 // kinds of plugin may provide (an expect entry with anyOf): "held by TYPE
 // NAME: ...", the plugin that makes it ready.
@@ -57,7 +61,7 @@ const HeldBy = "held by "
 // Holder tells the plugin that holds a condition of a resource, from its
 // message: ok is false for any other message.
 func Holder(m string) (typ, name string, ok bool) {
-	if _, _, ok = Parse(m); !ok {
+	if t, _, ok := Parse(m); !ok || t != Resource {
 		return "", "", false
 	}
 	_, rest, _ := strings.Cut(strings.TrimPrefix(m, Prefix), ": ")

@@ -3,9 +3,11 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
 )
@@ -57,7 +60,7 @@ func TestAnyOfMove(t *testing.T) {
 	begin := time.Now()
 
 	gpu := startDevicePlugin(t, k.RegistryDir, gpuName, 2)
-	startPlugd(t, dir, fmt.Sprintf(`mode: observe
+	pd := startPlugd(t, dir, fmt.Sprintf(`mode: observe
 registryDir: %s
 handlers: [{type: DRAPlugin, handler: dra}, {type: DevicePlugin, handler: deviceplugin}]
 kubernetes:
@@ -106,6 +109,23 @@ doctor: {procDir: none}
 	}
 	for _, tr := range trs {
 		t.Logf("%s %s: %s", tr.at.Format("15:04:05.000"), tr, tr.message)
+	}
+
+	// Who holds it, as the status API (plugctl get) and kubectl plugd node
+	// say.
+	eventually(t, "the status API saying the DRA driver holds "+resourceCond, func() (bool, string) {
+		ps, err := pd.client.Plugins(context.Background(), api.Filter{Type: "DRAPlugin"})
+		if err != nil || len(ps) != 1 {
+			return false, fmt.Sprintf("%+v, %v", ps, err)
+		}
+		return slices.Equal(ps[0].Holds, []string{resourceCond}), fmt.Sprintf("holds %q", ps[0].Holds)
+	})
+	kcfg := filepath.Join(dir, "admin.kubeconfig")
+	if err := cp.WriteKubeconfig(kcfg, cp.AdminToken); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := kubectlPlugd(t, "node", node, "--kubeconfig", kcfg); code != 0 || !regexp.MustCompile(`(?m)^anyOf +`+regexp.QuoteMeta(draName)+` +True +PluginReady +\S+ +DRAPlugin `+regexp.QuoteMeta(draName)+`$`).MatchString(out) {
+		t.Errorf("kubectl plugd node %s (exit %d) does not show the DRA driver holding %s:\n%s", node, code, resourceCond, out)
 	}
 
 	// Neither: False, once the switch's grace (10s) is over.

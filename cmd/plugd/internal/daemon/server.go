@@ -97,7 +97,7 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
 			p := toAPI(dir, s)
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			list.Plugins = append(list.Plugins, p)
 		}
 	}
@@ -110,7 +110,7 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}

@@ -33,7 +33,7 @@ import (
 // TypeAnyOf is the type of an expectation with alternatives, as its
 // condition's message, the status API and the metrics' type label name
 // it; no plugin may have it.
-const TypeAnyOf = "anyOf"
+const TypeAnyOf = nodecond.Resource
 
 // ReasonNoneReady is the reason of an anyOf condition that is False for
 // several reasons, one per alternative, which its message gives.
@@ -200,4 +200,19 @@ func holderChanged(cur *corev1.NodeCondition, v conditionVerdict) bool {
 	t1, n1, ok1 := nodecond.Holder(cur.Message)
 	t2, n2, ok2 := nodecond.Holder(v.message)
 	return ok1 && ok2 && (t1 != t2 || n1 != n2)
+}
+
+// Holds are the conditions of expected resources the plugin (typ, name)
+// holds: True on the Node, their message naming it. Safe at any time.
+func (n *Node) Holds(typ, name string) []string {
+	var out []string
+	for _, c := range n.Conditions() {
+		if c.Expectation.Type != TypeAnyOf || c.Actual == nil || c.Actual.Status != corev1.ConditionTrue {
+			continue
+		}
+		if t, nm, ok := nodecond.Holder(c.Actual.Message); ok && t == typ && nm == name {
+			out = append(out, c.Expectation.Condition)
+		}
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // The cases of decide's table, taken from test/kube's truth scenarios
@@ -539,5 +540,27 @@ func testDecide(t *testing.T, now time.Time, tc decideCase) {
 	}
 	if tc.check != nil {
 		tc.check(t, p)
+	}
+}
+
+// Holds names the resources a plugin holds, as the Node says: the status
+// API's holds of a plugin.
+func TestHolds(t *testing.T) {
+	res := Expectation{Type: TypeAnyOf, Name: "gpu.example.com", Condition: "gpu.example.com/Ready"}
+	held := func(status corev1.ConditionStatus, text string) *corev1.NodeCondition {
+		return &corev1.NodeCondition{Type: "gpu.example.com/Ready", Status: status, Message: nodecond.Message(TypeAnyOf, "gpu.example.com", text)}
+	}
+	n := &Node{}
+	n.setConditions([]ConditionState{{Expectation: res, Actual: held(corev1.ConditionTrue, nodecond.HeldBy+"DRAPlugin gpu.example.com: registered")},
+		{Expectation: draExp, Actual: &corev1.NodeCondition{Status: corev1.ConditionTrue, Message: nodecond.Message(TypeDRA, "gpu.example.com", "registered")}}})
+	if got := n.Holds(TypeDRA, "gpu.example.com"); !slices.Equal(got, []string{"gpu.example.com/Ready"}) {
+		t.Errorf("the DRA driver holds %q", got)
+	}
+	if got := n.Holds(TypeDevice, "vendor.example/gpu"); got != nil {
+		t.Errorf("the device plugin holds %q", got)
+	}
+	n.setConditions([]ConditionState{{Expectation: res, Actual: held(corev1.ConditionFalse, "none ready: DRAPlugin gpu.example.com: gone (SocketMissing)")}})
+	if got := n.Holds(TypeDRA, "gpu.example.com"); got != nil {
+		t.Errorf("a False condition held by %q", got)
 	}
 }
