@@ -105,17 +105,27 @@ func expectedPlugins(expect []Expectation) []Expectation {
 
 // judgeExpectation is judge for any expectation: for one with
 // alternatives, judgeAnyOf, which keeps the holder the Node's condition
-// cur names.
-func (d *decision) judgeExpectation(e Expectation, cur *corev1.NodeCondition) (conditionVerdict, bool) {
+// cur names, each alternative judged as a plain entry is (a CSI driver's
+// wait for CSINode included: wait is when it ends).
+func (d *decision) judgeExpectation(e Expectation, cur *corev1.NodeCondition) (_ conditionVerdict, ok bool, wait time.Time) {
 	f := d.f
 	if e.Type != TypeAnyOf {
 		k := key{e.Type, e.Name}
-		return judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+		v, ok := judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+		return v, ok, time.Time{}
 	}
 	alts := make([]alternativeVerdict, len(e.AnyOf))
 	for i, a := range e.AnyOf {
 		k := key{a.Type, a.Name}
+		id := e.Condition + " " + k.String() // its wait for CSINode, remembered apart from the entry's
 		alts[i].v, alts[i].ok = judge(a, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+		if alts[i].ok {
+			delete(d.m.notInCSINode, id)
+			continue
+		}
+		var w time.Time
+		alts[i].v, alts[i].ok, w = d.notInCSINodeOf(a, id, f.views[k])
+		wait = earliest(wait, w)
 	}
 	holder := ""
 	if cur != nil && cur.Status == corev1.ConditionTrue {
@@ -123,7 +133,11 @@ func (d *decision) judgeExpectation(e Expectation, cur *corev1.NodeCondition) (c
 			holder = typ + " " + name
 		}
 	}
-	return judgeAnyOf(e, alts, holder)
+	v, ok := judgeAnyOf(e, alts, holder)
+	if ok {
+		wait = time.Time{}
+	}
+	return v, ok, wait
 }
 
 // alternativeVerdict is judge's answer for one alternative.
@@ -135,9 +149,7 @@ type alternativeVerdict struct {
 // judgeAnyOf combines the verdicts of e's alternatives (in e.AnyOf's
 // order): True, held by holder ("TYPE NAME") if it is ready, else by the
 // first that is; undecided (ok false) while none is ready and one cannot
-// be told; False otherwise, with the reasons of all. A CSI alternative's
-// wait for CSINode stays undecided (notInCSINode judges plain entries
-// only).
+// be told; False otherwise, with the reasons of all.
 func judgeAnyOf(e Expectation, alts []alternativeVerdict, holder string) (conditionVerdict, bool) {
 	first, undecided := -1, false
 	for i, a := range alts {

@@ -317,11 +317,10 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		c := *cur
 		st.Actual = &c
 	}
-	v, ok := d.judgeExpectation(e, cur)
-	var wait time.Time
-	if !ok {
+	v, ok, wait := d.judgeExpectation(e, cur)
+	if !ok && wait.IsZero() {
 		v, ok, wait = d.notInCSINode(e.Condition, f.views[k])
-	} else {
+	} else if ok {
 		delete(d.m.notInCSINode, e.Condition)
 	}
 	if !ok {
@@ -371,6 +370,11 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 // the condition says False. Otherwise nothing is concluded; wait is when
 // to judge again.
 func (d *decision) notInCSINode(cond string, v view) (_ conditionVerdict, ok bool, wait time.Time) {
+	return d.notInCSINodeOf(d.expectation(cond), cond, v)
+}
+
+// notInCSINodeOf is notInCSINode for the plugin of e, remembered as id.
+func (d *decision) notInCSINodeOf(e Expectation, cond string, v view) (_ conditionVerdict, ok bool, wait time.Time) {
 	if v.State != api.KubeletRegistered || v.Reason != "NotInCSINode" {
 		delete(d.m.notInCSINode, cond)
 		return conditionVerdict{}, false, time.Time{}
@@ -383,7 +387,6 @@ func (d *decision) notInCSINode(cond string, v view) (_ conditionVerdict, ok boo
 	if d.f.now.Before(since.Add(csiNodeWait)) {
 		return conditionVerdict{}, false, since.Add(csiNodeWait)
 	}
-	e := d.expectation(cond)
 	return conditionVerdict{corev1.ConditionFalse, "NotInCSINode", nodecond.Message(e.Type, e.Name,
 		fmt.Sprintf("the kubelet holds its socket, but its CSINode has not listed the driver for %s: its registration failed (a kubelet before v1.36 keeps such a socket and never retries it: restart the plugin's pod)", csiNodeWait))}, true, time.Time{}
 }

@@ -428,6 +428,12 @@ func anyOfCases(now time.Time) []decideCase {
 	// the kubelet has not registered it yet.
 	neither := world{expect: []Expectation{res}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
 		reads: []kubeletRead{{at: now, started: started}}}
+	// csiNotListed: a resource of a CSI driver or a DRA driver; the
+	// kubelet holds the CSI driver's socket, CSINode does not list it.
+	csiRes := Expectation{Type: TypeAnyOf, Name: "store.example.com", Condition: "store.example.com/Ready", AnyOf: []Expectation{
+		{Type: TypeCSI, Name: "csi.example.com"}, {Type: TypeDRA, Name: "gpu.example.com"}}}
+	csiNotListed := world{expect: []Expectation{csiRes}, socks: []Socket{csiSock},
+		reads: []kubeletRead{{at: now.Add(-time.Second), started: started, registered: []string{"/r/csi.sock"}}}}
 	on := func(w world, held world) world {
 		c := verdictOf(held, res, now)
 		w.conds = []corev1.NodeCondition{cond(res, c.Status, c.Reason, c.Message, now.Add(-time.Minute), now.Add(-time.Minute))}
@@ -479,6 +485,15 @@ func anyOfCases(now time.Time) []decideCase {
 					if !strings.Contains(m, s) {
 						t.Errorf("message %q; want it to say %q", m, s)
 					}
+				}
+			}},
+		{name: "anyOf: a CSI alternative the kubelet holds, CSINode does not list: judged later", w: csiNotListed,
+			want: []string{""}, next: csiNodeWait, wantMetrics: -1, wantDevices: -1},
+		{name: "anyOf: a CSI alternative CSINode never lists: False, its reason among the others", w: csiNotListed, prior: []time.Duration{csiNodeWait},
+			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				if m := p.set[0].Message; !strings.Contains(m, "CSIPlugin csi.example.com: the kubelet holds its socket, but its CSINode has not listed the driver") || !strings.Contains(m, "(NotInCSINode)") {
+					t.Errorf("message %q", m)
 				}
 			}},
 		{name: "anyOf: none ready, and none was: False at once", w: neither,
