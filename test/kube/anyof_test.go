@@ -30,9 +30,10 @@ const resourceCond = draName + "/Ready"
 // plugin makes it ready; then it stops, and only after that does the DRA
 // driver (kubeletplugin) start, as a move from one to the other does: the
 // condition stays True throughout, and every write of it names a mechanism
-// the kubelet holds as the write comes. With the DRA driver stopped too,
-// the condition turns False, past the switch's grace, with the reasons of
-// both.
+// the kubelet holds as the write comes. Back the other way, both running
+// at once: no write until the holder stops, then the other holds it at
+// once. With neither, the condition turns False, past the switch's grace,
+// with the reasons of both.
 func TestAnyOfMove(t *testing.T) {
 	const node = "k-anyof"
 	k := startKubelet(t, node)
@@ -128,9 +129,29 @@ doctor: {procDir: none}
 		t.Errorf("kubectl plugd node %s (exit %d) does not show the DRA driver holding %s:\n%s", node, code, resourceCond, out)
 	}
 
+	// Back (a rollback): the device plugin again beside the DRA driver,
+	// both ready: the DRA driver keeps holding it, nothing is written; the
+	// DRA driver stopped: the device plugin holds it at once, True still.
+	gpu = startDevicePlugin(t, k.RegistryDir, gpuName, 2)
+	eventually(t, "plugd seeing the kubelet hold the device plugin again", func() (bool, string) {
+		ps, err := pd.client.Plugins(context.Background(), api.Filter{Type: "DevicePlugin"})
+		if err != nil || len(ps) != 1 || ps[0].Kubelet == nil {
+			return false, fmt.Sprintf("%+v, %v", ps, err)
+		}
+		return ps[0].Kubelet.State == api.KubeletRegistered, fmt.Sprintf("%+v", *ps[0].Kubelet)
+	})
+	switched := time.Now()
+	dra.Stop()
+	waitHolder(t, node, "DevicePlugin "+gpuName)
+	caughtUp(t, conds, node, resourceCond)
+	back := conds.since(resourceCond, begin)[len(trs):]
+	if len(back) != 1 || back[0].status != string(corev1.ConditionTrue) || back[0].at.Before(switched) {
+		t.Errorf("from the device plugin's return on, %s was written %d times (%v); want once, True, after the DRA driver stopped (%s)", resourceCond, len(back), back, switched.Format("15:04:05.000"))
+	}
+
 	// Neither: False, once the switch's grace (10s) is over.
 	stopped := time.Now()
-	dra.Stop()
+	gpu.Close()
 	c := waitFalse(t, node, resourceCond)
 	for _, s := range []string{"none ready: DevicePlugin " + gpuName + ": ", "DRAPlugin " + draName + ": "} {
 		if !strings.Contains(c.Message, s) {
