@@ -153,7 +153,7 @@ doctor: {procDir: none}
 	stopped := time.Now()
 	gpu.Close()
 	c := waitFalse(t, node, resourceCond)
-	for _, s := range []string{"none ready: DevicePlugin " + gpuName + ": ", "DRAPlugin " + draName + ": "} {
+	for _, s := range []string{"none ready (DevicePlugin " + gpuName + ": ", ", DRAPlugin " + draName + ": ", "; DRAPlugin " + draName + ": "} {
 		if !strings.Contains(c.Message, s) {
 			t.Errorf("the False of %s says %q; want it to say %q", resourceCond, c.Message, s)
 		}

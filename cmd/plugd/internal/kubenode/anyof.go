@@ -168,15 +168,19 @@ func judgeAnyOf(e Expectation, alts []alternativeVerdict, holder string) (condit
 	if undecided {
 		return conditionVerdict{}, false
 	}
+	// Each alternative's reason first, then what each says: a message cut
+	// to its bound still gives every reason.
 	reason := alts[0].v.reason
-	var texts []string
-	for _, a := range alts {
+	var reasons, texts []string
+	for i, a := range alts {
 		if a.v.reason != reason {
 			reason = ReasonNoneReady
 		}
-		texts = append(texts, ownText(a.v.message)+" ("+a.v.reason+")")
+		reasons = append(reasons, key{e.AnyOf[i].Type, e.AnyOf[i].Name}.String()+": "+a.v.reason)
+		texts = append(texts, ownText(a.v.message))
 	}
-	return conditionVerdict{corev1.ConditionFalse, reason, nodecond.Message(TypeAnyOf, e.Name, "none ready: "+strings.Join(texts, "; "))}, true
+	text := "none ready (" + strings.Join(reasons, ", ") + "): " + strings.Join(texts, "; ")
+	return conditionVerdict{corev1.ConditionFalse, reason, nodecond.Message(TypeAnyOf, e.Name, text)}, true
 }
 
 // ownText is a plugin's condition message without plugd's prefix:

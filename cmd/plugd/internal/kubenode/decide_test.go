@@ -481,7 +481,7 @@ func anyOfCases(now time.Time) []decideCase {
 			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, notes: []string{"PluginNotReady"}, next: slowFor - switchGrace, wantMetrics: unsettledSlow, wantDevices: -1,
 			check: func(t *testing.T, p plan) {
 				m := p.set[0].Message
-				for _, s := range []string{"plugd: anyOf gpu.example.com: none ready: DevicePlugin vendor.example/gpu: ", "(SocketMissing); DRAPlugin gpu.example.com: ", "(KubeletNotRegistered)"} {
+				for _, s := range []string{"plugd: anyOf gpu.example.com: none ready (DevicePlugin vendor.example/gpu: SocketMissing, DRAPlugin gpu.example.com: KubeletNotRegistered): DevicePlugin vendor.example/gpu: no registration socket", "; DRAPlugin gpu.example.com: its socket answers"} {
 					if !strings.Contains(m, s) {
 						t.Errorf("message %q; want it to say %q", m, s)
 					}
@@ -492,7 +492,7 @@ func anyOfCases(now time.Time) []decideCase {
 		{name: "anyOf: a CSI alternative CSINode never lists: False, its reason among the others", w: csiNotListed, prior: []time.Duration{csiNodeWait},
 			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
 			check: func(t *testing.T, p plan) {
-				if m := p.set[0].Message; !strings.Contains(m, "CSIPlugin csi.example.com: the kubelet holds its socket, but its CSINode has not listed the driver") || !strings.Contains(m, "(NotInCSINode)") {
+				if m := p.set[0].Message; !strings.Contains(m, "CSIPlugin csi.example.com: the kubelet holds its socket, but its CSINode has not listed the driver") || !strings.Contains(m, "(CSIPlugin csi.example.com: NotInCSINode, DRAPlugin gpu.example.com: SocketMissing)") {
 					t.Errorf("message %q", m)
 				}
 			}},
