@@ -27,6 +27,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
+	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -552,6 +553,9 @@ func (c *checker) pendingConditions() {
 			Summary:  fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s): its write is under way", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason),
 			Evidence: append(c.conditionEvidence(cond.Type, cond.Name), "plugd finds: "+cond.WantMessage),
 			Remedy:   "none needed: a change of reason alone is written once it has held for 2s"}
+		if cond.Type == nodecond.Resource && cond.Status == "True" && cond.WantStatus == "False" {
+			f.Remedy = "none needed if another of its plugins is on its way: a resource's condition stays True for 10s after its last plugin stopped, while another may take over (a move from a device plugin to DRA); then False is written"
+		}
 		if failing {
 			f.Severity = api.SeverityWarning
 			f.Summary = fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s) and cannot write it", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason)

@@ -449,4 +449,10 @@ func TestExpectedAnyOf(t *testing.T) {
 	if got := findings(Check(context.Background(), in), "expected-missing", ""); len(got) != 0 {
 		t.Errorf("the DRA driver there: %+v", got)
 	}
+	// Its False held back while another plugin may take over says so.
+	in.Conditions = []Condition{{Type: "anyOf", Name: "gpu.example.com", Condition: "gpu.example.com/Ready", Status: "True", Reason: "PluginReady",
+		Pending: true, WantStatus: "False", WantReason: "SocketMissing"}}
+	if got := findings(Check(context.Background(), in), "condition-pending", ""); len(got) != 1 || !strings.Contains(got[0].Remedy, "stays True for 10s") {
+		t.Errorf("the switch's grace: %+v", got)
+	}
 }
