@@ -18,6 +18,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/doctor"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -96,7 +97,7 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
 			p := toAPI(dir, s)
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			list.Plugins = append(list.Plugins, p)
 		}
 	}
@@ -109,7 +110,7 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}
@@ -136,6 +137,12 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range cfg.Expect {
 		x := doctor.Expected{Type: e.Type, Name: e.Name}
+		if len(e.AnyOf) > 0 {
+			x.Type = kubenode.TypeAnyOf
+			for _, a := range e.AnyOf {
+				x.AnyOf = append(x.AnyOf, doctor.Expected{Type: a.Type, Name: a.Name})
+			}
+		}
 		if d.kube != nil {
 			x.Condition = e.Condition // only written with Kubernetes
 		}

@@ -36,6 +36,12 @@ type Expectation struct {
 	// plugin, once ready, is not any more.
 	Taint   string
 	Retaint bool
+	// AnyOf, when set, makes e a resource's rather than one plugin's:
+	// Name is the resource's, Type is TypeAnyOf, and the condition is True
+	// while any of these plugins is ready (anyof.go). Each takes the fields
+	// a plugin's entry takes for its type; none has a condition or taint of
+	// its own.
+	AnyOf []Expectation
 }
 
 // The reasons of plugd's Node conditions.
@@ -55,11 +61,15 @@ const (
 // subdomain (csi.example.com/CSIPluginReady), and
 // "<domain>/<resource>-<Type>Ready" for an extended resource name
 // (vendor.example/gpu-DevicePluginReady). A custom type contributes its last
-// path element (example.com/Greeter: GreeterReady). It returns an error,
+// path element (example.com/Greeter: GreeterReady); an entry with anyOf
+// (TypeAnyOf) nothing: gpu.example.com/Ready, example.com/gpu-Ready. It returns an error,
 // asking for an explicit condition, when the result would not be a valid
 // condition type (a qualified name).
 func DefaultCondition(typ, name string) (string, error) {
 	kind := typ[strings.LastIndex(typ, "/")+1:]
+	if typ == TypeAnyOf {
+		kind = "" // a resource's: gpu.example.com/Ready
+	}
 	c := name + "/" + kind + "Ready"
 	if strings.Contains(name, "/") {
 		c = name + "-" + kind + "Ready"
@@ -73,6 +83,12 @@ func DefaultCondition(typ, name string) (string, error) {
 // WithDefaults returns e with its condition and device count filled in, or
 // an error that names what is wrong.
 func (e Expectation) WithDefaults() (Expectation, error) {
+	if len(e.AnyOf) > 0 || e.Type == TypeAnyOf {
+		var err error
+		if e, err = e.withAlternatives(); err != nil {
+			return e, err
+		}
+	}
 	switch {
 	case e.Type == "" || e.Name == "":
 		return e, errors.New("type and name are both needed, as the plugin sends them in GetInfo")
@@ -112,6 +128,19 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("condition %q is node-problem-detector's, which writes it too: plugd's writes and its would undo each other; choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
 	}
 	return e, nil
+}
+
+// UsesDeviceClasses says e, or one of its alternatives, names
+// DeviceClasses: plugd then reads them from the Kubernetes API.
+func (e Expectation) UsesDeviceClasses() bool { return len(e.deviceClassNames()) > 0 }
+
+// deviceClassNames are the DeviceClasses e and its alternatives name.
+func (e Expectation) deviceClassNames() []string {
+	names := slices.Clone(e.DeviceClasses)
+	for _, a := range e.AnyOf {
+		names = append(names, a.DeviceClasses...)
+	}
+	return names
 }
 
 // checkDeviceClasses checks the DeviceClasses e names: for a DRAPlugin

@@ -147,7 +147,7 @@ func (l *loop) sockets() (map[key][]Socket, bool) {
 			unasked = true
 		}
 	}
-	for _, e := range n.cfg.Expect {
+	for _, e := range expectedPlugins(n.cfg.Expect) {
 		if k := (key{e.Type, e.Name}); socks[k] == nil {
 			socks[k] = nil
 		}

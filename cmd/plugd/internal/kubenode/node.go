@@ -312,7 +312,7 @@ func (n *Node) sources() []*source {
 func (n *Node) classSource() *source {
 	var names []string
 	for _, e := range n.cfg.Expect {
-		names = append(names, e.DeviceClasses...)
+		names = append(names, e.deviceClassNames()...)
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
