@@ -154,7 +154,7 @@ type Finding struct {
 	// versions-refused, health-service-missing, duplicate-dead,
 	// socket-path-too-long, other-kubelet-root, kubelet-process-ignored,
 	// kubelet-not-registered, expected-missing, unsafe-subdirectory,
-	// kubernetes-api.
+	// kubernetes-api, taint-held.
 	Check string `json:"check"`
 	// Type, Name and Socket say which plugin it is about, as far as known;
 	// all empty for a finding about plugd or the node.

@@ -23,10 +23,10 @@ type taintState struct {
 // HeldTaint is a startup taint plugd leaves to another writer: put back
 // after the startup window, or more often than plugd removes it again.
 type HeldTaint struct {
-	// Taint is KEY:EFFECT; Conditions are the conditions it waits for,
-	// all True when plugd decided to leave it.
-	Taint      string
-	Conditions []string
+	// Taint is KEY:EFFECT; Plugins are the expected plugins it waits for
+	// (TYPE NAME), all ready when plugd decided to leave it.
+	Taint   string
+	Plugins []string
 	// Holder is the field manager that last wrote the Node's taints (its
 	// managedFields), since Since; Why says why plugd leaves it.
 	Holder string
@@ -138,9 +138,17 @@ func (n *Node) HeldTaints() []HeldTaint {
 	defer n.mu.Unlock()
 	var out []HeldTaint
 	for _, s := range n.taintStates {
-		if v := s.view; v.State == api.TaintHeld {
-			out = append(out, HeldTaint{Taint: v.Taint, Conditions: slices.Clone(s.conds), Holder: v.Holder, Since: v.Since, Why: v.HeldBecause, Node: n.cfg.NodeName})
+		v := s.view
+		if v.State != api.TaintHeld {
+			continue
 		}
+		h := HeldTaint{Taint: v.Taint, Holder: v.Holder, Since: v.Since, Why: v.HeldBecause, Node: n.cfg.NodeName}
+		for _, e := range n.cfg.Expect {
+			if slices.Contains(s.conds, e.Condition) {
+				h.Plugins = append(h.Plugins, e.Type+" "+e.Name)
+			}
+		}
+		out = append(out, h)
 	}
 	return out
 }

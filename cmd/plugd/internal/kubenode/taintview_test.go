@@ -125,7 +125,7 @@ plugd_taint_removal_seconds_count{taint="%[1]s"} %[2]d
 		t.Fatalf("after a re-add past the window: %+v; want Held by node-manager", v)
 	}
 	held := b.n.HeldTaints()
-	if len(held) != 1 || held[0].Taint != id || held[0].Holder != "node-manager" || held[0].Node != "node-a" || !slices.Equal(held[0].Conditions, []string{csiCond}) {
+	if len(held) != 1 || held[0].Taint != id || held[0].Holder != "node-manager" || held[0].Node != "node-a" || !slices.Equal(held[0].Plugins, []string{"CSIPlugin csi.example.com"}) {
 		t.Errorf("held taints: %+v", held)
 	}
 }
