@@ -24,28 +24,12 @@ import (
 // pluginsPath is plugd's plugins on its status API.
 const pluginsPath = "/v1/plugins"
 
-// taintsOf are n's taints but Kubernetes' own (the kubelet's and the node
-// lifecycle's), as KEY:EFFECT, and who last wrote the list, when.
+// taintsOf are n's taints but Kubernetes' own (nodecond.StartupTaints),
+// and who last wrote the list, when.
 func taintsOf(n *corev1.Node) (taints []string, by string, at time.Time) {
-	taints = []string{}
-	for _, t := range n.Spec.Taints {
-		if kubernetesTaint(t.Key) {
-			continue
-		}
-		taints = append(taints, t.Key+":"+string(t.Effect))
-	}
+	taints = append([]string{}, nodecond.StartupTaints(n)...)
 	by, at = nodecond.TaintsWriter(n)
 	return taints, by, at
-}
-
-// kubernetesTaint says a taint key is one Kubernetes owns.
-func kubernetesTaint(key string) bool {
-	for _, p := range []string{"node.kubernetes.io/", "node-role.kubernetes.io/", "node-restriction.kubernetes.io/"} {
-		if strings.HasPrefix(key, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // plugdTaints fills in each of plugins' taints as plugd on node shows
