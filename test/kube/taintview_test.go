@@ -52,7 +52,8 @@ func wantTaintState(t *testing.T, socket, name, taint, state string, ok func(api
 	eventually(t, fmt.Sprintf("plugctl get showing %s's taint %s", name, state), func() (bool, string) {
 		var out string
 		v, out = plugctlTaint(t, socket, name, taint)
-		return v.State == state && (ok == nil || ok(v)), out
+		list, _ := plugctl(t, "--socket", socket, "list", "-o", "wide")
+		return v.State == state && (ok == nil || ok(v)), fmt.Sprintf("%+v\n%s\n%s", v, out, list)
 	})
 	out, _ := plugctl(t, "--socket", socket, "list", "--name", name, "-o", "wide")
 	if !strings.Contains(out, "TAINT") || !strings.Contains(out, taint+":NoSchedule "+state) {
@@ -83,9 +84,9 @@ func wantTaintHeld(t *testing.T, socket, name, taint, holder string) {
 func wantDoctorNamesHolder(t *testing.T, socket, node, taint, holder string) {
 	t.Helper()
 	eventually(t, "plugctl doctor naming the holder of "+taint, func() (bool, string) {
-		out, _ := plugctl(t, "--socket", socket, "doctor", "-o", "json")
+		out, _ := plugctl(t, "--socket", socket, "doctor", "-o", "json") // exit 4, and a count on stderr, after the JSON
 		var l api.FindingList
-		if json.Unmarshal([]byte(out), &l) != nil {
+		if json.NewDecoder(strings.NewReader(out)).Decode(&l) != nil {
 			return false, out
 		}
 		for _, f := range l.Findings {

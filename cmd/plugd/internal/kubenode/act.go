@@ -46,11 +46,15 @@ func (l *loop) act(ctx context.Context, f facts, p plan) time.Time {
 	}
 	n.setConditions(p.states)
 	l.mem = p.mem
+	// The taints' states as decided (a removal pending), then as written:
+	// a write may take up to writeTimeout, and what plugd leaves to
+	// another writer is known now.
 	l.taintsWrote = map[string]bool{}
-	next := p.next
-	if f.readable {
-		next = l.writeAll(ctx, f, p)
+	n.setTaints(taintStates(n.taints, f.node, l.taintsWrote, p.taints, l.mem.taints))
+	if !f.readable {
+		return p.next
 	}
+	next := l.writeAll(ctx, f, p)
 	n.setTaints(taintStates(n.taints, f.node, l.taintsWrote, p.taints, l.mem.taints))
 	return next
 }
