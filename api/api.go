@@ -75,7 +75,55 @@ type Plugin struct {
 	// ("held by TYPE NAME"): during a move from a device plugin to a DRA
 	// driver, which of the two a resource's readiness rests on.
 	Holds []string `json:"holds,omitempty"`
+	// Taints are the startup taints plugd manages that wait for this
+	// plugin (its expect entry's taint, and removeTaintWhenReady, the
+	// taint for all), and what became of each; absent unless plugd is
+	// connected to Kubernetes and expects the plugin with a taint.
+	Taints []TaintView `json:"taints,omitempty"`
 }
+
+// TaintView is a startup taint plugd manages and what became of it, as
+// the running plugd has seen it (a restarted plugd starts afresh: what an
+// earlier process removed it sees as Absent).
+type TaintView struct {
+	// Taint is KEY:EFFECT.
+	Taint string `json:"taint"`
+	// All says it is the taint for all expected plugins
+	// (removeTaintWhenReady), not this plugin's own.
+	All bool `json:"all,omitempty"`
+	// State is one of TaintStates.
+	State string `json:"state"`
+	// Since is when it came to State: when plugd removed it (Removed) or
+	// put it back (Restored); for Held, when its holder last wrote the
+	// Node's taints (managedFields). Zero for Present and Absent.
+	Since time.Time `json:"since,omitzero"`
+	// ReRemovals counts the re-adds by another writer plugd removed again
+	// within the startup window, in this boot of the kubelet; ReaddedBy
+	// is the field manager of the last one.
+	ReRemovals int    `json:"reRemovals,omitempty"`
+	ReaddedBy  string `json:"readdedBy,omitempty"`
+	// Holder is, for Held, the field manager that put it back and holds
+	// it (the last writer of the Node's taints, by its managedFields);
+	// HeldBecause says why plugd leaves it to that writer.
+	Holder      string `json:"holder,omitempty"`
+	HeldBecause string `json:"heldBecause,omitempty"`
+	// Pending says plugd has decided to remove it or put it back, and its
+	// write has not been made yet (it backs off, or fails: plugctl doctor
+	// says why).
+	Pending bool `json:"pending,omitempty"`
+}
+
+// The states of a TaintView.
+const (
+	TaintPresent  = "Present"  // on the Node: removed once the plugins it waits for are ready
+	TaintRemoved  = "Removed"  // plugd removed it
+	TaintHeld     = "Held"     // put back by another writer past the startup window (or too often): plugd leaves it to Holder
+	TaintRestored = "Restored" // retaint: plugd put it back, a plugin it waits for is not ready
+	TaintAbsent   = "Absent"   // not on the Node, and this plugd did not remove it
+)
+
+// TaintStates are the states a TaintView can be in.
+var TaintStates = []string{TaintPresent, TaintRemoved, TaintHeld, TaintRestored, TaintAbsent}
 
 // KubeletView is the kubelet's side of a plugin, as read from the API
 // server: the node's CSINode drivers for a CSI driver, the Node's capacity
@@ -111,7 +159,7 @@ type Finding struct {
 	// versions-refused, health-service-missing, duplicate-dead,
 	// socket-path-too-long, other-kubelet-root, kubelet-process-ignored,
 	// kubelet-not-registered, expected-missing, unsafe-subdirectory,
-	// kubernetes-api.
+	// kubernetes-api, taint-held.
 	Check string `json:"check"`
 	// Type, Name and Socket say which plugin it is about, as far as known;
 	// all empty for a finding about plugd or the node.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +45,9 @@ type NodeCondition struct {
 	Reason  string    `json:"reason"`
 	Message string    `json:"message"`
 	Since   time.Time `json:"since,omitzero"`
+	// Taints are the node's taints but Kubernetes' own, as KEY:EFFECT:
+	// the startup taints that keep pods off while the plugin is not ready.
+	Taints []string `json:"taints,omitempty"`
 }
 
 // MaxHeartbeatAge is how old a condition of plugd's may be, since it was
@@ -101,6 +105,7 @@ func (c *Census) Add(n *corev1.Node) {
 	c.nodes++
 	mine := Conditions(n)
 	written := LastWrite(n, FieldManager)
+	taints := StartupTaints(n)
 	for _, cond := range mine {
 		typ, name, _ := Parse(cond.Message)
 		k := [3]string{typ, name, string(cond.Type)}
@@ -116,7 +121,7 @@ func (c *Census) Add(n *corev1.Node) {
 		if !c.Now.IsZero() && cond.Status != corev1.ConditionUnknown && !Maintained(written, c.Now, c.MaxAge) {
 			cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(corev1.ConditionUnknown), Reason: ReasonNotMaintained,
 				Message: fmt.Sprintf("plugd has not written this Node's status since %s, by the API server's record (it says %s, %s): is plugd running on this node?", written.UTC().Format(time.RFC3339), cond.Status, cond.Reason),
-				Since:   written})
+				Since:   written, Taints: taints})
 			continue
 		}
 		if cond.Status == corev1.ConditionTrue {
@@ -124,11 +129,25 @@ func (c *Census) Add(n *corev1.Node) {
 			continue
 		}
 		cp.NotReady = append(cp.NotReady, NodeCondition{Node: n.Name, Status: string(cond.Status), Reason: cond.Reason,
-			Message: cond.Message, Since: cond.LastTransitionTime.Time})
+			Message: cond.Message, Since: cond.LastTransitionTime.Time, Taints: taints})
 	}
 	if len(mine) > 0 {
 		c.withPlugd++
 	}
+}
+
+// StartupTaints are n's taints but those Kubernetes owns (the kubelet's
+// and the node lifecycle's: node.kubernetes.io/, node-role.kubernetes.io/,
+// node-restriction.kubernetes.io/), as KEY:EFFECT; nil for none.
+func StartupTaints(n *corev1.Node) []string {
+	var out []string
+	for _, t := range n.Spec.Taints {
+		if strings.HasPrefix(t.Key, "node.kubernetes.io/") || strings.HasPrefix(t.Key, "node-role.kubernetes.io/") || strings.HasPrefix(t.Key, "node-restriction.kubernetes.io/") {
+			continue
+		}
+		out = append(out, t.Key+":"+string(t.Effect))
+	}
+	return out
 }
 
 // View is what the census counted: the plugins sorted by type, name and

@@ -77,3 +77,25 @@ func LastWrite(n *corev1.Node, manager string) time.Time {
 	}
 	return last
 }
+
+// TaintsWriter is who last wrote n's taints, and when, by its
+// managedFields (the API server's record and clock): the taint list is
+// atomic, so its one owner is its last writer. Empty when they say
+// nothing of the taints.
+func TaintsWriter(n *corev1.Node) (manager string, at time.Time) {
+	for _, mf := range n.ManagedFields {
+		if mf.Subresource != "" || mf.FieldsV1 == nil || mf.Time == nil || mf.Time.Time.Before(at) {
+			continue
+		}
+		var fields struct {
+			Spec map[string]json.RawMessage `json:"f:spec"`
+		}
+		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
+			continue
+		}
+		if _, ok := fields.Spec["f:taints"]; ok {
+			manager, at = mf.Manager, mf.Time.Time
+		}
+	}
+	return manager, at
+}

@@ -171,6 +171,8 @@ doctor: {procDir: none}
 		if !hasTaint(t, name, gpuTaint) {
 			t.Fatal("the device plugin's taint is gone before it registered")
 		}
+		wantTaintRemoved(t, pd.socket, csiName, csiTaint, 0, "")
+		wantRemovalTimed(t, pd, csiTaint)
 		csiGap := tl.last(tl.gone, csiTaint).Sub(tl.last(tl.trueAt, csiCond))
 		time.Sleep(5 * time.Second) // the second plugin comes 5 s later, as the scenario says (not a synchronisation)
 		startHealthPlugin(top, k.RegistryDir, gpuName, 2)
@@ -196,6 +198,7 @@ doctor: {procDir: none}
 			got := taintEvents(t, name, "TaintReadded")
 			return len(got) == 1 && strings.Contains(got[0], "test-node-manager"), fmt.Sprint(got)
 		})
+		wantTaintRemoved(t, pd.socket, csiName, csiTaint, 1, "test-node-manager")
 	})
 
 	t.Run("retaint: back on False, gone on True", func(t *testing.T) {
@@ -232,5 +235,7 @@ doctor: {procDir: none}
 		if hasTaint(t, name, gpuTaint) {
 			t.Error("a restart of plugd put the device plugin's taint back")
 		}
+		wantTaintHeld(t, pd.socket, csiName, csiTaint, "test-node-manager")
+		wantDoctorNamesHolder(t, pd.socket, name, csiTaint, "test-node-manager")
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -163,6 +164,15 @@ type Format struct {
 	Wide, NoHeaders bool
 }
 
+// taintsCell is a node's startup taints in a table, "-" for none, cut
+// as a reason is: anyone who may update the Node writes them.
+func taintsCell(ts []string) string {
+	if len(ts) == 0 {
+		return "-"
+	}
+	return printer.ShortCell(strings.Join(ts, ","), nodecond.MaxMessage)
+}
+
 // WriteCluster prints v for people: per plugin, on how many nodes it is
 // ready; wide adds each node where it is not, and why (the message cut at
 // nodecond.MaxMessage bytes: plugd's are no longer, and others' are not
@@ -196,9 +206,10 @@ func WriteCluster(w io.Writer, v nodecond.ClusterView, f Format, now time.Time) 
 			continue
 		}
 		fmt.Fprintf(w, "\n%s %s: not ready on %d of %d nodes\n", printer.Cell(p.Type), printer.Cell(p.Name), len(p.NotReady), p.Expected)
-		nt := printer.Table{Header: []string{"NODE", "STATUS", "REASON", "SINCE", "MESSAGE"}, NoHeader: f.NoHeaders}
+		nt := printer.Table{Header: []string{"NODE", "STATUS", "REASON", "SINCE", "TAINTS", "MESSAGE"}, NoHeader: f.NoHeaders}
 		for _, n := range p.NotReady {
-			nt.Rows = append(nt.Rows, []string{printer.Cell(n.Node), printer.Cell(n.Status), printer.ShortCell(n.Reason, maxReason), printer.Since(n.Since, now), printer.ShortCell(n.Message, nodecond.MaxMessage)})
+			nt.Rows = append(nt.Rows, []string{printer.Cell(n.Node), printer.Cell(n.Status), printer.ShortCell(n.Reason, maxReason), printer.Since(n.Since, now),
+				taintsCell(n.Taints), printer.ShortCell(n.Message, nodecond.MaxMessage)})
 		}
 		if err := nt.Write(w, 0); err != nil {
 			return err

@@ -19,7 +19,8 @@ import (
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
-// DoctorOptions say where plugd runs, for the doctor to find its pod.
+// DoctorOptions say where plugd runs, for the doctor and the node view to
+// find its pod.
 type DoctorOptions struct {
 	// Namespace is plugd's (the chart's release namespace); default plugd.
 	Namespace string
@@ -41,9 +42,7 @@ const reportPath = "/v1/findings"
 // report (what plugctl doctor prints on the node). A Node that cannot be
 // read is an error; anything else that cannot be read is a finding.
 func Doctor(ctx context.Context, c Clients, node string, o DoctorOptions) ([]api.Finding, error) {
-	o.Namespace = cmp.Or(o.Namespace, "plugd")
-	o.PodSelector = cmp.Or(o.PodSelector, "app.kubernetes.io/name=plugd")
-	o.ReportTimeout = cmp.Or(o.ReportTimeout, 10*time.Second)
+	o = o.withDefaults()
 	n, err := c.Core.Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", node, err)
@@ -60,6 +59,14 @@ func Doctor(ctx context.Context, c Clients, node string, o DoctorOptions) ([]api
 		return slices.Index(api.Severities, b.Severity) - slices.Index(api.Severities, a.Severity)
 	})
 	return fs, nil
+}
+
+// withDefaults is o with its defaults where it says nothing.
+func (o DoctorOptions) withDefaults() DoctorOptions {
+	o.Namespace = cmp.Or(o.Namespace, "plugd")
+	o.PodSelector = cmp.Or(o.PodSelector, "app.kubernetes.io/name=plugd")
+	o.ReportTimeout = cmp.Or(o.ReportTimeout, 10*time.Second)
+	return o
 }
 
 // nodeFindings reads the Node's conditions.
@@ -196,14 +203,7 @@ func eventFindings(ctx context.Context, c Clients, node string) []api.Finding {
 // reportFindings asks plugd on the node for its own findings, through the
 // API server's proxy to its pod's status port.
 func reportFindings(ctx context.Context, c Clients, pod *corev1.Pod, o DoctorOptions) []api.Finding {
-	port := ""
-	for _, ct := range pod.Spec.Containers {
-		for _, p := range ct.Ports {
-			if p.Name == "status" {
-				port = fmt.Sprint(p.ContainerPort)
-			}
-		}
-	}
+	port := statusPort(pod)
 	exec := fmt.Sprintf("kubectl -n %s exec %s -- plugctl --socket /run/plugd/plugd.sock doctor", pod.Namespace, pod.Name)
 	if port == "" {
 		return []api.Finding{{Severity: api.SeverityInfo, Check: "report-unreachable",
@@ -224,6 +224,19 @@ func reportFindings(ctx context.Context, c Clients, pod *corev1.Pod, o DoctorOpt
 			Summary: "plugd's report through the pod proxy is not what plugd answers", Evidence: []string{short(err).Error()}, Remedy: exec}}
 	}
 	return l.Findings
+}
+
+// statusPort is the port of pod's status API (the port named status), or
+// empty.
+func statusPort(pod *corev1.Pod) string {
+	for _, ct := range pod.Spec.Containers {
+		for _, p := range ct.Ports {
+			if p.Name == "status" {
+				return fmt.Sprint(p.ContainerPort)
+			}
+		}
+	}
+	return ""
 }
 
 // unreadable is the finding for an object the doctor may not or cannot read.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -33,14 +34,15 @@ func TestWriteCluster(t *testing.T) {
 	now := time.Now()
 	v := nodecond.ClusterView{Nodes: 3, NodesWithPlugd: 3, Plugins: []nodecond.ClusterPlugin{
 		{Type: "CSIPlugin", Name: "csi.example.com", Condition: "csi.example.com/CSIPluginReady", Ready: 2, Expected: 3,
-			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute)}}},
+			NotReady: []nodecond.NodeCondition{{Node: "node-c", Status: "False", Reason: "SocketMissing", Message: "plugd: CSIPlugin csi.example.com: no socket", Since: now.Add(-3 * time.Minute),
+				Taints: []string{"csi.example.com/agent-not-ready:NoExecute", "gpu.example.com/not-ready:NoSchedule"}}}},
 	}}
 	var b strings.Builder
 	if err := WriteCluster(&b, v, Format{Wide: true}, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"TYPE        NAME              READY   EXPECTED   CONDITION", "CSIPlugin   csi.example.com   2       3          csi.example.com/CSIPluginReady",
-		"3 nodes, 3 with plugd's conditions", "CSIPlugin csi.example.com: not ready on 1 of 3 nodes", "node-c   False    SocketMissing   3m      plugd: CSIPlugin"} {
+		"3 nodes, 3 with plugd's conditions", "CSIPlugin csi.example.com: not ready on 1 of 3 nodes", "node-c   False    SocketMissing   3m      csi.example.com/agent-not-ready:NoExecute,gpu.example.com/not-ready:NoSchedule   plugd: CSIPlugin"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("cluster -o wide does not print %q:\n%s", s, b.String())
 		}
@@ -62,9 +64,10 @@ func TestAddPage(t *testing.T) {
 			LastTransitionTime: metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))}
 	}
 	list := &corev1.NodeList{ListMeta: metav1.ListMeta{Continue: "next-page", ResourceVersion: "42"}, Items: []corev1.Node{
-		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}, ManagedFields: append(managedBy("kubelet", "Ready"), managedBy(nodecond.FieldManager, "c/CSIPluginReady")...)}, Status: corev1.NodeStatus{
-			Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionFalse, "CSIPlugin c"), {Type: "Ready", Status: "True"}},
-			Images:     []corev1.ContainerImage{{Names: []string{"registry.example.com/a@sha256:00"}, SizeBytes: 1}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}, ManagedFields: append(managedBy("kubelet", "Ready"), managedBy(nodecond.FieldManager, "c/CSIPluginReady")...)},
+			Spec: corev1.NodeSpec{PodCIDR: "10.0.0.0/24", Taints: []corev1.Taint{{Key: "c.example.com/agent-not-ready", Effect: corev1.TaintEffectNoExecute}, {Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule}}}, Status: corev1.NodeStatus{
+				Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionFalse, "CSIPlugin c"), {Type: "Ready", Status: "True"}},
+				Images:     []corev1.ContainerImage{{Names: []string{"registry.example.com/a@sha256:00"}, SizeBytes: 1}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "b", ManagedFields: managedBy(nodecond.FieldManager, "c/CSIPluginReady")}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{cond("c/CSIPluginReady", corev1.ConditionTrue, "CSIPlugin c")}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
 		// plugd's form, written by someone else: not plugd's.
@@ -75,7 +78,8 @@ func TestAddPage(t *testing.T) {
 	for i := range list.Items {
 		want.Add(&list.Items[i])
 	}
-	if v := want.View(); v.Nodes != 4 || v.NodesWithPlugd != 2 || len(v.Plugins) != 1 || v.Plugins[0].Expected != 2 {
+	if v := want.View(); v.Nodes != 4 || v.NodesWithPlugd != 2 || len(v.Plugins) != 1 || v.Plugins[0].Expected != 2 ||
+		len(v.Plugins[0].NotReady) != 1 || !slices.Equal(v.Plugins[0].NotReady[0].Taints, []string{"c.example.com/agent-not-ready:NoExecute"}) {
 		t.Fatalf("the whole decode counts %+v", v)
 	}
 	pb := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)

@@ -20,6 +20,7 @@ import (
 	storagev1client "k8s.io/client-go/kubernetes/typed/storage/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/internal/printer"
 	"github.com/plugd/plugd/internal/kubeconfig"
 	"github.com/plugd/plugd/internal/nodecond"
@@ -66,6 +67,12 @@ type NodeView struct {
 	// Kubelet is what the kubelet (and, for DRA, the drivers) wrote about
 	// the node's plugins.
 	Kubelet KubeletFacts `json:"kubelet"`
+	// Taints are the Node's taints but Kubernetes' own, as KEY:EFFECT;
+	// TaintsWrittenBy is the field manager that last wrote them, at
+	// TaintsWrittenAt (the Node's managedFields).
+	Taints          []string  `json:"taints"`
+	TaintsWrittenBy string    `json:"taintsWrittenBy,omitempty"`
+	TaintsWrittenAt time.Time `json:"taintsWrittenAt,omitzero"`
 	// Unreadable names what could not be read, and why (RBAC, say).
 	Unreadable []string `json:"unreadable,omitempty"`
 }
@@ -83,6 +90,10 @@ type NodePlugin struct {
 	// condition is True, the plugin that holds it: "DRAPlugin
 	// gpu.example.com".
 	HeldBy string `json:"heldBy,omitempty"`
+	// Taints are the startup taints plugd manages for the plugin, and
+	// their states, as plugd on the node shows them (plugctl get), asked
+	// through the API server's proxy to plugd's pod.
+	Taints []api.TaintView `json:"taints,omitempty"`
 }
 
 // KubeletFacts are the node's plugins as the API shows them: the CSI
@@ -107,20 +118,27 @@ type Device struct {
 	Allocatable int64  `json:"allocatable"`
 }
 
-// ReadNode reads the view of one node. A Node that does not exist is an
-// error; a related object that cannot be read is named in Unreadable.
-func ReadNode(ctx context.Context, c Clients, name string) (NodeView, error) {
+// ReadNode reads the view of one node; o says where plugd's pod is, to
+// ask it for its taints' states. A Node that does not exist is an error; a
+// related object that cannot be read is named in Unreadable.
+func ReadNode(ctx context.Context, c Clients, name string, o DoctorOptions) (NodeView, error) {
 	n, err := c.Core.Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return NodeView{}, fmt.Errorf("reading node %s: %w", name, err)
 	}
-	return nodeView(ctx, c, n), nil
+	return nodeView(ctx, c, n, o), nil
 }
 
 // nodeView fills a NodeView from n and the node's other objects.
-func nodeView(ctx context.Context, c Clients, n *corev1.Node) NodeView {
+func nodeView(ctx context.Context, c Clients, n *corev1.Node, o DoctorOptions) NodeView {
 	v := NodeView{Node: n.Name, Ready: string(corev1.ConditionUnknown), Plugins: pluginsOf(n),
 		Kubelet: KubeletFacts{CSIDrivers: []CSIDriver{}, Devices: []Device{}, DRADrivers: []string{}}}
+	v.Taints, v.TaintsWrittenBy, v.TaintsWrittenAt = taintsOf(n)
+	if len(v.Plugins) > 0 {
+		if err := plugdTaints(ctx, c, n.Name, o, v.Plugins); err != nil {
+			v.Unreadable = append(v.Unreadable, "plugd's taint states: "+err.Error())
+		}
+	}
 	for _, cond := range n.Status.Conditions {
 		if cond.Type == corev1.NodeReady {
 			v.Ready = string(cond.Status)
@@ -195,11 +213,15 @@ func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 	if len(v.Plugins) == 0 {
 		b.WriteString("no condition of plugd's: plugd does not run here, expects no plugin, or cannot reach the API server\n")
 	} else {
+		tainted := slices.ContainsFunc(v.Plugins, func(p NodePlugin) bool { return len(p.Taints) > 0 })
 		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}, NoHeader: f.NoHeaders}
 		// A resource's holder (anyOf) gets a column where one is held.
 		held := slices.ContainsFunc(v.Plugins, func(p NodePlugin) bool { return p.HeldBy != "" })
 		if held {
 			t.Header = append(t.Header, "HELD BY")
+		}
+		if tainted {
+			t.Header = append(t.Header, "TAINT")
 		}
 		if f.Wide {
 			t.Header = append(t.Header, "CONDITION", "MESSAGE")
@@ -208,6 +230,9 @@ func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.ShortCell(p.Reason, maxReason), printer.Since(p.Since, now)}
 			if held {
 				row = append(row, printer.Cell(p.HeldBy))
+			}
+			if tainted {
+				row = append(row, printer.Taints(p.Taints, f.Wide, now))
 			}
 			if f.Wide {
 				row = append(row, printer.Cell(p.Condition), printer.ShortCell(p.Message, nodecond.MaxMessage))
@@ -230,6 +255,11 @@ func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 	fmt.Fprintf(&b, "  CSI drivers (CSINode):       %s\n", list(csi, f.Wide))
 	fmt.Fprintf(&b, "  device plugins (capacity):   %s\n", list(devs, f.Wide))
 	fmt.Fprintf(&b, "  DRA drivers (ResourceSlices): %s\n", list(v.Kubelet.DRADrivers, f.Wide))
+	fmt.Fprintf(&b, "\nTaints (but Kubernetes' own): %s", list(v.Taints, f.Wide))
+	if v.TaintsWrittenBy != "" {
+		fmt.Fprintf(&b, "; last written by %s %s ago", printer.Cell(v.TaintsWrittenBy), printer.Since(v.TaintsWrittenAt, now))
+	}
+	b.WriteString("\n")
 	for _, u := range v.Unreadable {
 		fmt.Fprintf(&b, "  cannot read %s\n", printer.ShortCell(u, nodecond.MaxMessage))
 	}
@@ -266,7 +296,7 @@ func list(s []string, all bool) string {
 // WatchNode calls emit with the node's view now and again each time its
 // Node object changes, until ctx is done (nil) or the watch cannot go on.
 // A watch the API server closes (they last minutes) is opened again.
-func WatchNode(ctx context.Context, c Clients, name string, emit func(NodeView) error) error {
+func WatchNode(ctx context.Context, c Clients, name string, o DoctorOptions, emit func(NodeView) error) error {
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	for {
 		list, err := c.Core.Nodes().List(ctx, metav1.ListOptions{FieldSelector: sel})
@@ -276,7 +306,7 @@ func WatchNode(ctx context.Context, c Clients, name string, emit func(NodeView) 
 		if len(list.Items) == 0 {
 			return fmt.Errorf("node %s not found", name)
 		}
-		if err := emit(nodeView(ctx, c, &list.Items[0])); err != nil {
+		if err := emit(nodeView(ctx, c, &list.Items[0], o)); err != nil {
 			return err
 		}
 		wi, err := c.Core.Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
@@ -297,7 +327,7 @@ func WatchNode(ctx context.Context, c Clients, name string, emit func(NodeView) 
 					if !isNode {
 						return errReopen // an error event (an expired resource version): read afresh
 					}
-					if err := emit(nodeView(ctx, c, n)); err != nil {
+					if err := emit(nodeView(ctx, c, n, o)); err != nil {
 						return err
 					}
 				}

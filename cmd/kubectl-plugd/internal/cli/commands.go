@@ -91,7 +91,15 @@ func (a *app) nodeCommand() *cobra.Command {
 		Long: `Show one node's expected plugins: plugd's condition for each (ready or not, the
 reason, since when), then what the kubelet wrote of the node's plugins: the
 CSI drivers in its CSINode, the device plugins' resources in its capacity,
-and the DRA drivers with ResourceSlices for it.
+and the DRA drivers with ResourceSlices for it; then the Node's taints (but
+Kubernetes' own) and who last wrote them (its managedFields).
+
+Where plugd manages a startup taint for an expected plugin, TAINT gives its
+state as plugd on the node keeps it (plugctl list's), asked through the API
+server's proxy to plugd's pod (found in -n, by app.kubernetes.io/name=plugd):
+Present, Removed, Held by the writer that put it back after the startup
+window, Restored, Absent; -o wide adds the taint, since when, and how often
+plugd removed it again, and by whose re-add.
 
 With --watch, print the view again each time the Node changes.`,
 		Example: `  # The plugins of node worker-1
@@ -118,7 +126,7 @@ With --watch, print the view again each time the Node changes.`,
 				return b.Bytes(), err
 			}
 			if !watch {
-				v, err := fleet.ReadNode(cmd.Context(), c, args[0])
+				v, err := fleet.ReadNode(cmd.Context(), c, args[0], fleet.DoctorOptions{Namespace: a.namespace()})
 				if err != nil {
 					return err
 				}
@@ -130,7 +138,7 @@ With --watch, print the view again each time the Node changes.`,
 				return err
 			}
 			var last []byte
-			return fleet.WatchNode(cmd.Context(), c, args[0], func(v fleet.NodeView) error {
+			return fleet.WatchNode(cmd.Context(), c, args[0], fleet.DoctorOptions{Namespace: a.namespace()}, func(v fleet.NodeView) error {
 				b, err := render(v)
 				if err != nil || bytes.Equal(b, last) {
 					return err // the kubelet's heartbeats change nothing shown

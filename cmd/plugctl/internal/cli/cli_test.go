@@ -906,3 +906,34 @@ func TestHelpHasNoStraySpace(t *testing.T) {
 	}
 	check(a.rootCommand())
 }
+
+// A plugin's startup taints have a TAINT column: the state, the holder of
+// one plugd leaves; -o wide adds the taint, since when, and the re-adds.
+func TestTaintColumn(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	ps := []api.Plugin{
+		{ID: "a.sock", Type: "CSIPlugin", Name: "a", State: "Registered", Taints: []api.TaintView{
+			{Taint: "a.example.com/not-ready:NoExecute", State: api.TaintRemoved, Since: now.Add(-5 * time.Minute), ReRemovals: 2, ReaddedBy: "node-manager"}}},
+		{ID: "b.sock", Type: "CSIPlugin", Name: "b", State: "Registered", Taints: []api.TaintView{
+			{Taint: "b.example.com/not-ready:NoSchedule", State: api.TaintHeld, Holder: "node-manager", Since: now.Add(-time.Minute)}}},
+		{ID: "c.sock", State: "Pending"},
+	}
+	if h := pluginTable([]api.Plugin{{ID: "c.sock"}}, false, now).Header; slices.Contains(h, "TAINT") {
+		t.Errorf("header %q without taints", h)
+	}
+	var b strings.Builder
+	pluginTable(ps, false, now).Write(&b, 0)
+	lines := strings.Split(b.String(), "\n")
+	if !strings.Contains(lines[0], "STATE        TAINT") || !strings.Contains(lines[1], "Registered   Removed ") ||
+		!strings.Contains(lines[2], "Registered   Held by node-manager") || !strings.Contains(lines[3], "Pending      -") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	b.Reset()
+	pluginTable(ps, true, now).Write(&b, 0)
+	for _, want := range []string{"a.example.com/not-ready:NoExecute Removed 5m ago, removed again 2 times (last re-added by node-manager)",
+		"b.example.com/not-ready:NoSchedule Held by node-manager 1m ago"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("wide table lacks %q:\n%s", want, b.String())
+		}
+	}
+}

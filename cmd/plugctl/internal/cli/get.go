@@ -20,7 +20,10 @@ func (a *app) getCommand() *cobra.Command {
 		Short: "Show everything plugd knows of one plugin",
 		Long: `Show one plugin: its type, name, endpoint, versions, state, the step its last
 attempt failed at and why, attempts, next retry, and when it was found and
-registered.
+registered. With plugd connected to Kubernetes, also what the kubelet made of
+it (kubelet) and the startup taints that wait for it (taints: each one's
+state, since when, the re-adds plugd removed again and who made them, the
+writer that holds one plugd leaves).
 
 ID is the plugin's socket path inside plugd's registry directory, as the ID
 column of 'plugctl list' shows it (e.g. csi.example.com-reg.sock or

@@ -39,7 +39,10 @@ The table shows ID (the socket's path inside the registry directory, what
 else since its socket was found) and ERROR (the last failure, cut to fit the
 terminal). With plugd connected to Kubernetes, KUBELET follows STATE: what the
 API shows the kubelet made of the plugin (Registered, NotRegistered, Unknown;
--o wide adds the reason). -o wide adds ENDPOINT, VERSIONS, ATTEMPTS, NEXT RETRY and NEWEST
+-o wide adds the reason). Where plugd removes a startup taint for an expected
+plugin, TAINT follows: its state (Present, Removed, Held by the writer that
+put it back after the startup window, Restored, Absent); -o wide adds the
+taint, since when, and how often plugd removed it again. -o wide adds ENDPOINT, VERSIONS, ATTEMPTS, NEXT RETRY and NEWEST
 (the newest of several sockets of one plugin) and prints errors whole. -o json
 and -o yaml print the API's PluginList.
 
@@ -137,9 +140,13 @@ func filterString(f api.Filter) string {
 // that a long error, cut or not, does not push other columns around.
 func pluginTable(plugins []api.Plugin, wide bool, now time.Time) printer.Table {
 	kube := slices.ContainsFunc(plugins, func(p api.Plugin) bool { return p.Kubelet != nil })
+	tainted := slices.ContainsFunc(plugins, func(p api.Plugin) bool { return len(p.Taints) > 0 })
 	t := printer.Table{Header: []string{"ID", "TYPE", "NAME", "STATE"}}
 	if kube {
 		t.Header = append(t.Header, "KUBELET")
+	}
+	if tainted {
+		t.Header = append(t.Header, "TAINT")
 	}
 	t.Header = append(t.Header, "AGE")
 	if wide {
@@ -150,6 +157,9 @@ func pluginTable(plugins []api.Plugin, wide bool, now time.Time) printer.Table {
 		row := []string{printer.Cell(p.ID), printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.State)}
 		if kube {
 			row = append(row, kubeletCell(p.Kubelet, wide))
+		}
+		if tainted {
+			row = append(row, printer.Taints(p.Taints, wide, now))
 		}
 		row = append(row, age(p, now))
 		if wide {

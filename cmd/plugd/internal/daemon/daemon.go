@@ -200,6 +200,15 @@ func (d *Daemon) holds(s pluginmanager.PluginStatus) []string {
 	return d.kube.Holds(s.Type, s.Name)
 }
 
+// taintViews are the startup taints that wait for s, an expected plugin,
+// and their states, when plugd is connected to Kubernetes.
+func (d *Daemon) taintViews(s pluginmanager.PluginStatus) []api.TaintView {
+	if d.kube == nil || s.Type == "" {
+		return nil
+	}
+	return d.kube.TaintViews(s.Type, s.Name)
+}
+
 // addHandler builds the handler hc names and hands it to the manager. d.mu
 // must be held, or d not yet shared.
 func (d *Daemon) addHandler(hc HandlerConfig) error {

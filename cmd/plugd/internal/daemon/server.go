@@ -97,7 +97,7 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
 			p := toAPI(dir, s)
 			p.Details = d.details(s.Plugin)
-			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
+			p.Kubelet, p.Holds, p.Taints = d.kubeletView(s), d.holds(s), d.taintViews(s)
 			list.Plugins = append(list.Plugins, p)
 		}
 	}
@@ -110,7 +110,7 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
 			p.Details = d.details(s.Plugin)
-			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
+			p.Kubelet, p.Holds, p.Taints = d.kubeletView(s), d.holds(s), d.taintViews(s)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}
@@ -171,6 +171,7 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 			in.DRASlices, _ = d.kube.DriverSlices() // a read problem is among Problems
 		default:
 		}
+		in.HeldTaints = d.heldTaints()
 		if cf := d.kube.Confinement(ctx); cf.Known {
 			in.Confinement = &doctor.Confinement{Confined: cf.Confined, NoClaim: cf.NoClaim, Message: cf.Message, At: cf.At}
 		}
@@ -414,4 +415,14 @@ func (d *Daemon) kubeletTruth() (*doctor.KubeletAccess, []doctor.Condition, []do
 		stale = append(stale, doctor.StaleEntry{More: more})
 	}
 	return ka, conds, stale
+}
+
+// heldTaints are the startup taints plugd leaves to another writer, for
+// the doctor.
+func (d *Daemon) heldTaints() []doctor.HeldTaint {
+	var out []doctor.HeldTaint
+	for _, h := range d.kube.HeldTaints() {
+		out = append(out, doctor.HeldTaint{Taint: h.Taint, Plugins: h.Plugins, Node: h.Node, Holder: h.Holder, Since: h.Since, Why: h.Why})
+	}
+	return out
 }

@@ -109,6 +109,22 @@ type StaleEntry struct {
 	More                   int
 }
 
+// HeldTaint is a startup taint of plugd's that another writer put back
+// after the startup window (or more often than plugd removes it again):
+// plugd leaves it to that writer.
+type HeldTaint struct {
+	// Taint is KEY:EFFECT; Plugins the expected plugins it waits for
+	// (TYPE NAME); Node the Node's name.
+	Taint   string
+	Plugins []string
+	Node    string
+	// Holder is the field manager that last wrote the Node's taints, at
+	// Since (its managedFields); Why says why plugd leaves it.
+	Holder string
+	Since  time.Time
+	Why    string
+}
+
 // Input is everything Check looks at.
 type Input struct {
 	// RegistryDir is the directory plugd watches.
@@ -138,6 +154,8 @@ type Input struct {
 	// DRASlices counts the ResourceSlices published for this node, by
 	// driver; nil when unknown (no Kubernetes, or not read yet).
 	DRASlices map[string]int
+	// HeldTaints are startup taints plugd leaves to another writer.
+	HeldTaints []HeldTaint
 	// Confinement is what plugd's probe found of the admission policies
 	// that confine its ServiceAccount to its Node; nil without Kubernetes
 	// or before the probe told.
@@ -191,6 +209,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.kubeletAccess()
 	c.staleEntries()
 	c.draSlices()
+	c.heldTaints()
 	c.pendingConditions()
 	for i := range c.out {
 		c.out[i] = printable(c.out[i])
@@ -513,6 +532,32 @@ func (c *checker) staleEntries() {
 			Summary:  fmt.Sprintf("CSINode lists the driver %s, but the running kubelet holds no registration of it", e.Driver),
 			Evidence: []string{fmt.Sprintf("CSINode entry: name %s, nodeID %q", e.Driver, e.NodeID), "the kubelet removes an entry once, when it deregisters the driver; an API outage at that moment leaves it for good, and the scheduler still counts the driver on this node"},
 			Remedy:   "remove the entry: " + e.Remedy + "; or start the driver so that the kubelet registers it again"})
+	}
+}
+
+// heldTaints reports the startup taints another writer put back after
+// plugd removed them, which plugd leaves to that writer: pods that do not
+// tolerate them stay off a node whose plugins are ready.
+func (c *checker) heldTaints() {
+	for _, h := range c.in.HeldTaints {
+		key, _, _ := strings.Cut(h.Taint, ":")
+		holder, since := cmp.Or(h.Holder, "an unknown writer"), "at an unknown time"
+		if !h.Since.IsZero() {
+			since = fmt.Sprintf("since %s (%s ago)", h.Since.UTC().Format(time.RFC3339), c.in.Now.Sub(h.Since).Round(time.Second))
+		}
+		f := api.Finding{Severity: api.SeverityWarning, Check: "taint-held",
+			Summary: fmt.Sprintf("the startup taint %s is back on the Node, put there by %s %s, while the plugins it waits for are ready: plugd leaves it to that writer", h.Taint, holder, since),
+			Evidence: []string{
+				fmt.Sprintf("the Node's taints were last written by the field manager %s %s (its managedFields)", holder, since),
+				"plugd leaves it because " + h.Why,
+				"it waits for " + strings.Join(h.Plugins, ", ") + ", ready now"},
+			Remedy: fmt.Sprintf("find why %s puts the taint back (its own startup-taint logic, a node template or an autoscaler's); if the plugins are ready and it is stale, "+
+				"remove it: kubectl taint node %s %s-; to keep one owner per key, turn that writer's removal or re-adding of %s off, or drop the taint from plugd's expect entry (docs/kubernetes.md)",
+				holder, h.Node, h.Taint, key)}
+		if len(h.Plugins) == 1 {
+			f.Type, f.Name, _ = strings.Cut(h.Plugins[0], " ")
+		}
+		c.add(f)
 	}
 }
 

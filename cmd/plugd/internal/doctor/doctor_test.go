@@ -457,3 +457,29 @@ func TestExpectedAnyOf(t *testing.T) {
 		t.Errorf("the switch's grace: %+v", got)
 	}
 }
+
+// A startup taint another writer put back after the window: the finding
+// names its holder and since when, why plugd leaves it, and the remedy.
+func TestHeldTaint(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	in := Input{KubeletRoots: []string{}, Now: now, HeldTaints: []HeldTaint{{
+		Taint: "ebs.csi.aws.com/agent-not-ready:NoExecute", Plugins: []string{"CSIPlugin ebs.csi.aws.com"}, Node: "n1",
+		Holder: "node-manager", Since: now.Add(-90 * time.Second), Why: "it was put back after the startup window"}}}
+	got := findings(Check(context.Background(), in), "taint-held", "")
+	if len(got) != 1 {
+		t.Fatalf("taint-held: %+v; want one", got)
+	}
+	f := got[0]
+	for _, want := range []string{"put there by node-manager since 2026-01-01T11:58:30Z (1m30s ago)", "plugd leaves it to that writer"} {
+		if !strings.Contains(f.Summary, want) {
+			t.Errorf("summary %q does not say %q", f.Summary, want)
+		}
+	}
+	if ev := strings.Join(f.Evidence, "\n"); !strings.Contains(ev, "field manager node-manager") || !strings.Contains(ev, "after the startup window") || !strings.Contains(ev, "CSIPlugin ebs.csi.aws.com") {
+		t.Errorf("evidence: %s", ev)
+	}
+	if !strings.Contains(f.Remedy, "kubectl taint node n1 ebs.csi.aws.com/agent-not-ready:NoExecute-") || f.Severity != api.SeverityWarning ||
+		f.Type != "CSIPlugin" || f.Name != "ebs.csi.aws.com" {
+		t.Errorf("finding: %+v", f)
+	}
+}

@@ -46,10 +46,17 @@ func (l *loop) act(ctx context.Context, f facts, p plan) time.Time {
 	}
 	n.setConditions(p.states)
 	l.mem = p.mem
+	// The taints' states as decided (a removal pending), then as written:
+	// a write may take up to writeTimeout, and what plugd leaves to
+	// another writer is known now.
+	l.taintsWrote = map[string]bool{}
+	n.setTaints(taintStates(n.taints, f.node, l.taintsWrote, p.taints, l.mem.taints))
 	if !f.readable {
 		return p.next
 	}
-	return l.writeAll(ctx, f, p)
+	next := l.writeAll(ctx, f, p)
+	n.setTaints(taintStates(n.taints, f.node, l.taintsWrote, p.taints, l.mem.taints))
+	return next
 }
 
 // writeAll writes what p says, in order: the extra entries removed, the
@@ -115,7 +122,11 @@ func (l *loop) writeTaint(ctx context.Context, now time.Time, node *corev1.Node,
 		return false
 	}
 	l.mem.taints[c.rule.String()] = c.after
+	l.taintsWrote[c.rule.String()] = c.add
 	n.m.taintWrites.WithLabelValues(c.rule.String(), c.reason).Inc()
+	if !c.registered.IsZero() {
+		n.m.taintRemoval.WithLabelValues(c.rule.String()).Observe(n.clock.Since(c.registered).Seconds())
+	}
 	typ := corev1.EventTypeNormal
 	if c.reason == ReasonTaintReadded || c.reason == ReasonTaintRestored {
 		typ = corev1.EventTypeWarning

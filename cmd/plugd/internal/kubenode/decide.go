@@ -285,6 +285,7 @@ func (d *decision) decideTaints() {
 	for i := range changes {
 		id := changes[i].rule.String()
 		changes[i].after, next[id] = next[id], d.m.taints[id]
+		changes[i].registered = d.registeredAt(changes[i])
 	}
 	for _, r := range d.pol.taints {
 		if h := next[r.String()].left; h != nil && d.m.taints[r.String()].left == nil {

@@ -89,6 +89,9 @@ type loop struct {
 	// wrote is the Node as plugd's last write of its conditions in this
 	// act returned it (nil: none yet).
 	wrote *corev1.Node
+	// taintsWrote are the taints written in this act, by rule: on the
+	// Node now (put back) or not (removed).
+	taintsWrote map[string]bool
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {

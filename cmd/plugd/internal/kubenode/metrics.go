@@ -21,6 +21,7 @@ import (
 //	plugd_expected_plugin_not_ready_seconds{type}       how long a condition was not True before it turned True
 //	plugd_node_condition_overwritten_total{condition}   plugd's condition, seen on the Node, overwritten by another writer
 //	plugd_taint_writes_total{taint,reason}              taints removed (TaintRemoved, TaintReadded) and put back (TaintRestored)
+//	plugd_taint_removal_seconds{taint}                  the kubelet held every plugin a taint waits for -> plugd removed it
 //
 // The gauges are read from the Node at scrape time. The registration
 // times are as plugd's reads of the kubelet show them: while a socket
@@ -35,6 +36,7 @@ type metrics struct {
 	notReady     *prometheus.HistogramVec
 	overwritten  *prometheus.CounterVec
 	taintWrites  *prometheus.CounterVec
+	taintRemoval *prometheus.HistogramVec
 }
 
 var (
@@ -47,6 +49,11 @@ var (
 	kubeletLiveDesc = prometheus.NewDesc("plugd_kubelet_live",
 		"1 while plugd reads the kubelet's own state, 0 while it cannot and infers what the kubelet registered from API objects.", nil, nil)
 )
+
+// taintRemovalBuckets span a removal within one evaluation of plugd (the
+// goal is under 50ms) to one kept back 10 minutes (a CSI driver's
+// attach limit that CSINode lacks, a plugd that could not write).
+var taintRemovalBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
 // registrationBuckets span the kubelet's one-second loop and its backoff.
 var registrationBuckets = []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300}
@@ -74,9 +81,13 @@ func newMetrics(n *Node, reg prometheus.Registerer) *metrics {
 			Help: "Times plugd's condition, once seen on the Node as plugd wrote it, was found overwritten by another writer while plugd's verdict stayed the same, by condition type."}, []string{"condition"}),
 		taintWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "plugd_taint_writes_total",
 			Help: "Startup taints plugd removed or put back, by taint (KEY:EFFECT) and reason: TaintRemoved (its plugins ready), TaintReadded (put back by another writer within the startup window, removed again), TaintRestored (retaint: a plugin that was ready is not)."}, []string{"taint", "reason"}),
+		taintRemoval: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "plugd_taint_removal_seconds",
+			Help: "Time from the first read of the kubelet that showed it held every plugin a startup taint waits for to plugd's removal of the taint (TaintRemoved), by taint (KEY:EFFECT). " +
+				"Observed only while plugd reads the kubelet's own state.",
+			Buckets: taintRemovalBuckets}, []string{"taint"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, m.overwritten, m.taintWrites, collector{n})
+		reg.MustRegister(m.writes, m.apiErrors, m.kubeletReads, m.kubeletBytes, m.registration, m.afterStart, m.notReady, m.overwritten, m.taintWrites, m.taintRemoval, collector{n})
 	}
 	return m
 }

@@ -140,6 +140,9 @@ type Node struct {
 	confinement Confinement
 	probeMu     sync.Mutex
 	staleMore   int // stale entries beyond stale; guarded by mu
+	// taintStates are the taints' states for the status API and the
+	// doctor (taintview.go); guarded by mu.
+	taintStates []taintState
 }
 
 // newNode checks cfg and builds a Node without its clients.

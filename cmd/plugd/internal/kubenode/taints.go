@@ -47,6 +47,7 @@ type taintRule struct {
 	effect  corev1.TaintEffect
 	conds   []string
 	retaint bool
+	all     bool // the taint for all (Config.RemoveTaint)
 }
 
 func (r taintRule) String() string { return r.key + ":" + string(r.effect) }
@@ -98,7 +99,7 @@ func taintRules(expect []Expectation, global string) ([]taintRule, error) {
 	for i, e := range expect {
 		all[i] = e.Condition
 	}
-	return append(rules, taintRule{key: key, effect: effect, conds: all}), nil
+	return append(rules, taintRule{key: key, effect: effect, conds: all, all: true}), nil
 }
 
 // CheckTaints says what is wrong with the taints of expect (each entry's
@@ -119,6 +120,10 @@ type taintMemory struct {
 	reRemovals int       // re-adds removed again in this boot of the kubelet
 	boot       time.Time // the kubelet's start that reRemovals counts in
 	left       *taintHolder
+	// wrote is plugd's last write of it (removed, or put back), for the
+	// status API; readdedBy the writer of the last re-add removed again.
+	wrote     time.Time
+	readdedBy string
 }
 
 // taintHolder is another writer's re-add of a taint that plugd leaves,
@@ -127,6 +132,7 @@ type taintMemory struct {
 type taintHolder struct {
 	manager string
 	since   time.Time
+	why     string // why plugd leaves it (for the doctor)
 }
 
 // taintFacts is what a decision about taints is made from.
@@ -154,6 +160,9 @@ type taintChange struct {
 	by      string // the field manager that re-added it (ReasonTaintReadded)
 	message string
 	after   taintMemory // the rule's memory once the write is made
+	// registered is, for a removal as its plugins are ready, when plugd
+	// first knew the kubelet held them all (registeredAt); zero if unknown.
+	registered time.Time
 }
 
 // decideTaints decides, for every rule, whether its taint is removed, put
@@ -188,7 +197,7 @@ func decideTaint(r taintRule, f taintFacts, m taintMemory) (*taintChange, taintM
 		}
 		m.restored, m.left = false, nil
 	case !present && anyFalse && r.retaint && m.ready && !m.restored:
-		m.restored, m.left = true, nil
+		m.restored, m.left, m.wrote = true, nil, f.now
 		return &taintChange{rule: r, add: true, reason: ReasonTaintRestored,
 			message: "put back: " + strings.Join(r.falseConds(f.conds), ", ") + " not ready"}, m
 	case present && allTrue:
@@ -208,16 +217,27 @@ func (r taintRule) decideRemoval(f taintFacts, m taintMemory, readySince time.Ti
 	readded := !m.restored && byOther && (!m.removed.IsZero() || f.owner.since.After(readySince))
 	switch {
 	case !readded:
-		m.removed, m.restored, m.left = f.now, false, nil
+		m.removed, m.restored, m.left, m.wrote = f.now, false, nil, f.now
 		return &taintChange{rule: r, reason: ReasonTaintRemoved, message: "removed: " + strings.Join(r.conds, ", ") + " ready"}, m
 	case f.kubeletBoot.IsZero() || !f.now.Before(f.kubeletBoot.Add(f.window)) || m.reRemovals >= maxReRemovals:
-		m.left = &taintHolder{manager: f.owner.manager, since: f.owner.since}
+		m.left = &taintHolder{manager: f.owner.manager, since: f.owner.since, why: leftWhy(f, m)}
 		return nil, m
 	}
-	m.removed, m.left = f.now, nil
+	m.removed, m.left, m.wrote, m.readdedBy = f.now, nil, f.now, f.owner.manager
 	m.reRemovals++
 	return &taintChange{rule: r, reason: ReasonTaintReadded, by: f.owner.manager,
 		message: fmt.Sprintf("re-added by %s within %s of the kubelet's start: removed again (%d of at most %d)", f.owner.manager, f.window, m.reRemovals, maxReRemovals)}, m
+}
+
+// leftWhy says why plugd leaves a re-added taint to its writer.
+func leftWhy(f taintFacts, m taintMemory) string {
+	switch {
+	case f.kubeletBoot.IsZero():
+		return "plugd cannot read the kubelet's start, so it cannot tell whether the startup window is over"
+	case m.reRemovals >= maxReRemovals:
+		return fmt.Sprintf("plugd removed it again %d times in this boot of the kubelet, its bound", m.reRemovals)
+	}
+	return fmt.Sprintf("it was put back after the startup window (%s after the kubelet's start at %s)", f.window, f.kubeletBoot.UTC().Format(time.RFC3339))
 }
 
 // state says whether every condition of r is True, whether one is False,

@@ -78,9 +78,9 @@ func TestDecideTaints(t *testing.T) {
 	}
 	notReady := map[string]condNow{"ebs/Ready": {corev1.ConditionFalse, at(0)}}
 	unknown := map[string]condNow{"ebs/Ready": {corev1.ConditionUnknown, at(0)}}
-	kubelet := taintHolder{"kubelet", at(0)}
-	plugd := taintHolder{nodecond.FieldManager, at(20 * time.Second)}
-	nodeManager := func(d time.Duration) taintHolder { return taintHolder{"node-manager", at(d)} }
+	kubelet := taintHolder{manager: "kubelet", since: at(0)}
+	plugd := taintHolder{manager: nodecond.FieldManager, since: at(20 * time.Second)}
+	nodeManager := func(d time.Duration) taintHolder { return taintHolder{manager: "node-manager", since: at(d)} }
 	removed := func(d time.Duration) taintMemory { return taintMemory{ready: true, removed: at(d), boot: boot} }
 
 	type step struct {
@@ -174,7 +174,7 @@ func TestDecideTaintsKeysByKubeletBoot(t *testing.T) {
 	boot := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	mem := map[string]taintMemory{rule.String(): {ready: true, removed: boot, boot: boot, reRemovals: maxReRemovals}}
 	f := taintFacts{now: boot.Add(time.Minute), kubeletBoot: boot, window: 10 * time.Minute,
-		taints: []corev1.Taint{{Key: rule.key, Effect: rule.effect}}, owner: taintHolder{"node-manager", boot.Add(time.Minute)},
+		taints: []corev1.Taint{{Key: rule.key, Effect: rule.effect}}, owner: taintHolder{manager: "node-manager", since: boot.Add(time.Minute)},
 		conds: map[string]condNow{"c": {corev1.ConditionTrue, boot}}}
 	if c, _ := decideTaints([]taintRule{rule}, f, mem); len(c) != 0 {
 		t.Fatalf("past the bound: %+v", c)
