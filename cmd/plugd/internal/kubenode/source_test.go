@@ -85,8 +85,10 @@ func TestDeviceClassesRead(t *testing.T) {
 	}
 	names := func(cfg *Config) {
 		cfg.Expect = append(cfg.Expect,
-			Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com", "fast.gpu.example.com"}},
-			Expectation{Type: TypeDRA, Name: "nic.example.com", DeviceClasses: []string{"gpu.example.com"}})
+			Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com"}},
+			// An alternative's classes are read too.
+			Expectation{Type: TypeAnyOf, Name: "nic.example.com", AnyOf: []Expectation{
+				{Type: TypeDRA, Name: "nic.example.com", DeviceClasses: []string{"gpu.example.com", "fast.gpu.example.com"}}}})
 	}
 	b := newBenchWith(t, names, &corev1.Node{})
 	if len(b.n.sources()) != 4 || b.n.classes.op != "list and watch DeviceClasses" {
