@@ -379,10 +379,11 @@ func TestRenderings(t *testing.T) {
 			})
 		}
 		for values, want := range map[string]bool{
-			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]":                            true,
-			"extraConfig: {expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]}":             true,
-			"expect: [{type: DRAPlugin, name: gpu.example.com}]":                                                              false,
-			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]\nextraConfig: {expect: []}": false,
+			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]":                                   true,
+			"extraConfig: {expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]}":                    true,
+			"expect: [{type: DRAPlugin, name: gpu.example.com}]":                                                                     false,
+			"expect: [{name: gpu.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]}]": true,
+			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]\nextraConfig: {expect: []}":        false,
 		} {
 			m, _ := mustRender(t, values)
 			o := decode(t, m)

@@ -120,5 +120,5 @@ wins, as in the ConfigMap). Empty when there is none: then plugd gets no
 in the ConfigMap): then plugd reads DeviceClasses, and only then is it
 granted "list, watch deviceclasses". */}}
 {{- define "plugd.deviceClasses" -}}
-{{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ if .deviceClasses }}true{{ end }}{{ end }}
+{{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ if .deviceClasses }}true{{ end }}{{ range .anyOf }}{{ if .deviceClasses }}true{{ end }}{{ end }}{{ end }}
 {{- end }}
