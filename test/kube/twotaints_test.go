@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/test/kube/kubelet"
 )
 
@@ -37,7 +40,7 @@ const (
 	taintGPU          = "example.com/gpu-not-ready"
 	condA, condB      = csiA + "/CSIPluginReady", csiB + "/CSIPluginReady"
 	removalBound      = 100 * time.Millisecond
-	maxVolumesOfA     = 16 // what a's NodeGetInfo reports; b reports none
+	maxVolumesOfA     = 16 // what a's NodeGetInfo reports (testplugin's); b reports none
 	twoTaintsNodeName = "k-two-taints"
 )
 
@@ -237,21 +240,44 @@ func (wl *writeLog) String() string {
 	return b.String()
 }
 
-// startNamedCSI starts a CSI driver called name, reporting maxVolumes
-// (0: none), and its registrar; it returns the registrar and the
-// registration socket it serves.
-func startNamedCSI(t *testing.T, dir, registry, node, name string, maxVolumes int) (registrar *proc, socket string) {
+// startNamedCSI starts a CSI driver called name and its registrar, as
+// processes (testplugin: NodeGetInfo reports 16 volumes at most); it
+// returns the registrar and the registration socket it serves.
+func startNamedCSI(t *testing.T, dir, registry, node, name string) (registrar *proc, socket string) {
 	t.Helper()
-	endpoint := startCSIDriverNamed(t, dir, node, name, maxVolumes)
+	endpoint := startCSIDriverNamed(t, dir, node, name)
 	return startRegistrarNamed(t, endpoint, registry, name), filepath.Join(registry, name+"-reg.sock")
 }
 
-// startCSIDriverNamed starts a CSI driver called name, answering node as
-// its node ID and reporting maxVolumes (0: none), and returns its socket.
-func startCSIDriverNamed(t *testing.T, dir, node, name string, maxVolumes int) (endpoint string) {
+// unlimitedCSI is a CSI driver whose NodeGetInfo reports no maximum
+// volume count: CSINode then carries no attach limit for it.
+type unlimitedCSI struct{ csiDriver }
+
+func (d *unlimitedCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: d.nodeID}, nil
+}
+
+// startUnlimitedCSI serves an unlimitedCSI driver called name in this
+// process, and its registration socket in registry, as
+// node-driver-registrar would; it returns the registration socket.
+func startUnlimitedCSI(t *testing.T, dir, registry, node, name string) string {
+	t.Helper()
+	endpoint := filepath.Join(dir, name+".sock")
+	d := &unlimitedCSI{csiDriver{name: name, nodeID: node}}
+	serveGRPC(t, endpoint, func(s *grpc.Server) {
+		csi.RegisterIdentityServer(s, d)
+		csi.RegisterNodeServer(s, d)
+	})
+	testenv.StartPlugin(t, plugin.Config{Dir: registry, Socket: name + "-reg.sock", Type: "CSIPlugin", Name: name, Versions: []string{"1.0.0"}, Endpoint: endpoint})
+	return filepath.Join(registry, name+"-reg.sock")
+}
+
+// startCSIDriverNamed starts testplugin's CSI driver called name,
+// answering node as its node ID, and returns its socket.
+func startCSIDriverNamed(t *testing.T, dir, node, name string) (endpoint string) {
 	t.Helper()
 	endpoint = filepath.Join(dir, name+".sock")
-	startProc(t, name+" driver", "csi", "--endpoint", endpoint, "--name", name, "--node-id", node, "--max-volumes", strconv.Itoa(maxVolumes))
+	startProc(t, name+" driver", "csi", "--endpoint", endpoint, "--name", name, "--node-id", node)
 	return endpoint
 }
 
@@ -332,10 +358,10 @@ func TestTwoPluginTaints(t *testing.T) {
 
 	// Registered 5 s apart: a (with an attach limit), b (without), then
 	// the device plugin.
-	startNamedCSI(t, dir, k.RegistryDir, node, csiA, maxVolumesOfA)
+	startNamedCSI(t, dir, k.RegistryDir, node, csiA)
 	waitCondition(t, node, condA, corev1.ConditionTrue, "PluginReady")
 	time.Sleep(5 * time.Second) // the scenario's spacing, not a synchronisation
-	startNamedCSI(t, dir, k.RegistryDir, node, csiB, 0)
+	startUnlimitedCSI(t, dir, k.RegistryDir, node, csiB)
 	waitCondition(t, node, condB, corev1.ConditionTrue, "PluginReady")
 	time.Sleep(5 * time.Second) // likewise
 	startHealthPlugin(t, k.RegistryDir, gpuName, 2)

@@ -132,7 +132,6 @@ type node struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
 	name, nodeID, topologyKey string
-	maxVolumes                int64
 }
 
 func (d *node) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -152,7 +151,7 @@ func (d *node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 }
 
 func (d *node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	r := &csi.NodeGetInfoResponse{NodeId: d.nodeID, MaxVolumesPerNode: d.maxVolumes}
+	r := &csi.NodeGetInfoResponse{NodeId: d.nodeID, MaxVolumesPerNode: 16}
 	if d.topologyKey != "" {
 		r.AccessibleTopology = &csi.Topology{Segments: map[string]string{d.topologyKey: d.nodeID}}
 	}
@@ -166,7 +165,6 @@ func driver(args []string) error {
 	fs.StringVar(&d.name, "name", "", "the driver's name")
 	fs.StringVar(&d.nodeID, "node-id", "", "the node id NodeGetInfo answers")
 	fs.StringVar(&d.topologyKey, "topology-key", "", "a topology key whose value is the node id")
-	fs.Int64Var(&d.maxVolumes, "max-volumes", 16, "the maximum volume count NodeGetInfo reports (0: none, no attach limit in CSINode)")
 	fs.Parse(args)
 	os.Remove(*endpoint)
 	l, err := net.Listen("unix", *endpoint)
