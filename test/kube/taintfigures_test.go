@@ -17,6 +17,7 @@ import (
 
 	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/testenv"
+	"github.com/plugd/plugd/test/kube/kubelet"
 )
 
 // The figures of issue 32 beside the real kubelet, several runs each
@@ -45,16 +46,51 @@ func TestTaintFigures(t *testing.T) {
 	if runs <= 0 {
 		t.Skip("set PLUGD_KUBE_FIGURES=N to measure, N runs")
 	}
-	const node = "k-taint-figures"
-	k := startKubelet(t, node, taintA+":NoSchedule")
+	f := startFiguresNode(t, "k-taint-figures")
+	fromKubelet, fromTrue := f.registrations(runs)
+	t.Logf("the kubelet's CSINode write to the taint removed, %d runs: p50 %s, p99 %s (runs: %s)", runs,
+		quantile(fromKubelet, 0.5), quantile(fromKubelet, 0.99), durations(fromKubelet))
+	t.Logf("the condition's True to the taint removed, %d runs: p50 %s, p99 %s (runs: %s)", runs,
+		quantile(fromTrue, 0.5), quantile(fromTrue, 0.99), durations(fromTrue))
+	// The goal: the taint gone within 50 ms of the kubelet's registration,
+	// at the median (with an evaluation gap of 100 ms it took 107 ms).
+	if p50 := quantile(fromKubelet, 0.5); p50 > removalGoal {
+		t.Errorf("the kubelet's CSINode write to the taint removed: p50 %s, over the goal of %s", p50, removalGoal)
+	}
+	f.steadyMinute()
+	dead := f.deadPlugds(max(runs/3, 3))
+	t.Logf("plugd SIGKILLed, then the registrar stopped, to the condition no longer True (reason %s), %d runs: median %s (runs: %s)",
+		nodecond.ReasonPlugdNotRunning, len(dead), quantile(dead, 0.5), durations(dead))
+	if quantile(dead, 1) > deadBound {
+		t.Errorf("a dead plugd's True stood for %s, more than %s", quantile(dead, 1), deadBound)
+	}
+}
+
+// figuresNode is TestTaintFigures's node: the real kubelet, plugd with a
+// CSI driver's taint (retaint), the driver and its registrar, the shipped
+// caretaker, and the watches of the Node and the CSINode.
+type figuresNode struct {
+	t                 *testing.T
+	node, dir, config string
+	k                 *kubelet.Kubelet
+	endpoint          string
+	wl                *writeLog
+	pd                *plugd
+	reg               *proc
+}
+
+func startFiguresNode(t *testing.T, node string) *figuresNode {
+	f := &figuresNode{t: t, node: node}
+	f.k = startKubelet(t, node, taintA+":NoSchedule")
 	applyManifest(t, "deploy/kubernetes/daemonset.yaml")
 	applyManifest(t, "deploy/kubernetes/remove-taint-rbac.yaml")
-	dir := testenv.ShortDir(t, "kf")
-	kubeconfig := filepath.Join(dir, "kubeconfig")
+	f.dir = testenv.ShortDir(t, "kf")
+	kubeconfig := filepath.Join(f.dir, "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, plugdToken(t)); err != nil {
 		t.Fatal(err)
 	}
-	config := fmt.Sprintf(`mode: observe
+	k := f.k
+	f.config = fmt.Sprintf(`mode: observe
 registryDir: %s
 handlers: [{type: CSIPlugin, handler: csi}]
 kubernetes:
@@ -65,17 +101,23 @@ expect:
   - {type: CSIPlugin, name: %s, taint: "%s:NoSchedule", retaint: true}
 doctor: {procDir: none}
 `, k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, k.PodResources, csiA, taintA)
-	wl := watchWrites(t, node, func(string) removalProbe { return removalProbe{} })
-	pd := startPlugd(t, dir, config)
-	endpoint := startCSIDriverNamed(t, dir, node, csiA)
+	f.wl = watchWrites(t, node, func(string) removalProbe { return removalProbe{} })
+	f.pd = startPlugd(t, f.dir, f.config)
+	f.endpoint = startCSIDriverNamed(t, f.dir, node, csiA)
 	args, _ := shippedCaretaker(t)
-	startCaretaker(t, dir, args...)
+	startCaretaker(t, f.dir, args...)
+	return f
+}
 
-	var fromKubelet, fromTrue []time.Duration
-	var reg *proc
+// registrations starts the registrar runs times, each time until its
+// taint is gone, then stops it, until the taint is back (retaint); it
+// returns, for each, the time from the kubelet's CSINode write and from
+// the condition's True to the taint's removal.
+func (f *figuresNode) registrations(runs int) (fromKubelet, fromTrue []time.Duration) {
+	t, wl := f.t, f.wl
 	for range runs {
 		nodes, csinodes := wl.lens()
-		reg = startRegistrarNamed(t, endpoint, k.RegistryDir, csiA)
+		f.reg = startRegistrarNamed(t, f.endpoint, f.k.RegistryDir, csiA)
 		var entry csiNodeWrite
 		var ready, gone nodeWrite
 		eventually(t, "the watches bringing the registration, the True and the removal", func() (bool, string) {
@@ -90,26 +132,24 @@ doctor: {procDir: none}
 		}
 		fromKubelet = append(fromKubelet, gone.at.Sub(entry.at))
 		fromTrue = append(fromTrue, gone.at.Sub(ready.at))
-		reg.signal(syscall.SIGTERM)
-		waitCondition(t, node, condA, corev1.ConditionFalse, "SocketMissing")
+		f.reg.signal(syscall.SIGTERM)
+		waitCondition(t, f.node, condA, corev1.ConditionFalse, "SocketMissing")
 		eventually(t, "the taint put back, as the watch saw it", func() (bool, string) {
 			wl.mu.Lock()
 			defer wl.mu.Unlock()
 			return slices.Contains(wl.nodes[len(wl.nodes)-1].taints, taintA), ""
 		})
 	}
-	t.Logf("the kubelet's CSINode write to the taint removed, %d runs: p50 %s, p99 %s (runs: %s)", runs,
-		quantile(fromKubelet, 0.5), quantile(fromKubelet, 0.99), durations(fromKubelet))
-	t.Logf("the condition's True to the taint removed, %d runs: p50 %s, p99 %s (runs: %s)", runs,
-		quantile(fromTrue, 0.5), quantile(fromTrue, 0.99), durations(fromTrue))
-	// The goal: the taint gone within 50 ms of the kubelet's registration,
-	// at the median (with an evaluation gap of 100 ms it took 107 ms).
-	if p50 := quantile(fromKubelet, 0.5); p50 > removalGoal {
-		t.Errorf("the kubelet's CSINode write to the taint removed: p50 %s, over the goal of %s", p50, removalGoal)
-	}
+	return fromKubelet, fromTrue
+}
 
-	reg = startRegistrarNamed(t, endpoint, k.RegistryDir, csiA)
-	waitCondition(t, node, condA, corev1.ConditionTrue, "PluginReady")
+// steadyMinute registers the driver and logs plugd's and the caretaker's
+// requests over a minute of steady state; neither may read or write a
+// Node then.
+func (f *figuresNode) steadyMinute() {
+	t := f.t
+	f.reg = startRegistrarNamed(t, f.endpoint, f.k.RegistryDir, csiA)
+	waitCondition(t, f.node, condA, corev1.ConditionTrue, "PluginReady")
 	from := time.Now()
 	time.Sleep(time.Minute) // the window measured, not a synchronisation
 	to := time.Now()
@@ -127,28 +167,29 @@ doctor: {procDir: none}
 			t.Errorf("%s read or wrote Nodes at steady state: %v", user, onNodes)
 		}
 	}
+}
 
+// deadPlugds SIGKILLs plugd and stops the registrar n times, each time
+// until the condition is no longer True, then starts both again until it
+// is True; it returns the times from the kill to the condition not True.
+func (f *figuresNode) deadPlugds(n int) []time.Duration {
+	t := f.t
 	var dead []time.Duration
-	for range max(runs/3, 3) {
+	for range n {
 		killed := time.Now()
-		pd.cmd.Process.Signal(syscall.SIGKILL)
-		<-pd.done
-		reg.signal(syscall.SIGTERM)
+		f.pd.cmd.Process.Signal(syscall.SIGKILL)
+		<-f.pd.done
+		f.reg.signal(syscall.SIGTERM)
 		eventually(t, "the condition no longer True", func() (bool, string) {
-			c := condition(getNode(t, node), condA)
+			c := condition(getNode(t, f.node), condA)
 			return c != nil && c.Status != corev1.ConditionTrue, fmt.Sprint(c)
 		})
-		d := unknownAfterWrites(t, wl, condA, killed)
-		dead = append(dead, d)
-		pd = startPlugd(t, dir, config)
-		reg = startRegistrarNamed(t, endpoint, k.RegistryDir, csiA)
-		waitCondition(t, node, condA, corev1.ConditionTrue, "PluginReady")
+		dead = append(dead, unknownAfterWrites(t, f.wl, condA, killed))
+		f.pd = startPlugd(t, f.dir, f.config)
+		f.reg = startRegistrarNamed(t, f.endpoint, f.k.RegistryDir, csiA)
+		waitCondition(t, f.node, condA, corev1.ConditionTrue, "PluginReady")
 	}
-	t.Logf("plugd SIGKILLed, then the registrar stopped, to the condition no longer True (reason %s), %d runs: median %s (runs: %s)",
-		nodecond.ReasonPlugdNotRunning, len(dead), quantile(dead, 0.5), durations(dead))
-	if quantile(dead, 1) > deadBound {
-		t.Errorf("a dead plugd's True stood for %s, more than %s", quantile(dead, 1), deadBound)
-	}
+	return dead
 }
 
 // unknownAfterWrites is how long after from the Node's watch first

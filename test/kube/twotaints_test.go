@@ -373,44 +373,12 @@ func TestTwoPluginTaints(t *testing.T) {
 		return a && b && g, wl.String()
 	})
 
-	type plugin struct {
-		taint, cond, driver string
-		count               bool // the driver reports an attach limit
-		others              []string
-	}
-	for _, p := range []plugin{
+	for _, p := range []taintedPlugin{
 		{taintA, condA, csiA, true, []string{taintB, taintGPU}},
 		{taintB, condB, csiB, false, []string{taintGPU}},
 		{taintGPU, gpuCond, "", false, nil},
 	} {
-		ready, _, ok := wl.firstReady(p.cond, 0)
-		gone, _, ok2 := wl.removal(p.taint, 0)
-		if !ok || !ok2 {
-			t.Fatalf("%s: True %t, its taint removed %t", p.cond, ok, ok2)
-		}
-		gap := gone.at.Sub(ready.at)
-		t.Logf("%s: its taint removed %s after its condition's True (rv %d, then %d)", p.cond, gap.Round(time.Millisecond), ready.rv, gone.rv)
-		if gone.rv <= ready.rv || gap > removalBound {
-			t.Errorf("%s: taint removed at rv %d, %s after the condition's True at rv %d; want after it, within %s", p.taint, gone.rv, gap, ready.rv, removalBound)
-		}
-		for _, o := range p.others {
-			if !slices.Contains(gone.taints, o) {
-				t.Errorf("%s was gone when %s went: its plugin was not ready yet", o, p.taint)
-			}
-		}
-		if pr, _ := wl.probe(p.taint); !pr.held || pr.err != nil || (p.driver == "" && pr.devices != 2) {
-			t.Errorf("%s removed; the kubelet then: %+v (want it to hold the plugin's socket, and the device plugin's 2 devices)", p.taint, pr)
-		}
-		if p.driver != "" {
-			entry, _, ok := wl.listed(p.driver, p.count, 0)
-			if !ok || entry.rv >= gone.rv {
-				t.Errorf("%s removed at rv %d; CSINode listed %s (with its attach limit: %t) at rv %d (%t); want before", p.taint, gone.rv, p.driver, p.count, entry.rv, ok)
-			}
-			if p.count && entry.drivers[p.driver] != maxVolumesOfA {
-				t.Errorf("CSINode's attach limit of %s: %d, want %d", p.driver, entry.drivers[p.driver], maxVolumesOfA)
-			}
-			t.Logf("%s: the kubelet's CSINode write (rv %d) to the taint's removal: %s", p.driver, entry.rv, gone.at.Sub(entry.at).Round(time.Millisecond))
-		}
+		checkRemoval(t, wl, p)
 	}
 	// Never a taint gone before its own plugin's True, in any write.
 	wl.mu.Lock()
@@ -425,4 +393,50 @@ func TestTwoPluginTaints(t *testing.T) {
 	if t.Failed() {
 		t.Logf("the writes:\n%s", wl)
 	}
+}
+
+// taintedPlugin is an expected plugin of the scenario: its taint, its
+// condition, its CSI driver ("": a device plugin) and whether that reports
+// an attach limit, and the taints that must still be there when its goes.
+type taintedPlugin struct {
+	taint, cond, driver string
+	count               bool
+	others              []string
+}
+
+// checkRemoval holds the removal of p's taint against the writes: after
+// its condition's True and within removalBound of it, the others still
+// there, the kubelet holding the plugin (and the device plugin's devices)
+// then, and after CSINode listed the driver (with its attach limit).
+func checkRemoval(t *testing.T, wl *writeLog, p taintedPlugin) {
+	t.Helper()
+	ready, _, ok := wl.firstReady(p.cond, 0)
+	gone, _, ok2 := wl.removal(p.taint, 0)
+	if !ok || !ok2 {
+		t.Fatalf("%s: True %t, its taint removed %t", p.cond, ok, ok2)
+	}
+	gap := gone.at.Sub(ready.at)
+	t.Logf("%s: its taint removed %s after its condition's True (rv %d, then %d)", p.cond, gap.Round(time.Millisecond), ready.rv, gone.rv)
+	if gone.rv <= ready.rv || gap > removalBound {
+		t.Errorf("%s: taint removed at rv %d, %s after the condition's True at rv %d; want after it, within %s", p.taint, gone.rv, gap, ready.rv, removalBound)
+	}
+	for _, o := range p.others {
+		if !slices.Contains(gone.taints, o) {
+			t.Errorf("%s was gone when %s went: its plugin was not ready yet", o, p.taint)
+		}
+	}
+	if pr, _ := wl.probe(p.taint); !pr.held || pr.err != nil || (p.driver == "" && pr.devices != 2) {
+		t.Errorf("%s removed; the kubelet then: %+v (want it to hold the plugin's socket, and the device plugin's 2 devices)", p.taint, pr)
+	}
+	if p.driver == "" {
+		return
+	}
+	entry, _, ok := wl.listed(p.driver, p.count, 0)
+	if !ok || entry.rv >= gone.rv {
+		t.Errorf("%s removed at rv %d; CSINode listed %s (with its attach limit: %t) at rv %d (%t); want before", p.taint, gone.rv, p.driver, p.count, entry.rv, ok)
+	}
+	if p.count && entry.drivers[p.driver] != maxVolumesOfA {
+		t.Errorf("CSINode's attach limit of %s: %d, want %d", p.driver, entry.drivers[p.driver], maxVolumesOfA)
+	}
+	t.Logf("%s: the kubelet's CSINode write (rv %d) to the taint's removal: %s", p.driver, entry.rv, gone.at.Sub(entry.at).Round(time.Millisecond))
 }
