@@ -98,6 +98,7 @@ var badValues = []badValue{
 	{"kubernetes.startupWindow range", "kubernetes: {startupWindow: 25h}", "/kubernetes/startupWindow", "kubernetes.startupWindow is 25h0m0s"},
 	{"expect[].taint key-effect", "expect: [{type: CSIPlugin, name: csi.example.com, taint: example.com/t}]", "/expect/0/taint", "write it as KEY:EFFECT"},
 	{"expect[].taint not-kubernetes", "expect: [{type: CSIPlugin, name: csi.example.com, taint: 'node.kubernetes.io/not-ready:NoExecute'}]", "/expect/0/taint", "Kubernetes reserves"},
+	{"expect[].taint not-kubernetes", "expect: [{type: CSIPlugin, name: csi.example.com, taint: 'cluster-autoscaler.kubernetes.io/x:NoSchedule'}]", "/expect/0/taint", "Kubernetes reserves"},
 	{"expect[].retaint needs-taint", "expect: [{type: CSIPlugin, name: csi.example.com, retaint: true}]", "/expect/0", "retaint is set, but taint is not"},
 	{"kubernetes.removeTaintWhenReady needs-expect", "kubernetes: {removeTaintWhenReady: 'example.com/t:NoSchedule'}", "/expect", "expect lists no plugins"},
 
@@ -190,6 +191,7 @@ var goodValues = []string{
 	"expect: [{type: CSIPlugin, name: csi.example.com}]\nkubernetes: {removeTaintWhenReady: 'dedicated:NoSchedule'}",
 	"expect: [{name: gpu.example.com, taint: 'example.com/gpu-not-ready:NoSchedule', retaint: true, anyOf: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: 2}, {type: DRAPlugin, name: gpu.example.com}]}]\nkubernetes: {removeTaintWhenReady: 'example.com/plugins-not-ready:NoSchedule'}",
 	"expect: [{name: example.com/gpu, condition: example.com/GPUReady, anyOf: [{type: DevicePlugin, name: example.com/gpu}]}]",
+	"expect: [{type: CSIPlugin, name: a.example.com, taint: 'startup-taint.cluster-autoscaler.kubernetes.io/a-not-ready:NoSchedule'}, {type: CSIPlugin, name: secrets-store.csi.k8s.io, taint: 'secrets-store.csi.k8s.io/agent-not-ready:NoExecute'}]\nkubernetes: {removeTaintWhenReady: 'readiness.k8s.io/plugins-not-ready:NoSchedule'}",
 	"expect: [{type: CSIPlugin, name: csi.example.com}]\nkubernetes: {removeTaintWhenReady: 'example.com/plugins-not-ready:NoExecute'}",
 	"kubelet: {servingCertFile: /var/lib/kubelet/pki/kubelet.crt, insecureSkipTLSVerify: false}",
 }

@@ -186,7 +186,7 @@ func ParseTaint(s string) (key string, effect corev1.TaintEffect, err error) {
 	case len(content.IsLabelKey(k)) > 0:
 		return "", "", fmt.Errorf("%q: the key %q is not a valid taint key: %s", s, k, strings.Join(content.IsLabelKey(k), "; "))
 	case reservedTaintKey(k):
-		return "", "", fmt.Errorf("%q: the key %q is in a domain Kubernetes reserves for its own taints (kubernetes.io and k8s.io, and their subdomains, such as node.kubernetes.io, whose unschedulable taint is a cordon): plugd would remove it every time Kubernetes puts it back; use a key of your own, such as example.com/plugins-not-ready", s, k)
+		return "", "", fmt.Errorf("%q: the key %q is in a domain Kubernetes reserves for its own taints (kubernetes.io and k8s.io, and their subdomains, such as node.kubernetes.io, whose unschedulable taint is a cordon): plugd would remove it every time Kubernetes puts it back; use a key of your own, such as example.com/plugins-not-ready, or a startup taint's (startup-taint.cluster-autoscaler.kubernetes.io/*, readiness.k8s.io/*, DRIVER.csi.k8s.io/*)", s, k)
 	case !slices.Contains([]corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute}, effect):
 		return "", "", fmt.Errorf("%q: the effect %q must be NoSchedule, PreferNoSchedule or NoExecute", s, e)
 	}
@@ -198,11 +198,18 @@ func ParseTaint(s string) (key string, effect corev1.TaintEffect, err error) {
 // its own labels, annotations and taints (node.kubernetes.io/*,
 // node-role.kubernetes.io/*, node-restriction.kubernetes.io/*,
 // node.cloudprovider.kubernetes.io/uninitialized, ...). A key without a
-// prefix is the user's.
+// prefix is the user's. Three kinds of keys in those domains are startup
+// taints others put on a node for a node agent to remove, and are not
+// reserved (startupTaintDomains).
 func reservedTaintKey(key string) bool {
 	prefix, _, ok := strings.Cut(key, "/")
 	if !ok {
 		return false
+	}
+	for _, d := range startupTaintDomains {
+		if sub, ok := strings.CutPrefix(d, "*."); ok && strings.HasSuffix(prefix, "."+sub) || prefix == d {
+			return false
+		}
 	}
 	for _, d := range []string{"kubernetes.io", "k8s.io"} {
 		if prefix == d || strings.HasSuffix(prefix, "."+d) {
@@ -211,6 +218,19 @@ func reservedTaintKey(key string) bool {
 	}
 	return false
 }
+
+// startupTaintDomains are the prefixes in Kubernetes' domains whose taints
+// nothing in Kubernetes puts back, made to be removed by whoever knows the
+// node is ready (docs/cluster.md's recipes use each):
+//   - startup-taint.cluster-autoscaler.kubernetes.io: Cluster Autoscaler's
+//     startup taints (it ignores them when it simulates a new node and
+//     counts a node with one as not ready yet); GKE documents this prefix
+//     for startup taints;
+//   - readiness.k8s.io: node-readiness-controller's taints, which Karpenter
+//     also takes for startup taints;
+//   - *.csi.k8s.io: the CSI drivers of kubernetes-sigs name their own
+//     startup taint DRIVER/agent-not-ready (secrets-store.csi.k8s.io).
+var startupTaintDomains = []string{"startup-taint.cluster-autoscaler.kubernetes.io", "readiness.k8s.io", "*.csi.k8s.io"}
 
 // verdict is what an expected plugin's condition should say.
 type conditionVerdict struct {

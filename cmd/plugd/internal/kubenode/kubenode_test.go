@@ -398,14 +398,20 @@ func TestParseTaint(t *testing.T) {
 	for _, owned := range []string{"node.kubernetes.io/unschedulable:NoSchedule", "node.kubernetes.io/not-ready:NoExecute",
 		"node-role.kubernetes.io/control-plane:NoSchedule", "node-restriction.kubernetes.io/pci:NoSchedule",
 		"node.cloudprovider.kubernetes.io/uninitialized:NoSchedule", "kubernetes.io/x:NoSchedule", "k8s.io/x:NoSchedule",
-		"sub.k8s.io/x:NoSchedule"} {
+		"sub.k8s.io/x:NoSchedule", "csi.k8s.io/x:NoSchedule", "cluster-autoscaler.kubernetes.io/x:NoSchedule",
+		"x.readiness.k8s.io/x:NoSchedule", "x.startup-taint.cluster-autoscaler.kubernetes.io/x:NoSchedule"} {
 		if _, _, err := ParseTaint(owned); err == nil || !strings.Contains(err.Error(), "Kubernetes reserves") {
 			t.Errorf("ParseTaint(%q) = %v; want it refused as Kubernetes'", owned, err)
 		}
 	}
 	// Keys of one's own, also those that only look alike.
 	for _, own := range []string{"dedicated:NoSchedule", "example.com/plugins-not-ready:NoSchedule", "notkubernetes.io/x:NoSchedule",
-		"kubernetes.io.example.com/x:NoSchedule", "example.com/node.kubernetes.io:NoSchedule"} {
+		"kubernetes.io.example.com/x:NoSchedule", "example.com/node.kubernetes.io:NoSchedule",
+		// Startup taints in Kubernetes' domains that others put on for a
+		// node agent to remove: Cluster Autoscaler's (and GKE's),
+		// node-readiness-controller's, a kubernetes-sigs CSI driver's.
+		"startup-taint.cluster-autoscaler.kubernetes.io/csi-not-ready:NoSchedule", "readiness.k8s.io/csi-not-ready:NoSchedule",
+		"secrets-store.csi.k8s.io/agent-not-ready:NoExecute"} {
 		if _, _, err := ParseTaint(own); err != nil {
 			t.Errorf("ParseTaint(%q): %v", own, err)
 		}

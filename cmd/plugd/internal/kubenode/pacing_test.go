@@ -191,10 +191,11 @@ func TestRunPacing(t *testing.T) {
 		n.Changed()
 		expect("a change within the gap", minEvalGap)
 	}
-	clk.Step(60 * time.Millisecond)
+	into := minEvalGap * 3 / 5
+	clk.Step(into)
 	n.Changed()
-	expect("a change 60ms after the evaluation", minEvalGap-60*time.Millisecond)
-	clk.Step(40 * time.Millisecond)
+	expect("a change within the gap, after the evaluation", minEvalGap-into)
+	clk.Step(minEvalGap - into)
 	expect("the gap's end", localResync, t0.Add(minEvalGap))
 	clk.Step(localResync - time.Millisecond)
 	clk.Step(time.Millisecond)

@@ -25,9 +25,15 @@ const (
 	// actual state and never retries (kubernetes/kubernetes#133335).
 	// TestDecide ("the kubelet holds a CSI socket CSINode never lists").
 	csiNodeWait = 10 * time.Second
-	// minEvalGap spaces out evaluations during a burst of changes.
+	// minEvalGap spaces out evaluations during a burst of changes: at
+	// most 40 a second. Short, because the kubelet's registration of a
+	// CSI driver is such a burst: it writes the Node (the driver's node
+	// ID annotation) and then CSINode, milliseconds apart, and the
+	// second, the one that makes the driver ready, waits out the gap
+	// before its taint goes (at 100 ms, the kubelet's CSINode write to the
+	// taint's removal took 100 ms every time; test/kube TestTaintFigures).
 	// TestRunPacing.
-	minEvalGap = 100 * time.Millisecond
+	minEvalGap = 25 * time.Millisecond
 
 	// While the kubelet and the sockets disagree (unsettled), the kubelet
 	// is read every unsettledFast for fastFor, then every unsettledSlow
