@@ -99,7 +99,7 @@ func newLoop(n *Node, rec events.EventRecorder) *loop {
 // policyOf is the configuration of n that decide reads.
 func policyOf(n *Node) policy {
 	return policy{expect: n.cfg.Expect, registryDir: n.cfg.RegistryDir, heartbeat: n.heartbeat, grace: n.grace,
-		taints: n.taints, window: n.window, nodeName: n.cfg.NodeName}
+		taints: n.taints, window: n.window, nodeName: n.cfg.NodeName, republishGrace: republishGrace}
 }
 
 // evaluate compares the plugins with the kubelet's and the API's view,

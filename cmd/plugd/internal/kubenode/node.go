@@ -257,7 +257,7 @@ func (n *Node) buildSources() {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return csi.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return csi.Watch(ctx, o) })
 	n.slices = newSource("ResourceSlices of node "+name, "list, watch resourceslices.resource.k8s.io",
-		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice, n.fakeAPI, n.log,
+		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice(classesMatched(n.cfg.Expect)), n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {

@@ -1,0 +1,85 @@
+package kubenode
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	resourcev1 "k8s.io/api/resource/v1"
+)
+
+// The published and usable layers, as a pure function of the slices, the
+// health stream and the DeviceTaintRules.
+func TestJudgeDRA(t *testing.T) {
+	const drv = "gpu.example.com"
+	gen := func(g int64, count int64, names ...string) []*resourcev1.ResourceSlice {
+		var out []*resourcev1.ResourceSlice
+		for _, n := range names {
+			out = append(out, resourceSlice(drv, "gpus", g, count, n))
+		}
+		return out
+	}
+	cat := func(ss ...[]*resourcev1.ResourceSlice) []*resourcev1.ResourceSlice { return slices.Concat(ss...) }
+	str := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name      string
+		slices    []*resourcev1.ResourceSlice
+		unhealthy map[deviceID]bool
+		rules     []deviceTaint
+		min       int
+		reason    string // "" for ready
+		text      string
+	}{
+		{name: "a complete pool", slices: gen(1, 2, "a", "b"), text: "2 usable devices in pool gpus"},
+		{name: "none", reason: ReasonNoResourceSlices},
+		{name: "another driver's slices are not its", slices: []*resourcev1.ResourceSlice{resourceSlice("other.example.com", "gpus", 1, 1, "a")}, reason: ReasonNoResourceSlices},
+		{name: "a slice missing", slices: gen(1, 3, "a", "b"), reason: ReasonPoolIncomplete, text: "pool gpus generation 1 has 2 of 3 ResourceSlices"},
+		{name: "generation 2 begun: the old generation does not count", slices: cat(gen(1, 2, "a"), gen(2, 2, "b")), reason: ReasonPoolIncomplete, text: "generation 2 has 1 of 2"},
+		{name: "generation 2 complete, an old slice left", slices: cat(gen(1, 2, "old"), gen(2, 2, "a", "b")), text: "2 usable devices"},
+		{name: "two pools, one incomplete", slices: cat(gen(1, 1, "a"), []*resourcev1.ResourceSlice{resourceSlice(drv, "nics", 4, 2, "n")}), reason: ReasonPoolIncomplete, text: "pool nics generation 4 has 1 of 2"},
+		{name: "too many slices for the count", slices: gen(1, 1, "a", "b"), reason: ReasonPoolIncomplete, text: "has 2 of 1"},
+		{name: "NoSchedule in the slice", slices: []*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 1, "a", "b"), "example.com/xid", resourcev1.DeviceTaintEffectNoSchedule)},
+			reason: ReasonDevicesTainted, text: "0 usable devices of 2 in pool gpus, 1 needed: 2 tainted NoSchedule or NoExecute (example.com/xid)"},
+		{name: "NoExecute in the slice", slices: []*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 1, "a"), "example.com/gone", resourcev1.DeviceTaintEffectNoExecute)},
+			reason: ReasonDevicesTainted, text: "(example.com/gone)"},
+		{name: "None does not keep pods off", slices: []*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 1, "a"), "example.com/info", resourcev1.DeviceTaintEffectNone)}, text: "1 usable"},
+		{name: "an effect Kubernetes may add later counts as None", slices: []*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 1, "a"), "example.com/new", "Someday")}, text: "1 usable"},
+		{name: "one of two tainted, one needed", slices: cat([]*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 2, "a"), "example.com/xid", resourcev1.DeviceTaintEffectNoSchedule)}, gen(1, 2, "b")), text: "1 usable"},
+		{name: "one of two tainted, two needed", min: 2, slices: cat([]*resourcev1.ResourceSlice{tainted(resourceSlice(drv, "gpus", 1, 2, "a"), "example.com/xid", resourcev1.DeviceTaintEffectNoSchedule)}, gen(1, 2, "b")),
+			reason: ReasonDevicesTainted, text: "1 usable devices of 2 in pool gpus, 2 needed"},
+		{name: "a DeviceTaintRule for the driver", slices: gen(1, 1, "a"), rules: []deviceTaint{{key: "example.com/maintenance", effect: resourcev1.DeviceTaintEffectNoExecute, driver: str(drv)}},
+			reason: ReasonDevicesTainted, text: "(example.com/maintenance)"},
+		{name: "a DeviceTaintRule for another driver", slices: gen(1, 1, "a"), rules: []deviceTaint{{key: "example.com/maintenance", effect: resourcev1.DeviceTaintEffectNoExecute, driver: str("other.example.com")}}, text: "1 usable"},
+		{name: "a DeviceTaintRule for another device", slices: gen(1, 1, "a"), rules: []deviceTaint{{key: "k", effect: resourcev1.DeviceTaintEffectNoSchedule, pool: str("gpus"), device: str("b")}}, text: "1 usable"},
+		{name: "a DeviceTaintRule for the device", slices: gen(1, 1, "a"), rules: []deviceTaint{{key: "k", effect: resourcev1.DeviceTaintEffectNoSchedule, pool: str("gpus"), device: str("a")}}, reason: ReasonDevicesTainted},
+		{name: "Unhealthy", slices: gen(1, 2, "a", "b"), unhealthy: map[deviceID]bool{{"gpus", "a"}: true, {"gpus", "b"}: true},
+			reason: ReasonDevicesUnhealthy, text: "2 Unhealthy by its DRAResourceHealth stream (gpus/a, gpus/b)"},
+		{name: "Unhealthy elsewhere", slices: gen(1, 1, "a"), unhealthy: map[deviceID]bool{{"other", "a"}: true}, text: "1 usable"},
+		{name: "too few", min: 3, slices: gen(1, 2, "a", "b"), reason: ReasonTooFewDevices, text: "2 usable devices of 2 in pool gpus, 3 needed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, reason, text := draVerdict(judgeDRA(tc.slices, drv, tc.unhealthy, tc.rules), tc.min)
+			if ok != (tc.reason == "") || reason != tc.reason || !strings.Contains(text, tc.text) {
+				t.Errorf("= %v %s %q; want %s %q", ok, reason, text, tc.reason, tc.text)
+			}
+		})
+	}
+}
+
+// A message lists the first taint keys, devices and pools and counts the
+// rest: it stays bounded, and the same for the same slices in any order.
+func TestJudgeDRABounded(t *testing.T) {
+	var all []*resourcev1.ResourceSlice
+	unhealthy := map[deviceID]bool{}
+	for i := range 1000 {
+		all = append(all, resourceSlice("d", fmt.Sprintf("pool-%04d", i), 1, 1, "a"))
+		unhealthy[deviceID{fmt.Sprintf("pool-%04d", i), "a"}] = true
+	}
+	_, _, text := draVerdict(judgeDRA(all, "d", unhealthy, nil), 1)
+	slices.Reverse(all)
+	_, _, again := draVerdict(judgeDRA(all, "d", unhealthy, nil), 1)
+	if len(text) > 1024 || text != again || !strings.Contains(text, "and 992 more") {
+		t.Errorf("%d bytes, the same in another order %v: %s", len(text), text == again, text)
+	}
+}
