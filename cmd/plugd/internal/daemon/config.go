@@ -171,6 +171,9 @@ type ExpectConfig struct {
 	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
 	// make it ready. Default 1.
 	MinHealthyDevices int `json:"minHealthyDevices,omitempty"`
+	// MinDevices is, for a DRAPlugin, how many usable devices (in complete
+	// pools, untainted, not Unhealthy) make it ready. Default 1.
+	MinDevices int `json:"minDevices,omitempty"`
 	// Taint, KEY:EFFECT, is this plugin's startup taint: plugd removes it
 	// from the Node once the plugin is ready, and removes it again when
 	// another writer puts it back within kubernetes.startupWindow of the
@@ -612,7 +615,7 @@ func (c *Config) checkExpect() error {
 		}
 		xs[i] = x
 		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
-			Taint: x.Taint, Retaint: x.Retaint}
+			MinDevices: x.MinDevices, Taint: x.Taint, Retaint: x.Retaint}
 	}
 	if c.Kubernetes != nil {
 		if err := kubenode.CheckTaints(xs, c.Kubernetes.RemoveTaintWhenReady); err != nil {
@@ -644,7 +647,7 @@ func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
 
 func (e ExpectConfig) expectation() kubenode.Expectation {
 	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
-		Taint: e.Taint, Retaint: e.Retaint}
+		MinDevices: e.MinDevices, Taint: e.Taint, Retaint: e.Retaint}
 }
 
 // configFieldNames turns the manager's option names into this file's field names.

@@ -64,6 +64,8 @@ func configRules() []configRule {
 		{"expect[]", "no-spaces", "expect: [{type: CSIPlugin, name: 'a b'}]\n", "may not contain spaces, colons or control characters"},
 		{"expect[].minHealthyDevices", "positive", "expect: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: -1}]\n", "must be positive"},
 		{"expect[].minHealthyDevices", "only-deviceplugin", "expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "minHealthyDevices applies to DevicePlugin"},
+		{"expect[].minDevices", "positive", "expect: [{type: DRAPlugin, name: gpu.example.com, minDevices: -1}]\n", "must be positive"},
+		{"expect[].minDevices", "only-draplugin", "expect: [{type: DevicePlugin, name: example.com/gpu, minDevices: 2}]\n", "minDevices applies to DRAPlugin"},
 		{"expect[].condition", "default-valid", "expect: [{type: CSIPlugin, name: -a}]\n", "the default condition type"},
 		{"expect[].condition", "qualified-name", "expect: [{type: CSIPlugin, name: a.example.com, condition: 'a/b/c'}]\n", "is not a valid Node condition type"},
 		{"expect[].condition", "not-kubelets", "expect: [{type: CSIPlugin, name: a.example.com, condition: Ready}]\n", "is the kubelet's"},
