@@ -140,6 +140,9 @@ type Handler struct {
 
 	// observed holds what Observe saw, by registration socket; observe mode only.
 	observed *observed.Table[*observation]
+	// followed are the health streams of observed drivers, by registration
+	// socket.
+	followed map[string]*observedHealth
 
 	// registering holds the cancel function of every Register in flight, for
 	// Close to end them.
@@ -291,6 +294,7 @@ func New(opts Options) *Handler {
 		sockets:     make(map[string]*instance),
 		changed:     make(chan struct{}),
 		registering: make(map[*context.CancelCauseFunc]struct{}),
+		followed:    make(map[string]*observedHealth),
 	}
 	h.observed = observed.New[*observation](&h.mu, h.notifyLocked, opts.CallTimeout, opts.EndpointRoots)
 	if opts.Registerer != nil {
@@ -480,6 +484,10 @@ func (h *Handler) Close() {
 	}
 	clear(h.sockets)
 	clear(h.drivers)
+	for _, f := range h.followed {
+		f.cancel()
+	}
+	clear(h.followed)
 	h.notifyLocked()
 	h.mu.Unlock()
 	h.observed.Close()
