@@ -2,10 +2,14 @@ package kubenode
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	resourcev1 "k8s.io/api/resource/v1"
 )
 
@@ -81,5 +85,45 @@ func TestJudgeDRABounded(t *testing.T) {
 	_, _, again := draVerdict(judgeDRA(all, "d", unhealthy, nil), 1)
 	if len(text) > 1024 || text != again || !strings.Contains(text, "and 992 more") {
 		t.Errorf("%d bytes, the same in another order %v: %s", len(text), text == again, text)
+	}
+}
+
+// plugd_dra_pool_devices and plugd_dra_pool_complete show each pool of a
+// DRA driver's, from the views of the last evaluation.
+func TestPoolMetrics(t *testing.T) {
+	b := newBench(t)
+	sick := map[deviceID]bool{{"gpus", "gpu-2"}: true}
+	all := append(draPool(1, 3)[:2], tainted(resourceSlice(draExp.Name, "gpus", 1, 3, "gpu-2", "gpu-3"), "example.com/xid", resourcev1.DeviceTaintEffectNoSchedule),
+		resourceSlice(draExp.Name, "nics", 2, 2, "nic-0"))
+	st := judgeDRA(all, draExp.Name, sick, nil)
+	b.n.publish(map[key]view{{TypeDRA, draExp.Name}: {dra: &st}}, t0)
+	want := `
+# HELP plugd_dra_pool_complete 1 while a DRA driver's pool on this node has, at its newest generation, the ResourceSlices its resourceSliceCount says; 0 while it is incomplete (a republish, or a driver that failed to publish). The first 64 pools of a driver.
+# TYPE plugd_dra_pool_complete gauge
+plugd_dra_pool_complete{driver="gpu.example.com",pool="gpus"} 1
+plugd_dra_pool_complete{driver="gpu.example.com",pool="nics"} 0
+`
+	if err := testutil.CollectAndCompare(collector{b.n}, strings.NewReader(want), "plugd_dra_pool_complete"); err != nil {
+		t.Error(err)
+	}
+	ch := make(chan prometheus.Metric, 100)
+	collector{b.n}.Collect(ch)
+	close(ch)
+	got := map[string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if m.Desc() != poolDevicesDesc || m.Write(&pb) != nil {
+			continue
+		}
+		var labels []string
+		for _, l := range pb.GetLabel() {
+			labels = append(labels, l.GetValue())
+		}
+		got[strings.Join(labels, " ")] = pb.GetGauge().GetValue()
+	}
+	wantDevices := map[string]float64{"gpu.example.com gpus usable": 2, "gpu.example.com gpus tainted": 2, "gpu.example.com gpus unhealthy": 0,
+		"gpu.example.com nics usable": 0, "gpu.example.com nics tainted": 0, "gpu.example.com nics unhealthy": 0}
+	if !maps.Equal(got, wantDevices) {
+		t.Errorf("plugd_dra_pool_devices = %v; want %v", got, wantDevices)
 	}
 }

@@ -125,6 +125,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
+	pools    map[string][]poolState  // of each DRA driver, by name; guarded by mu
 	problems map[string]*Problem     // of writes, by operation; guarded by mu
 	ready    map[string]bool         // by condition type; guarded by mu
 	conds    []ConditionState        // by expectation; guarded by mu
@@ -371,6 +372,12 @@ func (n *Node) publish(views map[key]view, now time.Time) {
 	for k := range n.views {
 		if _, ok := views[k]; !ok {
 			delete(n.views, k)
+		}
+	}
+	n.pools = map[string][]poolState{}
+	for k, v := range views {
+		if k.typ == TypeDRA && v.dra != nil && len(v.dra.pools) > 0 {
+			n.pools[k.name] = v.dra.pools[:min(len(v.dra.pools), maxPoolSeries)]
 		}
 	}
 }
