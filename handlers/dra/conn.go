@@ -178,9 +178,9 @@ func (h *Handler) watch(ctx context.Context, in *instance) {
 // service it speaks, who it is (for the log), and what to do with what it
 // sends.
 type healthSource struct {
-	conn                   *grpc.ClientConn
+	conn                    *grpc.ClientConn
 	service, driver, socket string
-	record                 func(*drahealthv1.NodeWatchResourcesResponse)
+	record                  func(*drahealthv1.NodeWatchResourcesResponse)
 	// unsupported is called when the plugin answers Unimplemented.
 	unsupported func(error)
 }
