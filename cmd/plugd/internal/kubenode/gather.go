@@ -35,6 +35,7 @@ func (n *Node) Run(ctx context.Context) error {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	wg.Go(func() { n.kubelet.Run(ctx) })
+	wg.Go(func() { n.runTaintRules(ctx) })
 	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {

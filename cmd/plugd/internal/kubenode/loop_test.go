@@ -73,6 +73,7 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 	}
 	n.core, n.storage, n.resource, n.events, n.fakeAPI = b.cs.CoreV1(), b.cs.StorageV1(), b.cs.ResourceV1(), b.cs.EventsV1(), b.cs
 	n.build(nil)
+	n.rules.Store(rulesServed) // as Run's discovery finds them
 	b.kubelet.Failed(n.kubelet.Evidence().Problem, "")
 	n.kubeletEvidence = b.kubeletEvidence
 	b.n, b.l = n, newLoop(n, b.rec)
@@ -82,11 +83,11 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 		cancel()
 		wg.Wait()
 	})
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	for _, s := range []*source{n.node, n.csiNode, n.slices, n.taintRules} {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	b.waitFor("the informers synced", func() bool {
-		return n.node.inf.HasSynced() && n.csiNode.inf.HasSynced() && n.slices.inf.HasSynced()
+		return n.node.inf.HasSynced() && n.csiNode.inf.HasSynced() && n.slices.inf.HasSynced() && n.taintRules.inf.HasSynced()
 	})
 	return b
 }

@@ -107,6 +107,11 @@ type Node struct {
 	clock     clock.WithTicker
 
 	node, csiNode, slices *source
+	// taintRules watches the DeviceTaintRules where they are served (rules
+	// says: taintrules.go); discoverRules asks (a test's, or the API's).
+	taintRules    *source
+	rules         atomic.Int32
+	discoverRules func(context.Context) (bool, error)
 	// fakeAPI is the clientset behind the clients when it is a fake one
 	// (tests): the informers then list rather than stream.
 	fakeAPI any
@@ -264,6 +269,7 @@ func (n *Node) buildSources() {
 	for _, s := range []*source{n.node, n.csiNode, n.slices} {
 		s.onChange = n.changed
 	}
+	n.buildTaintRules()
 	// The kubelet reports its devices in the Node: a change of capacity or
 	// allocatable asks pod-resources (cheap, local) for them. It updates
 	// the Node for much else too; that asks for no read of the kubelet.
@@ -328,6 +334,9 @@ func (n *Node) Problems() []Problem {
 			out = append(out, *p)
 		}
 	}
+	if _, p := n.taintRulesNow(); p != nil && p.Reason != ReasonNotSynced {
+		out = append(out, *p)
+	}
 	n.mu.Lock()
 	for _, p := range n.problems {
 		out = append(out, *p)
@@ -350,6 +359,7 @@ func (n *Node) snapshot() snapshot {
 	for _, obj := range n.slices.inf.GetStore().List() {
 		s.slices = append(s.slices, obj.(*resourcev1.ResourceSlice))
 	}
+	s.taintRules, s.taintRuleProblem = n.taintRulesNow()
 	return s
 }
 
