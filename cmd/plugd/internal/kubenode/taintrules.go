@@ -55,7 +55,8 @@ func (n *Node) rulesServedByAPI(ctx context.Context) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	raw, err := n.resource.RESTClient().Get().AbsPath("/apis/resource.k8s.io/v1").DoRaw(ctx)
+	// JSON: the client asks for protobuf first, which discovery answers too.
+	raw, err := n.resource.RESTClient().Get().AbsPath("/apis/resource.k8s.io/v1").SetHeader("Accept", "application/json").DoRaw(ctx)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -89,7 +90,7 @@ func (n *Node) runTaintRules(ctx context.Context) {
 			}
 			return
 		}
-		n.log.Debug("Kubernetes: cannot ask whether DeviceTaintRules are served; retrying", "err", err)
+		n.log.Warn("Kubernetes: cannot ask whether DeviceTaintRules are served; DRA drivers' devices are not judged until it can; retrying", "err", err)
 		t := n.clock.NewTimer(b.Next())
 		select {
 		case <-ctx.Done():
