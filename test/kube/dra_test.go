@@ -254,4 +254,25 @@ expect:
 			}
 		}
 	})
+
+	t.Run("a quiet minute: no request to the API server, the health stream resent meanwhile", func(t *testing.T) {
+		from := time.Now()
+		time.Sleep(time.Minute) // the window measured, not a wait for something
+		to := time.Now()
+		by, err := auditCount(plugdUser, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, c := range by {
+			n += c
+		}
+		t.Logf("plugd's API requests in a quiet minute: %v", by)
+		if n != 0 {
+			t.Errorf("plugd made %d requests of the API server in a quiet minute (%v); want none", n, by)
+		}
+		if trs := conds.since(cond, from); len(trs) != 0 {
+			t.Errorf("written %v in a quiet minute", trs)
+		}
+	})
 }
