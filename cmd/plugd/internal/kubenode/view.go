@@ -150,6 +150,15 @@ func kubeletView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembe
 	if k.typ == TypeDRA && s.sliceProblem == nil && s.taintRuleProblem == nil {
 		st := judgeDRA(s.slices, k.name, unhealthyDevices(socks), s.taintRules)
 		v.dra = &st
+		if v.State == api.KubeletRegistered {
+			// The layers above registration, for plugctl get (minDevices
+			// is the condition's: 1 here).
+			_, why, text := draVerdict(st, 1)
+			if why != "" {
+				text = why + ": " + text
+			}
+			v.Message = textsafe.Shorten(v.Message+"; "+text, maxViewMessage)
+		}
 	}
 	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
 		return v
