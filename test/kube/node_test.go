@@ -277,7 +277,7 @@ doctor: {kubeletRoots: [%s]}
 		reads := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "plugd-reads"}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"list", "watch"}},
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices", "devicetaintrules"}, Verbs: []string{"list", "watch"}},
 		}}
 		if _, err := admin.RbacV1().ClusterRoles().Create(ctx, reads, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
