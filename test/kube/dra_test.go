@@ -91,7 +91,7 @@ func TestDRALayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	conds := watchConditions(t, node, nil)
-	startPlugd(t, dir, fmt.Sprintf(`mode: observe
+	pd := startPlugd(t, dir, fmt.Sprintf(`mode: observe
 registryDir: %s
 handlers: [{type: DRAPlugin, handler: dra}]
 kubernetes:
@@ -268,6 +268,21 @@ expect:
 			n += c
 		}
 		t.Logf("plugd's API requests in a quiet minute: %v", by)
+		total, err := auditCount(plugdUser, pd.started, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Four watches stream the initial state (Node, CSINode, ResourceSlices,
+		// DeviceTaintRules): no list, none reopened.
+		t.Logf("plugd's requests from its start: %v", total)
+		if total["list"] != 0 || total["watch"] != 4 {
+			t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 4", total["list"], total["watch"])
+		}
+		for l := range strings.Lines(pd.out.String()) {
+			if strings.Contains(l, "DeviceTaintRules") {
+				t.Logf("plugd: %s", l)
+			}
+		}
 		if n != 0 {
 			t.Errorf("plugd made %d requests of the API server in a quiet minute (%v); want none", n, by)
 		}
