@@ -70,6 +70,11 @@ type Plugin struct {
 	// this plugin; absent unless plugd is connected to Kubernetes and the
 	// plugin has said who it is.
 	Kubelet *KubeletView `json:"kubelet,omitempty"`
+	// Holds are the Node conditions of expected resources (expect entries
+	// with anyOf) that this plugin makes True now, as the Node says
+	// ("held by TYPE NAME"): during a move from a device plugin to a DRA
+	// driver, which of the two a resource's readiness rests on.
+	Holds []string `json:"holds,omitempty"`
 }
 
 // KubeletView is the kubelet's side of a plugin, as read from the API

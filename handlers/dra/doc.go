@@ -36,7 +36,8 @@
 //
 // An instance that advertises "v1.DRAResourceHealth" or
 // "v1alpha1.DRAResourceHealth" (kubeletplugin does by default) is asked for a
-// NodeWatchResources stream, and the health of every device it reports is
+// NodeWatchResources stream, in v1 if it advertises both (whatever its
+// order, as the kubelet chooses since v1.37), and the health of every device it reports is
 // recorded, up to 1024 devices per driver; further devices are counted in
 // Driver.DevicesDropped and not followed. A report may be at most 256 KiB,
 // and reports are taken at a pace of 512 KiB a second (1 MiB at once, each

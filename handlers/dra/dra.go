@@ -33,8 +33,9 @@ const Type = api.DRAPlugin
 var ErrClosed = errors.New("dra: handler closed")
 
 // The services a DRA plugin may advertise in its versions, as gRPC service
-// names. Which one is used is the plugin's choice: the first in its order that
-// is known here.
+// names, newest first. The DRA service used is the plugin's choice: the first
+// in its order that is known here; the health service is the kubelet's (v1.37):
+// the first of these that the plugin advertises.
 var (
 	draServices    = []string{drav1.DRAPluginService, drav1beta1.DRAPluginService}
 	healthServices = []string{drahealthv1.DRAResourceHealthService, drahealthv1alpha1.DRAResourceHealthService}
@@ -313,7 +314,8 @@ func (h *Handler) Validate(_ context.Context, p pluginmanager.Plugin) error {
 }
 
 // check validates p and returns the DRA service and health service (if any)
-// to use: the first of each kind in the plugin's order. It makes p's
+// to use, as the kubelet chooses them: the DRA service first in the plugin's
+// order, the health service first in healthServices' order. It makes p's
 // endpoint the clean path that pluginmanager.EndpointPath gives.
 func check(p *pluginmanager.Plugin) (service, health string, err error) {
 	if msgs := validation.IsDNS1123Subdomain(p.Name); len(msgs) > 0 {
@@ -325,11 +327,15 @@ func check(p *pluginmanager.Plugin) (service, health string, err error) {
 	}
 	p.Endpoint = ep
 	for _, v := range p.Versions {
-		if service == "" && slices.Contains(draServices, v) {
+		if slices.Contains(draServices, v) {
 			service = v
+			break
 		}
-		if health == "" && slices.Contains(healthServices, v) {
-			health = v
+	}
+	for _, h := range healthServices {
+		if slices.Contains(p.Versions, h) {
+			health = h
+			break
 		}
 	}
 	if service == "" {

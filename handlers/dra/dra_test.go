@@ -524,6 +524,9 @@ func TestValidate(t *testing.T) {
 		{[]string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}, "v1.DRAPlugin", "v1.DRAResourceHealth"},
 		{[]string{"v1alpha1.DRAResourceHealth", "v1beta1.DRAPlugin", "v1.DRAPlugin"}, "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"},
 		{[]string{"v0.DRAPlugin", "v1beta1.DRAPlugin"}, "v1beta1.DRAPlugin", ""},
+		// The health service in the kubelet's order (v1.37), not the
+		// plugin's: it follows the stream the kubelet follows.
+		{[]string{"v1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"}, "v1.DRAPlugin", "v1.DRAResourceHealth"},
 	} {
 		p := pluginmanager.Plugin{Type: Type, Name: "a.example.com", Endpoint: "/run/a.sock", Versions: tc.versions}
 		if err := h.Validate(context.Background(), p); err != nil {

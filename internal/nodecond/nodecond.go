@@ -49,6 +49,33 @@ func Parse(m string) (typ, name string, ok bool) {
 	return typ, name, ok && typ != "" && name != ""
 }
 
+// Resource is the type a resource's condition names in its message (an
+// expect entry with anyOf): "plugd: anyOf gpu.example.com: ...".
+const Resource = "anyOf"
+
+// HeldBy starts the text of a True condition of a resource that several
+// kinds of plugin may provide (an expect entry with anyOf): "held by TYPE
+// NAME: ...", the plugin that makes it ready.
+const HeldBy = "held by "
+
+// Holder tells the plugin that holds a condition of a resource, from its
+// message: ok is false for any other message.
+func Holder(m string) (typ, name string, ok bool) {
+	if t, _, ok := Parse(m); !ok || t != Resource {
+		return "", "", false
+	}
+	_, rest, _ := strings.Cut(strings.TrimPrefix(m, Prefix), ": ")
+	if rest, ok = strings.CutPrefix(rest, HeldBy); !ok {
+		return "", "", false
+	}
+	typ, rest, ok = strings.Cut(rest, " ")
+	if !ok {
+		return "", "", false
+	}
+	name, _, ok = strings.Cut(rest, ": ")
+	return typ, name, ok && typ != "" && name != ""
+}
+
 // Owned says whether c is a condition plugd writes.
 func Owned(c corev1.NodeCondition) bool {
 	_, _, ok := Parse(c.Message)

@@ -278,3 +278,20 @@ func TestSummaryEncoding(t *testing.T) {
 		}
 	}
 }
+
+// Holder reads the plugin a resource's condition is held by from the
+// message plugd writes, and nothing from any other.
+func TestHolder(t *testing.T) {
+	for _, tc := range []struct{ m, typ, name string }{
+		{Message("anyOf", "gpu.example.com", HeldBy+"DRAPlugin gpu.example.com: registered with the kubelet"), "DRAPlugin", "gpu.example.com"},
+		{Message("anyOf", "example.com/gpu", HeldBy+"DevicePlugin example.com/gpu: registered, 2 healthy devices"), "DevicePlugin", "example.com/gpu"},
+		{Message("anyOf", "gpu.example.com", "none ready: DevicePlugin example.com/gpu: no socket (SocketMissing)"), "", ""},
+		{Message("CSIPlugin", "csi.example.com", "held by nobody"), "", ""},
+		{"held by DRAPlugin gpu.example.com: not plugd's", "", ""},
+	} {
+		typ, name, ok := Holder(tc.m)
+		if typ != tc.typ || name != tc.name || ok != (tc.typ != "") {
+			t.Errorf("Holder(%q) = %q %q %v; want %q %q", tc.m, typ, name, ok, tc.typ, tc.name)
+		}
+	}
+}

@@ -372,6 +372,29 @@ func TestRenderings(t *testing.T) {
 		}
 	})
 
+	t.Run("deviceClasses: plugd may read DeviceClasses, only then", func(t *testing.T) {
+		readsClasses := func(o objects) bool {
+			return slices.ContainsFunc(clusterRole(o, "plugd").Rules, func(p rbacv1.PolicyRule) bool {
+				return slices.Equal(p.APIGroups, []string{"resource.k8s.io"}) && slices.Equal(p.Resources, []string{"deviceclasses"}) && slices.Equal(p.Verbs, []string{"list", "watch"})
+			})
+		}
+		for values, want := range map[string]bool{
+			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]":                            true,
+			"extraConfig: {expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]}":             true,
+			"expect: [{type: DRAPlugin, name: gpu.example.com}]":                                                              false,
+			"expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]\nextraConfig: {expect: []}": false,
+		} {
+			m, _ := mustRender(t, values)
+			o := decode(t, m)
+			if got := readsClasses(o); got != want {
+				t.Errorf("values %q: plugd may list and watch deviceclasses: %v, want %v", values, got, want)
+			}
+			if _, err := runConfig(t, o); err != nil {
+				t.Errorf("values %q: %v", values, err)
+			}
+		}
+	})
+
 	t.Run("full", func(t *testing.T) {
 		m, notes := mustRender(t, fullValues)
 		o := decode(t, m)

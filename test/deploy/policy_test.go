@@ -92,6 +92,12 @@ func TestAdmissionPolicyRendering(t *testing.T) {
 		if d, _ := configMapData(o, "plugd-remove-taint"); d["taints"] != "example.com/plugins-not-ready:NoSchedule\n" {
 			t.Errorf("plugd's taint: %q", d["taints"])
 		}
+		// A resource's condition (an entry with anyOf): NAME/Ready, or
+		// NAME-Ready for an extended resource's name.
+		m, _ = mustRender(t, "expect: [{name: gpu.example.com, anyOf: [{type: DevicePlugin, name: example.com/gpu}, {type: DRAPlugin, name: gpu.example.com}]}, {name: example.com/fpga, anyOf: [{type: DevicePlugin, name: example.com/fpga}]}]")
+		if d, _ := configMapData(decode(t, m), "plugd-admission"); d["conditions"] != "gpu.example.com/Ready\nexample.com/fpga-Ready\n" {
+			t.Errorf("the resources' conditions: %q", d["conditions"])
+		}
 		// Each expected plugin's taint joins it, once; with them alone
 		// (no taint for all) plugd may patch Nodes, for those taints.
 		m, _ = mustRender(t, "expect: [{type: CSIPlugin, name: a.example.com, taint: 'a.example.com/not-ready:NoExecute'}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoSchedule'}]\n"+

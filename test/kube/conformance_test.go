@@ -6,13 +6,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	dpapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	dpstub "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
@@ -40,8 +44,21 @@ func conformance(t *testing.T, env []string, args ...string) conformanceReport {
 	return runConformance(t, exec.Command(filepath.Join(dirs.Bin, "plugd"), append([]string{"conformance", "-o", "json"}, args...)...), env)
 }
 
-// runConformance runs cmd, a plugd conformance -o json, with env.
+// runConformance runs cmd, a plugd conformance -o json, with env, and
+// fails the test unless the plugin passed.
 func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport {
+	t.Helper()
+	rep, stderr, err := readConformance(t, cmd, env)
+	if err != nil || !rep.Passed {
+		t.Fatalf("plugd conformance: %v, passed %t; standard error:\n%s", err, rep.Passed, stderr)
+	}
+	t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+	return rep
+}
+
+// readConformance runs cmd, a plugd conformance -o json, with env, and
+// returns its report, its exit and its standard error.
+func readConformance(t *testing.T, cmd *exec.Cmd, env []string) (conformanceReport, string, error) {
 	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
@@ -54,11 +71,7 @@ func runConformance(t *testing.T, cmd *exec.Cmd, env []string) conformanceReport
 	for _, c := range rep.Checks {
 		t.Logf("%s %s (required %t): %s", c.Status, c.ID, c.Required, c.Seen)
 	}
-	if err != nil || !rep.Passed {
-		t.Fatalf("plugd conformance: %v, passed %t; standard error:\n%s", err, rep.Passed, stderr.String())
-	}
-	t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
-	return rep
+	return rep, stderr.String(), err
 }
 
 // The kubelet's own sample device plugin (k8s.io/kubernetes
@@ -111,7 +124,9 @@ func buildSampleDevicePlugin(t *testing.T) string {
 }
 
 // The device manager's stub itself, run in this process, passes every
-// required check with plugd conformance attached to it.
+// required check with plugd conformance attached to it, the health change
+// included: the kit's --health-command writes to a FIFO, on which this
+// test turns Dev-2 Unhealthy with the stub's own Update.
 func TestConformanceDevicePluginStub(t *testing.T) {
 	dir := testenv.ShortDir(t, "reg")
 	devs := []*dpapi.Device{{ID: "Dev-1", Health: dpapi.Healthy}, {ID: "Dev-2", Health: dpapi.Healthy}}
@@ -121,10 +136,148 @@ func TestConformanceDevicePluginStub(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stub.Stop(logger) })
-	rep := conformance(t, nil, "--registry-dir", dir)
+	fifo := filepath.Join(t.TempDir(), "fail-dev-2")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	told := make(chan error, 1)
+	go func() {
+		f, err := os.Open(fifo) // until the health command opens it to write
+		if err == nil {
+			_, err = io.Copy(io.Discard, f) // until it has written
+			f.Close()
+		}
+		if err == nil {
+			stub.Update([]*dpapi.Device{{ID: "Dev-1", Health: dpapi.Healthy}, {ID: "Dev-2", Health: dpapi.Unhealthy}})
+		}
+		told <- err
+	}()
+	rep := conformance(t, nil, "--registry-dir", dir, "--health-command", "echo > "+fifo)
 	for _, c := range rep.Checks {
-		if c.Status == "FAIL" {
-			t.Errorf("%s failed: %s", c.ID, c.Seen)
+		if c.Status == "FAIL" || (c.ID == "deviceplugin/health-change" && c.Status != "PASS") {
+			t.Errorf("%s: %s: %s", c.ID, c.Status, c.Seen)
 		}
 	}
+	if err := <-told; err != nil {
+		t.Error(err)
+	}
+}
+
+// A DRA driver on kubeletplugin that publishes its devices to a real API
+// server passes dra/resource-slices (its slices name it and its node, its
+// pool complete); one that leaves its pool incomplete, publishes for
+// another node or under another driver name fails that check and only it.
+func TestConformanceDRAResourceSlices(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, cp.AdminToken); err != nil {
+		t.Fatal(err)
+	}
+	const driver = "dra.conformance.plugd.example.com" // testplugin's
+	for _, tc := range []struct{ brk, fails string }{
+		{"", ""},
+		{"incomplete-pool", "incomplete: generation 1 has 1 of the 2 slices"},
+		{"wrong-node", `is for node "conformance-dra-wrong-node-other", not conformance-dra-wrong-node`},
+		{"wrong-driver", `no ResourceSlice names driver ` + driver + `; the slices of node conformance-dra-wrong-driver name ["other.` + driver + `"]`},
+	} {
+		t.Run("break="+tc.brk, func(t *testing.T) {
+			node := strings.TrimSuffix("conformance-dra-"+tc.brk, "-")
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for _, d := range []string{driver, "other." + driver} {
+					if err := admin.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+						metav1.ListOptions{FieldSelector: "spec.driver=" + d}); err != nil {
+						t.Errorf("deleting the ResourceSlices of %s: %v", d, err)
+					}
+				}
+			})
+			cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--timeout=5s",
+				"--kubeconfig", kubeconfig, "--node-name", node, "--",
+				filepath.Join(dirs.Bin, "testplugin"), "dra", "--registry-dir={registry-dir}", "--plugin-dir={endpoint-dir}",
+				"--kubeconfig", kubeconfig, "--node-name", node, "--node-uid", "a1b2c3d4-0000-4000-8000-"+fmt.Sprintf("%012d", len(tc.brk)), "--break", tc.brk)
+			rep, stderr, err := readConformance(t, cmd, nil)
+			var failed []string
+			for _, c := range rep.Checks {
+				if c.Status == "FAIL" {
+					failed = append(failed, c.ID)
+				}
+				if c.ID == "dra/resource-slices" && tc.fails != "" && !strings.Contains(c.Seen, tc.fails) {
+					t.Errorf("dra/resource-slices saw %q; want it to say %q", c.Seen, tc.fails)
+				}
+			}
+			if tc.fails == "" {
+				if err != nil || !rep.Passed {
+					t.Fatalf("plugd conformance: %v, passed %t, failed %q; standard error:\n%s", err, rep.Passed, failed, stderr)
+				}
+				for _, c := range rep.Checks {
+					if c.ID == "dra/resource-slices" && c.Status != "PASS" {
+						t.Errorf("dra/resource-slices: %s, want PASS: %s", c.Status, c.Seen)
+					}
+				}
+				t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+				return
+			}
+			if len(failed) != 1 || failed[0] != "dra/resource-slices" || rep.Passed || err == nil {
+				t.Errorf("failed %q, passed %t, exit %v; want dra/resource-slices alone failed, and the run failed; standard error:\n%s", failed, rep.Passed, err, stderr)
+			}
+		})
+	}
+}
+
+// csi-sanity's node tests, run by plugd conformance --csi-sanity, against
+// a CSI driver behind a registrar (testplugin's: node-driver-registrar and
+// the hostpath driver are not served by the module proxy): a driver that
+// validates its node requests passes csi/sanity-node, one that answers
+// Unimplemented to every NodePublishVolume fails that check and only it.
+// The driver has no controller service: the node test that creates a
+// volume first is skipped, as a node plugin's author skips it.
+func TestConformanceCSISanity(t *testing.T) {
+	sanity := buildCSISanity(t)
+	tp := filepath.Join(dirs.Bin, "testplugin")
+	for _, tc := range []struct {
+		name, driverFlags string
+		fails             bool
+	}{
+		{"validates", "", false},
+		{"no-validation", " --no-validation", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The driver and its registrar, as the two containers of a
+			// node plugin's pod: the kit starts, signals and stops both.
+			script := tp + ` csi --endpoint "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --name csi.conformance.plugd.example.com --node-id node-1` + tc.driverFlags +
+				` & exec ` + tp + ` registrar --csi-address "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --plugin-registration-path "$PLUGD_CONFORMANCE_REGISTRY_DIR" --kubelet-registration-path "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock"`
+			cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--csi-sanity", sanity,
+				"--csi-sanity-flag=--ginkgo.skip=should remove target path", "--", "/bin/sh", "-c", script)
+			rep, stderr, err := readConformance(t, cmd, nil)
+			var failed []string
+			for _, c := range rep.Checks {
+				if c.Status == "FAIL" {
+					failed = append(failed, c.ID)
+				}
+				if c.ID == "csi/sanity-node" && c.Status != map[bool]string{false: "PASS", true: "FAIL"}[tc.fails] {
+					t.Errorf("csi/sanity-node: %s: %s", c.Status, c.Seen)
+				}
+			}
+			switch {
+			case !tc.fails && (err != nil || !rep.Passed):
+				t.Errorf("plugd conformance: %v, passed %t, failed %q; standard error:\n%s", err, rep.Passed, failed, stderr)
+			case tc.fails && (len(failed) != 1 || failed[0] != "csi/sanity-node"):
+				t.Errorf("failed %q, want csi/sanity-node only; standard error:\n%s", failed, stderr)
+			}
+			t.Logf("plugd conformance: %d checks in %s", len(rep.Checks), rep.Duration.Round(time.Millisecond))
+		})
+	}
+}
+
+// buildCSISanity builds csi-sanity, pinned by the module csisanity beside
+// this file, into the binaries' directory.
+func buildCSISanity(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(dirs.Bin, "csi-sanity")
+	build := exec.Command("go", "build", "-o", bin, "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity")
+	build.Dir = filepath.Join(dirs.Module, "csisanity")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building csi-sanity: %v\n%s", err, out)
+	}
+	return bin
 }

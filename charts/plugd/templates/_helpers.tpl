@@ -77,14 +77,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The Node condition types plugd writes, one a line: each expected
 plugin's condition, or its default NAME/TYPEReady (kubenode's
-DefaultCondition). expect in extraConfig wins, as in the ConfigMap. */}}
+DefaultCondition); NAME/Ready for a resource (an entry with anyOf). expect
+in extraConfig wins, as in the ConfigMap. */}}
 {{- define "plugd.conditionTypes" -}}
 {{- $types := list }}
 {{- range (dig "expect" .Values.expect .Values.extraConfig) }}
 {{- $cond := .condition }}
 {{- if not $cond }}
-{{- $last := last (splitList "/" .type) }}
-{{- if contains "/" .name }}{{ $cond = printf "%s-%sReady" .name $last }}{{ else }}{{ $cond = printf "%s/%sReady" .name $last }}{{ end }}
+{{- $last := "" }}
+{{- if not .anyOf }}{{ $last = last (splitList "/" (.type | default "" | toString)) }}{{ end }}
+{{- $name := .name | default "" | toString }}
+{{- if contains "/" $name }}{{ $cond = printf "%s-%sReady" $name $last }}{{ else }}{{ $cond = printf "%s/%sReady" $name $last }}{{ end }}
 {{- end }}
 {{- $types = append $types $cond }}
 {{- end }}
@@ -111,4 +114,11 @@ wins, as in the ConfigMap). Empty when there is none: then plugd gets no
 {{- with (dig "kubernetes" "removeTaintWhenReady" .Values.kubernetes.removeTaintWhenReady .Values.extraConfig) }}{{ $taints = append $taints . }}{{ end }}
 {{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ with .taint }}{{ $taints = append $taints . }}{{ end }}{{ end }}
 {{- join "\n" ($taints | uniq) }}
+{{- end }}
+
+{{/* "true" when an expected plugin names deviceClasses (extraConfig wins, as
+in the ConfigMap): then plugd reads DeviceClasses, and only then is it
+granted "list, watch deviceclasses". */}}
+{{- define "plugd.deviceClasses" -}}
+{{- range (dig "expect" .Values.expect .Values.extraConfig) }}{{ if .deviceClasses }}true{{ end }}{{ end }}
 {{- end }}

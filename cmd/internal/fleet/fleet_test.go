@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -294,5 +295,29 @@ func TestNodeViewCountsManyDrivers(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "csi-29999.example.com") {
 		t.Errorf("-o wide does not list every driver")
+	}
+}
+
+// A resource's condition (an expect entry with anyOf) says which plugin
+// holds it: the node view has it apart, in a column of its own.
+func TestNodeViewHeldBy(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", ManagedFields: managedBy(nodecond.FieldManager, "gpu.example.com/Ready", "csi.example.com/CSIPluginReady")},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: "gpu.example.com/Ready", Status: corev1.ConditionTrue, Reason: "PluginReady",
+				Message: nodecond.Message("anyOf", "gpu.example.com", nodecond.HeldBy+"DRAPlugin gpu.example.com: registered with the kubelet")},
+			{Type: "csi.example.com/CSIPluginReady", Status: corev1.ConditionTrue, Reason: "PluginReady",
+				Message: nodecond.Message("CSIPlugin", "csi.example.com", "registered with the kubelet")},
+		}}}
+	ps := pluginsOf(n)
+	if len(ps) != 2 || ps[0].HeldBy != "" || ps[1].Type != "anyOf" || ps[1].HeldBy != "DRAPlugin gpu.example.com" {
+		t.Fatalf("plugins %+v", ps)
+	}
+	var b strings.Builder
+	if err := WriteNode(&b, NodeView{Node: "a", Ready: "True", Plugins: ps}, Format{}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^TYPE +NAME +READY +REASON +SINCE +HELD BY$`).MatchString(b.String()) ||
+		!regexp.MustCompile(`(?m)^anyOf +gpu\.example\.com +True +PluginReady +\S+ +DRAPlugin gpu\.example\.com$`).MatchString(b.String()) {
+		t.Errorf("the node view:\n%s", b.String())
 	}
 }

@@ -79,6 +79,10 @@ type NodePlugin struct {
 	Reason    string    `json:"reason"`
 	Message   string    `json:"message"`
 	Since     time.Time `json:"since,omitzero"`
+	// HeldBy is, for a resource (an expect entry with anyOf) whose
+	// condition is True, the plugin that holds it: "DRAPlugin
+	// gpu.example.com".
+	HeldBy string `json:"heldBy,omitempty"`
 }
 
 // KubeletFacts are the node's plugins as the API shows them: the CSI
@@ -172,8 +176,12 @@ func pluginsOf(n *corev1.Node) []NodePlugin {
 	ps := []NodePlugin{}
 	for _, c := range nodecond.Conditions(n) {
 		typ, name, _ := nodecond.Parse(c.Message)
-		ps = append(ps, NodePlugin{Type: typ, Name: name, Condition: string(c.Type), Status: string(c.Status),
-			Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
+		p := NodePlugin{Type: typ, Name: name, Condition: string(c.Type), Status: string(c.Status),
+			Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time}
+		if ht, hn, ok := nodecond.Holder(c.Message); ok && c.Status == corev1.ConditionTrue {
+			p.HeldBy = ht + " " + hn
+		}
+		ps = append(ps, p)
 	}
 	slices.SortFunc(ps, func(a, b NodePlugin) int { return cmp.Or(cmp.Compare(a.Type, b.Type), cmp.Compare(a.Name, b.Name)) })
 	return ps
@@ -188,11 +196,19 @@ func WriteNode(w io.Writer, v NodeView, f Format, now time.Time) error {
 		b.WriteString("no condition of plugd's: plugd does not run here, expects no plugin, or cannot reach the API server\n")
 	} else {
 		t := printer.Table{Header: []string{"TYPE", "NAME", "READY", "REASON", "SINCE"}, NoHeader: f.NoHeaders}
+		// A resource's holder (anyOf) gets a column where one is held.
+		held := slices.ContainsFunc(v.Plugins, func(p NodePlugin) bool { return p.HeldBy != "" })
+		if held {
+			t.Header = append(t.Header, "HELD BY")
+		}
 		if f.Wide {
 			t.Header = append(t.Header, "CONDITION", "MESSAGE")
 		}
 		for _, p := range v.Plugins {
 			row := []string{printer.Cell(p.Type), printer.Cell(p.Name), printer.Cell(p.Status), printer.ShortCell(p.Reason, maxReason), printer.Since(p.Since, now)}
+			if held {
+				row = append(row, printer.Cell(p.HeldBy))
+			}
 			if f.Wide {
 				row = append(row, printer.Cell(p.Condition), printer.ShortCell(p.Message, nodecond.MaxMessage))
 			}

@@ -49,12 +49,17 @@ const (
 	checkCSIPluginInfo  = "csi/plugin-info"
 	checkCSIProbe       = "csi/probe"
 	checkCSINodeInfo    = "csi/node-info"
+	checkCSISanity      = "csi/sanity-node"
 	checkDRAServices    = "dra/services"
 	checkDRAEmpty       = "dra/prepare-empty"
 	checkDRAHealth      = "dra/health"
+	checkDRASlices      = "dra/resource-slices"
 	checkDPRegister     = "deviceplugin/register"
 	checkDPOptions      = "deviceplugin/options"
 	checkDPListAndWatch = "deviceplugin/list-and-watch"
+	checkDPStreamOpen   = "deviceplugin/stream-open"
+	checkDPHealth       = "deviceplugin/health-change"
+	checkDPListAgain    = "deviceplugin/list-and-watch-again"
 	checkDPRestart      = "deviceplugin/kubelet-restart"
 	checkRestart        = "registration/manager-restart"
 	checkLateNotify     = "registration/late-notify"
@@ -85,19 +90,28 @@ var catalogue = []check{
 	{ID: checkCSIProbe, Types: []string{typeCSI}, Expect: "Identity Probe answers without error (ready, or ready not said)"},
 	{ID: checkCSINodeInfo, Types: []string{typeCSI}, Expect: "Node NodeGetInfo gives a node id, max volumes not negative, topology keys and values valid as Node labels",
 		Kubelet: "pkg/volume/csi/csi_plugin.go RegisterPlugin (NodeGetInfo); pkg/volume/csi/nodeinfomanager/nodeinfomanager.go InstallCSIDriver (driverNodeID must not be empty; topology written as Node labels)"},
+	{ID: checkCSISanity, Types: []string{typeCSI}, Expect: "with --csi-sanity PATH: csi-sanity's node tests (ginkgo focus \"Node Service\", and any --csi-sanity-flag) pass against the endpoint, within 6 times --timeout; skipped without --csi-sanity"},
 	{ID: checkDRAServices, Types: []string{typeDRA}, Expect: "every DRA service the plugin announces is served on its endpoint",
 		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go RegisterPlugin (the first supported service announced is the one called)"},
 	{ID: checkDRAEmpty, Types: []string{typeDRA}, Expect: "NodePrepareResources and NodeUnprepareResources answer an empty request without error"},
 	{ID: checkDRAHealth, Types: []string{typeDRA}, Expect: "the DRAResourceHealth service is served if and only if it is announced (k/k#141855)",
 		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go pickHealthService (NodeWatchResources is opened when the service is announced)"},
+	{ID: checkDRASlices, Types: []string{typeDRA}, Expect: "with --kubeconfig and --node-name, within --timeout: ResourceSlices name the driver as it registered (spec.driver), each one for a single node is for --node-name (spec.nodeName), and in each pool the newest generation has as many slices as its resourceSliceCount; skipped without --kubeconfig",
+		Kubelet: "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go wipeResourceSlices (the node's slices are deleted by spec.nodeName and spec.driver); staging/src/k8s.io/dynamic-resource-allocation/structured/internal/stable/pools_stable.go GatherPools (the scheduler allocates nothing from an incomplete pool)"},
 	{ID: checkDPRegister, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "a device plugin that calls Register on the device manager's kubelet.sock sends version v1beta1, an extended resource name, and the file name of its socket in the device plugin directory, which accepts connections and answers GetDevicePluginOptions before Register returns",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Register (isVersionCompatibleWithPlugin, IsExtendedResourceName, connectClient: the endpoint joined to the socket directory, dialled and asked GetDevicePluginOptions before Register is answered)"},
 	{ID: checkDPOptions, Types: []string{typeDevice}, Expect: "GetDevicePluginOptions answers",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Connect"},
 	{ID: checkDPListAndWatch, Types: []string{typeDevice}, Expect: "ListAndWatch sends the inventory at once (within 1 s): device IDs, each Healthy or Unhealthy",
 		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (ListAndWatch; no capacity until the first answer)"},
-	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within twice --timeout, 20 s by default (the kubelet's stub does after 10 s)",
-		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again)"},
+	{ID: checkDPStreamOpen, Types: []string{typeDevice}, Expect: "after the inventory, the ListAndWatch stream stays open (watched for 1 s; further answers are welcome): the kubelet reads every health change from it",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (a stream that ends disconnects the plugin: PluginDisconnected marks its devices unhealthy, manager.go markResourceUnhealthy)"},
+	{ID: checkDPHealth, Types: []string{typeDevice}, Expect: "after --health-command runs (it makes a device of the plugin's change health), ListAndWatch sends an answer in which a device's health changed, within --timeout; skipped without --health-command: the kit cannot make a device fail by itself",
+		Kubelet: "pkg/kubelet/cm/devicemanager/manager.go genericDeviceUpdateCallback (each ListAndWatch answer is the whole inventory; health is read from it alone: allocatable counts the Healthy devices)"},
+	{ID: checkDPListAgain, Types: []string{typeDevice}, Expect: "a second ListAndWatch, opened once the first has ended (as a kubelet that connects again opens one), sends the inventory at once (within 1 s), the same devices",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go Run (every connection to the plugin, after each registration, opens its own ListAndWatch)"},
+	{ID: checkDPRestart, Types: []string{typeDevice}, Via: viaKubeletSock, Expect: "when kubelet.sock is made anew (a kubelet restart), the device plugin calls Register again, with the same request, within --reregister-wait: twice --timeout, 20 s, by default, at most the kubelet's 5 m (the kubelet's stub registers again after 10 s)",
+		Kubelet: "pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go Start (the socket directory emptied and kubelet.sock made anew; a plugin must register again); pkg/kubelet/cm/devicemanager/manager.go readCheckpoint and GetCapacity, types.go endpointStopGracePeriod (the resource at zero capacity until the plugin registers again, and dropped from the Node after 5 m)"},
 	{ID: checkRestart, Via: viaRegistry, Expect: "a manager restart (a new connection, GetInfo, NotifyRegistrationStatus) is answered again, with the same GetInfo",
 		Kubelet: "pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go (a restarted kubelet walks the directory and registers every socket again)"},
 	{ID: checkLateNotify, Via: viaRegistry, Expect: "NotifyRegistrationStatus(true) sent 2 s after GetInfo (a handler that takes its time, as the kubelet's CSI handler calling NodeGetInfo may) is answered, and the plugin is still there"},

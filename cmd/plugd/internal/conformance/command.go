@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // flags are plugd conformance's command line.
@@ -57,22 +58,7 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			}
 			return nil
 		},
-		// Errors of PreRunE are the command line's (exit status 2).
-		PreRunE: func(_ *cobra.Command, args []string) error {
-			if f.output != "text" && f.output != "json" {
-				return fmt.Errorf("--output %q: want text or json", f.output)
-			}
-			if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" && !f.cfg.DeviceManager {
-				return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
-			}
-			if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
-				return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
-			}
-			if f.cfg.Timeout <= 0 {
-				return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
-			}
-			return checkDirs(map[string]string{"--registry-dir": f.cfg.RegistryDir, "--endpoint-dir": f.cfg.EndpointDir})
-		},
+		PreRunE: func(_ *cobra.Command, args []string) error { return f.validate(args) },
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.list {
 				return writeCatalogue(cmd.OutOrStdout())
@@ -80,18 +66,52 @@ wrong. docs/writing-plugins.md says what each check means.`,
 			return f.run(cmd, args)
 		},
 	}
-	fl := cmd.Flags()
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// register adds the command's flags to fl.
+func (f *flags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.cfg.RegistryDir, "registry-dir", "", "the registry directory: where the plugin makes its registration socket (default with a command: a temporary directory)")
 	fl.StringVar(&f.cfg.EndpointDir, "endpoint-dir", "", "the directory passed to a started plugin for its own endpoint (default: a temporary directory)")
 	fl.StringArrayVar(&f.cfg.RegistryEnv, "registry-env", nil, "also set this environment variable of the started plugin to the registry directory (repeatable)")
 	fl.StringArrayVar(&f.cfg.EndpointEnv, "endpoint-env", nil, "also set this environment variable of the started plugin to the endpoint directory (repeatable)")
 	fl.BoolVar(&f.cfg.DeviceManager, "kubelet-sock", false, "attached, serve the device manager's kubelet.sock in --endpoint-dir (replacing one there), for a device plugin that registers by calling it; always served for a started plugin")
 	fl.DurationVar(&f.cfg.Timeout, "timeout", defaultTimeout, "bound of each wait: a socket to appear, an endpoint to accept, a call to answer, the plugin to exit")
+	fl.StringVar(&f.cfg.CSISanity, "csi-sanity", "", "a CSI driver: the path of a csi-sanity binary (github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity) to run its node tests against the driver's endpoint")
+	fl.StringArrayVar(&f.cfg.CSISanityFlags, "csi-sanity-flag", nil, "a flag to add to csi-sanity's command line, such as --ginkgo.skip=REGEXP (repeatable)")
+	fl.StringVar(&f.cfg.Kubeconfig, "kubeconfig", "", "a DRA driver: the kubeconfig of the API server it publishes ResourceSlices to, to check them (with --node-name)")
+	fl.StringVar(&f.cfg.NodeName, "node-name", "", "a DRA driver: the node name it was given, which its node-local ResourceSlices must name")
+	fl.StringVar(&f.cfg.HealthCommand, "health-command", "", "a device plugin: a shell command that makes one of its devices change health (run with /bin/sh -c; "+envPluginPID+" is the started plugin's process id); without it deviceplugin/health-change is skipped")
+	fl.DurationVar(&f.cfg.ReregisterWait, "reregister-wait", 0, "a device plugin registering through kubelet.sock: how long it has to register again when kubelet.sock is made anew, at most the kubelet's 5m (default: twice --timeout)")
 	fl.BoolVar(&f.cfg.Strict, "strict", false, "require the recommendations too, not only the kubelet's rules")
 	fl.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
 	fl.StringVar(&f.junit, "junit", "", "also write the results as JUnit XML to this file")
 	fl.BoolVar(&f.list, "list", false, "list the checks, and stop")
-	return cmd
+}
+
+// validate checks the command line; its errors are the command line's
+// (exit status 2).
+func (f *flags) validate(args []string) error {
+	if f.output != "text" && f.output != "json" {
+		return fmt.Errorf("--output %q: want text or json", f.output)
+	}
+	if !f.list && len(args) == 0 && f.cfg.RegistryDir == "" && !f.cfg.DeviceManager {
+		return errors.New("nothing to check: start the plugin with -- COMMAND, or name the directory of a running one with --registry-dir")
+	}
+	if f.cfg.DeviceManager && f.cfg.EndpointDir == "" && len(args) == 0 {
+		return errors.New("--kubelet-sock needs --endpoint-dir: the device plugin directory to serve kubelet.sock in")
+	}
+	if f.cfg.Timeout <= 0 {
+		return fmt.Errorf("--timeout %s: give a positive duration, such as %s", f.cfg.Timeout, defaultTimeout)
+	}
+	if (f.cfg.Kubeconfig == "") != (f.cfg.NodeName == "") {
+		return errors.New("--kubeconfig and --node-name go together: the API server the DRA driver publishes to, and the node it was told it runs on")
+	}
+	if f.cfg.ReregisterWait < 0 || f.cfg.ReregisterWait > kubeletReregisterBound {
+		return fmt.Errorf("--reregister-wait %s: give a duration up to the kubelet's own bound, %s (after it the kubelet drops the plugin's resource)", f.cfg.ReregisterWait, kubeletReregisterBound)
+	}
+	return checkDirs(map[string]string{"--registry-dir": f.cfg.RegistryDir, "--endpoint-dir": f.cfg.EndpointDir})
 }
 
 // checkDirs says which of the directories named by flag does not exist,

@@ -21,12 +21,12 @@ import (
 // directory, which device plugins call Register on.
 const kubeletSocketName = "kubelet.sock"
 
-// reregisterWait bounds the wait for a device plugin to call Register on a
-// kubelet.sock made anew: twice the kit's timeout, 20 s by default. The
-// kubelet's own stub (its device plugins' reference,
-// pkg/kubelet/cm/devicemanager/plugin/v1beta1/stub.go Watch) registers
-// again 10 s after it sees the socket made.
-func (r *runner) reregisterWait() time.Duration { return 2 * r.cfg.Timeout }
+// kubeletReregisterBound is how long the kubelet, restarted, waits for a
+// device plugin to register again before it drops the plugin's resource
+// from the Node's capacity (pkg/kubelet/cm/devicemanager/types.go
+// endpointStopGracePeriod; readCheckpoint starts each resource stopped, at
+// zero capacity, until its plugin registers).
+const kubeletReregisterBound = 5 * time.Minute
 
 // deviceManager plays the kubelet's device manager: it serves the device
 // plugin Registration service on kubelet.sock in the endpoint directory,
@@ -242,7 +242,7 @@ func (r *runner) kubeletRestart(ctx context.Context, first *deviceapi.RegisterRe
 	if err := r.dm.restart(); err != nil {
 		return err
 	}
-	wctx, cancel := withDeadline(ctx, r.reregisterWait(), "the plugin to call Register on the new "+r.dm.path)
+	wctx, cancel := withDeadline(ctx, r.cfg.ReregisterWait, "the plugin to call Register on the new "+r.dm.path)
 	defer cancel()
 	call, err := r.dm.nextRegister(wctx)
 	if err != nil {

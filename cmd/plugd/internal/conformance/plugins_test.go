@@ -60,6 +60,9 @@ func pluginMain(args []string) int {
 	} else {
 		signal.Notify(term, syscall.SIGTERM)
 	}
+	if brk != "dp-health-ignored" {
+		go watchUnhealthy(epDir)
+	}
 	var err error
 	switch kind {
 	case "dra-kubeletplugin":
@@ -74,6 +77,37 @@ func pluginMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// healthCommand is the --health-command the test device plugins follow:
+// it makes the file unhealthyFile in the endpoint directory, on which the
+// plugin's gpu-1 turns Unhealthy.
+const (
+	healthCommand = `test -n "$` + envPluginPID + `" && touch "$` + envEndpointDir + `/` + unhealthyFile + `"`
+	unhealthyFile = "unhealthy"
+)
+
+// unhealthy is closed when the test plugin's gpu-1 has turned Unhealthy.
+var unhealthy = make(chan struct{})
+
+// watchUnhealthy closes unhealthy once unhealthyFile is made in dir.
+func watchUnhealthy(dir string) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "watching %s: %v\n", dir, err)
+		return
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "watching %s: %v\n", dir, err)
+		return
+	}
+	for ev := range w.Events {
+		if filepath.Base(ev.Name) == unhealthyFile {
+			close(unhealthy)
+			return
+		}
+	}
 }
 
 // runKubeletSockPlugin runs a device plugin that registers by calling
@@ -196,6 +230,7 @@ type mutant struct {
 	kind, brk     string
 	regDir, epDir string
 	getInfos      atomic.Int32
+	streams       atomic.Int32 // ListAndWatch streams opened
 	notifies      atomic.Int32
 	refused       chan struct{}
 	csiName       string // the CSI driver's name, as its registrar read it
@@ -287,7 +322,7 @@ func (m *mutant) serveEndpoint() (*grpc.Server, error) {
 	case "dra":
 		drav1.RegisterDRAPluginServer(s, draPlugin{m: m})
 		if m.brk != "dra-health-unserved" {
-			drahealthv1.RegisterDRAResourceHealthServer(s, draHealth{})
+			drahealthv1.RegisterDRAResourceHealthServer(s, draHealth{m: m})
 		}
 	case "device":
 		deviceapi.RegisterDevicePluginServer(s, devicePlugin{m: m})
@@ -436,9 +471,13 @@ func (d draPlugin) NodeUnprepareResources(context.Context, *drav1.NodeUnprepareR
 
 type draHealth struct {
 	drahealthv1.UnimplementedDRAResourceHealthServer
+	m *mutant
 }
 
-func (draHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+func (h draHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	if h.m.brk == "health-ends" {
+		return nil // served, and ended at once: the kubelet opens it again
+	}
 	if err := s.Send(&drahealthv1.NodeWatchResourcesResponse{}); err != nil {
 		return err
 	}
@@ -459,12 +498,37 @@ func (d devicePlugin) GetDevicePluginOptions(context.Context, *deviceapi.Empty) 
 }
 
 func (d devicePlugin) ListAndWatch(_ *deviceapi.Empty, s grpc.ServerStreamingServer[deviceapi.ListAndWatchResponse]) error {
-	if d.m.brk != "dp-silent-list" {
-		devs := []*deviceapi.Device{{ID: "gpu-0", Health: deviceapi.Healthy}, {ID: "gpu-1", Health: deviceapi.Healthy}}
-		if err := s.Send(&deviceapi.ListAndWatchResponse{Devices: devs}); err != nil {
+	silent := d.m.brk == "dp-silent-list" || (d.m.brk == "dp-one-stream" && d.m.streams.Add(1) > 1)
+	if silent {
+		<-s.Context().Done()
+		return nil
+	}
+	if err := s.Send(inventory()); err != nil {
+		return err
+	}
+	if d.m.brk == "dp-stream-ends" {
+		return nil
+	}
+	select {
+	case <-unhealthy:
+		if err := s.Send(inventory()); err != nil {
 			return err
 		}
+	case <-s.Context().Done():
+		return nil
 	}
 	<-s.Context().Done()
 	return nil
+}
+
+// inventory is the test device plugin's devices, gpu-1 Unhealthy once
+// unhealthy is closed.
+func inventory() *deviceapi.ListAndWatchResponse {
+	gpu1 := deviceapi.Healthy
+	select {
+	case <-unhealthy:
+		gpu1 = deviceapi.Unhealthy
+	default:
+	}
+	return &deviceapi.ListAndWatchResponse{Devices: []*deviceapi.Device{{ID: "gpu-0", Health: deviceapi.Healthy}, {ID: "gpu-1", Health: gpu1}}}
 }

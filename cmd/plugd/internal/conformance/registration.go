@@ -118,7 +118,7 @@ func (r *runner) checkSocket(ctx context.Context) (*regConn, PluginInfo) {
 		if r.target == nil {
 			// Attached, the plugin registers when it sees kubelet.sock
 			// made, after its own delay.
-			wait = r.reregisterWait()
+			wait = r.cfg.ReregisterWait
 		}
 	}
 	wctx, cancel := withDeadline(ctx, wait, what)

@@ -46,6 +46,23 @@ type Config struct {
 	// kubelet, is an error), for device plugins that register by calling
 	// it. It is always served for a plugin the kit starts.
 	DeviceManager bool
+	// CSISanity is the path of a csi-sanity binary to run against a CSI
+	// driver's endpoint (csi/sanity-node), with CSISanityFlags added to its
+	// command line; "": that check is skipped.
+	CSISanity      string
+	CSISanityFlags []string
+	// Kubeconfig names the API server a DRA driver publishes its
+	// ResourceSlices to, and NodeName the node it was told it runs on
+	// (dra/resource-slices); "": that check is skipped.
+	Kubeconfig, NodeName string
+	// HealthCommand is run with /bin/sh -c to make one of a device
+	// plugin's devices change health (deviceplugin/health-change); "":
+	// that check is skipped.
+	HealthCommand string
+	// ReregisterWait bounds the wait for a device plugin to call Register
+	// again on a kubelet.sock made anew; zero means twice Timeout. The
+	// kubelet's own bound is endpointStopGracePeriod, 5 m.
+	ReregisterWait time.Duration
 	// Strict makes the recommendations required too; by default only the
 	// kubelet's rules are.
 	Strict bool
@@ -86,6 +103,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
+	}
+	if cfg.ReregisterWait <= 0 {
+		cfg.ReregisterWait = 2 * cfg.Timeout
 	}
 	if cfg.PluginOutput == nil {
 		cfg.PluginOutput = io.Discard

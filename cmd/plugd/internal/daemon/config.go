@@ -159,14 +159,17 @@ const (
 	kubeletOff                = "none"
 )
 
-// ExpectConfig is a plugin the node must have.
+// ExpectConfig is a plugin the node must have, or a resource that any of
+// several plugins may provide (AnyOf).
 type ExpectConfig struct {
-	// Type and Name are as the plugin sends them in GetInfo.
-	Type string `json:"type"`
+	// Type and Name are as the plugin sends them in GetInfo. With anyOf,
+	// Name is the resource's, and Type is not set.
+	Type string `json:"type,omitempty"`
 	Name string `json:"name"`
 	// Condition is the type of its Node condition. Default:
 	// NAME/TYPEReady, e.g. csi.example.com/CSIPluginReady (for a device
-	// plugin's vendor.example/gpu: vendor.example/gpu-DevicePluginReady).
+	// plugin's vendor.example/gpu: vendor.example/gpu-DevicePluginReady);
+	// with anyOf, NAME/Ready (gpu.example.com/Ready).
 	Condition string `json:"condition,omitempty"`
 	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
 	// make it ready. Default 1.
@@ -174,6 +177,10 @@ type ExpectConfig struct {
 	// MinDevices is, for a DRAPlugin, how many usable devices (in complete
 	// pools, untainted, not Unhealthy) make it ready. Default 1.
 	MinDevices int `json:"minDevices,omitempty"`
+	// DeviceClasses are, for a DRAPlugin, DeviceClasses (by name) that must
+	// exist and whose selectors must match enough of the driver's usable
+	// devices for it to be ready. Needs kubernetes. Empty: none.
+	DeviceClasses []string `json:"deviceClasses,omitempty"`
 	// Taint, KEY:EFFECT, is this plugin's startup taint: plugd removes it
 	// from the Node once the plugin is ready, and removes it again when
 	// another writer puts it back within kubernetes.startupWindow of the
@@ -184,6 +191,15 @@ type ExpectConfig struct {
 	// (False; not Unknown, not while plugd restarts), and removes it again
 	// when it is.
 	Retaint bool `json:"retaint,omitempty"`
+	// AnyOf lists the plugins that may provide the resource Name, each
+	// with the fields an entry of its type takes (type, name,
+	// minHealthyDevices), and no condition, taint, retaint or anyOf of its
+	// own: the condition is True while any of them is ready, and its
+	// message names the one that holds it. For a move from one kind of
+	// plugin to another (a device plugin to a DRA driver) that keeps one
+	// condition. One alternative is allowed (the condition's name before
+	// the move), at most 8. A plugin may be in one entry only.
+	AnyOf []ExpectConfig `json:"anyOf,omitempty"`
 }
 
 // DoctorConfig tunes plugctl doctor's checks (GET /v1/findings).
@@ -607,15 +623,14 @@ func (c *Config) checkExpect() error {
 		if x.Taint != "" && c.Kubernetes == nil {
 			return fmt.Errorf("expect[%d]: taint is set, but kubernetes is not: plugd removes a taint from its Node, through the Kubernetes API; set kubernetes.nodeName (or remove the taint)", i)
 		}
-		for _, k := range []string{"plugin " + x.Type + " " + x.Name, "condition " + x.Condition} {
-			if j, dup := seen[k]; dup {
-				return fmt.Errorf("expect[%d]: %s is also expect[%s]'s", i, k, j)
-			}
-			seen[k] = fmt.Sprint(i)
+		if x.UsesDeviceClasses() && c.Kubernetes == nil {
+			return fmt.Errorf("expect[%d]: deviceClasses is set, but kubernetes is not: plugd reads DeviceClasses from the Kubernetes API; set kubernetes.nodeName (or remove deviceClasses)", i)
+		}
+		if err := uniqueExpect(seen, fmt.Sprint(i), x); err != nil {
+			return err
 		}
 		xs[i] = x
-		expect[i] = ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
-			MinDevices: x.MinDevices, Taint: x.Taint, Retaint: x.Retaint}
+		expect[i] = expectConfigOf(x)
 	}
 	if c.Kubernetes != nil {
 		if err := kubenode.CheckTaints(xs, c.Kubernetes.RemoveTaintWhenReady); err != nil {
@@ -646,8 +661,45 @@ func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
 }
 
 func (e ExpectConfig) expectation() kubenode.Expectation {
-	return kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
-		MinDevices: e.MinDevices, Taint: e.Taint, Retaint: e.Retaint}
+	x := kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
+		MinDevices: e.MinDevices, DeviceClasses: slices.Clone(e.DeviceClasses), Taint: e.Taint, Retaint: e.Retaint}
+	for _, a := range e.AnyOf {
+		x.AnyOf = append(x.AnyOf, a.expectation())
+	}
+	return x
+}
+
+// expectConfigOf is x, with its defaults, as the configuration writes it:
+// an entry with anyOf has no type.
+func expectConfigOf(x kubenode.Expectation) ExpectConfig {
+	e := ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
+		MinDevices: x.MinDevices, DeviceClasses: slices.Clone(x.DeviceClasses), Taint: x.Taint, Retaint: x.Retaint}
+	if x.Type == kubenode.TypeAnyOf {
+		e.Type = ""
+	}
+	for _, a := range x.AnyOf {
+		e.AnyOf = append(e.AnyOf, expectConfigOf(a))
+	}
+	return e
+}
+
+// uniqueExpect refuses an entry x (expect[at]) whose condition, or one of
+// whose plugins, an entry before it has (seen): one plugin, one condition;
+// a plugin in two entries' anyOf would make one socket hold two.
+func uniqueExpect(seen map[string]string, at string, x kubenode.Expectation) error {
+	names := [][2]string{{"plugin " + x.Type + " " + x.Name, at}, {"condition " + x.Condition, at}}
+	for j, a := range x.AnyOf {
+		names = append(names, [2]string{"plugin " + a.Type + " " + a.Name, fmt.Sprintf("%s].anyOf[%d", at, j)})
+	}
+	for _, n := range names {
+		if j, dup := seen[n[0]]; dup {
+			return fmt.Errorf("expect[%s]: %s is also expect[%s]'s", n[1], n[0], j)
+		}
+	}
+	for _, n := range names {
+		seen[n[0]] = n[1]
+	}
+	return nil
 }
 
 // configFieldNames turns the manager's option names into this file's field names.

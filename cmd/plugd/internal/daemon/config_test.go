@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/internal/testenv"
 )
 
@@ -133,5 +134,68 @@ func TestDefaultsAppliedToACopy(t *testing.T) {
 	}
 	if again, err := c.WithDefaults(); err != nil || !reflect.DeepEqual(again, c) {
 		t.Errorf("WithDefaults of its own result: %v\n%+v\n%+v", err, again, c)
+	}
+}
+
+// An entry with anyOf names a resource: no type of its own, the condition
+// NAME/Ready, each alternative's defaults filled in; WithDefaults of its
+// result is the same; the node agent gets it as one expectation of type
+// anyOf.
+func TestExpectAnyOf(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("expect:\n- name: gpu.example.com\n  taint: example.com/gpu-not-ready:NoSchedule\n  retaint: true\n"+
+		"  anyOf: [{type: DevicePlugin, name: example.com/gpu}, {type: DRAPlugin, name: gpu.example.com}]\nkubernetes: {nodeName: n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ExpectConfig{Name: "gpu.example.com", Condition: "gpu.example.com/Ready", Taint: "example.com/gpu-not-ready:NoSchedule", Retaint: true,
+		AnyOf: []ExpectConfig{{Type: "DevicePlugin", Name: "example.com/gpu", MinHealthyDevices: 1}, {Type: "DRAPlugin", Name: "gpu.example.com", MinDevices: 1}}}
+	if len(c.Expect) != 1 || !reflect.DeepEqual(c.Expect[0], want) {
+		t.Errorf("expect %+v; want %+v", c.Expect, want)
+	}
+	if again, err := c.WithDefaults(); err != nil || !reflect.DeepEqual(again.Expect, c.Expect) {
+		t.Errorf("WithDefaults of its own result: %v\n%+v", err, again.Expect)
+	}
+	if x := c.Expect[0].expectation(); x.Type != "" || len(x.AnyOf) != 2 {
+		t.Errorf("the node agent's expectation %+v", x)
+	} else if x, err := x.WithDefaults(); err != nil || x.Type != kubenode.TypeAnyOf {
+		t.Errorf("the node agent's expectation %+v, %v; want type %s", x, err, kubenode.TypeAnyOf)
+	}
+}
+
+// Issue 34: an expected DRA driver's deviceClasses survive loading and
+// defaults, reach the node agent's expectation, and are not shared with the
+// caller's configuration.
+func TestDeviceClassesKept(t *testing.T) {
+	path := filepath.Join(testenv.ShortDir(t, "pd"), "c.yaml")
+	yaml := "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com, fast.gpu.example.com]}]\nkubernetes: {nodeName: node-a}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"gpu.example.com", "fast.gpu.example.com"}
+	if got := c.Expect[0].DeviceClasses; !reflect.DeepEqual(got, want) {
+		t.Fatalf("deviceClasses after defaults: %q, want %q", got, want)
+	}
+	if got := c.Expect[0].expectation().DeviceClasses; !reflect.DeepEqual(got, want) {
+		t.Errorf("the expectation's DeviceClasses: %q, want %q", got, want)
+	}
+	c.Expect[0].DeviceClasses[0] = "changed.example.com"
+	if in.Expect[0].DeviceClasses[0] != "gpu.example.com" {
+		t.Errorf("WithDefaults' result shares deviceClasses with the caller's configuration")
 	}
 }

@@ -207,6 +207,14 @@ func (d *Daemon) detailsChanged() {
 	}
 }
 
+// holds are the expected resources' conditions plugin s holds (anyOf).
+func (d *Daemon) holds(s pluginmanager.PluginStatus) []string {
+	if d.kube == nil || s.Type == "" {
+		return nil
+	}
+	return d.kube.Holds(s.Type, s.Name)
+}
+
 // addHandler builds the handler hc names and hands it to the manager. d.mu
 // must be held, or d not yet shared.
 func (d *Daemon) addHandler(hc HandlerConfig) error {

@@ -222,8 +222,11 @@ func durationRow(flag string, def time.Duration, defText, allowed string) refRow
 // referenceFields lists the fields of a configuration struct by their YAML
 // paths: every field but those that only group others (status, timeouts),
 // a list of entries and each field of an entry (handlers, handlers[].type).
-func referenceFields(typ reflect.Type, prefix string) []string {
+// A list of entries of the type it is in (expect[].anyOf) is one row: its
+// entries' fields are the rows of the type's.
+func referenceFields(typ reflect.Type, prefix string, outer ...reflect.Type) []string {
 	var out []string
+	outer = append(outer, typ)
 	for f := range typ.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" || name == "-" {
@@ -232,13 +235,13 @@ func referenceFields(typ reflect.Type, prefix string) []string {
 		path := prefix + name
 		switch ft := f.Type; {
 		case ft.Kind() == reflect.Struct && ft != reflect.TypeFor[Duration]():
-			out = append(out, referenceFields(ft, path+".")...)
+			out = append(out, referenceFields(ft, path+".", outer...)...)
 		case ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct:
 			out = append(out, path)
-			out = append(out, referenceFields(ft.Elem(), path+".")...)
-		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			out = append(out, referenceFields(ft.Elem(), path+".", outer...)...)
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct && !slices.Contains(outer, ft.Elem()):
 			out = append(out, path)
-			out = append(out, referenceFields(ft.Elem(), path+"[].")...)
+			out = append(out, referenceFields(ft.Elem(), path+"[].", outer...)...)
 		default:
 			out = append(out, path)
 		}

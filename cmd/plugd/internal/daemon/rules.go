@@ -60,29 +60,11 @@ func configRules() []configRule {
 		{"kubernetes.removeTaintWhenReady", "effect", "kubernetes: {nodeName: n, removeTaintWhenReady: 'example.com/t:Sometimes'}\n", "must be NoSchedule, PreferNoSchedule or NoExecute"},
 		{"kubernetes.removeTaintWhenReady", "not-kubernetes", "kubernetes: {nodeName: n, removeTaintWhenReady: 'node.kubernetes.io/unschedulable:NoSchedule'}\n", "Kubernetes reserves"},
 		{"kubernetes.removeTaintWhenReady", "needs-expect", "kubernetes: {nodeName: n, removeTaintWhenReady: 'example.com/t:NoSchedule'}\n", "expect lists no plugins"},
-		{"expect[]", "type-and-name", "expect: [{type: CSIPlugin}]\n", "type and name are both needed"},
-		{"expect[]", "no-spaces", "expect: [{type: CSIPlugin, name: 'a b'}]\n", "may not contain spaces, colons or control characters"},
-		{"expect[].minHealthyDevices", "positive", "expect: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: -1}]\n", "must be positive"},
-		{"expect[].minHealthyDevices", "only-deviceplugin", "expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "minHealthyDevices applies to DevicePlugin"},
-		{"expect[].minDevices", "positive", "expect: [{type: DRAPlugin, name: gpu.example.com, minDevices: -1}]\n", "must be positive"},
-		{"expect[].minDevices", "only-draplugin", "expect: [{type: DevicePlugin, name: example.com/gpu, minDevices: 2}]\n", "minDevices applies to DRAPlugin"},
-		{"expect[].condition", "default-valid", "expect: [{type: CSIPlugin, name: -a}]\n", "the default condition type"},
-		{"expect[].condition", "qualified-name", "expect: [{type: CSIPlugin, name: a.example.com, condition: 'a/b/c'}]\n", "is not a valid Node condition type"},
-		{"expect[].condition", "not-kubelets", "expect: [{type: CSIPlugin, name: a.example.com, condition: Ready}]\n", "is the kubelet's"},
-		{"expect[].condition", "not-node-problem-detectors", "expect: [{type: CSIPlugin, name: a.example.com, condition: KernelDeadlock}]\n", "node-problem-detector's"},
-		{"expect[]", "unique-plugin", "expect: [{type: CSIPlugin, name: a.example.com}, {type: CSIPlugin, name: a.example.com, condition: example.com/X}]\n", "is also expect[0]'s"},
-		{"expect[].condition", "unique", "expect: [{type: CSIPlugin, name: a.example.com}, {type: DRAPlugin, name: b.example.com, condition: a.example.com/CSIPluginReady}]\n", "is also expect[0]'s"},
-		{"expect[].taint", "key-effect", "expect: [{type: CSIPlugin, name: a.example.com, taint: a.example.com/not-ready}]\nkubernetes: {nodeName: n}\n", "write it as KEY:EFFECT"},
-		{"expect[].taint", "not-kubernetes", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'node.kubernetes.io/not-ready:NoExecute'}]\nkubernetes: {nodeName: n}\n", "Kubernetes reserves"},
-		{"expect[].taint", "needs-kubernetes", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'a.example.com/not-ready:NoExecute'}]\n", "taint is set, but kubernetes is not"},
-		{"expect[].retaint", "needs-taint", "expect: [{type: CSIPlugin, name: a.example.com, retaint: true}]\n", "retaint is set, but taint is not"},
-		{"expect[].taint", "one-effect", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoExecute'}]\nkubernetes: {nodeName: n}\n", "one key, one effect"},
-		{"expect[].retaint", "agree", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule', retaint: true}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoSchedule'}]\nkubernetes: {nodeName: n}\n", "disagree about retaint"},
-		{"expect[].taint", "not-removeTaintWhenReady", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}]\nkubernetes: {nodeName: n, removeTaintWhenReady: 'example.com/t:NoSchedule'}\n", "name it once"},
 		{"doctor.procDir", "proc", "doctor: {procDir: /}\n", "doctor.procDir / "},
 		{"doctor.kubeletRoots[]", "absolute", "doctor: {kubeletRoots: [var/lib/kubelet]}\n", "doctor.kubeletRoots[0]"},
 		{"backoff.max", "not-below-initial", "backoff: {initial: 1m, max: 30s}\n", "backoff.max (30s) is less than backoff.initial"},
 	}
+	rules = append(rules, expectRules()...)
 	for _, s := range countSettings {
 		rules = append(rules, configRule{s.field, "range", nest(s.field, fmt.Sprint(s.max+1)), s.field + " is"})
 	}
@@ -97,6 +79,44 @@ func configRules() []configRule {
 		rules = append(rules, configRule{"handlers[]." + s.field, "range", "handlers: [" + entry + "]\n", s.field + " is"})
 	}
 	return rules
+}
+
+// expectRules are the rules of expect's entries.
+func expectRules() []configRule {
+	return []configRule{
+		{"expect[]", "type-and-name", "expect: [{type: CSIPlugin}]\n", "type and name are both needed"},
+		{"expect[]", "no-spaces", "expect: [{type: CSIPlugin, name: 'a b'}]\n", "may not contain spaces, colons or control characters"},
+		{"expect[].minHealthyDevices", "positive", "expect: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: -1}]\n", "must be positive"},
+		{"expect[].minHealthyDevices", "only-deviceplugin", "expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "minHealthyDevices applies to DevicePlugin"},
+		{"expect[].minDevices", "positive", "expect: [{type: DRAPlugin, name: gpu.example.com, minDevices: -1}]\n", "must be positive"},
+		{"expect[].minDevices", "only-draplugin", "expect: [{type: DevicePlugin, name: example.com/gpu, minDevices: 2}]\n", "minDevices applies to DRAPlugin"},
+		{"expect[].deviceClasses", "only-draplugin", "expect: [{type: CSIPlugin, name: a.example.com, deviceClasses: [gpu.example.com]}]\nkubernetes: {nodeName: n}\n", "deviceClasses applies to DRAPlugin"},
+		{"expect[].deviceClasses[]", "dns-subdomain", "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [GPU_Class]}]\nkubernetes: {nodeName: n}\n", "is not a DeviceClass name"},
+		{"expect[].deviceClasses[]", "unique", "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com, gpu.example.com]}]\nkubernetes: {nodeName: n}\n", "is listed twice"},
+		{"expect[].deviceClasses", "needs-kubernetes", "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com]}]\n", "deviceClasses is set, but kubernetes is not"},
+		{"expect[].condition", "default-valid", "expect: [{type: CSIPlugin, name: -a}]\n", "the default condition type"},
+		{"expect[].condition", "qualified-name", "expect: [{type: CSIPlugin, name: a.example.com, condition: 'a/b/c'}]\n", "is not a valid Node condition type"},
+		{"expect[].condition", "not-kubelets", "expect: [{type: CSIPlugin, name: a.example.com, condition: Ready}]\n", "is the kubelet's"},
+		{"expect[].condition", "not-node-problem-detectors", "expect: [{type: CSIPlugin, name: a.example.com, condition: KernelDeadlock}]\n", "node-problem-detector's"},
+		{"expect[]", "unique-plugin", "expect: [{type: CSIPlugin, name: a.example.com}, {type: CSIPlugin, name: a.example.com, condition: example.com/X}]\n", "is also expect[0]'s"},
+		{"expect[].condition", "unique", "expect: [{type: CSIPlugin, name: a.example.com}, {type: DRAPlugin, name: b.example.com, condition: a.example.com/CSIPluginReady}]\n", "is also expect[0]'s"},
+		{"expect[].anyOf", "not-type", "expect: [{type: DevicePlugin, name: example.com/gpu, anyOf: [{type: DRAPlugin, name: gpu.example.com}]}]\n", "and anyOf are both set"},
+		{"expect[].anyOf", "not-empty", "expect: [{type: anyOf, name: gpu.example.com}]\n", "lists no alternatives"},
+		{"expect[].anyOf", "max-8", "expect: [{name: r.example.com, anyOf: [" + strings.Repeat("{type: DRAPlugin, name: a.example.com}, ", 8) + "{type: DRAPlugin, name: a.example.com}]}]\n", "at most 8"},
+		{"expect[].name", "anyOf-needs-name", "expect: [{anyOf: [{type: DRAPlugin, name: gpu.example.com}]}]\n", "an entry with anyOf needs a name"},
+		{"expect[].anyOf[].anyOf", "not-nested", "expect: [{name: r.example.com, anyOf: [{name: s.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com}]}]}]\n", "has an anyOf of its own"},
+		{"expect[].anyOf[]", "no-condition-or-taint", "expect: [{name: r.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com, condition: example.com/X}]}]\n", "are the entry's, not one alternative's"},
+		{"expect[].anyOf[]", "valid", "expect: [{name: r.example.com, anyOf: [{type: DRAPlugin}]}]\n", "anyOf[0]: type and name are both needed"},
+		{"expect[].anyOf[]", "unique", "expect: [{name: r.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com}, {type: DRAPlugin, name: gpu.example.com}]}]\n", "is also anyOf[0]"},
+		{"expect[].anyOf[]", "unique-plugin", "expect: [{type: DRAPlugin, name: gpu.example.com}, {name: r.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com}]}]\n", "expect[1].anyOf[0]: plugin DRAPlugin gpu.example.com is also expect[0]'s"},
+		{"expect[].taint", "key-effect", "expect: [{type: CSIPlugin, name: a.example.com, taint: a.example.com/not-ready}]\nkubernetes: {nodeName: n}\n", "write it as KEY:EFFECT"},
+		{"expect[].taint", "not-kubernetes", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'node.kubernetes.io/not-ready:NoExecute'}]\nkubernetes: {nodeName: n}\n", "Kubernetes reserves"},
+		{"expect[].taint", "needs-kubernetes", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'a.example.com/not-ready:NoExecute'}]\n", "taint is set, but kubernetes is not"},
+		{"expect[].retaint", "needs-taint", "expect: [{type: CSIPlugin, name: a.example.com, retaint: true}]\n", "retaint is set, but taint is not"},
+		{"expect[].taint", "one-effect", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoExecute'}]\nkubernetes: {nodeName: n}\n", "one key, one effect"},
+		{"expect[].retaint", "agree", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule', retaint: true}, {type: CSIPlugin, name: b.example.com, taint: 'example.com/t:NoSchedule'}]\nkubernetes: {nodeName: n}\n", "disagree about retaint"},
+		{"expect[].taint", "not-removeTaintWhenReady", "expect: [{type: CSIPlugin, name: a.example.com, taint: 'example.com/t:NoSchedule'}]\nkubernetes: {nodeName: n, removeTaintWhenReady: 'example.com/t:NoSchedule'}\n", "name it once"},
+	}
 }
 
 // belowMin is a duration under min, as YAML: half of it.

@@ -88,6 +88,7 @@ var refusalSites = []struct {
 	{"config.go", "check", 5}, // PolicyConfig's
 	{"config.go", "checkKubernetes", 7},
 	{"config.go", "checkExpect", 4},
+	{"config.go", "uniqueExpect", 1},
 	{"config.go", "parseLevel", 1},
 	{"handlers.go", "checkHandler", 3},
 	{"paths.go", "checkRegistryDir", 3},
@@ -95,9 +96,11 @@ var refusalSites = []struct {
 	{"paths.go", "statusTCP", 3},
 	{"bounds.go", "check", 2},
 	{"../kubenode/conditions.go", "WithDefaults", 11},
+	{"../kubenode/conditions.go", "checkDeviceClasses", 3},
 	{"../kubenode/taints.go", "taintRules", 5},
 	{"../kubenode/conditions.go", "DefaultCondition", 1},
 	{"../kubenode/conditions.go", "ParseTaint", 4},
+	{"../kubenode/anyof.go", "withAlternatives", 8},
 }
 
 // The refusals in the code are the ones configRules was written for: a

@@ -18,6 +18,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/internal/version"
 	"github.com/plugd/plugd/cmd/plugd/internal/doctor"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode"
 	"github.com/plugd/plugd/pluginmanager"
 )
 
@@ -96,7 +97,7 @@ func (d *Daemon) listPlugins(w http.ResponseWriter, r *http.Request) {
 		if (typ == "" || s.Type == typ) && (name == "" || s.Name == name) && (state == "" || string(s.State) == state) {
 			p := toAPI(dir, s)
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			list.Plugins = append(list.Plugins, p)
 		}
 	}
@@ -109,7 +110,7 @@ func (d *Daemon) getPlugin(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.m.Plugins() {
 		if p := toAPI(dir, s); p.ID == id {
 			p.Details = d.details(s.Plugin)
-			p.Kubelet = d.kubeletView(s)
+			p.Kubelet, p.Holds = d.kubeletView(s), d.holds(s)
 			writeJSON(w, http.StatusOK, p)
 			return
 		}
@@ -136,6 +137,12 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range cfg.Expect {
 		x := doctor.Expected{Type: e.Type, Name: e.Name}
+		if len(e.AnyOf) > 0 {
+			x.Type = kubenode.TypeAnyOf
+			for _, a := range e.AnyOf {
+				x.AnyOf = append(x.AnyOf, doctor.Expected{Type: a.Type, Name: a.Name})
+			}
+		}
 		if d.kube != nil {
 			x.Condition = e.Condition // only written with Kubernetes
 		}
@@ -154,6 +161,16 @@ func (d *Daemon) findings(w http.ResponseWriter, r *http.Request) {
 				Message: p.Message, Permission: p.Permission, Since: p.Since})
 		}
 		in.Kubelet, in.Conditions, in.StaleCSINode = d.kubeletTruth()
+		if k := cfg.Kubernetes; k != nil {
+			in.NodeName = k.NodeName
+		}
+		select {
+		case <-d.m.Synced():
+			// Slices are held against the sockets: only once every socket
+			// of the registry directory is known.
+			in.DRASlices, _ = d.kube.DriverSlices() // a read problem is among Problems
+		default:
+		}
 		if cf := d.kube.Confinement(ctx); cf.Known {
 			in.Confinement = &doctor.Confinement{Confined: cf.Confined, NoClaim: cf.NoClaim, Message: cf.Message, At: cf.At}
 		}
@@ -372,7 +389,7 @@ func (p slogPrinter) Println(v ...any) { p.d.log.Warn("serving metrics", "err", 
 // Node's conditions and CSINode's stale entries, for the doctor.
 func (d *Daemon) kubeletTruth() (*doctor.KubeletAccess, []doctor.Condition, []doctor.StaleEntry) {
 	k := d.kube.Kubelet()
-	ka := &doctor.KubeletAccess{Address: k.Address, Live: k.Live, Started: k.Started, Restarted: k.Restarted}
+	ka := &doctor.KubeletAccess{Address: k.Address, Live: k.Live, Started: k.Started, Restarted: k.Restarted, Version: k.Version}
 	if p := k.Problem; p != nil {
 		ka.Reason, ka.Message, ka.Permission, ka.Since = p.Reason, p.Message, p.Permission, p.Since
 	}

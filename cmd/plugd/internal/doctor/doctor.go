@@ -27,6 +27,7 @@ import (
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/confine"
 	"github.com/plugd/plugd/internal/dirtrust"
+	"github.com/plugd/plugd/internal/nodecond"
 	"github.com/plugd/plugd/internal/textsafe"
 )
 
@@ -47,9 +48,11 @@ type Target struct {
 	Kubelet *api.KubeletView
 }
 
-// Expected is a plugin the node must have.
+// Expected is a plugin the node must have, or a resource (Type anyOf)
+// any of the plugins in AnyOf may provide.
 type Expected struct {
 	Type, Name, Condition string
+	AnyOf                 []Expected
 }
 
 // KubernetesProblem is trouble plugd has with the API server.
@@ -81,6 +84,9 @@ type KubeletAccess struct {
 	// Started is the kubelet's start; Restarted says plugd saw it restart.
 	Started   time.Time
 	Restarted bool
+	// Version is the kubelet's version as its Node reports it ("v1.37.2");
+	// empty if unknown. What the kubelet asks of DRA drivers depends on it.
+	Version string
 }
 
 // Condition is an expected plugin's Node condition as the Node has it
@@ -127,6 +133,11 @@ type Input struct {
 	Conditions []Condition
 	// StaleCSINode are CSINode entries the running kubelet does not hold.
 	StaleCSINode []StaleEntry
+	// NodeName is this node's Node, with Kubernetes.
+	NodeName string
+	// DRASlices counts the ResourceSlices published for this node, by
+	// driver; nil when unknown (no Kubernetes, or not read yet).
+	DRASlices map[string]int
 	// Confinement is what plugd's probe found of the admission policies
 	// that confine its ServiceAccount to its Node; nil without Kubernetes
 	// or before the probe told.
@@ -179,6 +190,7 @@ func Check(ctx context.Context, in Input) []api.Finding {
 	c.confinement()
 	c.kubeletAccess()
 	c.staleEntries()
+	c.draSlices()
 	c.pendingConditions()
 	for i := range c.out {
 		c.out[i] = printable(c.out[i])
@@ -292,12 +304,7 @@ func (c *checker) socket(p *Target, l look) {
 			Evidence: []string{"endpoint: " + p.Endpoint, "connecting: " + l.endpoint.err},
 			Remedy:   "the plugin announces an endpoint nobody serves: check the path the plugin (or node-driver-registrar's --csi-address / --kubelet-registration-path) gives, and that the driver's own container runs"}, p))
 	}
-	if l.health != "" {
-		c.add(about(api.Finding{Severity: api.SeverityWarning, Check: "health-service-missing",
-			Summary:  "the DRA driver advertises a device health service it does not implement",
-			Evidence: []string{"versions: " + strings.Join(p.Versions, ", "), "NodeWatchResources on " + p.Endpoint + ": " + l.health},
-			Remedy:   "serve the DRA health service the versions name, or remove it from the driver's supported versions (kubeletplugin: only enable health reporting when the driver implements it)"}, p))
-	}
+	c.draServices(p, l)
 }
 
 // fileEvidence is a socket file's age, owner and mode.
@@ -355,11 +362,21 @@ func (c *checker) duplicates() {
 // expected reports expected plugins with no socket.
 func (c *checker) expected() {
 	for _, e := range c.in.Expect {
-		if slices.ContainsFunc(c.in.Plugins, func(p Target) bool { return p.Type == e.Type && p.Name == e.Name }) {
+		alts, summary := []Expected{e}, fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir)
+		if len(e.AnyOf) > 0 {
+			var names []string
+			for _, a := range e.AnyOf {
+				names = append(names, a.Type+" "+a.Name)
+			}
+			alts, summary = e.AnyOf, fmt.Sprintf("expected resource %s: none of its plugins (%s) has a registration socket in %s", e.Name, strings.Join(names, ", "), c.in.RegistryDir)
+		}
+		if slices.ContainsFunc(c.in.Plugins, func(p Target) bool {
+			return slices.ContainsFunc(alts, func(a Expected) bool { return p.Type == a.Type && p.Name == a.Name })
+		}) {
 			continue
 		}
 		f := api.Finding{Severity: api.SeverityError, Check: "expected-missing", Type: e.Type, Name: e.Name,
-			Summary:  fmt.Sprintf("expected plugin %s %s has no registration socket in %s", e.Type, e.Name, c.in.RegistryDir),
+			Summary:  summary,
 			Evidence: []string{fmt.Sprintf("%d sockets in %s, none of it", len(c.in.Plugins), c.in.RegistryDir)},
 			Remedy:   "start the plugin on this node (is its DaemonSet scheduled here?), or remove it from expect"}
 		f.Evidence = append(f.Evidence, c.conditionEvidence(e.Type, e.Name)...)
@@ -540,6 +557,9 @@ func (c *checker) pendingConditions() {
 			Summary:  fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s): its write is under way", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason),
 			Evidence: append(c.conditionEvidence(cond.Type, cond.Name), "plugd finds: "+cond.WantMessage),
 			Remedy:   "none needed: a change of reason alone is written once it has held for 2s"}
+		if cond.Type == nodecond.Resource && cond.Status == "True" && cond.WantStatus == "False" {
+			f.Remedy = "none needed if another of its plugins is on its way: a resource's condition stays True for 10s after its last plugin stopped, while another may take over (a move from a device plugin to DRA); then False is written"
+		}
 		if failing {
 			f.Severity = api.SeverityWarning
 			f.Summary = fmt.Sprintf("the Node's condition %s says %s, but plugd finds %s (%s) and cannot write it", cond.Condition, orNone(cond.Status), cond.WantStatus, cond.WantReason)

@@ -69,10 +69,11 @@ func (quietHealth) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, 
 	return nil
 }
 
+// findings are those of fs of check and socket; "" matches any.
 func findings(fs []api.Finding, check, socket string) []api.Finding {
 	var out []api.Finding
 	for _, f := range fs {
-		if f.Check == check && (socket == "" || f.Socket == socket) {
+		if (check == "" || f.Check == check) && (socket == "" || f.Socket == socket) {
 			out = append(out, f)
 		}
 	}
@@ -427,5 +428,32 @@ func TestConfinement(t *testing.T) {
 				t.Errorf("%s: %q does not say %q", tc.name, text, s)
 			}
 		}
+	}
+}
+
+// A resource any of several plugins may provide (expect with anyOf) is
+// missing only while none of them has a socket: a device plugin gone after
+// the move to DRA is no finding.
+func TestExpectedAnyOf(t *testing.T) {
+	reg := filepath.Join(testenv.ShortDir(t, "doc"), "reg")
+	if err := os.MkdirAll(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	res := Expected{Type: "anyOf", Name: "gpu.example.com", Condition: "gpu.example.com/Ready",
+		AnyOf: []Expected{{Type: "DevicePlugin", Name: "example.com/gpu"}, {Type: "DRAPlugin", Name: "gpu.example.com"}}}
+	in := Input{RegistryDir: reg, KubeletRoots: []string{}, Expect: []Expected{res}}
+	got := findings(Check(context.Background(), in), "expected-missing", "")
+	if len(got) != 1 || !strings.Contains(got[0].Summary, "expected resource gpu.example.com: none of its plugins (DevicePlugin example.com/gpu, DRAPlugin gpu.example.com)") {
+		t.Errorf("none there: %+v", got)
+	}
+	in.Plugins = []Target{{Socket: filepath.Join(reg, "dra.sock"), Type: "DRAPlugin", Name: "gpu.example.com", State: "Registered", Answering: true}}
+	if got := findings(Check(context.Background(), in), "expected-missing", ""); len(got) != 0 {
+		t.Errorf("the DRA driver there: %+v", got)
+	}
+	// Its False held back while another plugin may take over says so.
+	in.Conditions = []Condition{{Type: "anyOf", Name: "gpu.example.com", Condition: "gpu.example.com/Ready", Status: "True", Reason: "PluginReady",
+		Pending: true, WantStatus: "False", WantReason: "SocketMissing"}}
+	if got := findings(Check(context.Background(), in), "condition-pending", ""); len(got) != 1 || !strings.Contains(got[0].Remedy, "stays True for 10s") {
+		t.Errorf("the switch's grace: %+v", got)
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"net"
 	"os"
 	"os/user"
-	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,9 +25,11 @@ import (
 // look is what Check saw of one socket itself.
 type look struct {
 	sock, endpoint dial
-	health         string // what the advertised health service answered, if it is missing
-	file           file
-	self           string // plugd's user and groups, for permission findings
+	// health is what a DRA driver's endpoint answered when asked for
+	// each version of the device health service, advertised or not.
+	health map[string]healthAnswer
+	file   file
+	self   string // plugd's user and groups, for permission findings
 }
 
 // dial is the outcome of connecting to a unix socket.
@@ -71,7 +73,7 @@ func lookAt(ctx context.Context, p *Target) look {
 		l.endpoint = dialUnix(ctx, p.Endpoint)
 	}
 	if p.Type == api.DRAPlugin && l.endpoint.kind != dialRefused && l.endpoint.kind != dialGone {
-		l.health = missingHealth(ctx, p)
+		l.health = probeHealth(ctx, p.Endpoint)
 	}
 	return l
 }
@@ -97,41 +99,81 @@ func dialUnix(ctx context.Context, path string) dial {
 	return out
 }
 
-// missingHealth asks the DRA health service p advertises for its stream,
-// and says what it answered if that is "not implemented". A driver that
-// implements it may send nothing for a while: that is fine.
-func missingHealth(ctx context.Context, p *Target) string {
-	v1, v1alpha1 := slices.Contains(p.Versions, drahealthv1.DRAResourceHealthService), slices.Contains(p.Versions, drahealthv1alpha1.DRAResourceHealthService)
-	if !v1 && !v1alpha1 {
-		return ""
+// healthAnswer is what a driver answered when asked for one version of
+// the DRA health service (NodeWatchResources).
+type healthAnswer int
+
+const (
+	healthUnknown       healthAnswer = iota // not asked, or no answer that tells (connection trouble)
+	healthServed                            // a report
+	healthQuiet                             // a stream still open, with nothing to say yet, at the deadline
+	healthUnimplemented                     // Unimplemented: it does not serve that version
+)
+
+// served says the driver serves the version it was asked for.
+func (a healthAnswer) served() bool { return a == healthServed || a == healthQuiet }
+
+func (a healthAnswer) String() string {
+	switch a {
+	case healthServed:
+		return "served (it sent a report)"
+	case healthQuiet:
+		return fmt.Sprintf("served (the stream stayed open for %s, with nothing to report yet)", healthTimeout)
+	case healthUnimplemented:
+		return "Unimplemented"
 	}
-	conn, err := grpc.NewClient("unix:"+p.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return "no answer that tells"
+}
+
+// probeHealth asks the driver at endpoint for a NodeWatchResources stream
+// in each version of the health service the kubelet knows, both at once,
+// whether the driver advertises them or not: the kubelet's choice of
+// which to ask depends on its version (draServices). A driver that
+// implements a version may send nothing for a while: a stream still open
+// at the deadline is served.
+func probeHealth(ctx context.Context, endpoint string) map[string]healthAnswer {
+	conn, err := grpc.NewClient("unix:"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
-	var recv func() error
-	if v1 {
+	var v1, v1alpha1 error
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		s, err := drahealthv1.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
-		if err != nil {
-			recv = func() error { return err }
-		} else {
-			recv = func() error { _, err := s.Recv(); return err }
+		if err == nil {
+			_, err = s.Recv()
 		}
-	} else {
+		v1 = err
+	})
+	wg.Go(func() {
 		s, err := drahealthv1alpha1.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &drahealthv1alpha1.NodeWatchResourcesRequest{})
-		if err != nil {
-			recv = func() error { return err }
-		} else {
-			recv = func() error { _, err := s.Recv(); return err }
+		if err == nil {
+			_, err = s.Recv()
 		}
+		v1alpha1 = err
+	})
+	wg.Wait()
+	return map[string]healthAnswer{
+		drahealthv1.DRAResourceHealthService:       answerOf(ctx, v1),
+		drahealthv1alpha1.DRAResourceHealthService: answerOf(ctx, v1alpha1),
 	}
-	if err := recv(); status.Code(err) == codes.Unimplemented {
-		return status.Convert(err).Message() + " (Unimplemented)"
+}
+
+// answerOf is what the first Recv of a health stream, err, says; ctx is
+// the probe's, whose deadline ends a stream that is open and quiet.
+func answerOf(ctx context.Context, err error) healthAnswer {
+	switch {
+	case err == nil:
+		return healthServed
+	case status.Code(err) == codes.Unimplemented:
+		return healthUnimplemented
+	case ctx.Err() != nil && status.Code(err) == codes.DeadlineExceeded:
+		return healthQuiet
 	}
-	return ""
+	return healthUnknown
 }
 
 // self names plugd's user and groups.

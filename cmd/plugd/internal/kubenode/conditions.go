@@ -31,11 +31,21 @@ type Expectation struct {
 	// not Unhealthy, in complete pools) it must publish for this node.
 	// Zero means 1.
 	MinDevices int
+	// DeviceClasses, for a DRAPlugin, are DeviceClasses that must exist and
+	// select enough of its usable devices (deviceclass.Matcher). Empty:
+	// none is checked.
+	DeviceClasses []string
 	// Taint, as KEY:EFFECT, is a taint of this plugin's, removed from the
 	// Node once it is ready (taints.go); Retaint puts it back when the
 	// plugin, once ready, is not any more.
 	Taint   string
 	Retaint bool
+	// AnyOf, when set, makes e a resource's rather than one plugin's:
+	// Name is the resource's, Type is TypeAnyOf, and the condition is True
+	// while any of these plugins is ready (anyof.go). Each takes the fields
+	// a plugin's entry takes for its type; none has a condition or taint of
+	// its own.
+	AnyOf []Expectation
 }
 
 // The reasons of plugd's Node conditions.
@@ -57,11 +67,15 @@ const (
 // subdomain (csi.example.com/CSIPluginReady), and
 // "<domain>/<resource>-<Type>Ready" for an extended resource name
 // (vendor.example/gpu-DevicePluginReady). A custom type contributes its last
-// path element (example.com/Greeter: GreeterReady). It returns an error,
+// path element (example.com/Greeter: GreeterReady); an entry with anyOf
+// (TypeAnyOf) nothing: gpu.example.com/Ready, example.com/gpu-Ready. It returns an error,
 // asking for an explicit condition, when the result would not be a valid
 // condition type (a qualified name).
 func DefaultCondition(typ, name string) (string, error) {
 	kind := typ[strings.LastIndex(typ, "/")+1:]
+	if typ == TypeAnyOf {
+		kind = "" // a resource's: gpu.example.com/Ready
+	}
 	c := name + "/" + kind + "Ready"
 	if strings.Contains(name, "/") {
 		c = name + "-" + kind + "Ready"
@@ -75,6 +89,12 @@ func DefaultCondition(typ, name string) (string, error) {
 // WithDefaults returns e with its condition and device count filled in, or
 // an error that names what is wrong.
 func (e Expectation) WithDefaults() (Expectation, error) {
+	if len(e.AnyOf) > 0 || e.Type == TypeAnyOf {
+		var err error
+		if e, err = e.withAlternatives(); err != nil {
+			return e, err
+		}
+	}
 	switch {
 	case e.Type == "" || e.Name == "":
 		return e, errors.New("type and name are both needed, as the plugin sends them in GetInfo")
@@ -90,6 +110,9 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("minDevices applies to %s plugins, not %s", TypeDRA, e.Type)
 	case e.Retaint && e.Taint == "":
 		return e, errors.New("retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)")
+	}
+	if err := checkDeviceClasses(e); err != nil {
+		return e, err
 	}
 	if e.Taint != "" {
 		if _, _, err := ParseTaint(e.Taint); err != nil {
@@ -118,6 +141,36 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("condition %q is node-problem-detector's, which writes it too: plugd's writes and its would undo each other; choose a type of your own, such as %s/PluginReady", e.Condition, e.Name)
 	}
 	return e, nil
+}
+
+// UsesDeviceClasses says e, or one of its alternatives, names
+// DeviceClasses: plugd then reads them from the Kubernetes API.
+func (e Expectation) UsesDeviceClasses() bool { return len(e.deviceClassNames()) > 0 }
+
+// deviceClassNames are the DeviceClasses e and its alternatives name.
+func (e Expectation) deviceClassNames() []string {
+	names := slices.Clone(e.DeviceClasses)
+	for _, a := range e.AnyOf {
+		names = append(names, a.DeviceClasses...)
+	}
+	return names
+}
+
+// checkDeviceClasses checks the DeviceClasses e names: for a DRAPlugin
+// only, each a valid DeviceClass name (a DNS subdomain), once.
+func checkDeviceClasses(e Expectation) error {
+	if len(e.DeviceClasses) > 0 && e.Type != TypeDRA {
+		return fmt.Errorf("deviceClasses applies to %s plugins, not %s: a DeviceClass selects DRA devices", TypeDRA, e.Type)
+	}
+	for i, c := range e.DeviceClasses {
+		if errs := content.IsDNS1123Subdomain(c); len(errs) > 0 {
+			return fmt.Errorf("deviceClasses[%d] %q is not a DeviceClass name (a DNS subdomain, such as gpu.example.com): %s", i, c, strings.Join(errs, "; "))
+		}
+		if slices.Contains(e.DeviceClasses[:i], c) {
+			return fmt.Errorf("deviceClasses[%d] %q is listed twice: name each DeviceClass once", i, c)
+		}
+	}
+	return nil
 }
 
 // npdConditions are the condition types node-problem-detector's shipped

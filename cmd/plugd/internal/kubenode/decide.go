@@ -95,12 +95,15 @@ type memory struct {
 	// republish is, by condition type, since when a DRA driver whose
 	// condition is True has had an incomplete pool (republished).
 	republish map[string]time.Time
+	// switching is, by condition type, since when an anyOf condition the
+	// Node shows True has had no ready alternative (anyof.go).
+	switching map[string]time.Time
 }
 
 func newMemory() memory {
 	return memory{written: map[string]written{}, held: map[string]*heldVerdict{}, disagree: map[disagreementKey]*disagreement{},
 		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}, taints: map[string]taintMemory{},
-		republish: map[string]time.Time{}}
+		republish: map[string]time.Time{}, switching: map[string]time.Time{}}
 }
 
 // clone is a copy of m that shares nothing with it.
@@ -110,6 +113,7 @@ func (m memory) clone() memory {
 	c.republish = maps.Clone(m.republish)
 	c.held, c.disagree = cloneEach(m.held), cloneEach(m.disagree)
 	c.fights, c.taints = cloneEach(m.fights), maps.Clone(m.taints)
+	c.switching = maps.Clone(m.switching)
 	for _, f := range c.fights {
 		f.pending = slices.Clone(f.pending)
 	}
@@ -320,11 +324,10 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		c := *cur
 		st.Actual = &c
 	}
-	v, ok := judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
-	var wait time.Time
-	if !ok {
+	v, ok, wait := d.judgeExpectation(e, cur)
+	if !ok && wait.IsZero() {
 		v, ok, wait = d.notInCSINode(e.Condition, f.views[k])
-	} else {
+	} else if ok {
 		delete(d.m.notInCSINode, e.Condition)
 	}
 	if !ok {
@@ -337,6 +340,11 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		v, wait = d.republished(e.Condition, v, cur)
 	}
 	st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
+	if due, held := d.switching(e, v, cur); held {
+		p.ready[e.Condition], st.Pending = true, true // True on the Node while another may take over
+		p.states = append(p.states, st)
+		return due
+	}
 	p.ready[e.Condition] = v.status == corev1.ConditionTrue
 	p.allReady = p.allReady && v.status == corev1.ConditionTrue
 	if sameVerdict(cur, v) {
@@ -372,6 +380,11 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 // the condition says False. Otherwise nothing is concluded; wait is when
 // to judge again.
 func (d *decision) notInCSINode(cond string, v view) (_ conditionVerdict, ok bool, wait time.Time) {
+	return d.notInCSINodeOf(d.expectation(cond), cond, v)
+}
+
+// notInCSINodeOf is notInCSINode for the plugin of e, remembered as id.
+func (d *decision) notInCSINodeOf(e Expectation, cond string, v view) (_ conditionVerdict, ok bool, wait time.Time) {
 	if v.State != api.KubeletRegistered || v.Reason != "NotInCSINode" {
 		delete(d.m.notInCSINode, cond)
 		return conditionVerdict{}, false, time.Time{}
@@ -384,7 +397,6 @@ func (d *decision) notInCSINode(cond string, v view) (_ conditionVerdict, ok boo
 	if d.f.now.Before(since.Add(csiNodeWait)) {
 		return conditionVerdict{}, false, since.Add(csiNodeWait)
 	}
-	e := d.expectation(cond)
 	return conditionVerdict{corev1.ConditionFalse, "NotInCSINode", nodecond.Message(e.Type, e.Name,
 		fmt.Sprintf("the kubelet holds its socket, but its CSINode has not listed the driver for %s: its registration failed (a kubelet before v1.36 keeps such a socket and never retries it: restart the plugin's pod)", csiNodeWait))}, true, time.Time{}
 }
@@ -483,7 +495,7 @@ func (d *decision) writeDue(e Expectation, k key, v conditionVerdict, cur *corev
 	if due := d.overwritten(e, k, v, cur); d.f.now.Before(due) {
 		return due
 	}
-	if cur != nil && cur.Status == v.status {
+	if cur != nil && cur.Status == v.status && !holderChanged(cur, v) {
 		if due := d.hold(e.Condition, v); d.f.now.Before(due) {
 			return due
 		}
@@ -585,8 +597,11 @@ func (d *decision) paceKubelet() time.Time {
 			d.p.wantMetrics = reading.At.Add(unsettledSlow)
 		}
 	}
+	if f.kubelet.reregistering && reading != nil {
+		d.p.wantMetrics = earliest(d.p.wantMetrics, reading.At.Add(unsettledFast))
+	}
 	if f.kubelet.live && reading != nil {
-		for _, e := range d.pol.expect {
+		for _, e := range expectedPlugins(d.pol.expect) {
 			v := f.views[key{e.Type, e.Name}]
 			if e.Type == TypeDevice && v.State == api.KubeletRegistered && v.healthy < e.MinHealthyDevices {
 				// A poll from the last read of the devices: the last read

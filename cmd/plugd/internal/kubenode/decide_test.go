@@ -15,6 +15,7 @@ import (
 
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
+	"github.com/plugd/plugd/internal/nodecond"
 )
 
 // The cases of decide's table, taken from test/kube's truth scenarios
@@ -67,7 +68,7 @@ type kubeletRead struct {
 // facts are what gather would make of w at now.
 func (w world) facts(now time.Time) facts {
 	socks := map[key][]Socket{}
-	for _, e := range w.expect {
+	for _, e := range expectedPlugins(w.expect) {
 		socks[key{e.Type, e.Name}] = nil
 	}
 	said := map[key]remembered{}
@@ -223,7 +224,7 @@ func TestDecide(t *testing.T) {
 		reads: []kubeletRead{{at: now.Add(-time.Second), started: started, registered: []string{"/r/dra.sock"}}}}
 	draReady := with(draHeld, func(w *world) { w.pools = draPool(1, 3) })
 	draReady = onNode(draReady, verdictOf(draReady, draExp, now), now.Add(-time.Minute))
-	for _, tc := range []decideCase{
+	cases := []decideCase{
 		{name: "start: the kubelet holds the plugin", w: held,
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
 		{name: "start: the socket answers, the kubelet has not taken it up yet",
@@ -298,6 +299,13 @@ func TestDecide(t *testing.T) {
 				w.conds = []corev1.NodeCondition{cond(csiExp, corev1.ConditionFalse, ReasonKubeletNotRegistered, "refused", now.Add(-time.Minute), now.Add(-time.Minute))}
 			}),
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
+		{name: "the kubelet drops the path it registered, to register it again: True held for its pass",
+			w:    with(ready, reregister(now.Add(-500*time.Millisecond))),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: unsettledFast, wantDevices: -1},
+		{name: "the kubelet drops the path it registered, and not back within its pass: False",
+			w:    with(ready, reregister(now.Add(-kubeletstate.Settle))),
+			want: []string{"False/KubeletNotRegistered"}, set: []string{"False/KubeletNotRegistered"}, notes: []string{"PluginNotReady"},
+			next: fastFor, wantMetrics: unsettledFast, wantDevices: -1},
 		{name: "the kubelet has seen the socket and refuses it: SeenNotRegistered, told after the grace",
 			w: with(held, func(w *world) {
 				w.csi = nil
@@ -499,8 +507,98 @@ func TestDecide(t *testing.T) {
 		{name: "a kubelet that renamed its ALPHA gauge: Inferred",
 			w:    with(held, func(w *world) { w.reads[0].registered, w.reads[0].renamedGauge = nil, true }),
 			want: []string{"True/Inferred"}, set: []string{"True/Inferred"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
-	} {
+	}
+	for _, tc := range append(cases, anyOfCases(now)...) {
 		t.Run(tc.name, func(t *testing.T) { testDecide(t, now, tc) })
+	}
+}
+
+// anyOfCases are TestDecide's cases of an expectation with alternatives: a
+// device plugin and a DRA driver, either of which makes the resource ready
+// (anyof.go).
+func anyOfCases(now time.Time) []decideCase {
+	res := Expectation{Type: TypeAnyOf, Name: "gpu.example.com", Condition: "gpu.example.com/Ready", AnyOf: []Expectation{
+		{Type: TypeDevice, Name: "vendor.example/gpu", MinHealthyDevices: 1}, {Type: TypeDRA, Name: "gpu.example.com"}}}
+	dpReady := world{expect: []Expectation{res}, socks: []Socket{gpuSock},
+		reads: []kubeletRead{{at: now, started: started, registered: []string{"/r/gpu.sock"}, devices: map[string]int{"vendor.example/gpu": 2}}}}
+	draReady := world{expect: []Expectation{res}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
+		reads: []kubeletRead{{at: now, started: started, registered: []string{"/r/dra.sock"}}}}
+	both := world{expect: []Expectation{res}, socks: []Socket{gpuSock, draSock}, slices: []string{"gpu.example.com"},
+		reads: []kubeletRead{{at: now, started: started, registered: []string{"/r/gpu.sock", "/r/dra.sock"}, devices: map[string]int{"vendor.example/gpu": 2}}}}
+	// neither: the device plugin gone, the DRA driver's socket answers,
+	// the kubelet has not registered it yet.
+	neither := world{expect: []Expectation{res}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
+		reads: []kubeletRead{{at: now, started: started}}}
+	// csiNotListed: a resource of a CSI driver or a DRA driver; the
+	// kubelet holds the CSI driver's socket, CSINode does not list it.
+	csiRes := Expectation{Type: TypeAnyOf, Name: "store.example.com", Condition: "store.example.com/Ready", AnyOf: []Expectation{
+		{Type: TypeCSI, Name: "csi.example.com"}, {Type: TypeDRA, Name: "gpu.example.com"}}}
+	csiNotListed := world{expect: []Expectation{csiRes}, socks: []Socket{csiSock},
+		reads: []kubeletRead{{at: now.Add(-time.Second), started: started, registered: []string{"/r/csi.sock"}}}}
+	on := func(w world, held world) world {
+		c := verdictOf(held, res, now)
+		w.conds = []corev1.NodeCondition{cond(res, c.Status, c.Reason, c.Message, now.Add(-time.Minute), now.Add(-time.Minute))}
+		return w
+	}
+	heldBy := func(holder string) func(t *testing.T, p plan) {
+		return func(t *testing.T, p plan) {
+			if m := p.states[0].Want.Message; !strings.HasPrefix(m, "plugd: anyOf gpu.example.com: held by "+holder+": registered with the kubelet") {
+				t.Errorf("message %q; want it held by %s", m, holder)
+			}
+		}
+	}
+	return []decideCase{
+		{name: "anyOf: the first alternative ready: True, held by it", w: dpReady,
+			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: heldBy("DevicePlugin vendor.example/gpu")},
+		{name: "anyOf: the second alternative ready: True, held by it", w: draReady,
+			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: heldBy("DRAPlugin gpu.example.com")},
+		{name: "anyOf: both ready: the holder stays, nothing written", w: on(both, draReady),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: heldBy("DRAPlugin gpu.example.com")},
+		{name: "anyOf: the holder stopped, the other ready: the new holder written at once, no transition",
+			w: on(draReady, dpReady), mem: func(m *memory) { m.switching[res.Condition] = now.Add(-5 * time.Second) },
+			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				heldBy("DRAPlugin gpu.example.com")(t, p)
+				if len(p.mem.switching) != 0 {
+					t.Errorf("the switch is over, yet remembered: %v", p.mem.switching)
+				}
+			}},
+		{name: "anyOf: the holder stopped, none ready yet: True kept for the switch's grace",
+			w:    on(neither, dpReady),
+			want: []string{"False/NoneReady"}, next: fastFor, wantMetrics: unsettledFast, wantDevices: -1, // fast reads end before the grace
+			check: func(t *testing.T, p plan) {
+				if !p.mem.switching[res.Condition].Equal(now) {
+					t.Errorf("the switch's start %v; want now", p.mem.switching)
+				}
+				if !p.ready[res.Condition] || !p.states[0].Pending || len(p.taints) != 0 {
+					t.Errorf("ready %v, pending %v, taints %+v; want True kept, a False pending", p.ready, p.states[0].Pending, p.taints)
+				}
+			}},
+		{name: "anyOf: none ready past the switch's grace: False, with both reasons",
+			w: on(neither, dpReady), prior: []time.Duration{switchGrace},
+			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, notes: []string{"PluginNotReady"}, next: slowFor - switchGrace, wantMetrics: unsettledSlow, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				m := p.set[0].Message
+				for _, s := range []string{"plugd: anyOf gpu.example.com: none ready (DevicePlugin vendor.example/gpu: SocketMissing, DRAPlugin gpu.example.com: KubeletNotRegistered): DevicePlugin vendor.example/gpu: no registration socket", "; DRAPlugin gpu.example.com: its socket answers"} {
+					if !strings.Contains(m, s) {
+						t.Errorf("message %q; want it to say %q", m, s)
+					}
+				}
+			}},
+		{name: "anyOf: a CSI alternative the kubelet holds, CSINode does not list: judged later", w: csiNotListed,
+			want: []string{""}, next: csiNodeWait, wantMetrics: -1, wantDevices: -1},
+		{name: "anyOf: a CSI alternative CSINode never lists: False, its reason among the others", w: csiNotListed, prior: []time.Duration{csiNodeWait},
+			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				if m := p.set[0].Message; !strings.Contains(m, "CSIPlugin csi.example.com: the kubelet holds its socket, but its CSINode has not listed the driver") || !strings.Contains(m, "(CSIPlugin csi.example.com: NotInCSINode, DRAPlugin gpu.example.com: SocketMissing)") {
+					t.Errorf("message %q", m)
+				}
+			}},
+		{name: "anyOf: none ready, and none was: False at once", w: neither,
+			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, next: fastFor, wantMetrics: unsettledFast, wantDevices: -1},
 	}
 }
 
@@ -582,5 +680,44 @@ func testDecide(t *testing.T, now time.Time, tc decideCase) {
 	}
 	if tc.check != nil {
 		tc.check(t, p)
+	}
+}
+
+// reregister makes w's CSI socket a new registrar's, which the kubelet
+// registered (a retry begun before the socket was made, which the reads
+// did not see begin) and dropped at dropped to register it again (its
+// timestamp was the old socket's), as test/kube's TopologyConflict
+// scenario caught it on a loaded machine.
+func reregister(dropped time.Time) func(*world) {
+	return func(w *world) {
+		made := dropped.Add(-3 * time.Second)
+		w.socks[0].Created = made
+		w.reads = []kubeletRead{{at: made.Add(-time.Second), started: started},
+			{at: made.Add(40 * time.Millisecond), started: started, seen: []string{"/r/csi.sock"}},         // retrying, as far as the reads know since now
+			{at: made.Add(1300 * time.Millisecond), started: started, registered: []string{"/r/csi.sock"}}, // the old retry, against the new socket
+			{at: dropped, started: started, seen: []string{"/r/csi.sock"}},                                 // dropped, to register it again
+			{at: t0, started: started, seen: []string{"/r/csi.sock"}}}                                      // not back yet
+	}
+}
+
+// Holds names the resources a plugin holds, as the Node says: the status
+// API's holds of a plugin.
+func TestHolds(t *testing.T) {
+	res := Expectation{Type: TypeAnyOf, Name: "gpu.example.com", Condition: "gpu.example.com/Ready"}
+	held := func(status corev1.ConditionStatus, text string) *corev1.NodeCondition {
+		return &corev1.NodeCondition{Type: "gpu.example.com/Ready", Status: status, Message: nodecond.Message(TypeAnyOf, "gpu.example.com", text)}
+	}
+	n := &Node{}
+	n.setConditions([]ConditionState{{Expectation: res, Actual: held(corev1.ConditionTrue, nodecond.HeldBy+"DRAPlugin gpu.example.com: registered")},
+		{Expectation: draExp, Actual: &corev1.NodeCondition{Status: corev1.ConditionTrue, Message: nodecond.Message(TypeDRA, "gpu.example.com", "registered")}}})
+	if got := n.Holds(TypeDRA, "gpu.example.com"); !slices.Equal(got, []string{"gpu.example.com/Ready"}) {
+		t.Errorf("the DRA driver holds %q", got)
+	}
+	if got := n.Holds(TypeDevice, "vendor.example/gpu"); got != nil {
+		t.Errorf("the device plugin holds %q", got)
+	}
+	n.setConditions([]ConditionState{{Expectation: res, Actual: held(corev1.ConditionFalse, "none ready: DRAPlugin gpu.example.com: gone (SocketMissing)")}})
+	if got := n.Holds(TypeDRA, "gpu.example.com"); got != nil {
+		t.Errorf("a False condition held by %q", got)
 	}
 }

@@ -31,7 +31,7 @@ func (n *Node) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	for _, s := range n.sources() {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	wg.Go(func() { n.kubelet.Run(ctx) })
@@ -148,7 +148,7 @@ func (l *loop) sockets() (map[key][]Socket, bool) {
 			unasked = true
 		}
 	}
-	for _, e := range n.cfg.Expect {
+	for _, e := range expectedPlugins(n.cfg.Expect) {
 		if k := (key{e.Type, e.Name}); socks[k] == nil {
 			socks[k] = nil
 		}

@@ -205,6 +205,11 @@ func TestExpectationDefaults(t *testing.T) {
 		{Expectation{Type: TypeCSI, Name: "csi.example.com", Condition: "bad condition"}, "not a valid"},
 		{Expectation{Type: TypeCSI, Name: "csi.example.com", MinHealthyDevices: 1}, "applies to DevicePlugin"},
 		{Expectation{Type: TypeCSI, Name: "csi example"}, "spaces"},
+		{Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com", "fast.gpu.example.com"}}, "gpu.example.com/DRAPluginReady"},
+		{Expectation{Type: TypeDevice, Name: "vendor.example/gpu", DeviceClasses: []string{"gpu.example.com"}}, "deviceClasses applies to DRAPlugin plugins, not DevicePlugin"},
+		{Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com", "GPU_Class"}}, `deviceClasses[1] "GPU_Class" is not a DeviceClass name`},
+		{Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{""}}, `deviceClasses[0] "" is not a DeviceClass name`},
+		{Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"a.example.com", "b.example.com", "a.example.com"}}, `deviceClasses[2] "a.example.com" is listed twice`},
 		{Expectation{Type: TypeCSI}, "type and name"},
 	} {
 		e, err := tc.e.WithDefaults()

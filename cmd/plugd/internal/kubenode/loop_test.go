@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -83,11 +84,12 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 		cancel()
 		wg.Wait()
 	})
-	for _, s := range []*source{n.node, n.csiNode, n.slices, n.taintRules} {
+	all := append(n.sources(), n.taintRules) // the DeviceTaintRules' is Run's once discovery says
+	for _, s := range all {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	b.waitFor("the informers synced", func() bool {
-		return n.node.inf.HasSynced() && n.csiNode.inf.HasSynced() && n.slices.inf.HasSynced() && n.taintRules.inf.HasSynced()
+		return !slices.ContainsFunc(all, func(s *source) bool { return !s.inf.HasSynced() })
 	})
 	return b
 }

@@ -9,7 +9,7 @@ import (
 // metrics are the Node's Prometheus metrics:
 //
 //	plugd_kubelet_registered{type,name}                 1 if the running kubelet holds the plugin, 0 if not; absent while Unknown
-//	plugd_expected_plugin_ready{type,name,condition}    1 while an expected plugin's condition is True
+//	plugd_expected_plugin_ready{type,name,condition}    1 while an expected plugin's condition is True (type anyOf, name the resource's, for an entry with anyOf)
 //	plugd_kubernetes_api_healthy                        1 while every read and write of the node's objects works
 //	plugd_kubernetes_api_errors_total{operation,reason} failed writes
 //	plugd_kubernetes_writes_total{operation}            writes: patch_node_status, remove_taint, add_taint, event

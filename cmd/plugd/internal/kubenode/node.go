@@ -112,6 +112,9 @@ type Node struct {
 	taintRules    *source
 	rules         atomic.Int32
 	discoverRules func(context.Context) (bool, error)
+	// classes reads the DeviceClasses, only when an expectation names
+	// some (expect[].deviceClasses); nil otherwise.
+	classes *source
 	// fakeAPI is the clientset behind the clients when it is a fake one
 	// (tests): the informers then list rather than stream.
 	fakeAPI any
@@ -266,7 +269,8 @@ func (n *Node) buildSources() {
 		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice(classesMatched(n.cfg.Expect)), n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	n.classes = n.classSource()
+	for _, s := range n.sources() {
 		s.onChange = n.changed
 	}
 	n.buildTaintRules()
@@ -299,6 +303,45 @@ func (n *Node) buildSources() {
 	})
 }
 
+// sources are the informers plugd runs.
+func (n *Node) sources() []*source {
+	out := []*source{n.node, n.csiNode, n.slices}
+	if n.classes != nil {
+		out = append(out, n.classes)
+	}
+	return out
+}
+
+// classSource is the informer of the DeviceClasses the expectations name,
+// or nil when they name none. DeviceClasses are cluster-scoped and few (an
+// administrator's, one or two per kind of device): one class is watched by
+// its name, several all together (a field selector cannot say "one of").
+func (n *Node) classSource() *source {
+	var names []string
+	for _, e := range n.cfg.Expect {
+		names = append(names, e.deviceClassNames()...)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	if len(names) == 0 {
+		return nil
+	}
+	what, sel := "DeviceClasses", ""
+	if len(names) == 1 {
+		what, sel = "DeviceClass "+names[0], fields.OneTermEqualSelector("metadata.name", names[0]).String()
+	}
+	dc := n.resource.DeviceClasses()
+	s := newSource(what, "list, watch deviceclasses.resource.k8s.io", sel, &resourcev1.DeviceClass{}, slimDeviceClass, n.fakeAPI, n.log,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return dc.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return dc.Watch(ctx, o) })
+	_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { n.changed() },
+		UpdateFunc: func(any, any) { n.changed() },
+		DeleteFunc: func(any) { n.changed() },
+	})
+	return s
+}
+
 // Changed tells the Node that the plugins may have changed: they are
 // compared with the kubelet's and the API's view again shortly, and the
 // kubelet is read again while it has not caught up. It never blocks.
@@ -329,7 +372,7 @@ func (n *Node) KubeletView(typ, name string) (api.KubeletView, bool) {
 // writes, oldest first.
 func (n *Node) Problems() []Problem {
 	var out []Problem
-	for _, s := range []*source{n.node, n.csiNode, n.slices} {
+	for _, s := range n.sources() {
 		if p := s.trouble(); p != nil && p.Reason != ReasonNotSynced {
 			out = append(out, *p)
 		}
@@ -360,6 +403,14 @@ func (n *Node) snapshot() snapshot {
 		s.slices = append(s.slices, obj.(*resourcev1.ResourceSlice))
 	}
 	s.taintRules, s.taintRuleProblem = n.taintRulesNow()
+	if n.classes != nil {
+		s.classProblem = n.classes.trouble()
+		s.classes = map[string]*resourcev1.DeviceClass{}
+		for _, obj := range n.classes.inf.GetStore().List() {
+			c := obj.(*resourcev1.DeviceClass)
+			s.classes[c.Name] = c
+		}
+	}
 	return s
 }
 

@@ -192,22 +192,27 @@ func (s *source) trouble() *Problem {
 const (
 	maxKeptReason  = 128
 	maxKeptMessage = 1024
+	// maxKeptVersion bounds the kubelet's version as the Node reports it
+	// ("v1.37.2", or a distribution's "v1.37.2+k3s1").
+	maxKeptVersion = 64
 )
 
 // slimNode keeps of a Node what plugd reads: its name and UID (events
 // refer to it), labels (the topology a CSI driver reports is held against
 // them), plugd's own managedFields and who last wrote its taints, its
-// taints, capacity, allocatable and conditions, every one in its place
-// (plugd removes its duplicates by index), their reasons and messages cut
-// to maxKeptReason and maxKeptMessage.
+// taints, capacity, allocatable, the kubelet's version (by which the
+// doctor judges what the kubelet asks of DRA drivers) and conditions,
+// every one in its place (plugd removes its duplicates by index), their
+// reasons and messages cut to maxKeptReason and maxKeptMessage.
 func slimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
 	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
-		Spec:   corev1.NodeSpec{Taints: n.Spec.Taints},
-		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable}}
+		Spec: corev1.NodeSpec{Taints: n.Spec.Taints},
+		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable,
+			NodeInfo: corev1.NodeSystemInfo{KubeletVersion: cutText(n.Status.NodeInfo.KubeletVersion, maxKeptVersion)}}}
 	for _, mf := range n.ManagedFields {
 		switch {
 		case mf.Manager == nodecond.FieldManager:
@@ -296,4 +301,17 @@ func slimSlice(matched func(driver string) bool) cache.TransformFunc {
 // matches its driver's devices.)
 func classesMatched(expect []Expectation) func(driver string) bool {
 	return func(string) bool { return false }
+}
+
+// slimDeviceClass keeps a DeviceClass's name, UID and resourceVersion (its
+// compiled selectors are cached by the last two: deviceclass.Matcher) and
+// its selectors: not its configuration for drivers (opaque parameters, up
+// to 10 KiB each), which plugd does not read.
+func slimDeviceClass(obj any) (any, error) {
+	c, ok := obj.(*resourcev1.DeviceClass)
+	if !ok {
+		return obj, nil
+	}
+	return &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: c.Name, UID: c.UID, ResourceVersion: c.ResourceVersion},
+		Spec: resourcev1.DeviceClassSpec{Selectors: c.Spec.Selectors}}, nil
 }

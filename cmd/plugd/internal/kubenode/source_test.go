@@ -3,15 +3,21 @@ package kubenode
 import (
 	"context"
 	"fmt"
-	"runtime"
+	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/plugd/plugd/internal/testenv"
 )
 
 // The informers keep of each object what plugd reads, however large the
@@ -91,18 +97,18 @@ func TestSliceMemory(t *testing.T) {
 		t.Skip("builds 3,000 slices")
 	}
 	measure := func(matched func(string) bool) float64 {
-		var ms runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
+		var ms goruntime.MemStats
+		goruntime.GC()
+		goruntime.ReadMemStats(&ms)
 		base := ms.HeapAlloc
 		kept := make([]any, 3000)
 		slim := slimSlice(matched)
 		for i := range kept {
 			kept[i], _ = slim(largeSlice(i))
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		runtime.KeepAlive(kept)
+		goruntime.GC()
+		goruntime.ReadMemStats(&ms)
+		goruntime.KeepAlive(kept)
 		return float64(ms.HeapAlloc) - float64(base)
 	}
 	slim := measure(func(string) bool { return false })
@@ -131,4 +137,72 @@ func largeSlice(i int) *resourcev1.ResourceSlice {
 	return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-a-pool-%d", i)},
 		Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com", NodeName: new("node-a"),
 			Pool: resourcev1.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 3000}, Devices: devices}}
+}
+
+// Issue 34: DeviceClasses are read only when an expectation names some;
+// the informer keeps a class's name, UID, resourceVersion and selectors,
+// not its configuration for drivers; a change asks for an evaluation; one
+// class named is watched by its name.
+func TestDeviceClassesRead(t *testing.T) {
+	if b := newBench(t); b.n.classes != nil || b.n.snapshot().classes != nil {
+		t.Fatal("plugd reads DeviceClasses though no expectation names one")
+	}
+	names := func(cfg *Config) {
+		cfg.Expect = append(cfg.Expect,
+			Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com", "fast.gpu.example.com"}},
+			Expectation{Type: TypeDRA, Name: "nic.example.com", DeviceClasses: []string{"gpu.example.com"}})
+	}
+	b := newBenchWith(t, names, &corev1.Node{})
+	if len(b.n.sources()) != 4 || b.n.classes.op != "list and watch DeviceClasses" {
+		t.Fatalf("the DeviceClass informer: %d sources, %+v", len(b.n.sources()), b.n.classes)
+	}
+	ctx := t.Context()
+	select {
+	case <-b.n.kick: // the sync's
+	default:
+	}
+	opaque := runtime.RawExtension{Raw: []byte(`{"big":"` + strings.Repeat("x", 10000) + `"}`)}
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu.example.com", UID: "uid-1", ResourceVersion: "7", Labels: map[string]string{"a": "b"}},
+		Spec: resourcev1.DeviceClassSpec{
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}},
+			Config:    []resourcev1.DeviceClassConfiguration{{DeviceConfiguration: resourcev1.DeviceConfiguration{Opaque: &resourcev1.OpaqueDeviceConfiguration{Driver: "gpu.example.com", Parameters: opaque}}}}}}
+	if _, err := b.cs.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the class", func() bool { return b.n.snapshot().classes["gpu.example.com"] != nil })
+	s := b.n.snapshot()
+	got := s.classes["gpu.example.com"]
+	if got.UID != "uid-1" || got.ResourceVersion != "7" || len(got.Spec.Selectors) != 1 || got.Spec.Selectors[0].CEL.Expression != class.Spec.Selectors[0].CEL.Expression ||
+		got.Spec.Config != nil || got.Labels != nil {
+		t.Errorf("the informer keeps %+v", got)
+	}
+	if _, ok := s.classes["fast.gpu.example.com"]; ok || s.classProblem != nil {
+		t.Errorf("a class that does not exist: %v, trouble %+v", s.classes, s.classProblem)
+	}
+	select {
+	case <-b.n.kick:
+	case <-time.After(testenv.Timeout):
+		t.Error("a new DeviceClass asked for no evaluation")
+	}
+	if err := b.cs.ResourceV1().DeviceClasses().Delete(ctx, "gpu.example.com", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the class gone", func() bool { return b.n.snapshot().classes["gpu.example.com"] == nil })
+
+	// One class: watched by its name.
+	var sel []string
+	one := func(cfg *Config) {
+		cfg.Expect = append(cfg.Expect, Expectation{Type: TypeDRA, Name: "gpu.example.com", DeviceClasses: []string{"gpu.example.com"}})
+	}
+	b = newBenchWith(t, one, &corev1.Node{})
+	for _, a := range b.cs.Actions() {
+		if a.GetResource().Resource == "deviceclasses" {
+			if l, ok := a.(k8stesting.ListAction); ok {
+				sel = append(sel, l.GetListRestrictions().Fields.String())
+			}
+		}
+	}
+	if b.n.classes.op != "list and watch DeviceClass gpu.example.com" || len(sel) == 0 || slices.ContainsFunc(sel, func(s string) bool { return s != "metadata.name=gpu.example.com" }) {
+		t.Errorf("one class is read as %q with field selectors %q; want metadata.name=gpu.example.com", b.n.classes.op, sel)
+	}
 }

@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"fmt"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -97,7 +98,12 @@ func staleEntries(s snapshot, socks map[key][]Socket, kf kubeletFacts, kn kubele
 		}
 	}
 	held := map[string]bool{}
-	for p := range kn.Reading.Registered {
+	// What the kubelet holds, and what it is registering again (credited
+	// in kf.registered while its reconciler's pass runs).
+	holding := map[string]bool{}
+	maps.Copy(holding, kn.Reading.Registered)
+	maps.Copy(holding, kf.registered)
+	for p := range holding {
 		k, ok := named[p]
 		if !ok {
 			return nil, 0 // a socket plugd does not know: it may be any driver's
@@ -137,6 +143,9 @@ type KubeletStatus struct {
 	// Started is the kubelet's start; Restarted says plugd saw it restart.
 	Started   time.Time
 	Restarted bool
+	// Version is the kubelet's version as the Node reports it
+	// (status.nodeInfo.kubeletVersion); empty while the Node is not read.
+	Version string
 	// ReadAt is the last good read; Registered and Seen count the sockets
 	// its plugin manager held then, in its actual and desired states.
 	ReadAt           time.Time
@@ -147,7 +156,7 @@ type KubeletStatus struct {
 // time.
 func (n *Node) Kubelet() KubeletStatus {
 	k := n.kubeletEvidence()
-	st := KubeletStatus{Address: n.cfg.Kubelet.Address, Problem: problemOf(k.Problem), Restarted: k.Restarted}
+	st := KubeletStatus{Address: n.cfg.Kubelet.Address, Problem: problemOf(k.Problem), Restarted: k.Restarted, Version: n.kubeletVersion()}
 	if s := k.Reading; s != nil {
 		st.Started, st.ReadAt, st.Registered, st.Seen = s.Started, s.At, len(s.Registered), len(s.Seen)
 		st.Live = k.Problem == nil

@@ -70,6 +70,13 @@ const (
 	// registered. TestRegistrarRestartWritesTwice, TestOddNodeIDWrittenOnce.
 	coalesce    = 3 * time.Second
 	maxCoalesce = 10 * time.Second
+	// switchGrace is how long an anyOf condition stays True after its
+	// holder stopped while no other alternative is ready (anyof.go): a
+	// move from a device plugin to a DRA driver that stops the old before
+	// the new one has registered (its pod started, the kubelet's one-second
+	// loop, plugd's read of the kubelet) is not a False. A resource that
+	// is really gone says False this much later. TestDecide ("anyOf: ...").
+	switchGrace = 10 * time.Second
 	// defaultHeartbeat is HeartbeatInterval's default: the kubelet's own
 	// nodeStatusReportFrequency (5 minutes), so that plugd's conditions
 	// age as the kubelet's do. TestHeartbeat.

@@ -44,6 +44,12 @@ type snapshot struct {
 	// server serves them (nil otherwise), and the trouble of their reads.
 	taintRules       []deviceTaint
 	taintRuleProblem *Problem
+	// classes are the DeviceClasses the expectations name, by name, and
+	// classProblem the trouble reading them: while it is nil, a name
+	// missing from classes is a class that does not exist. Both are nil
+	// when no expectation names a class.
+	classes      map[string]*resourcev1.DeviceClass
+	classProblem *Problem
 }
 
 // Reasons of a KubeletView that say the API could not be read, rather than
@@ -112,6 +118,10 @@ type kubeletFacts struct {
 	live, down bool
 	registered map[string]bool
 	seen       map[string]bool
+	// reregistering says a path of registered is the kubelet's
+	// registering it again (kubeletstate.Evidence.Reregistering): read
+	// until it is back, or the pass it may take is over.
+	reregistering bool
 	// restarted says plugd saw the kubelet restart, at started.
 	restarted bool
 	started   time.Time
@@ -462,6 +472,9 @@ func kubeletFactsOf(ev kubeletstate.Evidence, address string, socks map[key][]So
 		for _, p := range ps {
 			if ev.Credited(p.Path, p.Created) {
 				kf.registered[p.Path] = true
+			}
+			if ev.Reregistering(p.Path, p.Created) {
+				kf.reregistering = true
 			}
 		}
 	}

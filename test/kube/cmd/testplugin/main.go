@@ -3,7 +3,8 @@
 // cannot be had here as modules):
 //
 //	testplugin registrar --csi-address SOCK --plugin-registration-path DIR --kubelet-registration-path SOCK
-//	testplugin csi --endpoint SOCK --name NAME --node-id ID [--topology-key KEY]
+//	testplugin csi --endpoint SOCK --name NAME --node-id ID [--topology-key KEY] [--no-validation]
+//	testplugin dra --registry-dir DIR --plugin-dir DIR --kubeconfig FILE --node-name NODE --node-uid UID [--break incomplete-pool|wrong-node|wrong-driver]
 //
 // registrar behaves as node-driver-registrar does: it asks the driver its
 // name (GetPluginInfo), unlinks a stale DIR/NAME-reg.sock, serves the
@@ -13,7 +14,12 @@
 //
 // csi is a CSI node plugin (github.com/container-storage-interface/spec):
 // Identity, and NodeGetInfo with the node id and, under KEY, the node id
-// as its accessible topology, as the hostpath driver reports it.
+// as its accessible topology, as the hostpath driver reports it;
+// NodePublishVolume and NodeUnpublishVolume refuse a request that lacks
+// what the spec requires, and publish nothing.
+//
+// dra is a DRA driver on k8s.io/dynamic-resource-allocation/kubeletplugin
+// that publishes one pool of two devices for its node (dra.go).
 package main
 
 import (
@@ -31,14 +37,16 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 func main() {
 	log.SetFlags(log.Lmicroseconds)
 	if len(os.Args) < 2 {
-		log.Fatal("usage: testplugin registrar|csi FLAGS")
+		log.Fatal("usage: testplugin registrar|csi|dra FLAGS")
 	}
 	var err error
 	switch os.Args[1] {
@@ -46,6 +54,8 @@ func main() {
 		err = registrar(os.Args[2:])
 	case "csi":
 		err = driver(os.Args[2:])
+	case "dra":
+		err = draDriver(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -132,6 +142,39 @@ type node struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
 	name, nodeID, topologyKey string
+	// noValidation answers NodePublishVolume and NodeUnpublishVolume
+	// Unimplemented whatever they are sent, as a driver that checks no
+	// request does: csi-sanity's node tests fail it.
+	noValidation bool
+}
+
+// NodePublishVolume refuses a request without a volume id, target path or
+// capability, as the CSI spec says (csi-sanity checks it); it publishes
+// nothing.
+func (d *node) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	switch {
+	case d.noValidation:
+	case req.GetVolumeId() == "":
+		return nil, status.Error(codes.InvalidArgument, "no volume id")
+	case req.GetTargetPath() == "":
+		return nil, status.Error(codes.InvalidArgument, "no target path")
+	case req.GetVolumeCapability() == nil:
+		return nil, status.Error(codes.InvalidArgument, "no volume capability")
+	}
+	return nil, status.Error(codes.Unimplemented, "this driver publishes no volume")
+}
+
+// NodeUnpublishVolume refuses a request without a volume id or target
+// path; it unpublishes nothing.
+func (d *node) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	switch {
+	case d.noValidation:
+	case req.GetVolumeId() == "":
+		return nil, status.Error(codes.InvalidArgument, "no volume id")
+	case req.GetTargetPath() == "":
+		return nil, status.Error(codes.InvalidArgument, "no target path")
+	}
+	return nil, status.Error(codes.Unimplemented, "this driver publishes no volume")
 }
 
 func (d *node) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -165,6 +208,7 @@ func driver(args []string) error {
 	fs.StringVar(&d.name, "name", "", "the driver's name")
 	fs.StringVar(&d.nodeID, "node-id", "", "the node id NodeGetInfo answers")
 	fs.StringVar(&d.topologyKey, "topology-key", "", "a topology key whose value is the node id")
+	fs.BoolVar(&d.noValidation, "no-validation", false, "answer NodePublishVolume and NodeUnpublishVolume Unimplemented, whatever the request")
 	fs.Parse(args)
 	os.Remove(*endpoint)
 	l, err := net.Listen("unix", *endpoint)

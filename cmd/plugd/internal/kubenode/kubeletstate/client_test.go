@@ -56,6 +56,50 @@ func TestCredited(t *testing.T) {
 	}
 }
 
+// TestReregistering: a registration the kubelet's actual state dropped
+// while its desired state kept the path, after the socket was made, is
+// the kubelet registering the path again: credited for one pass
+// (Settle), then not.
+func TestReregistering(t *testing.T) {
+	const path = "/r/csi.sock"
+	made := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	dropped := made.Add(2 * time.Second)
+	for _, tc := range []struct {
+		name           string
+		created        time.Time
+		readAt         time.Time
+		registeredLast bool
+		want           bool
+	}{
+		{"dropped, at once", made, dropped, false, true},
+		{"dropped, within the pass", made, dropped.Add(Settle - time.Millisecond), false, true},
+		{"dropped, the pass over", made, dropped.Add(Settle), false, false},
+		{"dropped before the socket was made", dropped.Add(time.Millisecond), dropped.Add(time.Millisecond), false, false},
+		{"registered again", made, dropped.Add(time.Second), true, false},
+	} {
+		var rec Record
+		read := func(at time.Time, registered bool) {
+			r := Reading{At: at, Started: made.Add(-time.Hour), Registered: map[string]bool{}, Seen: map[string]bool{path: true}}
+			r.Registered[path] = registered
+			if !registered {
+				delete(r.Registered, path)
+			}
+			rec.Read(r)
+		}
+		read(made.Add(time.Second), true)
+		read(dropped, false)
+		if !tc.readAt.Equal(dropped) {
+			read(tc.readAt, tc.registeredLast)
+		}
+		if got := rec.Evidence().Reregistering(path, tc.created); got != tc.want {
+			t.Errorf("%s: Reregistering = %v, want %v", tc.name, got, tc.want)
+		}
+		if got, want := rec.Evidence().Credited(path, tc.created), tc.want || tc.registeredLast; got != want {
+			t.Errorf("%s: Credited = %v, want %v", tc.name, got, want)
+		}
+	}
+}
+
 // metricsText is a kubelet's /metrics, trimmed: what plugd reads among
 // what it does not.
 const metricsText = `# HELP apiserver_audit_event_total [ALPHA] Counter of audit events generated and sent to the audit backend.

@@ -174,10 +174,28 @@ func (e Evidence) PresentSince(socket string) time.Time { return e.presentSince[
 // reading holds, is of the socket made at created, not of an older
 // socket at that path.
 func (e Evidence) Credited(socket string, created time.Time) bool {
-	if e.Reading == nil || !e.Reading.Registered[socket] {
+	switch {
+	case e.Reading == nil:
 		return false
+	case !e.Reading.Registered[socket]:
+		return e.Reregistering(socket, created)
 	}
 	return credited(created, pathRun{present: e.presentSince[socket], retrying: e.retrying[socket], dropped: e.dropped[socket]}, e.Reading.At)
+}
+
+// Reregistering says the kubelet's actual state dropped its registration
+// at socket's path, after the socket was made, while its desired state
+// kept the path, less than Settle before the reading: its reconciler
+// registering the path again, which it does in its next pass. It does so
+// when a registration it began before the socket was made (a retry of a
+// refused one, blocked dialling) reached the new socket and succeeded
+// with the older socket's timestamp; the reads may not have seen that
+// retry begin. Credited counts such a path as registered for that pass,
+// so that the condition does not follow the kubelet's bookkeeping; a
+// registration not back within Settle is lost.
+func (e Evidence) Reregistering(socket string, created time.Time) bool {
+	r, dropped := e.Reading, e.dropped[socket]
+	return r != nil && r.Seen[socket] && !r.Registered[socket] && dropped.After(created) && r.At.Before(dropped.Add(Settle))
 }
 
 // pathRun is what the kubelet's reads showed of one socket path: since

@@ -20,8 +20,11 @@ const (
 	// registration at its path may still be the old socket's: its plugin
 	// manager's reconciler runs every second and registers a new socket
 	// within one pass. A registration seen to start after the socket was
-	// made counts at once. TestCredited; kubenode's
-	// TestRegistrarRestartWritesTwice, TestRefusedRegistrationRetried.
+	// made counts at once. A registration the kubelet drops to register
+	// the path again counts for as long (Evidence.Reregistering).
+	// TestCredited, TestReregistering; kubenode's
+	// TestRegistrarRestartWritesTwice, TestRefusedRegistrationRetried, and
+	// TestDecide's "the kubelet drops the path it registered" cases.
 	Settle = 2 * time.Second
 	// Redials of the held connection: after a refused one (the kubelet is
 	// restarting: systemd's RestartSec is 10s) from holdRetryMin up to
