@@ -304,8 +304,11 @@ func judge(e Expectation, socks []Socket, unasked bool, v view, registryDir stri
 		if v.dra == nil {
 			return conditionVerdict{}, false // its slices not read: nothing is concluded
 		}
-		ok, why, more := draVerdict(*v.dra, e.MinDevices)
-		if !ok {
+		ok, why, more := draVerdict(*v.dra, e.MinDevices, e.DeviceClasses...)
+		switch {
+		case !ok && why == "":
+			return conditionVerdict{}, false // its classes not matched yet
+		case !ok:
 			return no(why, more)
 		}
 		text += ", " + more

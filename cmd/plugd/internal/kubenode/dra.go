@@ -1,6 +1,7 @@
 package kubenode
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 
 	"github.com/plugd/plugd/api"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/deviceclass"
 )
 
 // A DRA driver is ready in layers, each judged against what the API and
@@ -20,6 +22,9 @@ import (
 //	            or NoExecute taint (DevicesTainted) and are not Unhealthy by the
 //	            driver's DRAResourceHealth stream (DevicesUnhealthy);
 //	            TooFewDevices when the pools hold fewer devices than that
+//	classes     each DeviceClass the expectation names exists
+//	            (DeviceClassMissing) and selects minDevices of those usable
+//	            devices (NoMatchingDevices; package deviceclass)
 //
 // A republish (a pool's generation moves) does not turn a True condition
 // False while the new generation completes within republishGrace
@@ -33,6 +38,48 @@ const (
 	ReasonDevicesUnhealthy = "DevicesUnhealthy"
 	ReasonTooFewDevices    = "TooFewDevices"
 )
+
+// classNames are, by DRA driver, the DeviceClasses its expectations (and
+// anyOf alternatives) name, each once.
+func classNames(expect []Expectation) map[string][]string {
+	out := map[string][]string{}
+	for _, e := range expect {
+		for _, x := range append([]Expectation{e}, e.AnyOf...) {
+			if x.Type != TypeDRA {
+				continue
+			}
+			for _, c := range x.DeviceClasses {
+				if !slices.Contains(out[x.Name], c) {
+					out[x.Name] = append(out[x.Name], c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// matchClasses is what the DeviceClasses names make of the usable
+// devices of driver in v (the last layer: DeviceClassMissing,
+// NoMatchingDevices), with m's compiled classes; v unchanged where its
+// slices or the classes cannot be read.
+func matchClasses(m *deviceclass.Matcher, driver string, names []string, v view, classes map[string]*resourcev1.DeviceClass, problem *Problem) view {
+	if v.dra == nil || problem != nil || len(names) == 0 {
+		return v
+	}
+	st := *v.dra
+	st.classes = map[string]deviceclass.Result{}
+	for _, name := range names {
+		// A selector's runtime error or a missing class is a verdict; the
+		// count is held against each expectation's minDevices (draVerdict).
+		r, err := m.Check(context.Background(), name, classes[name], driver, st.matchable, 0)
+		if err != nil {
+			return v
+		}
+		st.classes[name] = r
+	}
+	v.dra = &st
+	return v
+}
 
 // deviceID names a device of a driver: its pool and its name.
 type deviceID struct{ pool, device string }
@@ -63,6 +110,12 @@ type draState struct {
 	taintKeys []string
 	unhealthy int
 	sick      []string
+	// matchable are the usable devices, as DeviceClasses are matched
+	// against them: kept only where a class is matched (judgeDRA's keep).
+	matchable []resourcev1.Device
+	// classes are what each DeviceClass an expectation of the driver names
+	// makes of the usable devices, by name (matchClasses).
+	classes map[string]deviceclass.Result
 }
 
 // incomplete are the pools whose newest generation lacks slices.
@@ -99,7 +152,7 @@ func evicts(e resourcev1.DeviceTaintEffect) bool {
 // judgeDRA is what the slices of driver on this node (as the informer
 // keeps them), the devices its health stream calls Unhealthy and the
 // taints of DeviceTaintRules say of its devices: a pure function.
-func judgeDRA(all []*resourcev1.ResourceSlice, driver string, unhealthy map[deviceID]bool, rules []deviceTaint) draState {
+func judgeDRA(all []*resourcev1.ResourceSlice, driver string, unhealthy map[deviceID]bool, rules []deviceTaint, keep bool) draState {
 	pools := map[string]*poolState{}
 	for _, sl := range all {
 		if sl.Spec.Driver != driver {
@@ -144,6 +197,9 @@ func judgeDRA(all []*resourcev1.ResourceSlice, driver string, unhealthy map[devi
 			}
 			s.usable++
 			p.usable++
+			if keep {
+				s.matchable = append(s.matchable, d)
+			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
@@ -174,7 +230,7 @@ func deviceTaintKeys(own []resourcev1.DeviceTaint, rules []deviceTaint, driver s
 // draVerdict is what the published and usable layers say of a driver
 // the kubelet holds: ok, with what to add to the True condition's text,
 // or the reason and text of False.
-func draVerdict(s draState, minDevices int) (ok bool, reason, text string) {
+func draVerdict(s draState, minDevices int, classes ...string) (ok bool, reason, text string) {
 	minDevices = max(minDevices, 1) // ready means usable: a device at least
 	if len(s.pools) == 0 {
 		return false, ReasonNoResourceSlices, "registered with the kubelet, but it has published no ResourceSlices for this node"
@@ -185,7 +241,20 @@ func draVerdict(s draState, minDevices int) (ok bool, reason, text string) {
 		})
 	}
 	if s.usable >= minDevices {
-		return true, "", fmt.Sprintf("%d usable devices in %s", s.usable, poolNames(s.pools))
+		text := fmt.Sprintf("%d usable devices in %s", s.usable, poolNames(s.pools))
+		for _, name := range classes {
+			r, judged := s.classes[name]
+			switch {
+			case !judged:
+				return false, "", "" // not matched (yet): nothing is concluded
+			case r.Reason != "":
+				return false, r.Reason, r.Message
+			case r.Matched < minDevices:
+				return false, deviceclass.ReasonNoMatch, fmt.Sprintf("%s, %d needed", r.Message, minDevices)
+			}
+			text += "; " + r.Message
+		}
+		return true, "", text
 	}
 	short := fmt.Sprintf("%d usable devices of %d in %s, %d needed", s.usable, s.devices, poolNames(s.pools), minDevices)
 	switch {

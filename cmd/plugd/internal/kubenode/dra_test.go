@@ -11,6 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/deviceclass"
 )
 
 // The published and usable layers, as a pure function of the slices, the
@@ -63,7 +67,7 @@ func TestJudgeDRA(t *testing.T) {
 		{name: "too few", min: 3, slices: gen(1, 2, "a", "b"), reason: ReasonTooFewDevices, text: "2 usable devices of 2 in pool gpus, 3 needed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ok, reason, text := draVerdict(judgeDRA(tc.slices, drv, tc.unhealthy, tc.rules), tc.min)
+			ok, reason, text := draVerdict(judgeDRA(tc.slices, drv, tc.unhealthy, tc.rules, false), tc.min)
 			if ok != (tc.reason == "") || reason != tc.reason || !strings.Contains(text, tc.text) {
 				t.Errorf("= %v %s %q; want %s %q", ok, reason, text, tc.reason, tc.text)
 			}
@@ -80,9 +84,9 @@ func TestJudgeDRABounded(t *testing.T) {
 		all = append(all, resourceSlice("d", fmt.Sprintf("pool-%04d", i), 1, 1, "a"))
 		unhealthy[deviceID{fmt.Sprintf("pool-%04d", i), "a"}] = true
 	}
-	_, _, text := draVerdict(judgeDRA(all, "d", unhealthy, nil), 1)
+	_, _, text := draVerdict(judgeDRA(all, "d", unhealthy, nil, false), 1)
 	slices.Reverse(all)
-	_, _, again := draVerdict(judgeDRA(all, "d", unhealthy, nil), 1)
+	_, _, again := draVerdict(judgeDRA(all, "d", unhealthy, nil, false), 1)
 	if len(text) > 1024 || text != again || !strings.Contains(text, "and 992 more") {
 		t.Errorf("%d bytes, the same in another order %v: %s", len(text), text == again, text)
 	}
@@ -95,7 +99,7 @@ func TestPoolMetrics(t *testing.T) {
 	sick := map[deviceID]bool{{"gpus", "gpu-2"}: true}
 	all := append(draPool(1, 3)[:2], tainted(resourceSlice(draExp.Name, "gpus", 1, 3, "gpu-2", "gpu-3"), "example.com/xid", resourcev1.DeviceTaintEffectNoSchedule),
 		resourceSlice(draExp.Name, "nics", 2, 2, "nic-0"))
-	st := judgeDRA(all, draExp.Name, sick, nil)
+	st := judgeDRA(all, draExp.Name, sick, nil, false)
 	b.n.publish(map[key]view{{TypeDRA, draExp.Name}: {dra: &st}}, t0)
 	want := `
 # HELP plugd_dra_pool_complete 1 while a DRA driver's pool on this node has, at its newest generation, the ResourceSlices its resourceSliceCount says; 0 while it is incomplete (a republish, or a driver that failed to publish). The first 64 pools of a driver.
@@ -125,5 +129,45 @@ plugd_dra_pool_complete{driver="gpu.example.com",pool="nics"} 0
 		"gpu.example.com nics usable": 0, "gpu.example.com nics tainted": 0, "gpu.example.com nics unhealthy": 0}
 	if !maps.Equal(got, wantDevices) {
 		t.Errorf("plugd_dra_pool_devices = %v; want %v", got, wantDevices)
+	}
+}
+
+// The last layer: each DeviceClass the expectation names exists and its
+// CEL selectors select minDevices of the usable devices (package
+// deviceclass), matched where the views are made.
+func TestDRAClasses(t *testing.T) {
+	const drv = "gpu.example.com"
+	class := func(name, expr string) *resourcev1.DeviceClass {
+		return &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), ResourceVersion: "1"},
+			Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: expr}}}}}
+	}
+	classes := map[string]*resourcev1.DeviceClass{
+		"all":  class("all", `device.driver == "`+drv+`"`),
+		"none": class("none", `device.driver == "other.example.com"`),
+	}
+	all := []*resourcev1.ResourceSlice{resourceSlice(drv, "gpus", 1, 1, "gpu-0", "gpu-1")}
+	var m deviceclass.Matcher
+	for _, tc := range []struct {
+		names  []string
+		min    int
+		reason string
+	}{
+		{[]string{"all"}, 2, ""},
+		{[]string{"all"}, 3, ReasonTooFewDevices},
+		{[]string{"none"}, 1, deviceclass.ReasonNoMatch},
+		{[]string{"all", "gone"}, 1, deviceclass.ReasonMissing},
+	} {
+		st := judgeDRA(all, drv, nil, nil, true)
+		v := matchClasses(&m, drv, tc.names, view{dra: &st}, classes, nil)
+		ok, reason, text := draVerdict(*v.dra, tc.min, tc.names...)
+		if ok != (tc.reason == "") || reason != tc.reason {
+			t.Errorf("classes %v, %d needed: %v %s %q; want %s", tc.names, tc.min, ok, reason, text, tc.reason)
+		}
+	}
+	// Unmatched (the classes not read yet): nothing is concluded.
+	st := judgeDRA(all, drv, nil, nil, true)
+	v := matchClasses(&m, drv, []string{"all"}, view{dra: &st}, nil, &Problem{Reason: ReasonNotSynced})
+	if ok, reason, _ := draVerdict(*v.dra, 1, "all"); ok || reason != "" {
+		t.Errorf("classes not read: %v %s; want no verdict", ok, reason)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/deviceclass"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/backoff"
 )
@@ -90,6 +91,8 @@ type loop struct {
 	// wrote is the Node as plugd's last write of its conditions in this
 	// act returned it (nil: none yet).
 	wrote *corev1.Node
+	// classes keeps the DeviceClasses' compiled selectors.
+	classes deviceclass.Matcher
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
@@ -209,6 +212,12 @@ func (l *loop) views(socks map[key][]Socket, snap snapshot, kf kubeletFacts, ev 
 	views := make(map[key]view, len(socks))
 	for k, ps := range socks {
 		views[k] = kubeletView(k, ps, snap, kf, l.said[k])
+	}
+	for driver, names := range classNames(l.pol.expect) {
+		k := key{TypeDRA, driver}
+		if v, ok := views[k]; ok {
+			views[k] = matchClasses(&l.classes, driver, names, v, snap.classes, snap.classProblem)
+		}
 	}
 	stale, more := staleEntries(snap, socks, kf, ev)
 	*c = viewCache{in: in, socks: socks, said: maps.Clone(l.said), views: views, stale: stale, more: more}

@@ -335,9 +335,9 @@ func (n *Node) classSource() *source {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return dc.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return dc.Watch(ctx, o) })
 	_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { n.changed() },
-		UpdateFunc: func(any, any) { n.changed() },
-		DeleteFunc: func(any) { n.changed() },
+		AddFunc:    func(any) { n.sliceEvents.Add(1); n.changed() }, // the views are made again
+		UpdateFunc: func(any, any) { n.sliceEvents.Add(1); n.changed() },
+		DeleteFunc: func(any) { n.sliceEvents.Add(1); n.changed() },
 	})
 	return s
 }

@@ -296,11 +296,11 @@ func slimSlice(matched func(driver string) bool) cache.TransformFunc {
 }
 
 // classesMatched says which DRA drivers' devices are matched against
-// DeviceClasses, whose attributes and capacity the informer keeps: none
-// yet. (The hook of deviceClasses: an expectation that names classes
-// matches its driver's devices.)
+// DeviceClasses (an expectation, or an anyOf alternative, that names
+// deviceClasses), whose attributes and capacity the informer keeps.
 func classesMatched(expect []Expectation) func(driver string) bool {
-	return func(string) bool { return false }
+	drivers := classNames(expect)
+	return func(driver string) bool { return drivers[driver] != nil }
 }
 
 // slimDeviceClass keeps a DeviceClass's name, UID and resourceVersion (its

@@ -158,7 +158,7 @@ func kubeletView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembe
 	v := kubeletViewOf(k, socks, s, kf, mem)
 	v.Message = textsafe.Shorten(v.Message, maxViewMessage)
 	if k.typ == TypeDRA && s.sliceProblem == nil && s.taintRuleProblem == nil {
-		st := judgeDRA(s.slices, k.name, unhealthyDevices(socks), s.taintRules)
+		st := judgeDRA(s.slices, k.name, unhealthyDevices(socks), s.taintRules, s.classes != nil)
 		v.dra = &st
 		if v.State == api.KubeletRegistered {
 			// The layers above registration, for plugctl get (minDevices
