@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -76,6 +77,24 @@ func draPoolSlice(node string, i int, gen, count int64, taint string) *resourcea
 			Pool: resourceapi.ResourcePool{Name: "gpus", Generation: gen, ResourceSliceCount: count}, Devices: []resourceapi.Device{d}}}
 }
 
+// grantDeviceClasses grants plugd list and watch on DeviceClasses, as the
+// chart does when an entry names deviceClasses, until the test ends.
+func grantDeviceClasses(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	const name = "plugd-deviceclasses-layers"
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"deviceclasses"}, Verbs: []string{"list", "watch"}}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bind(t, name)
+	t.Cleanup(func() {
+		admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+		admin.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
 // The layers of a DRA driver's readiness, beside the real kubelet and API
 // server, with a real kubeletplugin driver whose slices the test writes
 // itself (the driver's identity: the admin's, as startDRA's) and whose
@@ -90,6 +109,30 @@ func TestDRALayers(t *testing.T) {
 	if err := cp.WriteKubeconfig(kubeconfig, plugdToken(t)); err != nil {
 		t.Fatal(err)
 	}
+	// The chart grants deviceclasses only when an entry names them; this
+	// one does: the class exists, and selects every device of the driver.
+	classes := admin.ResourceV1().DeviceClasses()
+	grantDeviceClasses(t)
+	className := "layers.gpu.example.com"
+	setClass := func(expr string) {
+		t.Helper()
+		c := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: className},
+			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
+		cur, err := classes.Get(ctx, className, metav1.GetOptions{})
+		if err != nil {
+			if _, err := classes.Create(ctx, c, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		c.ResourceVersion = cur.ResourceVersion
+		if _, err := classes.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	matchAll := `device.driver == "` + draName + `"`
+	setClass(matchAll)
+	t.Cleanup(func() { classes.Delete(context.Background(), className, metav1.DeleteOptions{}) })
 	conds := watchConditions(t, node, nil)
 	pd := startPlugd(t, dir, fmt.Sprintf(`mode: observe
 registryDir: %s
@@ -99,7 +142,7 @@ kubernetes:
   nodeName: %s
   kubelet: {address: %q, caFile: %s}
 expect:
-  - {type: DRAPlugin, name: %s}
+  - {type: DRAPlugin, name: %s, deviceClasses: [layers.gpu.example.com]}
 `, k.RegistryDir, kubeconfig, node, k.Addr, k.CertFile, draName))
 	drv := newHealthDRA()
 	if err := os.MkdirAll(filepath.Join(dir, "dra"), 0o750); err != nil {
@@ -255,6 +298,23 @@ expect:
 		}
 	})
 
+	t.Run("its DeviceClass: NoMatchingDevices, True, DeviceClassMissing, True", func(t *testing.T) {
+		from := time.Now()
+		setClass(`device.driver == "other.example.com"`)
+		waitCondition(t, node, cond, corev1.ConditionFalse, "NoMatchingDevices")
+		setClass(matchAll)
+		waitCondition(t, node, cond, corev1.ConditionTrue, "PluginReady")
+		if err := classes.Delete(ctx, className, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitCondition(t, node, cond, corev1.ConditionFalse, "DeviceClassMissing")
+		setClass(matchAll)
+		waitCondition(t, node, cond, corev1.ConditionTrue, "PluginReady")
+		writes(t, from, []string{"False/NoMatchingDevices", "True/PluginReady", "False/DeviceClassMissing", "True/PluginReady"},
+			"DeviceClass layers.gpu.example.com selects 0 of the driver's 3 usable devices", "DeviceClass layers.gpu.example.com selects 3 of the driver's 3 usable devices",
+			"DeviceClass layers.gpu.example.com does not exist")
+	})
+
 	t.Run("a quiet minute: no request to the API server, the health stream resent meanwhile", func(t *testing.T) {
 		from := time.Now()
 		time.Sleep(time.Minute) // the window measured, not a wait for something
@@ -272,11 +332,12 @@ expect:
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Four watches stream the initial state (Node, CSINode, ResourceSlices,
-		// DeviceTaintRules): no list, none reopened.
+		// Five watches stream the initial state (Node, CSINode, ResourceSlices,
+		// DeviceTaintRules, and the DeviceClass the entry names, by its name):
+		// no list, none reopened.
 		t.Logf("plugd's requests from its start: %v", total)
-		if total["list"] != 0 || total["watch"] != 4 {
-			t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 4", total["list"], total["watch"])
+		if total["list"] != 0 || total["watch"] != 5 {
+			t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 5", total["list"], total["watch"])
 		}
 		for l := range strings.Lines(pd.out.String()) {
 			if strings.Contains(l, "DeviceTaintRules") {
