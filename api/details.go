@@ -77,6 +77,20 @@ type DRADetails struct {
 	DRAInstance
 	Serving         bool `json:"serving"`
 	DriverAvailable bool `json:"driverAvailable"`
+	// Devices are the driver's devices whose health its DRAResourceHealth
+	// stream reported (the driver's, not the instance's), sorted by pool
+	// and device; empty if it reports none. At most 1024.
+	Devices []DRADeviceHealth `json:"devices,omitempty"`
+}
+
+// DRADeviceHealth is the health a DRA driver last reported for one of its
+// devices: Health is DeviceHealthy, DeviceUnhealthy or "Unknown" (not
+// reported, or not refreshed within the driver's timeout).
+type DRADeviceHealth struct {
+	Pool    string `json:"pool"`
+	Device  string `json:"device"`
+	Health  string `json:"health"`
+	Message string `json:"message,omitempty"`
 }
 
 // DRAObserved are the details of a DRA driver seen by a plugd observing:
@@ -94,6 +108,10 @@ type DRAObserved struct {
 	Reachable   bool      `json:"reachable"`
 	ReachableAt time.Time `json:"reachableAt,omitzero"`
 	LastError   string    `json:"lastError,omitempty"`
+	// HealthService is the health service followed, as in DRAInstance, and
+	// Devices what it reported, as in DRADetails.
+	HealthService string            `json:"healthService,omitempty"`
+	Devices       []DRADeviceHealth `json:"devices,omitempty"`
 }
 
 // DevicePluginOptions are a device plugin's answer to GetDevicePluginOptions.

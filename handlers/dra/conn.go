@@ -73,6 +73,36 @@ func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.Cl
 		fmt.Errorf("endpoint not ready within %s", h.opts.CallTimeout))
 	defer cancel()
 
+	conn, d, err := h.newConn(p)
+	if err != nil {
+		return nil, err
+	}
+	conn.Connect()
+	for {
+		state := conn.GetState()
+		switch state {
+		case connectivity.Ready:
+			return conn, nil
+		case connectivity.TransientFailure:
+			conn.Close()
+			reason := "connection failed"
+			if err := d.lastErr.Load(); err != nil {
+				reason = (*err).Error()
+			}
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", p.Endpoint, reason)
+		case connectivity.Idle:
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			conn.Close()
+			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, context.Cause(ctx))
+		}
+	}
+}
+
+// newConn is a client of p's endpoint, confined to the roots, not yet
+// connected.
+func (h *Handler) newConn(p pluginmanager.Plugin) (*grpc.ClientConn, *dialer, error) {
 	d := &dialer{confined: confine.For(p.Endpoint, p.Socket, h.opts.EndpointRoots), log: h.log.With("driver", p.Name, "socket", p.Socket)}
 	conn, err := grpc.NewClient("passthrough:///"+p.Endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -101,29 +131,9 @@ func (h *Handler) connect(ctx context.Context, p pluginmanager.Plugin) (*grpc.Cl
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, err)
+		return nil, nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, err)
 	}
-	conn.Connect()
-	for {
-		state := conn.GetState()
-		switch state {
-		case connectivity.Ready:
-			return conn, nil
-		case connectivity.TransientFailure:
-			conn.Close()
-			reason := "connection failed"
-			if err := d.lastErr.Load(); err != nil {
-				reason = (*err).Error()
-			}
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %s", p.Endpoint, reason)
-		case connectivity.Idle:
-			conn.Connect()
-		}
-		if !conn.WaitForStateChange(ctx, state) {
-			conn.Close()
-			return nil, fmt.Errorf("connect to DRA endpoint %s: %w", p.Endpoint, context.Cause(ctx))
-		}
-	}
+	return conn, d, nil
 }
 
 // start runs the instance's goroutines: one watching its connection and, if
@@ -136,7 +146,7 @@ func (h *Handler) start(ctx context.Context, in *instance) {
 		defer close(in.done)
 		var wg sync.WaitGroup
 		if in.healthService != "" {
-			wg.Go(func() { h.followHealth(ctx, in) })
+			wg.Go(func() { h.followHealth(ctx, h.instanceHealth(in)) })
 		}
 		h.watch(ctx, in)
 		wg.Wait()
@@ -164,16 +174,34 @@ func (h *Handler) watch(ctx context.Context, in *instance) {
 	}
 }
 
-// followHealth keeps a NodeWatchResources stream open to the instance and
+// healthSource is a health stream to follow: the connection, the health
+// service it speaks, who it is (for the log), and what to do with what it
+// sends.
+type healthSource struct {
+	conn                    *grpc.ClientConn
+	service, driver, socket string
+	record                  func(*drahealthv1.NodeWatchResourcesResponse)
+	// unsupported is called when the plugin answers Unimplemented.
+	unsupported func(error)
+}
+
+// instanceHealth is the health stream of a registered instance.
+func (h *Handler) instanceHealth(in *instance) healthSource {
+	return healthSource{conn: in.conn, service: in.healthService, driver: in.driver.name, socket: in.socket,
+		record:      func(r *drahealthv1.NodeWatchResourcesResponse) { h.recordHealth(in, r) },
+		unsupported: func(err error) { h.healthUnsupported(in, err) }}
+}
+
+// followHealth keeps a NodeWatchResources stream open to the source and
 // records what it reports, until ctx is done or the plugin answers
 // Unimplemented, which is how a driver says it does not report health.
-func (h *Handler) followHealth(ctx context.Context, in *instance) {
+func (h *Handler) followHealth(ctx context.Context, src healthSource) {
 	var client drahealthv1.DRAResourceHealthClient
-	switch in.healthService {
+	switch src.service {
 	case drahealthv1alpha1.DRAResourceHealthService:
-		client = drahealthv1.V1Alpha1ClientWrapper{Client: drahealthv1alpha1.NewDRAResourceHealthClient(in.conn)}
+		client = drahealthv1.V1Alpha1ClientWrapper{Client: drahealthv1alpha1.NewDRAResourceHealthClient(src.conn)}
 	default:
-		client = drahealthv1.NewDRAResourceHealthClient(in.conn)
+		client = drahealthv1.NewDRAResourceHealthClient(src.conn)
 	}
 	b := backoff.New(healthRetryMin, healthRetryMax, 0)
 	// One pace for the instance, whatever its streams: reopening one does
@@ -184,12 +212,12 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 	// of a stream that sends a fitting report, then a too-large one).
 	tooLarge := false
 	for {
-		received, err := h.healthStream(ctx, in, client, pace)
+		received, err := h.healthStream(ctx, src, client, pace)
 		if ctx.Err() != nil {
 			return
 		}
 		if status.Code(err) == codes.Unimplemented {
-			h.healthUnsupported(in, err)
+			src.unsupported(err)
 			return
 		}
 		if received {
@@ -203,9 +231,9 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 		reason := printable(fmt.Sprint(err), maxMessageLen)
 		if status.Code(err) == codes.ResourceExhausted && !tooLarge {
 			tooLarge = true
-			h.log.Warn("DRA health report too large; reopening the stream", "driver", in.driver.name, "socket", in.socket, "maxBytes", maxHealthMessageSize, "error", reason, "after", delay)
+			h.log.Warn("DRA health report too large; reopening the stream", "driver", src.driver, "socket", src.socket, "maxBytes", maxHealthMessageSize, "error", reason, "after", delay)
 		} else {
-			h.log.Debug("DRA health stream ended; reopening", "driver", in.driver.name, "socket", in.socket, "error", reason, "after", delay)
+			h.log.Debug("DRA health stream ended; reopening", "driver", src.driver, "socket", src.socket, "error", reason, "after", delay)
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -219,7 +247,7 @@ func (h *Handler) followHealth(ctx context.Context, in *instance) {
 
 // healthStream runs one stream until it ends, at the pace, and says whether
 // it delivered anything.
-func (h *Handler) healthStream(ctx context.Context, in *instance, client drahealthv1.DRAResourceHealthClient, pace *pacing.Pacer) (received bool, err error) {
+func (h *Handler) healthStream(ctx context.Context, src healthSource, client drahealthv1.DRAResourceHealthClient, pace *pacing.Pacer) (received bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A watch has no deadline: it lasts as long as the instance, whose
@@ -236,7 +264,7 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 			return received, err
 		}
 		received = true
-		h.recordHealth(in, resp)
+		src.record(resp)
 		waited, err := pace.Wait(ctx, proto.Size(resp))
 		if err != nil {
 			return received, err
@@ -244,7 +272,7 @@ func (h *Handler) healthStream(ctx context.Context, in *instance, client draheal
 		if waited && !slowed {
 			slowed = true
 			h.log.Warn("DRA driver sends health reports faster than they are taken; its stream is slowed to the pace",
-				"driver", in.driver.name, "socket", in.socket, "bytesPerSecond", healthBytesPerSecond)
+				"driver", src.driver, "socket", src.socket, "bytesPerSecond", healthBytesPerSecond)
 		}
 	}
 }
@@ -270,13 +298,19 @@ func (h *Handler) healthUnsupported(in *instance, err error) {
 // once to make room, and new devices the room does not cover are counted and
 // dropped, while the devices already kept are still refreshed.
 func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResourcesResponse) {
-	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sockets[in.socket] != in {
 		return
 	}
-	d := in.driver
+	h.recordDevicesLocked(in.driver, resp)
+	h.notifyLocked()
+}
+
+// recordDevicesLocked takes a health report into d's devices. h.mu must be
+// held.
+func (h *Handler) recordDevicesLocked(d *driver, resp *drahealthv1.NodeWatchResourcesResponse) {
+	now := h.opts.Clock.Now()
 	pruned := false
 	dropped := 0
 	for _, dh := range resp.GetDevices() {
@@ -317,7 +351,6 @@ func (h *Handler) recordHealth(in *instance, resp *drahealthv1.NodeWatchResource
 			h.log.Warn("DRA driver reports more devices than are kept; ignoring the rest", "driver", d.name, "max", maxDevices, "dropped", dropped)
 		}
 	}
-	h.notifyLocked()
 }
 
 // pruneStale forgets devices whose health has not been refreshed in time, to

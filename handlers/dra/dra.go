@@ -108,6 +108,12 @@ type Options struct {
 	// reconnections included, and refuses an endpoint that resolves outside
 	// them by then (one swapped for a symlink, say).
 	EndpointRoots []string
+
+	// Changed, if set, is called at every change of the handler's state,
+	// a device's reported health among them, with the handler's lock held:
+	// it must not block, nor call the handler. plugd's node agent judges
+	// a driver's devices by their health, within a second of a report.
+	Changed func()
 }
 
 // Handler is the pluginmanager.Handler for DRA drivers (type "DRAPlugin"),
@@ -135,6 +141,9 @@ type Handler struct {
 
 	// observed holds what Observe saw, by registration socket; observe mode only.
 	observed *observed.Table[*observation]
+	// followed are the health streams of observed drivers, by registration
+	// socket.
+	followed map[string]*observedHealth
 
 	// registering holds the cancel function of every Register in flight, for
 	// Close to end them.
@@ -286,6 +295,7 @@ func New(opts Options) *Handler {
 		sockets:     make(map[string]*instance),
 		changed:     make(chan struct{}),
 		registering: make(map[*context.CancelCauseFunc]struct{}),
+		followed:    make(map[string]*observedHealth),
 	}
 	h.observed = observed.New[*observation](&h.mu, h.notifyLocked, opts.CallTimeout, opts.EndpointRoots)
 	if opts.Registerer != nil {
@@ -480,6 +490,10 @@ func (h *Handler) Close() {
 	}
 	clear(h.sockets)
 	clear(h.drivers)
+	for _, f := range h.followed {
+		f.cancel()
+	}
+	clear(h.followed)
 	h.notifyLocked()
 	h.mu.Unlock()
 	h.observed.Close()
@@ -613,6 +627,9 @@ func (h *Handler) notifyLocked() {
 	if h.observe != nil {
 		h.observe()
 	}
+	if h.opts.Changed != nil {
+		h.opts.Changed()
+	}
 	close(h.changed)
 	h.changed = make(chan struct{})
 }
@@ -669,11 +686,7 @@ func (d *driver) snapshot(now time.Time) Driver {
 		s.Instances = append(s.Instances, in.snapshot())
 	}
 	for k, dev := range d.devices {
-		health := dev.health
-		if now.Sub(dev.receivedAt) > dev.timeout {
-			// Not refreshed in time: what was reported no longer holds.
-			health = Unknown
-		}
+		health := dev.healthAt(now)
 		s.Devices = append(s.Devices, DeviceHealth{
 			Pool: k.pool, Device: k.device, Health: health, Message: dev.message,
 			LastUpdated: dev.lastUpdated, ReceivedAt: dev.receivedAt,
@@ -686,6 +699,32 @@ func (d *driver) snapshot(now time.Time) Driver {
 		return strings.Compare(a.Device, b.Device)
 	})
 	return s
+}
+
+// healthAt is the device's health at now: Unknown once it was not
+// refreshed in time, as what was reported no longer holds.
+func (dev *device) healthAt(now time.Time) Health {
+	if now.Sub(dev.receivedAt) > dev.timeout {
+		return Unknown
+	}
+	return dev.health
+}
+
+// deviceHealth is the health of d's devices at now, as Details shows it:
+// by pool and device, without the times (a report that changes nothing
+// changes no Details).
+func (d *driver) deviceHealth(now time.Time) []api.DRADeviceHealth {
+	if len(d.devices) == 0 {
+		return nil
+	}
+	out := make([]api.DRADeviceHealth, 0, len(d.devices))
+	for k, dev := range d.devices {
+		out = append(out, api.DRADeviceHealth{Pool: k.pool, Device: k.device, Health: string(dev.healthAt(now)), Message: dev.message})
+	}
+	slices.SortFunc(out, func(a, b api.DRADeviceHealth) int {
+		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Device, b.Device))
+	})
+	return out
 }
 
 func (in *instance) snapshot() Instance {
@@ -718,5 +757,6 @@ func (h *Handler) Details(p pluginmanager.Plugin) any {
 		DRAInstance:     in.snapshot(),
 		Serving:         in.driver.serving() == in,
 		DriverAvailable: in.driver.available,
+		Devices:         in.driver.deviceHealth(h.opts.Clock.Now()),
 	}
 }

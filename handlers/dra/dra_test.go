@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -32,6 +33,7 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
@@ -987,5 +989,29 @@ func TestHealthEscaped(t *testing.T) {
 	reason := attr(found[0], "reason")
 	if !strings.HasPrefix(reason, `no\x1b[2J\u202exxx`) || len(reason) > maxMessageLen || !onlyPrintable(reason) {
 		t.Errorf("reason logged %q (%d bytes), want it escaped and at most %d bytes", reason, len(reason), maxMessageLen)
+	}
+}
+
+// A health report shows in the instance's Details, by device, without the
+// times (a resend that changes nothing changes no Details), and Changed
+// tells of it at once: plugd's node agent judges the driver's devices by
+// it within a second.
+func TestHealthInDetails(t *testing.T) {
+	changes := 0
+	h := New(Options{Changed: func() { changes++ }})
+	_, in := handMade(h)
+	p := pluginmanager.Plugin{Socket: in.socket}
+	h.recordHealth(in, healthReport("pool", "gpu", 2, drahealthv1.HealthStatus_UNHEALTHY))
+	first, ok := h.Details(p).(*InstanceStatus)
+	if !ok || changes != 1 {
+		t.Fatalf("Details = %#v, Changed called %d times; want an *InstanceStatus, once", h.Details(p), changes)
+	}
+	want := []api.DRADeviceHealth{{Pool: "pool", Device: "gpu-00000", Health: "Unhealthy"}, {Pool: "pool", Device: "gpu-00001", Health: "Unhealthy"}}
+	if !reflect.DeepEqual(first.Devices, want) {
+		t.Errorf("Details' devices = %+v; want %+v", first.Devices, want)
+	}
+	h.recordHealth(in, healthReport("pool", "gpu", 2, drahealthv1.HealthStatus_UNHEALTHY))
+	if again := h.Details(p).(*InstanceStatus); !reflect.DeepEqual(again, first) {
+		t.Errorf("a resend changed Details: %+v, then %+v", first, again)
 	}
 }

@@ -55,7 +55,7 @@ func TestHealthFloodIsPaced(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.healthStream(ctx, in, floodClient{s}, pacing.New(clk, healthBytesPerSecond, healthBurst, minHealthCost))
+		h.healthStream(ctx, h.instanceHealth(in), floodClient{s}, pacing.New(clk, healthBytesPerSecond, healthBurst, minHealthCost))
 	}()
 	defer func() { cancel(); <-done }()
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
 	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/handlers/internal/endpointwatch"
 	"github.com/plugd/plugd/pluginmanager"
@@ -36,7 +38,7 @@ type ObservedStatus = api.DRAObserved
 // socket, telling the manager (pluginmanager.EndpointReporter) and Details
 // when the endpoint goes and comes back.
 func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
-	service, _, err := check(&p)
+	service, health, err := check(&p)
 	look, ok := h.observed.Look()
 	if !ok {
 		return ErrClosed
@@ -58,6 +60,9 @@ func (h *Handler) Observe(ctx context.Context, p pluginmanager.Plugin) error {
 	}) {
 		return ErrClosed
 	}
+	if err == nil {
+		h.followObserved(p, health)
+	}
 	return err
 }
 
@@ -78,6 +83,84 @@ func (h *Handler) seen(o *observation, err error) (changed bool) {
 // endpoint: it is gone.
 func (h *Handler) Forget(p pluginmanager.Plugin) {
 	h.observed.Forget(p)
+	h.mu.Lock()
+	f := h.followed[p.Socket]
+	delete(h.followed, p.Socket)
+	h.mu.Unlock()
+	if f != nil {
+		f.cancel()
+	}
+}
+
+// observedHealth is the health stream plugd follows of a DRA driver it
+// observes: the kubelet opens its own stream to the driver, and
+// kubeletplugin serves each stream its own reports. Opening one is a read;
+// it tells plugd's node agent which devices are Unhealthy.
+type observedHealth struct {
+	endpoint, service string
+	d                 *driver // its devices' health
+	cancel            context.CancelFunc
+}
+
+// followObserved follows the health stream of p, observed, when it offers
+// one (health, the service), from its endpoint: one stream per socket,
+// started again when the endpoint or service changes, ended by Forget and
+// Close.
+func (h *Handler) followObserved(p pluginmanager.Plugin, health string) {
+	h.mu.Lock()
+	old := h.followed[p.Socket]
+	if h.closed || old != nil && old.endpoint == p.Endpoint && old.service == health {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.followed, p.Socket)
+	h.mu.Unlock()
+	if old != nil {
+		old.cancel()
+	}
+	if health == "" {
+		return
+	}
+	conn, _, err := h.newConn(p)
+	if err != nil {
+		h.log.Debug("DRA health stream not followed", "driver", p.Name, "socket", p.Socket, "error", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &observedHealth{endpoint: p.Endpoint, service: health, cancel: cancel,
+		d: &driver{name: p.Name, devices: make(map[deviceKey]*device)}}
+	h.mu.Lock()
+	if h.closed || h.followed[p.Socket] != nil {
+		h.mu.Unlock()
+		cancel()
+		conn.Close()
+		return
+	}
+	h.followed[p.Socket] = f
+	h.wg.Add(1)
+	h.mu.Unlock()
+	src := healthSource{conn: conn, service: health, driver: p.Name, socket: p.Socket,
+		record: func(r *drahealthv1.NodeWatchResourcesResponse) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.followed[p.Socket] == f {
+				h.recordDevicesLocked(f.d, r)
+				h.notifyLocked()
+			}
+		},
+		unsupported: func(error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.followed[p.Socket] == f {
+				f.service = ""
+				h.notifyLocked()
+			}
+		}}
+	go func() {
+		defer h.wg.Done()
+		defer conn.Close()
+		h.followHealth(ctx, src)
+	}()
 }
 
 // observedLocked returns Details of an observed plugin as an
@@ -87,7 +170,7 @@ func (h *Handler) observedLocked(p pluginmanager.Plugin) any {
 	if !ok {
 		return nil
 	}
-	return &ObservedStatus{
+	s := &ObservedStatus{
 		Driver:      seen.Name,
 		Endpoint:    seen.Endpoint,
 		Service:     o.service,
@@ -96,4 +179,8 @@ func (h *Handler) observedLocked(p pluginmanager.Plugin) any {
 		ReachableAt: o.reachableAt,
 		LastError:   o.lastErr,
 	}
+	if f := h.followed[p.Socket]; f != nil {
+		s.HealthService, s.Devices = f.service, f.d.deviceHealth(h.opts.Clock.Now())
+	}
+	return s
 }

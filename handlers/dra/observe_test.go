@@ -3,13 +3,16 @@ package dra
 import (
 	"encoding/json"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/plugd/plugd/api"
 	"github.com/plugd/plugd/internal/testenv"
 	"github.com/plugd/plugd/plugin"
 	"github.com/plugd/plugd/pluginmanager"
@@ -133,4 +136,33 @@ func TestObserveUnsupportedService(t *testing.T) {
 	if n := reg.Notifications(); n != 0 {
 		t.Errorf("the plugin was notified %d times, want none", n)
 	}
+}
+
+// Observing, the handler follows a driver's health stream as the kubelet
+// does (kubeletplugin serves each stream its own reports), and shows the
+// devices' health in Details; the stream ends when the socket goes.
+func TestObserveHealth(t *testing.T) {
+	e := startObserving(t)
+	const name = "gpu.example.com"
+	helper := e.startDriver(testDriver{devices: []kubeletplugin.DeviceHealth{
+		{PoolName: "pool-a", DeviceName: "gpu-0", Health: kubeletplugin.HealthStatusHealthy},
+		{PoolName: "pool-a", DeviceName: "gpu-1", Health: kubeletplugin.HealthStatusUnhealthy, Message: "ECC errors"},
+	}}, name, testenv.ShortDir(t, "drap"))
+	socket := e.regSocket(name, "")
+	ps := e.pm.WaitSocket(socket, pluginmanager.StateAnswering)
+	want := []api.DRADeviceHealth{{Pool: "pool-a", Device: "gpu-0", Health: "Healthy"}, {Pool: "pool-a", Device: "gpu-1", Health: "Unhealthy", Message: "ECC errors"}}
+	e.until("the devices' health in Details", func() bool {
+		d, _ := e.observedOf(ps.Plugin)
+		return d.HealthService == "v1.DRAResourceHealth" && reflect.DeepEqual(d.Devices, want)
+	})
+	if n := helper.RegistrationStatus(); n != nil {
+		t.Errorf("the plugin was told %+v; want nothing", n)
+	}
+	helper.Stop()
+	e.pm.WaitGone(socket)
+	e.until("the stream ended", func() bool {
+		e.h.mu.Lock()
+		defer e.h.mu.Unlock()
+		return len(e.h.followed) == 0
+	})
 }

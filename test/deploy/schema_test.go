@@ -71,6 +71,8 @@ var badValues = []badValue{
 	{"expect[].anyOf[] unique", "expect: [{name: r.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com}, {type: DRAPlugin, name: gpu.example.com, minHealthyDevices: 0}]}]", "", "is also anyOf[0]"},
 	{"expect[].anyOf[] unique-plugin", "expect: [{type: DRAPlugin, name: gpu.example.com}, {name: r.example.com, anyOf: [{type: DRAPlugin, name: gpu.example.com}]}]", "", "is also expect[0]'s"},
 	{"expect[] type-and-name", "expect: [{type: CSIPlugin, name: ''}]", "/expect/0/name", "type and name are both needed"},
+	{"expect[].minDevices only-draplugin", "expect: [{type: DevicePlugin, name: example.com/gpu, minDevices: 1}]", "/expect/0/type", "minDevices applies to DRAPlugin"},
+	{"expect[].minDevices positive", "expect: [{type: DRAPlugin, name: gpu.example.com, minDevices: -1}]", "/expect/0/minDevices", "must be positive"},
 	{"expect[].minHealthyDevices positive", "expect: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: -1}]", "/expect/0/minHealthyDevices", "must be positive"},
 	{"expect[].condition qualified-name", "expect: [{type: CSIPlugin, name: csi.example.com, condition: a/b/c}]", "/expect/0/condition", "is not a valid Node condition type"},
 	{"expect[].condition not-node-problem-detectors", "expect: [{type: CSIPlugin, name: csi.example.com, condition: KernelDeadlock}]", "/expect/0/condition", "node-problem-detector's"},

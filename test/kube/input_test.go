@@ -97,15 +97,17 @@ func metricValue(t *testing.T, pd *plugd, name string, labels ...string) float64
 
 // maxHeapWithSlices bounds plugd's Go heap (go_memstats_heap_alloc_bytes:
 // live objects, and garbage not yet collected) once it has read 3,000
-// ResourceSlices of 8.8 KB of its node. Kept whole they took plugd's RSS
-// to 286 MB (heap 227 MB); it keeps a count per driver (heap 15 MB).
+// ResourceSlices of 8.8 KB of its node (and 3,000 of another node are in
+// the cluster). Kept whole they took plugd's RSS to 286 MB (heap 227 MB);
+// it keeps their pools and their devices' names and taints (heap 52 MB,
+// RSS 98 MB, with the slices of the other node in the cluster).
 const maxHeapWithSlices = 64 << 20
 
 // Thousands of large objects of plugd's node, and a Node condition of
 // 1 MiB: the informers keep what plugd reads, plugd's heap stays small,
 // what it shows stays bounded, and the view counts the slices.
 func TestLargeAnswers(t *testing.T) {
-	const node, n = "node-large", 3000
+	const node, other, n = "node-large", "node-large-other", 3000
 	ctx := context.Background()
 	c := fastAdmin(t)
 	huge := strings.Repeat("x", 1<<20)
@@ -150,16 +152,29 @@ func TestLargeAnswers(t *testing.T) {
 			}
 		})
 	}
+	// As many of another node, which plugd's field selector keeps out.
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				if _, err := c.ResourceV1().ResourceSlices().Create(ctx, largeSlice(other, i, n), metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.ResourceV1().ResourceSlices().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		for _, nd := range []string{node, other} {
+			c.ResourceV1().ResourceSlices().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nd})
+		}
 	})
 	js, _ := json.Marshal(largeSlice(node, 0, n))
-	t.Logf("created %d ResourceSlices of %d bytes in %s", n, len(js), time.Since(start).Round(time.Millisecond))
+	t.Logf("created %d ResourceSlices of %d bytes for the node and as many for %s in %s", n, len(js), other, time.Since(start).Round(time.Millisecond))
 	eventually(t, "the view counting every slice", func() (bool, string) {
 		v := pd.plugin(t, draName).Kubelet
 		return v != nil && strings.Contains(v.Message, fmt.Sprintf("%d ResourceSlices for driver", n)), fmt.Sprintf("%+v", v)

@@ -277,7 +277,7 @@ doctor: {kubeletRoots: [%s]}
 		reads := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "plugd-reads"}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"list", "watch"}},
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices", "devicetaintrules"}, Verbs: []string{"list", "watch"}},
 		}}
 		if _, err := admin.RbacV1().ClusterRoles().Create(ctx, reads, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -462,10 +462,10 @@ func quietMinute(t *testing.T, pd *plugd, node string, heartbeat time.Duration) 
 		t.Fatal(err)
 	}
 	t.Logf("plugd's requests by verb from its start to the end of the quiet minute (audit log): %v", total)
-	// The three watches (Node, CSINode, ResourceSlices) stream the initial
-	// state: no list, and no watch reopened.
-	if total["list"] != 0 || total["watch"] != 3 {
-		t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 3", total["list"], total["watch"])
+	// The four watches (Node, CSINode, ResourceSlices, DeviceTaintRules)
+	// stream the initial state: no list, and no watch reopened.
+	if total["list"] != 0 || total["watch"] != 4 {
+		t.Errorf("plugd's reads from its start: %d list, %d watch; want 0 and 4", total["list"], total["watch"])
 	}
 	m, _ := plugctlMetrics(t, pd)
 	t.Logf("quiet minute %s: apiserver_request_total writes to nodes/events/csinodes: %d; plugd's requests by verb (audit log): %v",

@@ -551,8 +551,11 @@ func TestKubeletTruth(t *testing.T) {
 		// The new kubelet wipes the node's ResourceSlices as it starts, and
 		// the slices of a DRA driver it has not connected to 30s after its
 		// registration (its wipingDelay); the driver publishes them again.
-		// Neither is a disagreement, nor a change of the condition: the
-		// window measured runs past that 30s and plugd's grace twice over.
+		// Neither is a disagreement; the DRA driver is not usable while its
+		// slices are gone (NoResourceSlices, a reason of False that may be
+		// written once it has held 3s), and its True comes once they are
+		// back: the window measured runs past that 30s and plugd's grace
+		// twice over.
 		// (A window to show an absence in, not a wait for something.)
 		time.Sleep(time.Until(started.Add(30*time.Second + 2*2*time.Second + time.Second)))
 		// Each write of True came while the new kubelet held the plugin's
@@ -560,7 +563,11 @@ func TestKubeletTruth(t *testing.T) {
 		// written again, where it held 3s while the kubelet came back
 		// ("not running" to "restarted at T").
 		for _, c := range all {
-			n.expectWrites(t, c, from, "False/KubeletNotRegistered", "False/KubeletNotRegistered?", "True/PluginReady")
+			wiped := "False/NoResourceSlices?"
+			if c != draCond {
+				wiped = "False/KubeletNotRegistered?"
+			}
+			n.expectWrites(t, c, from, "False/KubeletNotRegistered", "False/KubeletNotRegistered?", wiped, "True/PluginReady")
 		}
 		want := disagree
 		for _, p := range [][2]string{{"CSIPlugin", csiName}, {"DevicePlugin", gpuName}, {"DRAPlugin", draName}} {

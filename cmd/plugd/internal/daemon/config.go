@@ -174,6 +174,9 @@ type ExpectConfig struct {
 	// MinHealthyDevices is, for a DevicePlugin, how many healthy devices
 	// make it ready. Default 1.
 	MinHealthyDevices int `json:"minHealthyDevices,omitempty"`
+	// MinDevices is, for a DRAPlugin, how many usable devices (in complete
+	// pools, untainted, not Unhealthy) make it ready. Default 1.
+	MinDevices int `json:"minDevices,omitempty"`
 	// DeviceClasses are, for a DRAPlugin, DeviceClasses (by name) that must
 	// exist and whose selectors must match enough of the driver's usable
 	// devices for it to be ready. Needs kubernetes. Empty: none.
@@ -659,7 +662,7 @@ func (k KubernetesConfig) kubeletConfig() kubenode.KubeletConfig {
 
 func (e ExpectConfig) expectation() kubenode.Expectation {
 	x := kubenode.Expectation{Type: e.Type, Name: e.Name, Condition: e.Condition, MinHealthyDevices: e.MinHealthyDevices,
-		DeviceClasses: slices.Clone(e.DeviceClasses), Taint: e.Taint, Retaint: e.Retaint}
+		MinDevices: e.MinDevices, DeviceClasses: slices.Clone(e.DeviceClasses), Taint: e.Taint, Retaint: e.Retaint}
 	for _, a := range e.AnyOf {
 		x.AnyOf = append(x.AnyOf, a.expectation())
 	}
@@ -670,7 +673,7 @@ func (e ExpectConfig) expectation() kubenode.Expectation {
 // an entry with anyOf has no type.
 func expectConfigOf(x kubenode.Expectation) ExpectConfig {
 	e := ExpectConfig{Type: x.Type, Name: x.Name, Condition: x.Condition, MinHealthyDevices: x.MinHealthyDevices,
-		DeviceClasses: slices.Clone(x.DeviceClasses), Taint: x.Taint, Retaint: x.Retaint}
+		MinDevices: x.MinDevices, DeviceClasses: slices.Clone(x.DeviceClasses), Taint: x.Taint, Retaint: x.Retaint}
 	if x.Type == kubenode.TypeAnyOf {
 		e.Type = ""
 	}

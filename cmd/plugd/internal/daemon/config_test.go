@@ -156,7 +156,7 @@ func TestExpectAnyOf(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := ExpectConfig{Name: "gpu.example.com", Condition: "gpu.example.com/Ready", Taint: "example.com/gpu-not-ready:NoSchedule", Retaint: true,
-		AnyOf: []ExpectConfig{{Type: "DevicePlugin", Name: "example.com/gpu", MinHealthyDevices: 1}, {Type: "DRAPlugin", Name: "gpu.example.com"}}}
+		AnyOf: []ExpectConfig{{Type: "DevicePlugin", Name: "example.com/gpu", MinHealthyDevices: 1}, {Type: "DRAPlugin", Name: "gpu.example.com", MinDevices: 1}}}
 	if len(c.Expect) != 1 || !reflect.DeepEqual(c.Expect[0], want) {
 		t.Errorf("expect %+v; want %+v", c.Expect, want)
 	}

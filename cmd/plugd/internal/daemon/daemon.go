@@ -40,6 +40,9 @@ type Daemon struct {
 	doctors chan struct{}  // a slot per doctor run (GET /v1/findings) under way
 	answers *answers       // for requests that come through no statusListener (tests)
 	kube    *kubenode.Node // nil unless cfg.Kubernetes is set
+	// detailChanges is signalled when a handler's details change without an
+	// event of the manager (a DRA device's health): follow tells kube.
+	detailChanges chan struct{}
 
 	streamsMu   sync.Mutex
 	streamsBy   map[string]int // open event streams by client (statusConn.peer); guarded by streamsMu
@@ -65,13 +68,14 @@ func New(cfg Config, logOut io.Writer) (*Daemon, error) {
 		h = slog.NewJSONHandler(logOut, hopts)
 	}
 	d := &Daemon{
-		log:       slog.New(h),
-		level:     level,
-		metrics:   prometheus.NewRegistry(),
-		doctors:   make(chan struct{}, maxDoctors),
-		answers:   newAnswers(),
-		streamsBy: map[string]int{},
-		cfg:       cfg,
+		log:           slog.New(h),
+		level:         level,
+		metrics:       prometheus.NewRegistry(),
+		doctors:       make(chan struct{}, maxDoctors),
+		answers:       newAnswers(),
+		streamsBy:     map[string]int{},
+		cfg:           cfg,
+		detailChanges: make(chan struct{}, 1),
 	}
 	d.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.m, err = pluginmanager.New(cfg.managerOptions(d.log, d.metrics)); err != nil {
@@ -133,6 +137,8 @@ func (d *Daemon) follow(ctx context.Context, sub *pluginmanager.Subscription) {
 		case <-synced:
 			synced = nil
 			d.kube.Changed()
+		case <-d.detailChanges:
+			d.kube.Changed()
 		case _, ok := <-sub.Events():
 			if !ok {
 				return
@@ -192,6 +198,15 @@ func (d *Daemon) kubeletView(s pluginmanager.PluginStatus) *api.KubeletView {
 	return &v
 }
 
+// detailsChanged tells follow that a handler's details changed; it never
+// blocks.
+func (d *Daemon) detailsChanged() {
+	select {
+	case d.detailChanges <- struct{}{}:
+	default:
+	}
+}
+
 // holds are the expected resources' conditions plugin s holds (anyOf).
 func (d *Daemon) holds(s pluginmanager.PluginStatus) []string {
 	if d.kube == nil || s.Type == "" {
@@ -212,7 +227,7 @@ func (d *Daemon) taintViews(s pluginmanager.PluginStatus) []api.TaintView {
 // addHandler builds the handler hc names and hands it to the manager. d.mu
 // must be held, or d not yet shared.
 func (d *Daemon) addHandler(hc HandlerConfig) error {
-	h, err := newHandler(hc, d.cfg.Policy.EndpointRoots, d.log, d.metrics)
+	h, err := newHandler(hc, d.cfg.Policy.EndpointRoots, d.log, d.metrics, d.detailsChanged)
 	if err != nil {
 		return fmt.Errorf("handler %s for %s: %w", hc.Handler, hc.Type, err)
 	}

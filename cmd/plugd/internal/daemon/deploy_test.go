@@ -239,6 +239,7 @@ func rules(rs []rbacv1.PolicyRule) []string {
 var plugdRules = []string{
 	" nodes list", " nodes watch", " nodes/metrics get", " nodes/status patch",
 	"events.k8s.io events create", "events.k8s.io events patch",
+	"resource.k8s.io devicetaintrules list", "resource.k8s.io devicetaintrules watch",
 	"resource.k8s.io resourceslices list", "resource.k8s.io resourceslices watch",
 	"storage.k8s.io csinodes list", "storage.k8s.io csinodes watch",
 }

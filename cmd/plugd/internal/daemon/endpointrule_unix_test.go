@@ -89,7 +89,7 @@ func TestOneEndpointRule(t *testing.T) {
 		if name == "hook" {
 			hc.Hook = &HookConfig{Command: []string{"true"}, Events: []string{"validate"}}
 		}
-		h, err := newHandler(hc, nil, slog.New(slog.DiscardHandler), nil)
+		h, err := newHandler(hc, nil, slog.New(slog.DiscardHandler), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

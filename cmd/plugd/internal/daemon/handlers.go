@@ -61,7 +61,7 @@ func hookConfig(h *HookConfig) hook.Config {
 // connection, as the manager confines registrations. Its
 // metrics carry the plugin type it serves, so that two types served by the
 // same kind of handler do not collide.
-func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg prometheus.Registerer) (handler, error) {
+func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg prometheus.Registerer, changed func()) (handler, error) {
 	log = log.With("handler", hc.Handler, "pluginType", hc.Type)
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"plugin_type": hc.Type}, reg)
@@ -77,7 +77,7 @@ func newHandler(hc HandlerConfig, roots []string, log *slog.Logger, reg promethe
 		h := deviceplugin.New(deviceplugin.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
 		return handler{h, h.Close}, nil
 	case "dra":
-		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots})
+		h := dra.New(dra.Options{Logger: log, Registerer: reg, GracePeriod: grace, EndpointRoots: roots, Changed: changed})
 		return handler{h, h.Close}, nil
 	case "hook":
 		h, err := hook.New(hookConfig(hc.Hook), hook.Options{Logger: log, Registerer: reg})

@@ -88,6 +88,8 @@ func expectRules() []configRule {
 		{"expect[]", "no-spaces", "expect: [{type: CSIPlugin, name: 'a b'}]\n", "may not contain spaces, colons or control characters"},
 		{"expect[].minHealthyDevices", "positive", "expect: [{type: DevicePlugin, name: example.com/gpu, minHealthyDevices: -1}]\n", "must be positive"},
 		{"expect[].minHealthyDevices", "only-deviceplugin", "expect: [{type: CSIPlugin, name: a.example.com, minHealthyDevices: 2}]\n", "minHealthyDevices applies to DevicePlugin"},
+		{"expect[].minDevices", "positive", "expect: [{type: DRAPlugin, name: gpu.example.com, minDevices: -1}]\n", "must be positive"},
+		{"expect[].minDevices", "only-draplugin", "expect: [{type: DevicePlugin, name: example.com/gpu, minDevices: 2}]\n", "minDevices applies to DRAPlugin"},
 		{"expect[].deviceClasses", "only-draplugin", "expect: [{type: CSIPlugin, name: a.example.com, deviceClasses: [gpu.example.com]}]\nkubernetes: {nodeName: n}\n", "deviceClasses applies to DRAPlugin"},
 		{"expect[].deviceClasses[]", "dns-subdomain", "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [GPU_Class]}]\nkubernetes: {nodeName: n}\n", "is not a DeviceClass name"},
 		{"expect[].deviceClasses[]", "unique", "expect: [{type: DRAPlugin, name: gpu.example.com, deviceClasses: [gpu.example.com, gpu.example.com]}]\nkubernetes: {nodeName: n}\n", "is listed twice"},

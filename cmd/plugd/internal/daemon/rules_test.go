@@ -95,7 +95,7 @@ var refusalSites = []struct {
 	{"paths.go", "checkStatusSocket", 1},
 	{"paths.go", "statusTCP", 3},
 	{"bounds.go", "check", 2},
-	{"../kubenode/conditions.go", "WithDefaults", 9},
+	{"../kubenode/conditions.go", "WithDefaults", 11},
 	{"../kubenode/conditions.go", "checkDeviceClasses", 3},
 	{"../kubenode/taints.go", "taintRules", 5},
 	{"../kubenode/conditions.go", "DefaultCondition", 1},

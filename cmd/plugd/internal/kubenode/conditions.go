@@ -27,6 +27,10 @@ type Expectation struct {
 	// MinHealthyDevices, for a DevicePlugin, is how many healthy devices it
 	// must have. Zero means 1.
 	MinHealthyDevices int
+	// MinDevices, for a DRAPlugin, is how many usable devices (untainted,
+	// not Unhealthy, in complete pools) it must publish for this node.
+	// Zero means 1.
+	MinDevices int
 	// DeviceClasses, for a DRAPlugin, are DeviceClasses that must exist and
 	// select enough of its usable devices (deviceclass.Matcher). Empty:
 	// none is checked.
@@ -51,9 +55,11 @@ const (
 	ReasonNotAnswering         = "NotAnswering"
 	ReasonKubeletNotRegistered = "KubeletNotRegistered"
 	ReasonNoHealthyDevices     = "NoHealthyDevices"
-	// A condition may also carry the reason of the kubelet view that made it
-	// what it is: Inferred (True, from API objects), TopologyConflict,
-	// NodeIDMismatch, NotInCSINode, NoResourceSlices, NodeMissing.
+	// A DRA driver's condition has the reasons of its layers (dra.go):
+	// NoResourceSlices, PoolIncomplete, DevicesTainted, DevicesUnhealthy,
+	// TooFewDevices. A condition may also carry the reason of the kubelet
+	// view that made it what it is: Inferred (True, from API objects),
+	// TopologyConflict, NodeIDMismatch, NotInCSINode, NodeMissing.
 )
 
 // DefaultCondition is the Node condition type of an expected plugin whose
@@ -98,6 +104,10 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 		return e, fmt.Errorf("minHealthyDevices is %d: it must be positive", e.MinHealthyDevices)
 	case e.MinHealthyDevices > 0 && e.Type != TypeDevice:
 		return e, fmt.Errorf("minHealthyDevices applies to %s plugins, not %s", TypeDevice, e.Type)
+	case e.MinDevices < 0:
+		return e, fmt.Errorf("minDevices is %d: it must be positive", e.MinDevices)
+	case e.MinDevices > 0 && e.Type != TypeDRA:
+		return e, fmt.Errorf("minDevices applies to %s plugins, not %s", TypeDRA, e.Type)
 	case e.Retaint && e.Taint == "":
 		return e, errors.New("retaint is set, but taint is not: name the taint to put back (taint: KEY:EFFECT)")
 	}
@@ -111,6 +121,9 @@ func (e Expectation) WithDefaults() (Expectation, error) {
 	}
 	if e.Type == TypeDevice && e.MinHealthyDevices == 0 {
 		e.MinHealthyDevices = 1
+	}
+	if e.Type == TypeDRA && e.MinDevices == 0 {
+		e.MinDevices = 1
 	}
 	if e.Condition == "" {
 		c, err := DefaultCondition(e.Type, e.Name)
@@ -306,6 +319,19 @@ func judge(e Expectation, socks []Socket, unasked bool, v view, registryDir stri
 			return no(ReasonNoHealthyDevices, fmt.Sprintf("%d healthy devices, %d needed", healthy, e.MinHealthyDevices))
 		}
 		text += fmt.Sprintf(", %d healthy devices", healthy)
+	}
+	if e.Type == TypeDRA {
+		if v.dra == nil {
+			return conditionVerdict{}, false // its slices not read: nothing is concluded
+		}
+		ok, why, more := draVerdict(*v.dra, e.MinDevices, e.DeviceClasses...)
+		switch {
+		case !ok && why == "":
+			return conditionVerdict{}, false // its classes not matched yet
+		case !ok:
+			return no(why, more)
+		}
+		text += ", " + more
 	}
 	return conditionVerdict{corev1.ConditionTrue, reason, nodecond.Message(e.Type, e.Name, text)}, true
 }

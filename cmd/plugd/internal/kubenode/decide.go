@@ -54,6 +54,9 @@ type policy struct {
 	taints      []taintRule
 	window      time.Duration // the taints' startup window
 	nodeName    string
+	// republishGrace is how long a DRA driver's True condition outlasts an
+	// incomplete pool (republished).
+	republishGrace time.Duration
 }
 
 // memory is what the loop keeps from one decision to the next, a plain
@@ -89,6 +92,9 @@ type memory struct {
 	// KEY:EFFECT (taints.go).
 	taints   map[string]taintMemory
 	taintsOf types.UID // the Node taints is of
+	// republish is, by condition type, since when a DRA driver whose
+	// condition is True has had an incomplete pool (republished).
+	republish map[string]time.Time
 	// switching is, by condition type, since when an anyOf condition the
 	// Node shows True has had no ready alternative (anyof.go).
 	switching map[string]time.Time
@@ -97,13 +103,14 @@ type memory struct {
 func newMemory() memory {
 	return memory{written: map[string]written{}, held: map[string]*heldVerdict{}, disagree: map[disagreementKey]*disagreement{},
 		fights: map[string]*fight{}, registered: map[string]time.Time{}, notInCSINode: map[string]time.Time{}, taints: map[string]taintMemory{},
-		switching: map[string]time.Time{}}
+		republish: map[string]time.Time{}, switching: map[string]time.Time{}}
 }
 
 // clone is a copy of m that shares nothing with it.
 func (m memory) clone() memory {
 	c := m
 	c.written, c.registered, c.notInCSINode = maps.Clone(m.written), maps.Clone(m.registered), maps.Clone(m.notInCSINode)
+	c.republish = maps.Clone(m.republish)
 	c.held, c.disagree = cloneEach(m.held), cloneEach(m.disagree)
 	c.fights, c.taints = cloneEach(m.fights), maps.Clone(m.taints)
 	c.switching = maps.Clone(m.switching)
@@ -330,6 +337,9 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 		p.states = append(p.states, st)
 		return wait
 	}
+	if e.Type == TypeDRA {
+		v, wait = d.republished(e.Condition, v, cur)
+	}
 	st.Want = &corev1.NodeCondition{Type: corev1.NodeConditionType(e.Condition), Status: v.status, Reason: v.reason, Message: v.message}
 	if due, held := d.switching(e, v, cur); held {
 		p.ready[e.Condition], st.Pending = true, true // True on the Node while another may take over
@@ -346,7 +356,7 @@ func (d *decision) judgeOne(e Expectation) time.Time {
 			p.set = append(p.set, nodeCondition(e.Condition, v, cur, now))
 		}
 		p.states = append(p.states, st)
-		return time.Time{}
+		return wait
 	}
 	st.Pending = true
 	p.states = append(p.states, st)
@@ -390,6 +400,30 @@ func (d *decision) notInCSINodeOf(e Expectation, cond string, v view) (_ conditi
 	}
 	return conditionVerdict{corev1.ConditionFalse, "NotInCSINode", nodecond.Message(e.Type, e.Name,
 		fmt.Sprintf("the kubelet holds its socket, but its CSINode has not listed the driver for %s: its registration failed (a kubelet before v1.36 keeps such a socket and never retries it: restart the plugin's pod)", csiNodeWait))}, true, time.Time{}
+}
+
+// republished keeps a DRA driver's True condition as it is while a pool
+// is incomplete (PoolIncomplete), for republishGrace from when it was
+// first seen so: a driver that republishes (the generation moves) writes
+// its slices one by one, and the condition does not flap while the new
+// generation completes. A pool that stays incomplete turns it False once
+// the grace is over; a condition that is not True is not held (a first
+// publish is not ready until it is complete). wait is when the grace
+// ends, zero if v stands.
+func (d *decision) republished(cond string, v conditionVerdict, cur *corev1.NodeCondition) (_ conditionVerdict, wait time.Time) {
+	if v.reason != ReasonPoolIncomplete || cur == nil || cur.Status != corev1.ConditionTrue {
+		delete(d.m.republish, cond)
+		return v, time.Time{}
+	}
+	since, seen := d.m.republish[cond]
+	if !seen {
+		since = d.f.now
+		d.m.republish[cond] = since
+	}
+	if end := since.Add(d.pol.republishGrace); d.f.now.Before(end) {
+		return conditionVerdict{cur.Status, cur.Reason, cur.Message}, end
+	}
+	return v, time.Time{}
 }
 
 // expectation is the expected plugin of condition type cond.

@@ -43,7 +43,8 @@ type world struct {
 	labels  map[string]string
 	taints  []corev1.Taint
 	csi     []storagev1.CSINodeDriver
-	slices  []string // the drivers of the ResourceSlices
+	slices  []string // the drivers of the ResourceSlices, each a complete pool of one device
+	pools   []*resourcev1.ResourceSlice
 	reads   []kubeletRead
 	outage  bool     // the Node cannot be read (the API server away)
 	unasked bool     // a socket may be an expected plugin's, not asked yet
@@ -89,9 +90,10 @@ func (w world) facts(now time.Time) facts {
 			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{` + strings.Join(fs, ",") + `}}}`)}}}
 	}
 	snap := snapshot{nodeName: "node-a", node: nd, csiNode: csiNode(w.csi...), seq: [3]uint64{1, 1, 1}}
-	for _, d := range w.slices {
-		snap.slices = append(snap.slices, &resourcev1.ResourceSlice{Spec: resourcev1.ResourceSliceSpec{Driver: d}})
+	for i, d := range w.slices {
+		snap.slices = append(snap.slices, resourceSlice(d, fmt.Sprintf("pool-%d", i), 1, 1, "dev"))
 	}
+	snap.slices = append(snap.slices, w.pools...)
 	if w.outage {
 		snap.nodeProblem = &Problem{Reason: ReasonAPIUnavailable, Message: "connection refused"}
 	}
@@ -132,6 +134,26 @@ func (w world) evidence() kubeletstate.Evidence {
 	return ev
 }
 
+// resourceSlice is a slice of driver's pool at generation gen, one of
+// count, with devices of the names given.
+func resourceSlice(driver, pool string, gen, count int64, devices ...string) *resourcev1.ResourceSlice {
+	s := &resourcev1.ResourceSlice{Spec: resourcev1.ResourceSliceSpec{Driver: driver, NodeName: new("node-a"),
+		Pool: resourcev1.ResourcePool{Name: pool, Generation: gen, ResourceSliceCount: count}}}
+	for _, d := range devices {
+		s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: d})
+	}
+	return s
+}
+
+// tainted is sl with a taint key:effect on each of its devices.
+func tainted(sl *resourcev1.ResourceSlice, key string, effect resourcev1.DeviceTaintEffect) *resourcev1.ResourceSlice {
+	sl = sl.DeepCopy()
+	for i := range sl.Spec.Devices {
+		sl.Spec.Devices[i].Taints = append(sl.Spec.Devices[i].Taints, resourcev1.DeviceTaint{Key: key, Effect: effect})
+	}
+	return sl
+}
+
 // cond is plugd's condition of e on the Node: status/reason, written
 // (heartbeat) at beat, turned to its status at since.
 func cond(e Expectation, status corev1.ConditionStatus, reason, message string, beat, since time.Time) corev1.NodeCondition {
@@ -157,7 +179,7 @@ func testPolicy(w world) policy {
 		panic(err)
 	}
 	return policy{expect: w.expect, registryDir: "/r", heartbeat: 5 * time.Minute, grace: time.Minute,
-		taints: rules, window: defaultStartupWindow, nodeName: "node-a"}
+		taints: rules, window: defaultStartupWindow, nodeName: "node-a", republishGrace: republishGrace}
 }
 
 // decideCase is one row: the world, the memory before (from decide on the
@@ -194,9 +216,14 @@ func TestDecide(t *testing.T) {
 	ready := onNode(held, trueCond, now.Add(-time.Minute))
 	with := func(w world, f func(*world)) world {
 		w.socks, w.reads, w.conds = slices.Clone(w.socks), slices.Clone(w.reads), slices.Clone(w.conds)
+		w.pools, w.expect = slices.Clone(w.pools), slices.Clone(w.expect)
 		f(&w)
 		return w
 	}
+	draHeld := world{expect: []Expectation{draExp}, socks: []Socket{draSock},
+		reads: []kubeletRead{{at: now.Add(-time.Second), started: started, registered: []string{"/r/dra.sock"}}}}
+	draReady := with(draHeld, func(w *world) { w.pools = draPool(1, 3) })
+	draReady = onNode(draReady, verdictOf(draReady, draExp, now), now.Add(-time.Minute))
 	cases := []decideCase{
 		{name: "start: the kubelet holds the plugin", w: held,
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
@@ -314,6 +341,73 @@ func TestDecide(t *testing.T) {
 			w: world{expect: []Expectation{draExp}, socks: []Socket{draSock}, slices: []string{"gpu.example.com"},
 				reads: []kubeletRead{{at: now, problem: ReasonKubeletForbidden}}},
 			want: []string{"True/Inferred"}, set: []string{"True/Inferred"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1},
+		{name: "DRA published: a pool lacks a slice: PoolIncomplete, naming it",
+			w: with(draHeld, func(w *world) {
+				w.pools = []*resourcev1.ResourceSlice{resourceSlice(draExp.Name, "gpus", 1, 3, "gpu-0"), resourceSlice(draExp.Name, "gpus", 1, 3, "gpu-1")}
+			}),
+			want: []string{"False/PoolIncomplete"}, set: []string{"False/PoolIncomplete"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("pool gpus generation 1 has 2 of 3 ResourceSlices")},
+		{name: "DRA published: none: NoResourceSlices",
+			w:    draHeld,
+			want: []string{"False/NoResourceSlices"}, set: []string{"False/NoResourceSlices"}, next: -1, wantMetrics: -1, wantDevices: -1},
+		{name: "DRA published and usable: True, counting the usable devices",
+			w:    with(draHeld, func(w *world) { w.pools = draPool(1, 3) }),
+			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, notes: []string{"PluginReady"}, next: -1, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("3 usable devices in pool gpus")},
+		{name: "DRA republish: generation 2 half written, True kept within the grace",
+			w:     with(draReady, func(w *world) { w.pools = append(draPool(1, 3)[1:], resourceSlice(draExp.Name, "gpus", 2, 3, "gpu-0")) }),
+			prior: []time.Duration{10 * time.Second},
+			want:  []string{"True/PluginReady"}, next: republishGrace - 10*time.Second, wantMetrics: -1, wantDevices: -1},
+		{name: "DRA republish: generation 2 complete, fewer devices: True, no flap",
+			w:     with(draReady, func(w *world) { w.pools = draPool(2, 2) }),
+			prior: []time.Duration{10 * time.Second},
+			want:  []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: func(t *testing.T, p plan) {
+				if len(p.mem.republish) != 0 {
+					t.Errorf("the republish is remembered after it completed: %v", p.mem.republish)
+				}
+			}},
+		{name: "DRA republish that never completes: PoolIncomplete once the grace is over",
+			w:     with(draReady, func(w *world) { w.pools = append(draPool(1, 3)[1:], resourceSlice(draExp.Name, "gpus", 2, 3, "gpu-0")) }),
+			prior: []time.Duration{republishGrace},
+			want:  []string{"False/PoolIncomplete"}, set: []string{"False/PoolIncomplete"}, notes: []string{"PluginNotReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("pool gpus generation 2 has 1 of 3 ResourceSlices")},
+		{name: "DRA usable: every device tainted NoSchedule: DevicesTainted, naming the key",
+			w: with(draReady, func(w *world) {
+				w.pools = nil
+				for _, sl := range draPool(1, 3) {
+					w.pools = append(w.pools, tainted(sl, "example.com/xid-79", resourcev1.DeviceTaintEffectNoSchedule))
+				}
+			}),
+			want: []string{"False/DevicesTainted"}, set: []string{"False/DevicesTainted"}, notes: []string{"PluginNotReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("3 tainted NoSchedule or NoExecute (example.com/xid-79)")},
+		{name: "DRA usable: a taint of effect None keeps the device usable",
+			w: with(draReady, func(w *world) {
+				w.pools = nil
+				for _, sl := range draPool(1, 3) {
+					w.pools = append(w.pools, tainted(sl, "example.com/note", resourcev1.DeviceTaintEffectNone))
+				}
+			}),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
+		{name: "DRA usable: its health stream says every device is Unhealthy: DevicesUnhealthy",
+			w: with(draReady, func(w *world) {
+				w.socks[0].Details = api.DRADetails{Driver: draExp.Name, Devices: []api.DRADeviceHealth{
+					{Pool: "gpus", Device: "gpu-0", Health: api.DeviceUnhealthy}, {Pool: "gpus", Device: "gpu-1", Health: api.DeviceUnhealthy},
+					{Pool: "gpus", Device: "gpu-2", Health: api.DeviceUnhealthy}}}
+			}),
+			want: []string{"False/DevicesUnhealthy"}, set: []string{"False/DevicesUnhealthy"}, notes: []string{"PluginNotReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("3 Unhealthy by its DRAResourceHealth stream (gpus/gpu-0, gpus/gpu-1, gpus/gpu-2)")},
+		{name: "DRA usable: Unknown health is not Unhealthy",
+			w: with(draReady, func(w *world) {
+				w.socks[0].Details = api.DRAObserved{Driver: draExp.Name, Devices: []api.DRADeviceHealth{{Pool: "gpus", Device: "gpu-0", Health: "Unknown"}}}
+			}),
+			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1},
+		{name: "DRA usable: fewer devices than minDevices: TooFewDevices",
+			w: with(draReady, func(w *world) {
+				w.expect = []Expectation{{Type: TypeDRA, Name: draExp.Name, Condition: draExp.Condition, MinDevices: 4}}
+			}),
+			want: []string{"False/TooFewDevices"}, set: []string{"False/TooFewDevices"}, notes: []string{"PluginNotReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
+			check: wantMessage("3 usable devices of 3 in pool gpus, 4 needed")},
 		{name: "topology conflict: the driver back with another node id",
 			w: with(ready, func(w *world) {
 				w.socks[0].Answering, w.socks[0].State = false, "NotAnswering"
@@ -505,6 +599,30 @@ func anyOfCases(now time.Time) []decideCase {
 			}},
 		{name: "anyOf: none ready, and none was: False at once", w: neither,
 			want: []string{"False/NoneReady"}, set: []string{"False/NoneReady"}, next: fastFor, wantMetrics: unsettledFast, wantDevices: -1},
+	}
+}
+
+// draPool is the DRA driver's pool gpus at generation gen, three slices
+// of one device each, published count of them.
+func draPool(gen int64, count int) []*resourcev1.ResourceSlice {
+	var out []*resourcev1.ResourceSlice
+	for i := range count {
+		out = append(out, resourceSlice(draExp.Name, "gpus", gen, int64(count), fmt.Sprintf("gpu-%d", i)))
+	}
+	return out
+}
+
+// wantMessage checks that the plan writes a condition whose message holds
+// text.
+func wantMessage(text string) func(*testing.T, plan) {
+	return func(t *testing.T, p plan) {
+		t.Helper()
+		for _, c := range p.set {
+			if strings.Contains(c.Message, text) {
+				return
+			}
+		}
+		t.Errorf("written %+v; want a message with %q", p.set, text)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/deviceclass"
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 	"github.com/plugd/plugd/internal/backoff"
 )
@@ -35,6 +36,7 @@ func (n *Node) Run(ctx context.Context) error {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	wg.Go(func() { n.kubelet.Run(ctx) })
+	wg.Go(func() { n.runTaintRules(ctx) })
 	bc := events.NewBroadcaster(eventSink{n, &events.EventSinkImpl{Interface: n.events}})
 	defer bc.Shutdown()
 	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
@@ -92,6 +94,8 @@ type loop struct {
 	// taintsWrote are the taints written in this act, by rule: on the
 	// Node now (put back) or not (removed).
 	taintsWrote map[string]bool
+	// classes keeps the DeviceClasses' compiled selectors.
+	classes deviceclass.Matcher
 }
 
 func newLoop(n *Node, rec events.EventRecorder) *loop {
@@ -102,7 +106,7 @@ func newLoop(n *Node, rec events.EventRecorder) *loop {
 // policyOf is the configuration of n that decide reads.
 func policyOf(n *Node) policy {
 	return policy{expect: n.cfg.Expect, registryDir: n.cfg.RegistryDir, heartbeat: n.heartbeat, grace: n.grace,
-		taints: n.taints, window: n.window, nodeName: n.cfg.NodeName}
+		taints: n.taints, window: n.window, nodeName: n.cfg.NodeName, republishGrace: republishGrace}
 }
 
 // evaluate compares the plugins with the kubelet's and the API's view,
@@ -188,7 +192,7 @@ type viewCache struct {
 // the views again.)
 type viewInputs struct {
 	node, csiNode, slices uint64
-	problems              [3]string
+	problems              [4]string // the Node's, CSINode's, slices', DeviceTaintRules' reads
 	kubelet               uint64
 }
 
@@ -199,7 +203,7 @@ type viewInputs struct {
 // hundreds of kilobytes every 5 seconds).
 func (l *loop) views(socks map[key][]Socket, snap snapshot, kf kubeletFacts, ev kubeletstate.Evidence) (map[key]view, []staleEntry, int) {
 	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: ev.Reads}
-	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem} {
+	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem, snap.taintRuleProblem} {
 		if p != nil {
 			in.problems[i] = p.Reason + ": " + p.Message
 		}
@@ -211,6 +215,12 @@ func (l *loop) views(socks map[key][]Socket, snap snapshot, kf kubeletFacts, ev 
 	views := make(map[key]view, len(socks))
 	for k, ps := range socks {
 		views[k] = kubeletView(k, ps, snap, kf, l.said[k])
+	}
+	for driver, names := range classNames(l.pol.expect) {
+		k := key{TypeDRA, driver}
+		if v, ok := views[k]; ok {
+			views[k] = matchClasses(&l.classes, driver, names, v, snap.classes, snap.classProblem)
+		}
 	}
 	stale, more := staleEntries(snap, socks, kf, ev)
 	*c = viewCache{in: in, socks: socks, said: maps.Clone(l.said), views: views, stale: stale, more: more}

@@ -149,12 +149,12 @@ func TestJudge(t *testing.T) {
 		{"held, CSINode being written: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletRegistered, Reason: "NotInCSINode"}}, "", "", false},
 		{"just found: left alone", csi, []Socket{{Path: "/r/csi.sock", State: "Pending", Unsettled: true}}, reg, "", "", false},
 		{"kubelet not read yet: left alone", csi, []Socket{up}, view{KubeletView: api.KubeletView{State: api.KubeletUnknown, Reason: ReasonNotSynced}}, "", "", false},
-		{"enough devices", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet counts fewer", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{reg.KubeletView, 1, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"a streaming handler counts fewer than the Node", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
-		{"an old look counts fewer than the Node", gpu, []Socket{{Answering: true, Details: looked(time.Unix(1, 0), 1, 1)}}, view{reg.KubeletView, 2, false}, corev1.ConditionTrue, ReasonReady, true},
-		{"the kubelet's live count is the truth", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{reg.KubeletView, 2, true}, corev1.ConditionTrue, ReasonReady, true},
-		{"kubelet count alone", gpu, []Socket{{Answering: true}}, view{reg.KubeletView, 3, false}, corev1.ConditionTrue, ReasonReady, true},
+		{"enough devices", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{KubeletView: reg.KubeletView, healthy: 2, healthyFresh: false}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet counts fewer", gpu, []Socket{{Answering: true, Details: streamed(2, 0)}}, view{KubeletView: reg.KubeletView, healthy: 1, healthyFresh: false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"a streaming handler counts fewer than the Node", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{KubeletView: reg.KubeletView, healthy: 2, healthyFresh: false}, corev1.ConditionFalse, ReasonNoHealthyDevices, true},
+		{"an old look counts fewer than the Node", gpu, []Socket{{Answering: true, Details: looked(time.Unix(1, 0), 1, 1)}}, view{KubeletView: reg.KubeletView, healthy: 2, healthyFresh: false}, corev1.ConditionTrue, ReasonReady, true},
+		{"the kubelet's live count is the truth", gpu, []Socket{{Answering: true, Details: streamed(1, 1)}}, view{KubeletView: reg.KubeletView, healthy: 2, healthyFresh: true}, corev1.ConditionTrue, ReasonReady, true},
+		{"kubelet count alone", gpu, []Socket{{Answering: true}}, view{KubeletView: reg.KubeletView, healthy: 3, healthyFresh: false}, corev1.ConditionTrue, ReasonReady, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v, ok := judge(tc.e, tc.socks, false, tc.v, "/r")
@@ -450,8 +450,8 @@ func TestDisagreements(t *testing.T) {
 	}{
 		{"answers, kubelet lacks it", csi, up, notRegistered, "Warning KubeletDisagrees [Check CSIPlugin csi.example.com: NotRegistered] CSIPlugin csi.example.com: for 1m0s, its socket answers, but the kubelet has not registered it: not in CSINode"},
 		{"kubelet has it, no socket", csi, nil, registered, "Warning KubeletDisagrees [Check CSIPlugin csi.example.com: SocketNotServed] CSIPlugin csi.example.com: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
-		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{registered.KubeletView, 0, false}, ""},
-		{"device plugin gone, devices still allocatable", gpu, nil, view{registered.KubeletView, 2, false}, "Warning KubeletDisagrees [Check DevicePlugin vendor.example/gpu: SocketNotServed] DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
+		{"device plugin gone, capacity kept, none allocatable", gpu, nil, view{KubeletView: registered.KubeletView, healthy: 0, healthyFresh: false}, ""},
+		{"device plugin gone, devices still allocatable", gpu, nil, view{KubeletView: registered.KubeletView, healthy: 2, healthyFresh: false}, "Warning KubeletDisagrees [Check DevicePlugin vendor.example/gpu: SocketNotServed] DevicePlugin vendor.example/gpu: for 1m0s, the kubelet has it (in CSINode), but no socket of it answers"},
 		{"agree", csi, up, registered, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -74,6 +74,7 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 	}
 	n.core, n.storage, n.resource, n.events, n.fakeAPI = b.cs.CoreV1(), b.cs.StorageV1(), b.cs.ResourceV1(), b.cs.EventsV1(), b.cs
 	n.build(nil)
+	n.rules.Store(rulesServed) // as Run's discovery finds them
 	b.kubelet.Failed(n.kubelet.Evidence().Problem, "")
 	n.kubeletEvidence = b.kubeletEvidence
 	b.n, b.l = n, newLoop(n, b.rec)
@@ -83,11 +84,12 @@ func newBenchWith(t *testing.T, setup func(*Config), nd *corev1.Node) *bench {
 		cancel()
 		wg.Wait()
 	})
-	for _, s := range n.sources() {
+	all := append(n.sources(), n.taintRules) // the DeviceTaintRules' is Run's once discovery says
+	for _, s := range all {
 		wg.Go(func() { s.inf.RunWithContext(ctx) })
 	}
 	b.waitFor("the informers synced", func() bool {
-		return !slices.ContainsFunc(n.sources(), func(s *source) bool { return !s.inf.HasSynced() })
+		return !slices.ContainsFunc(all, func(s *source) bool { return !s.inf.HasSynced() })
 	})
 	return b
 }

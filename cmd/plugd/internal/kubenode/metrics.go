@@ -22,6 +22,8 @@ import (
 //	plugd_node_condition_overwritten_total{condition}   plugd's condition, seen on the Node, overwritten by another writer
 //	plugd_taint_writes_total{taint,reason}              taints removed (TaintRemoved, TaintReadded) and put back (TaintRestored)
 //	plugd_taint_removal_seconds{taint}                  the kubelet held every plugin a taint waits for -> plugd removed it
+//	plugd_dra_pool_devices{driver,pool,state}           a DRA driver's devices on this node: usable, tainted, unhealthy (complete pools)
+//	plugd_dra_pool_complete{driver,pool}                1 while the pool's newest generation has all its slices
 //
 // The gauges are read from the Node at scrape time. The registration
 // times are as plugd's reads of the kubelet show them: while a socket
@@ -46,6 +48,10 @@ var (
 		"Whether an expected plugin is ready: its Node condition is True.", []string{"type", "name", "condition"}, nil)
 	healthyDesc = prometheus.NewDesc("plugd_kubernetes_api_healthy",
 		"1 while every read and write plugd makes of its node's objects works, 0 while one fails.", nil, nil)
+	poolDevicesDesc = prometheus.NewDesc("plugd_dra_pool_devices",
+		"A DRA driver's devices in its complete pools on this node, at their newest generation, by state: usable, tainted (NoSchedule or NoExecute, in the slice or by a DeviceTaintRule), unhealthy (by the driver's DRAResourceHealth stream). The first 64 pools of a driver.", []string{"driver", "pool", "state"}, nil)
+	poolCompleteDesc = prometheus.NewDesc("plugd_dra_pool_complete",
+		"1 while a DRA driver's pool on this node has, at its newest generation, the ResourceSlices its resourceSliceCount says; 0 while it is incomplete (a republish, or a driver that failed to publish). The first 64 pools of a driver.", []string{"driver", "pool"}, nil)
 	kubeletLiveDesc = prometheus.NewDesc("plugd_kubelet_live",
 		"1 while plugd reads the kubelet's own state, 0 while it cannot and infers what the kubelet registered from API objects.", nil, nil)
 )
@@ -112,7 +118,13 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- readyDesc
 	ch <- healthyDesc
 	ch <- kubeletLiveDesc
+	ch <- poolDevicesDesc
+	ch <- poolCompleteDesc
 }
+
+// maxPoolSeries bounds the pools of a driver its metrics show: anyone who
+// may create ResourceSlices for the node can make thousands.
+const maxPoolSeries = 64
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	n := c.n
@@ -134,6 +146,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(registeredDesc, prometheus.GaugeValue, 1, k.typ, k.name)
 		case api.KubeletNotRegistered:
 			ch <- prometheus.MustNewConstMetric(registeredDesc, prometheus.GaugeValue, 0, k.typ, k.name)
+		}
+	}
+	for driver, pools := range n.pools {
+		for _, p := range pools {
+			complete := 0.0
+			if p.complete() {
+				complete = 1
+			}
+			ch <- prometheus.MustNewConstMetric(poolCompleteDesc, prometheus.GaugeValue, complete, driver, p.name)
+			for state, count := range map[string]int{"usable": p.usable, "tainted": p.tainted, "unhealthy": p.unhealthy} {
+				ch <- prometheus.MustNewConstMetric(poolDevicesDesc, prometheus.GaugeValue, float64(count), driver, p.name, state)
+			}
 		}
 	}
 	for _, e := range n.cfg.Expect {

@@ -107,6 +107,11 @@ type Node struct {
 	clock     clock.WithTicker
 
 	node, csiNode, slices *source
+	// taintRules watches the DeviceTaintRules where they are served (rules
+	// says: taintrules.go); discoverRules asks (a test's, or the API's).
+	taintRules    *source
+	rules         atomic.Int32
+	discoverRules func(context.Context) (bool, error)
 	// classes reads the DeviceClasses, only when an expectation names
 	// some (expect[].deviceClasses); nil otherwise.
 	classes *source
@@ -128,6 +133,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	views    map[key]api.KubeletView // by plugin, with Since; guarded by mu
+	pools    map[string][]poolState  // of each DRA driver, by name; guarded by mu
 	problems map[string]*Problem     // of writes, by operation; guarded by mu
 	ready    map[string]bool         // by condition type; guarded by mu
 	conds    []ConditionState        // by expectation; guarded by mu
@@ -263,13 +269,14 @@ func (n *Node) buildSources() {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return csi.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return csi.Watch(ctx, o) })
 	n.slices = newSource("ResourceSlices of node "+name, "list, watch resourceslices.resource.k8s.io",
-		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice, n.fakeAPI, n.log,
+		fields.OneTermEqualSelector("spec.nodeName", name).String(), &resourcev1.ResourceSlice{}, slimSlice(classesMatched(n.cfg.Expect)), n.fakeAPI, n.log,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rs.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rs.Watch(ctx, o) })
 	n.classes = n.classSource()
 	for _, s := range n.sources() {
 		s.onChange = n.changed
 	}
+	n.buildTaintRules()
 	// The kubelet reports its devices in the Node: a change of capacity or
 	// allocatable asks pod-resources (cheap, local) for them. It updates
 	// the Node for much else too; that asks for no read of the kubelet.
@@ -331,9 +338,9 @@ func (n *Node) classSource() *source {
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return dc.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return dc.Watch(ctx, o) })
 	_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { n.changed() },
-		UpdateFunc: func(any, any) { n.changed() },
-		DeleteFunc: func(any) { n.changed() },
+		AddFunc:    func(any) { n.sliceEvents.Add(1); n.changed() }, // the views are made again
+		UpdateFunc: func(any, any) { n.sliceEvents.Add(1); n.changed() },
+		DeleteFunc: func(any) { n.sliceEvents.Add(1); n.changed() },
 	})
 	return s
 }
@@ -373,6 +380,9 @@ func (n *Node) Problems() []Problem {
 			out = append(out, *p)
 		}
 	}
+	if _, p := n.taintRulesNow(); p != nil && p.Reason != ReasonNotSynced {
+		out = append(out, *p)
+	}
 	n.mu.Lock()
 	for _, p := range n.problems {
 		out = append(out, *p)
@@ -395,6 +405,7 @@ func (n *Node) snapshot() snapshot {
 	for _, obj := range n.slices.inf.GetStore().List() {
 		s.slices = append(s.slices, obj.(*resourcev1.ResourceSlice))
 	}
+	s.taintRules, s.taintRuleProblem = n.taintRulesNow()
 	if n.classes != nil {
 		s.classProblem = n.classes.trouble()
 		s.classes = map[string]*resourcev1.DeviceClass{}
@@ -425,6 +436,12 @@ func (n *Node) publish(views map[key]view, now time.Time) {
 	for k := range n.views {
 		if _, ok := views[k]; !ok {
 			delete(n.views, k)
+		}
+	}
+	n.pools = map[string][]poolState{}
+	for k, v := range views {
+		if k.typ == TypeDRA && v.dra != nil && len(v.dra.pools) > 0 {
+			n.pools[k.name] = v.dra.pools[:min(len(v.dra.pools), maxPoolSeries)]
 		}
 	}
 }

@@ -257,15 +257,50 @@ func slimCSINode(obj any) (any, error) {
 	return out, nil
 }
 
-// slimSlice keeps a ResourceSlice's driver and node, and none of its
-// devices: plugd counts slices by driver.
-func slimSlice(obj any) (any, error) {
-	s, ok := obj.(*resourcev1.ResourceSlice)
-	if !ok {
-		return obj, nil
+// slimSlice keeps of a ResourceSlice what the DRA layers read (dra.go):
+// its driver, node and pool (name, generation, slice count), and of each
+// device its name and its taints (key and effect); of the devices of the
+// drivers in matched, their attributes and capacity too, which a
+// DeviceClass's selectors match. The rest (counters, binding conditions,
+// per-device node selection, the taints' values and times) is dropped.
+// Only this node's slices are listed, and the API bounds each (128
+// devices, 32 attributes and capacities each); still, 3,000 slices of
+// 32 devices of 4 attributes take 175 MB with their attributes, 21 MB
+// without (TestSliceMemory): attributes are kept only where a class is
+// matched.
+func slimSlice(matched func(driver string) bool) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		s, ok := obj.(*resourcev1.ResourceSlice)
+		if !ok {
+			return obj, nil
+		}
+		out := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: s.Name, UID: s.UID, ResourceVersion: s.ResourceVersion},
+			Spec: resourcev1.ResourceSliceSpec{Driver: s.Spec.Driver, NodeName: s.Spec.NodeName,
+				Pool: resourcev1.ResourcePool{Name: s.Spec.Pool.Name, Generation: s.Spec.Pool.Generation, ResourceSliceCount: s.Spec.Pool.ResourceSliceCount}}}
+		if len(s.Spec.Devices) > 0 {
+			out.Spec.Devices = make([]resourcev1.Device, len(s.Spec.Devices))
+		}
+		attrs := matched(s.Spec.Driver)
+		for i, d := range s.Spec.Devices {
+			kept := resourcev1.Device{Name: d.Name}
+			if attrs {
+				kept.Attributes, kept.Capacity = d.Attributes, d.Capacity
+			}
+			for _, t := range d.Taints {
+				kept.Taints = append(kept.Taints, resourcev1.DeviceTaint{Key: t.Key, Effect: t.Effect})
+			}
+			out.Spec.Devices[i] = kept
+		}
+		return out, nil
 	}
-	return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: s.Name, UID: s.UID, ResourceVersion: s.ResourceVersion},
-		Spec: resourcev1.ResourceSliceSpec{Driver: s.Spec.Driver, NodeName: s.Spec.NodeName}}, nil
+}
+
+// classesMatched says which DRA drivers' devices are matched against
+// DeviceClasses (an expectation, or an anyOf alternative, that names
+// deviceClasses), whose attributes and capacity the informer keeps.
+func classesMatched(expect []Expectation) func(driver string) bool {
+	drivers := classNames(expect)
+	return func(driver string) bool { return drivers[driver] != nil }
 }
 
 // slimDeviceClass keeps a DeviceClass's name, UID and resourceVersion (its

@@ -93,6 +93,18 @@ const (
 	// has seen the socket and refuses it").
 	defaultGrace = time.Minute
 
+	// republishGrace: a DRA driver whose condition is True and one of
+	// whose pools turns incomplete (a republish: the generation moves, and
+	// the driver's ResourceSlice controller rewrites the slices one by
+	// one) keeps its condition this long before it says PoolIncomplete.
+	// The controller writes with its client's rate limit (client-go's
+	// default: 5 a second after a burst of 10), so 30 s covers a pool of
+	// some 150 slices; a node-local pool has a few. It is also the
+	// kubelet's own grace before it wipes the slices of a driver that lost
+	// its connection. TestDecide ("DRA republish: ..."), test/kube's
+	// TestDRALayers.
+	republishGrace = 30 * time.Second
+
 	// Each write to the API server is bounded by writeTimeout; failed
 	// writes are retried after a backoff from writeBackoffMin, doubling to
 	// writeBackoffMax, each delay spread by writeJitter around its step,

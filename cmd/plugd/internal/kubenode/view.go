@@ -40,6 +40,10 @@ type snapshot struct {
 	seq [3]uint64
 	// Read trouble of each, nil while its informer is synced and healthy.
 	nodeProblem, csiProblem, sliceProblem *Problem
+	// taintRules are the taints of the DeviceTaintRules, where the API
+	// server serves them (nil otherwise), and the trouble of their reads.
+	taintRules       []deviceTaint
+	taintRuleProblem *Problem
 	// classes are the DeviceClasses the expectations name, by name, and
 	// classProblem the trouble reading them: while it is nil, a name
 	// missing from classes is a class that does not exist. Both are nil
@@ -79,6 +83,10 @@ type view struct {
 	// healthyFresh says healthy is the kubelet's live count
 	// (pod-resources), not the Node's allocatable.
 	healthyFresh bool
+	// dra is, for a DRA driver, what its slices, health stream and the
+	// DeviceTaintRules say of its devices; nil while its slices cannot be
+	// read.
+	dra *draState
 }
 
 // KubeletConfig says where plugd reads what the running kubelet holds
@@ -149,6 +157,19 @@ const (
 func kubeletView(k key, socks []Socket, s snapshot, kf kubeletFacts, mem remembered) view {
 	v := kubeletViewOf(k, socks, s, kf, mem)
 	v.Message = textsafe.Shorten(v.Message, maxViewMessage)
+	if k.typ == TypeDRA && s.sliceProblem == nil && s.taintRuleProblem == nil {
+		st := judgeDRA(s.slices, k.name, unhealthyDevices(socks), s.taintRules, s.classes != nil)
+		v.dra = &st
+		if v.State == api.KubeletRegistered {
+			// The layers above registration, for plugctl get (minDevices
+			// is the condition's: 1 here).
+			_, why, text := draVerdict(st, 1)
+			if why != "" {
+				text = why + ": " + text
+			}
+			v.Message = textsafe.Shorten(v.Message+"; "+text, maxViewMessage)
+		}
+	}
 	if k.typ != TypeDevice || v.State != api.KubeletRegistered {
 		return v
 	}
