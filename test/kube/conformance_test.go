@@ -269,6 +269,46 @@ func TestConformanceCSISanity(t *testing.T) {
 	}
 }
 
+// The CSI mock driver of the Kubernetes e2e tests (k8s.io/kubernetes
+// v1.37.2 test/e2e/storage/drivers/csi-test, served by testplugin
+// csi-mock) behind testplugin's registrar passes every check of plugd
+// conformance, csi-sanity's node tests included: 19 of them run and pass,
+// and csi-sanity skips the one that needs SINGLE_NODE_MULTI_WRITER, which
+// the mock does not announce (csi-test v5.6.0 pkg/sanity/node.go). Unlike
+// testplugin's own driver it has a controller service, so the node tests
+// that create and publish a volume first run too, none skipped by us.
+// Its node id is its driver name (mock/service/service.go New); its
+// topology is its fixed segment (TopologyKey, TopologyValue).
+func TestConformanceCSIMock(t *testing.T) {
+	sanity := buildCSISanity(t)
+	tp := filepath.Join(dirs.Bin, "testplugin")
+	const name = "csi-mock.conformance.plugd.example.com"
+	script := tp + ` csi-mock --endpoint "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --name ` + name + ` --attach-limit 8 --enable-topology` +
+		` & exec ` + tp + ` registrar --csi-address "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock" --plugin-registration-path "$PLUGD_CONFORMANCE_REGISTRY_DIR" --kubelet-registration-path "$PLUGD_CONFORMANCE_ENDPOINT_DIR/csi.sock"`
+	cmd := exec.Command(filepath.Join(dirs.Bin, "plugd"), "conformance", "-o", "json", "--csi-sanity", sanity, "--", "/bin/sh", "-c", script)
+	rep := runConformance(t, cmd, nil)
+	want := map[string]string{
+		"csi/plugin-info": `"` + name + `", vendor version "0.3.0"`,
+		"csi/node-info":   `node id "` + name + `", max volumes 8, topology map[io.kubernetes.storage.mock/node:some-mock-node]`,
+		"csi/sanity-node": "Ran 19 of ",
+	}
+	for _, c := range rep.Checks {
+		if c.Status != "PASS" {
+			t.Errorf("%s: %s, want PASS: %s", c.ID, c.Status, c.Seen)
+		}
+		if w, ok := want[c.ID]; ok && !strings.Contains(c.Seen, w) {
+			t.Errorf("%s saw %q; want it to say %q", c.ID, c.Seen, w)
+		}
+		delete(want, c.ID)
+	}
+	for id := range want {
+		t.Errorf("%s: not in the report", id)
+	}
+	if rep.Duration > 30*time.Second {
+		t.Errorf("the run took %s, more than 30 s", rep.Duration)
+	}
+}
+
 // buildCSISanity builds csi-sanity, pinned by the module csisanity beside
 // this file, into the binaries' directory.
 func buildCSISanity(t *testing.T) string {

@@ -4,6 +4,7 @@
 //
 //	testplugin registrar --csi-address SOCK --plugin-registration-path DIR --kubelet-registration-path SOCK
 //	testplugin csi --endpoint SOCK --name NAME --node-id ID [--topology-key KEY] [--no-validation]
+//	testplugin csi-mock --endpoint SOCK [--name NAME] [--attach-limit N] [--enable-topology] [--disable-attach]
 //	testplugin dra --registry-dir DIR --plugin-dir DIR --kubeconfig FILE --node-name NODE --node-uid UID [--break incomplete-pool|wrong-node|wrong-driver]
 //
 // registrar behaves as node-driver-registrar does: it asks the driver its
@@ -17,6 +18,9 @@
 // as its accessible topology, as the hostpath driver reports it;
 // NodePublishVolume and NodeUnpublishVolume refuse a request that lacks
 // what the spec requires, and publish nothing.
+//
+// csi-mock is the Kubernetes e2e tests' CSI mock driver (k8s.io/kubernetes
+// test/e2e/storage/drivers/csi-test), served as a process (csimock.go).
 //
 // dra is a DRA driver on k8s.io/dynamic-resource-allocation/kubeletplugin
 // that publishes one pool of two devices for its node (dra.go).
@@ -46,7 +50,7 @@ import (
 func main() {
 	log.SetFlags(log.Lmicroseconds)
 	if len(os.Args) < 2 {
-		log.Fatal("usage: testplugin registrar|csi|dra FLAGS")
+		log.Fatal("usage: testplugin registrar|csi|csi-mock|dra FLAGS")
 	}
 	var err error
 	switch os.Args[1] {
@@ -54,6 +58,8 @@ func main() {
 		err = registrar(os.Args[2:])
 	case "csi":
 		err = driver(os.Args[2:])
+	case "csi-mock":
+		err = csiMock(os.Args[2:])
 	case "dra":
 		err = draDriver(os.Args[2:])
 	default:
