@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/deviceclass"
+	"github.com/plugd/plugd/cmd/plugd/internal/kubenode/kubeletstate"
 )
 
 // The published and usable layers, as a pure function of the slices, the
@@ -169,5 +170,33 @@ func TestDRAClasses(t *testing.T) {
 	v := matchClasses(&m, drv, []string{"all"}, view{dra: &st}, nil, &Problem{Reason: ReasonNotSynced})
 	if ok, reason, _ := draVerdict(*v.dra, 1, "all"); ok || reason != "" {
 		t.Errorf("classes not read: %v %s; want no verdict", ok, reason)
+	}
+}
+
+// The views are made again when the DeviceClasses' read trouble ends: an
+// informer that syncs with no class (the class missing) delivers no
+// object, and the views cached while it had not synced said nothing of
+// the classes for as long as nothing else changed.
+func TestClassesReadEndsTheCachedViews(t *testing.T) {
+	const drv = "gpu.example.com"
+	l := &loop{pol: policy{expect: []Expectation{{Type: TypeDRA, Name: drv, DeviceClasses: []string{"gone"}}}}, said: map[key]remembered{}}
+	socks := map[key][]Socket{{TypeDRA, drv}: {draSock}}
+	snap := snapshot{nodeName: "node-a", seq: [3]uint64{1, 1, 1}, slices: []*resourcev1.ResourceSlice{resourceSlice(drv, "gpus", 1, 1, "gpu-0")},
+		classProblem: &Problem{Reason: ReasonNotSynced}}
+	verdict := func() string {
+		views, _, _ := l.views(socks, snap, kubeletFacts{}, kubeletstate.Evidence{})
+		v := views[key{TypeDRA, drv}]
+		if v.dra == nil {
+			return "no DRA layers"
+		}
+		_, reason, _ := draVerdict(*v.dra, 1, "gone")
+		return reason
+	}
+	if got := verdict(); got != "" && got != "no DRA layers" {
+		t.Fatalf("classes not read: %q; want no verdict", got)
+	}
+	snap.classProblem, snap.classes = nil, map[string]*resourcev1.DeviceClass{}
+	if got := verdict(); got != deviceclass.ReasonMissing {
+		t.Errorf("classes read, none there: %q; want %s", got, deviceclass.ReasonMissing)
 	}
 }

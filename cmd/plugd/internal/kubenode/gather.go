@@ -192,7 +192,7 @@ type viewCache struct {
 // the views again.)
 type viewInputs struct {
 	node, csiNode, slices uint64
-	problems              [4]string // the Node's, CSINode's, slices', DeviceTaintRules' reads
+	problems              [5]string // the Node's, CSINode's, slices', DeviceTaintRules', DeviceClasses' reads
 	kubelet               uint64
 }
 
@@ -203,7 +203,7 @@ type viewInputs struct {
 // hundreds of kilobytes every 5 seconds).
 func (l *loop) views(socks map[key][]Socket, snap snapshot, kf kubeletFacts, ev kubeletstate.Evidence) (map[key]view, []staleEntry, int) {
 	in := viewInputs{node: snap.seq[0], csiNode: snap.seq[1], slices: snap.seq[2], kubelet: ev.Reads}
-	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem, snap.taintRuleProblem} {
+	for i, p := range []*Problem{snap.nodeProblem, snap.csiProblem, snap.sliceProblem, snap.taintRuleProblem, snap.classProblem} {
 		if p != nil {
 			in.problems[i] = p.Reason + ": " + p.Message
 		}
