@@ -193,7 +193,7 @@ type ExpectConfig struct {
 	Retaint bool `json:"retaint,omitempty"`
 	// AnyOf lists the plugins that may provide the resource Name, each
 	// with the fields an entry of its type takes (type, name,
-	// minHealthyDevices), and no condition, taint, retaint or anyOf of its
+	// minHealthyDevices, minDevices, deviceClasses), and no condition, taint, retaint or anyOf of its
 	// own: the condition is True while any of them is ready, and its
 	// message names the one that holds it. For a move from one kind of
 	// plugin to another (a device plugin to a DRA driver) that keeps one

@@ -114,30 +114,45 @@ func (d *decision) judgeExpectation(e Expectation, cur *corev1.NodeCondition) (_
 		v, ok := judge(e, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
 		return v, ok, time.Time{}
 	}
-	alts := make([]alternativeVerdict, len(e.AnyOf))
-	for i, a := range e.AnyOf {
-		k := key{a.Type, a.Name}
-		id := e.Condition + " " + k.String() // its wait for CSINode, remembered apart from the entry's
-		alts[i].v, alts[i].ok = judge(a, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
-		if alts[i].ok {
-			delete(d.m.notInCSINode, id)
-			continue
-		}
-		var w time.Time
-		alts[i].v, alts[i].ok, w = d.notInCSINodeOf(a, id, f.views[k])
-		wait = earliest(wait, w)
-	}
 	holder := ""
 	if cur != nil && cur.Status == corev1.ConditionTrue {
 		if typ, name, ok := nodecond.Holder(cur.Message); ok {
 			holder = typ + " " + name
 		}
 	}
+	alts := make([]alternativeVerdict, len(e.AnyOf))
+	var held time.Time // the end of a republish grace its holder is in
+	for i, a := range e.AnyOf {
+		k := key{a.Type, a.Name}
+		id := e.Condition + " " + k.String() // its wait for CSINode, remembered apart from the entry's
+		alts[i].v, alts[i].ok = judge(a, f.socks[k], f.unasked, f.views[k], d.pol.registryDir)
+		if alts[i].ok {
+			delete(d.m.notInCSINode, id)
+			if a.Type == TypeDRA && k.String() == holder {
+				alts[i].v, held = d.republished(id, alts[i].v, heldAs(cur))
+			}
+			continue
+		}
+		var w time.Time
+		alts[i].v, alts[i].ok, w = d.notInCSINodeOf(a, id, f.views[k])
+		wait = earliest(wait, w)
+	}
 	v, ok := judgeAnyOf(e, alts, holder)
 	if ok {
-		wait = time.Time{}
+		wait = held
 	}
 	return v, ok, wait
+}
+
+// heldAs is a resource's True condition cur as the verdict of the
+// alternative that holds it: "plugd: TYPE NAME: ...", the text after
+// "held by ". A DRA driver that holds it keeps it through a republish
+// (republished) as a plain entry does.
+func heldAs(cur *corev1.NodeCondition) *corev1.NodeCondition {
+	c := *cur
+	_, rest, _ := strings.Cut(strings.TrimPrefix(cur.Message, nodecond.Prefix), ": ")
+	c.Message = nodecond.Prefix + strings.TrimPrefix(rest, nodecond.HeldBy)
+	return &c
 }
 
 // alternativeVerdict is judge's answer for one alternative.

@@ -557,6 +557,15 @@ func anyOfCases(now time.Time) []decideCase {
 		{name: "anyOf: both ready: the holder stays, nothing written", w: on(both, draReady),
 			want: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,
 			check: heldBy("DRAPlugin gpu.example.com")},
+		{name: "anyOf: the DRA driver holding it republishes: True kept within the republish grace, as a plain entry's",
+			w: func() world {
+				w := on(draReady, draReady)
+				w.pools = append(draPool(1, 3)[1:], resourceSlice("gpu.example.com", "gpus", 2, 3, "gpu-0"))
+				return w
+			}(),
+			prior: []time.Duration{switchGrace},
+			want:  []string{"True/PluginReady"}, next: republishGrace - switchGrace, wantMetrics: -1, wantDevices: -1,
+			check: heldBy("DRAPlugin gpu.example.com")},
 		{name: "anyOf: the holder stopped, the other ready: the new holder written at once, no transition",
 			w: on(draReady, dpReady), mem: func(m *memory) { m.switching[res.Condition] = now.Add(-5 * time.Second) },
 			want: []string{"True/PluginReady"}, set: []string{"True/PluginReady"}, next: 4 * time.Minute, wantMetrics: -1, wantDevices: -1,

@@ -49,12 +49,13 @@ func (d *decision) registeredAt(c taintChange) time.Time {
 	}
 	var latest time.Time
 	for _, cond := range c.rule.conds {
-		e := d.expectation(cond)
-		var first time.Time
-		for _, p := range d.f.socks[key{e.Type, e.Name}] {
-			since := ev.PresentSince(p.Path)
-			if kf.registered[p.Path] && !since.IsZero() && (first.IsZero() || since.Before(first)) {
-				first = since
+		var first time.Time // of any of its plugins (a resource's: any alternative)
+		for _, m := range d.expectation(cond).mechanisms() {
+			for _, p := range d.f.socks[key{m.Type, m.Name}] {
+				since := ev.PresentSince(p.Path)
+				if kf.registered[p.Path] && !since.IsZero() && (first.IsZero() || since.Before(first)) {
+					first = since
+				}
 			}
 		}
 		if first.IsZero() {
@@ -113,8 +114,8 @@ func (n *Node) setTaints(ts []taintState) {
 func (n *Node) TaintViews(typ, name string) []api.TaintView {
 	var conds []string
 	for _, e := range n.cfg.Expect {
-		if e.Type == typ && e.Name == name {
-			conds = append(conds, e.Condition)
+		if slices.ContainsFunc(e.mechanisms(), func(m Expectation) bool { return m.Type == typ && m.Name == name }) {
+			conds = append(conds, e.Condition) // its own entry's, or the resource's it is an alternative of
 		}
 	}
 	if len(conds) == 0 {

@@ -173,3 +173,20 @@ func TestTaintStates(t *testing.T) {
 		})
 	}
 }
+
+// A resource's taint (an expect entry with anyOf) is shown on each of its
+// plugins, as a plain entry's is on its own.
+func TestTaintViewsOfAResource(t *testing.T) {
+	res := Expectation{Type: TypeAnyOf, Name: "gpu.example.com", Condition: "gpu.example.com/Ready", Taint: "example.com/gpu:NoSchedule",
+		AnyOf: []Expectation{{Type: TypeDevice, Name: "vendor.example/gpu"}, {Type: TypeDRA, Name: "gpu.example.com"}}}
+	n := &Node{cfg: Config{Expect: []Expectation{res}},
+		taintStates: []taintState{{conds: []string{res.Condition}, view: api.TaintView{Taint: res.Taint, State: api.TaintRemoved}}}}
+	for _, p := range res.AnyOf {
+		if got := n.TaintViews(p.Type, p.Name); len(got) != 1 || got[0].Taint != res.Taint {
+			t.Errorf("%s %s: taints %+v; want the resource's", p.Type, p.Name, got)
+		}
+	}
+	if got := n.TaintViews(TypeCSI, "csi.example.com"); got != nil {
+		t.Errorf("a plugin not expected: %+v", got)
+	}
+}
