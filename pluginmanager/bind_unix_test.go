@@ -98,9 +98,14 @@ func TestBoundNotYetListeningWaitsForTheClock(t *testing.T) {
 	listen := bindOnly(t, path)
 	log.Wait(t, "not listening yet", testenv.Timeout)
 	listen(&moody{info: &registerapi.PluginInfo{Type: "CSIPlugin", Name: "slow", SupportedVersions: []string{"1.0.0"}}})
-	// Its quiet retry is due by the clock, 20 ms on: without this step the
-	// wait below times out, the socket Pending with no attempt counted.
-	clk.Step(20 * time.Millisecond)
+	// Its quiet retry is due by the clock, 20 ms on: without a step the
+	// wait times out, the socket Pending with no attempt counted. The
+	// retry's timer is armed a moment after the log line: step until it
+	// has run (a retry 40 ms on is as quiet, well inside the bind grace).
+	testenv.StepUntil(t, clk, 20*time.Millisecond, "the quiet retry", func() bool {
+		s, ok := plugintest.Find(h.m.Plugins(), path)
+		return ok && s.State == pluginmanager.StateRegistered
+	})
 	if s := h.WaitSocket(path, pluginmanager.StateRegistered); s.Attempts != 1 {
 		t.Errorf("%d attempts, want 1: the refusal before it listened does not count", s.Attempts)
 	}

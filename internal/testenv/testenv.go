@@ -220,3 +220,29 @@ func (c *TimerClock) NewTimer(d time.Duration) clock.Timer {
 	}
 	return t
 }
+
+// StepUntil moves clk on by d, and again by d whenever cond has not come
+// to hold within a quarter second of real time, until it holds; it fails
+// t after Timeout, saying what it waited for. The code under test arms a
+// timer a moment after what a test can wait on shows (a socket's state, a
+// log line): a single Step may come before that timer exists, which then
+// waits for a Step that never comes. Each further Step is one more d of
+// the fake clock: use it where a timer firing late, or twice, is what the
+// test allows.
+func StepUntil(t testing.TB, clk interface{ Step(time.Duration) }, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(Timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		clk.Step(d)
+		for settle := time.Now().Add(250 * time.Millisecond); time.Now().Before(settle); <-tick.C {
+			if cond() {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %s: not after %s of stepping the clock by %s", what, Timeout, d)
+		}
+	}
+}

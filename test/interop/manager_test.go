@@ -215,8 +215,12 @@ func TestManagerTableSizeStrict(t *testing.T) {
 	m := manage(t, interop.Raw, opts)
 	m.registered(t)
 	for i := range 3 {
-		m.clk.Step(plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval))
-		m.srv.WaitFor(t, "GetInfo", 2+i)
+		// The probe's timer is armed a moment after the state shows
+		// Registered: step until the probe has come (a second one is
+		// only another probe on the held connection).
+		testenv.StepUntil(t, m.clk, plugintest.MaxProbeDelay(pluginmanager.DefaultProbeInterval), "a probe", func() bool {
+			return len(m.srv.Of("GetInfo")) >= 2+i
+		})
 		m.WaitSocket(m.srv.Socket, pluginmanager.StateRegistered)
 	}
 	if n := len(m.srv.Of("compression-error")); n != 0 {
