@@ -65,7 +65,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("plugctl cluster:\n%s", out)
 	out, _ = plugctl(t, "cluster", "--kubeconfig", admincfg, "-o", "wide")
-	if !strings.Contains(out, driver+": not ready on 1 of 3 nodes") || !regexpMatch(`c-3\s+False\s+SocketMissing\s+\S+\s+plugd: CSIPlugin `+driver+`: no registration socket`, out) {
+	if !strings.Contains(out, driver+": not ready on 1 of 3 nodes") || !regexpMatch(`c-3\s+False\s+SocketMissing\s+\S+\s+-\s+plugd: CSIPlugin `+driver+`: no registration socket`, out) {
 		t.Errorf("plugctl cluster -o wide:\n%s", out)
 	}
 	t.Logf("plugctl cluster -o wide:\n%s", out)

@@ -934,10 +934,17 @@ func TestKubeletTruth(t *testing.T) {
 		// and its Node's registration race), then True; never a
 		// PluginNotReady, there was no True to fall from. The kubelet was
 		// down for as long as its restart took, which may outlast the
-		// grace while its Node is there: a disagreement each, maybe.
+		// grace while its Node is there: a disagreement each, maybe. The
+		// new kubelet wipes the node's ResourceSlices as it starts: the DRA
+		// driver is not usable until it has published them again
+		// (NoResourceSlices, written where it held 3s).
 		var want []string
 		for _, p := range [][3]string{{csiCond, "CSIPlugin", csiName}, {gpuCond, "DevicePlugin", gpuName}, {draCond, "DRAPlugin", draName}} {
-			n.expectWrites(t, p[0], from, "Absent", "False/KubeletNotRegistered*", "True/PluginReady")
+			wiped := "False/KubeletNotRegistered*"
+			if p[0] == draCond {
+				wiped = "False/NoResourceSlices?"
+			}
+			n.expectWrites(t, p[0], from, "Absent", "False/KubeletNotRegistered*", wiped, "True/PluginReady")
 			want = append(want, ev("PluginReady", p[1], p[2], ""))
 		}
 		// The new Node's registration taint goes as a startup taint (not a
