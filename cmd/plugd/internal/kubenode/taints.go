@@ -270,19 +270,12 @@ func (r taintRule) falseConds(conds map[string]condNow) []string {
 	return out
 }
 
-// taintsOwner is who last wrote n's taint list, and when, by its
-// managedFields: the list is atomic, so its one owner is its last writer.
+// taintsOwner is who last wrote n's taint list, and when
+// (nodecond.TaintsWriter: the list is atomic, so its one owner is its last
+// writer).
 func taintsOwner(n *corev1.Node) taintHolder {
-	var h taintHolder
-	for _, mf := range n.ManagedFields {
-		if mf.Subresource != "" || mf.FieldsV1 == nil || !ownsTaints(mf.FieldsV1.Raw) {
-			continue
-		}
-		if at := mf.Time; at != nil && !at.Time.Before(h.since) {
-			h = taintHolder{manager: mf.Manager, since: at.Time}
-		}
-	}
-	return h
+	manager, since := nodecond.TaintsWriter(n)
+	return taintHolder{manager: manager, since: since}
 }
 
 // ownsTaints says whether a managedFields entry's fields hold spec.taints.
